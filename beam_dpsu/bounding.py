@@ -1,0 +1,225 @@
+"""Contribution bounding: per-user item frequencies and keyed-hash sampling to Δ0.
+
+The per-user representation used throughout the library is
+``(user_id, {item: count})``: a user's distinct items with how often the user
+has each (``C_i[u]`` of the specification). ``PerUserItemCounts`` builds it from
+a PCollection of ``(user_id, item)`` occurrences, aggregating inside each
+bundle before the shuffle so that the per-element cost of the Python SDK is
+paid once per (bundle, user) rather than once per occurrence.
+
+``sample_items`` keeps, for a user with more than Δ0 distinct items, a
+uniformly random subset of Δ0 of them drawn by a generator seeded with
+``HMAC(key, user)``: the same subset on every retry and on every runner.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Hashable, Iterable, Optional, Tuple
+
+import apache_beam as beam
+from apache_beam.transforms import window
+from apache_beam.utils.windowed_value import WindowedValue
+
+from beam_dpsu.calibration import check_max_items
+from beam_dpsu.noise import RunKey, encode_value, keyed_generator
+
+ItemCounts = Dict[Hashable, int]
+
+# A bundle's partial aggregate is flushed when it holds this many (user, item) pairs.
+DEFAULT_FLUSH_PAIRS = 1_000_000
+
+
+def canonical_items(items) -> list:
+    """The items in an order that depends only on the items themselves.
+
+    Sorted by value when the items are mutually comparable (e.g. all strings),
+    otherwise by their canonical bytes (``noise.encode_value``).
+    """
+    try:
+        return sorted(items)
+    except TypeError:
+        return sorted(items, key=encode_value)
+
+
+def sample_items(user_id: Any, counts: ItemCounts, max_items: int, key: bytes) -> ItemCounts:
+    """At most ``max_items`` of a user's distinct items, a uniformly random subset.
+
+    A user with at most Δ0 items keeps all of them. Otherwise the user's items
+    are put in canonical order and a generator seeded with
+    ``HMAC(key, user_id)`` draws Δ0 of them without replacement. The choice
+    depends only on the key, the user id and the user's item set, never on
+    other users, on the order of ``counts`` or on how a runner split the work;
+    a retry draws the same subset.
+
+    Args:
+      user_id: the user (any hashable; encoded with ``noise.encode_value``).
+      counts: ``{item: count}`` of that user.
+      max_items: Δ0 ≥ 1.
+      key: the sampling key, ``RunKey.subkey('sample/<round>')``.
+    Returns:
+      ``{item: count}`` restricted to the kept items.
+    """
+    n = len(counts)
+    if n <= max_items:
+        return counts
+    items = canonical_items(counts)
+    rng = keyed_generator(key, encode_value(user_id))
+    chosen = rng.choice(n, size=max_items, replace=False)
+    return {items[i]: counts[items[i]] for i in chosen.tolist()}
+
+
+def merge_item_counts(parts: Iterable[ItemCounts]) -> ItemCounts:
+    """Adds several ``{item: count}`` dicts (the merge of per-bundle partials)."""
+    merged: ItemCounts = {}
+    for part in parts:
+        if not merged:
+            merged = dict(part)
+            continue
+        if len(part) > len(merged):
+            merged, part = dict(part), merged
+        get = merged.get
+        for item, c in part.items():
+            merged[item] = get(item, 0) + c
+    return merged
+
+
+class MergeItemCountsFn(beam.CombineFn):
+    """CombineFn adding ``{item: count}`` dicts; lifts into a per-bundle pre-combine."""
+
+    def create_accumulator(self):
+        return {}
+
+    def add_input(self, acc, counts):
+        if not acc:
+            return dict(counts)
+        get = acc.get
+        for item, c in counts.items():
+            acc[item] = get(item, 0) + c
+        return acc
+
+    def merge_accumulators(self, accs):
+        return merge_item_counts(accs)
+
+    def extract_output(self, acc):
+        return acc
+
+
+def check_global_window(pcoll: beam.PCollection, transform_name: str) -> None:
+    """Raises a clear error for windowed input: set union is a batch aggregate."""
+    windowfn = pcoll.windowing.windowfn
+    if not isinstance(windowfn, window.GlobalWindows):
+        raise ValueError(
+            f"{transform_name} needs its input in the global window (a bounded, batch "
+            f"aggregate over all users); got windowing {windowfn!r}. Re-window with "
+            f"beam.WindowInto(beam.window.GlobalWindows()) first.")
+
+
+class _AggregateOccurrencesDoFn(beam.DoFn):
+    """Counts (user, item) occurrences inside a bundle, emitting (user, counts) partials."""
+
+    def __init__(self, flush_pairs: int):
+        self._flush_pairs = flush_pairs
+        self._none = beam.metrics.Metrics.counter("beam_dpsu", "rejected_none")
+
+    def start_bundle(self):
+        self._acc: Dict[Any, ItemCounts] = {}
+        self._pairs = 0
+
+    def process(self, element):
+        user, item = element
+        if user is None or item is None:
+            self._none.inc()
+            return
+        counts = self._acc.get(user)
+        if counts is None:
+            counts = self._acc[user] = {}
+        c = counts.get(item)
+        if c is None:
+            counts[item] = 1
+            self._pairs += 1
+            if self._pairs >= self._flush_pairs:
+                yield from self._acc.items()
+                self._acc, self._pairs = {}, 0
+        else:
+            counts[item] = c + 1
+
+    def finish_bundle(self):
+        for user, counts in self._acc.items():
+            yield WindowedValue((user, counts), window.GlobalWindow().max_timestamp(),
+                                [window.GlobalWindow()])
+        self._acc, self._pairs = {}, 0
+
+
+class PerUserItemCounts(beam.PTransform):
+    """``(user_id, item)`` occurrences → ``(user_id, {item: count})``, one per user.
+
+    The building block for every mechanism: deduplicates each user's items and
+    keeps how often the user has each (GW uses the frequencies; the other
+    mechanisms use only the distinct items). Occurrences whose user id or item
+    is ``None`` are dropped and counted in the metric
+    ``beam_dpsu/rejected_none``; they are never released.
+
+    Items and user ids may be any hashable, deterministically picklable value;
+    they are passed through unchanged.
+
+    Args:
+      flush_pairs: a bundle's partial aggregate is emitted when it holds this
+        many distinct (user, item) pairs (bounds worker memory; default 1M).
+        No privacy effect.
+
+    Privacy: none by itself; this transform does not bound contributions.
+    """
+
+    def __init__(self, flush_pairs: int = DEFAULT_FLUSH_PAIRS, label: Optional[str] = None):
+        super().__init__(label)
+        if isinstance(flush_pairs, bool) or not isinstance(flush_pairs, int) or flush_pairs < 1:
+            raise ValueError(f"flush_pairs must be an integer >= 1, got {flush_pairs!r}")
+        self._flush_pairs = flush_pairs
+
+    def expand(self, occurrences):
+        check_global_window(occurrences, "PerUserItemCounts")
+        return (occurrences
+                | "AggregateInBundle" >> beam.ParDo(_AggregateOccurrencesDoFn(self._flush_pairs))
+                | "MergePerUser" >> beam.CombinePerKey(MergeItemCountsFn()))
+
+
+class SampleItems(beam.PTransform):
+    """``(user_id, {item: count})`` → the same with at most Δ0 items per user.
+
+    Each user with more than Δ0 distinct items keeps a uniformly random subset
+    of Δ0 of them, chosen by keyed hash (``sample_items``), so retries and
+    runners agree. Users with no items are dropped.
+
+    Args:
+      max_items: Δ0, the contribution bound (integer ≥ 1). Smaller Δ0 means less
+        noise per item for count-based mechanisms and less data per user.
+      run_key: the run's ``RunKey``; None draws a fresh OS-random key (then two
+        ``SampleItems`` in one pipeline sample independently).
+      purpose: the key's purpose label; mechanisms use ``'sample/<round>'``.
+
+    Privacy: after this transform each user changes at most Δ0 distinct items,
+    which is the sensitivity bound the calibrations assume.
+    """
+
+    def __init__(self, max_items: int, run_key: Optional[RunKey] = None,
+                 purpose: str = "sample/0", label: Optional[str] = None):
+        super().__init__(label)
+        self._max_items = check_max_items(max_items)
+        self._run_key = RunKey.resolve(run_key)
+        self._purpose = purpose
+
+    def expand(self, per_user):
+        return per_user | "SampleToMaxItems" >> beam.ParDo(
+            _SampleDoFn(self._max_items, self._run_key.subkey(self._purpose)))
+
+
+class _SampleDoFn(beam.DoFn):
+    """Applies ``sample_items`` to each ``(user, counts)``; drops users with no items."""
+
+    def __init__(self, max_items: int, key: bytes):
+        self._max_items = max_items
+        self._key = key
+
+    def process(self, element):
+        user, counts = element
+        if counts:
+            yield user, sample_items(user, counts, self._max_items, self._key)

@@ -1,0 +1,295 @@
+"""Privacy calibration: thresholds and noise scales as small pure functions.
+
+Every function here is deterministic, has no Beam dependency and is unit-tested
+against the numbers in the specification (``MECHANISMS.md`` sections 1 and 2)
+and against independent computations. Logs are natural.
+
+Neighbouring datasets differ by adding or removing one user with all of their
+records; ``max_items`` is the contribution bound Δ0 (the number of distinct
+items a user keeps after sampling).
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+from scipy.special import log_ndtr, ndtri
+from scipy.stats import norm
+
+# Largest Δ0 whose threshold maximum is evaluated in one numpy array; larger
+# bounds are evaluated in chunks of this size.
+_CHUNK = 1 << 20
+
+
+# --------------------------------------------------------------------------
+# Validation helpers (shared by every calibration and by the transforms).
+# --------------------------------------------------------------------------
+
+def check_epsilon(epsilon: float, name: str = "epsilon") -> float:
+    """Returns ``epsilon`` as a float, or raises ValueError unless 0 < ε < inf."""
+    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float, np.floating, np.integer)):
+        raise ValueError(f"{name} must be a number > 0, got {epsilon!r}")
+    eps = float(epsilon)
+    if not (eps > 0 and math.isfinite(eps)):
+        raise ValueError(f"{name} must be a finite number > 0, got {epsilon!r}")
+    return eps
+
+
+def check_delta(delta: float, name: str = "delta", upper: float = 1.0) -> float:
+    """Returns ``delta`` as a float, or raises ValueError unless 0 < δ < upper."""
+    if isinstance(delta, bool) or not isinstance(delta, (int, float, np.floating, np.integer)):
+        raise ValueError(f"{name} must be a number in (0, {upper:g}), got {delta!r}")
+    d = float(delta)
+    if not (0.0 < d < upper):
+        raise ValueError(f"{name} must be in (0, {upper:g}), got {delta!r}")
+    return d
+
+
+def check_rho(rho: float, name: str = "rho") -> float:
+    """Returns ``rho`` as a float, or raises ValueError unless 0 < ρ < inf."""
+    return check_epsilon(rho, name)
+
+
+def check_max_items(max_items: int, name: str = "max_items_per_user") -> int:
+    """Returns Δ0 as an int, or raises ValueError unless it is an integer ≥ 1."""
+    if isinstance(max_items, bool) or not isinstance(max_items, (int, np.integer)):
+        if isinstance(max_items, float) and max_items.is_integer():
+            max_items = int(max_items)
+        else:
+            raise ValueError(f"{name} must be an integer >= 1, got {max_items!r}")
+    if max_items < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {max_items!r}")
+    return int(max_items)
+
+
+def check_sensitivity(sensitivity: float, name: str = "sensitivity") -> float:
+    """Returns a positive finite sensitivity as a float, or raises ValueError."""
+    return check_epsilon(sensitivity, name)
+
+
+# --------------------------------------------------------------------------
+# Section 1: calibration primitives.
+# --------------------------------------------------------------------------
+
+def per_item_delta(delta: float, t):
+    """The per-item delta δ_t = 1 − (1 − δ)^(1/t).
+
+    Computed as ``-expm1(log1p(-δ)/t)``, which keeps full precision when δ is
+    small (the naive formula loses about log10(1/δ) digits). ``t`` may be an
+    int or a numpy array of positive numbers.
+    """
+    delta = check_delta(delta)
+    return -np.expm1(np.log1p(-delta) / np.asarray(t, dtype=float)) if np.ndim(t) else \
+        -math.expm1(math.log1p(-delta) / float(t))
+
+
+def normal_isf(p):
+    """Φ⁻¹(1 − p), accurate for tiny ``p`` (never ``ppf(1 - p)``)."""
+    return -ndtri(p)
+
+
+def _agm_excess_log(sigma: float, epsilon: float, delta: float, sensitivity: float) -> float:
+    """Sign of Φ(a) − e^ε·Φ(b) − δ, computed in a numerically safe way.
+
+    Returns a value > 0 when the Gaussian with scale ``sigma`` is NOT
+    (ε, δ)-DP for ℓ2-sensitivity ``sensitivity`` and ≤ 0 when it is.
+    """
+    a = sensitivity / (2.0 * sigma) - epsilon * sigma / sensitivity
+    b = -sensitivity / (2.0 * sigma) - epsilon * sigma / sensitivity
+    # Φ(a) − e^ε Φ(b) written as Φ(a)·(1 − exp(ε + logΦ(b) − logΦ(a))).
+    log_pa = float(log_ndtr(a))
+    log_pb = float(log_ndtr(b))
+    diff_log = epsilon + log_pb - log_pa  # always < 0 for a Gaussian
+    if diff_log >= 0:
+        return -1.0
+    # log(Φ(a) − e^ε Φ(b)) = log_pa + log(−expm1(diff_log)); compare with log δ.
+    return log_pa + math.log(-math.expm1(diff_log)) - math.log(delta)
+
+
+def analytic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1.0) -> float:
+    """AGM(ε, δ, Δ2): the smallest σ making the Gaussian mechanism (ε, δ)-DP.
+
+    Balle and Wang (2018), "Improving the Gaussian mechanism for differential
+    privacy": the smallest σ with
+    ``Φ(Δ2/(2σ) − εσ/Δ2) − e^ε·Φ(−Δ2/(2σ) − εσ/Δ2) ≤ δ``.
+    Found by bisection in log σ to a relative precision of about 1e-15; the
+    returned σ is the upper end of the final bracket, so it always satisfies
+    the inequality (never smaller than the exact minimum).
+
+    Args:
+      epsilon: ε > 0.
+      delta: 0 < δ < 1.
+      sensitivity: the ℓ2-sensitivity Δ2 > 0 (default 1).
+    """
+    epsilon = check_epsilon(epsilon)
+    delta = check_delta(delta)
+    sensitivity = check_sensitivity(sensitivity)
+
+    def ok(log_sigma: float) -> bool:
+        return _agm_excess_log(math.exp(log_sigma) * sensitivity, epsilon, delta, sensitivity) <= 0
+
+    lo, hi = math.log(1e-6), math.log(1.0)
+    while ok(lo):
+        lo -= 10.0
+        if lo < -700:
+            raise ValueError("analytic Gaussian calibration failed: σ would be below 1e-300")
+    while not ok(hi):
+        hi += 2.0
+        if hi > 700:
+            raise ValueError("analytic Gaussian calibration failed: σ would exceed 1e300")
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if mid in (lo, hi):
+            break
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid
+    return math.exp(hi) * sensitivity
+
+
+def zcdp_gaussian_sigma(rho: float, sensitivity: float = 1.0) -> float:
+    """σ = Δ2/√(2ρ): the Gaussian scale that is ρ-zCDP for ℓ2-sensitivity Δ2."""
+    rho = check_rho(rho)
+    sensitivity = check_sensitivity(sensitivity)
+    return sensitivity / math.sqrt(2.0 * rho)
+
+
+def _max_over_t(max_items: int, term: Callable[[np.ndarray], np.ndarray]) -> float:
+    """max_{t = 1..Δ0} term(t), evaluated vectorised in chunks."""
+    best = -math.inf
+    start = 1
+    while start <= max_items:
+        stop = min(max_items, start + _CHUNK - 1)
+        t = np.arange(start, stop + 1, dtype=float)
+        best = max(best, float(np.max(term(t))))
+        start = stop + 1
+    return best
+
+
+# --------------------------------------------------------------------------
+# Section 2: thresholds of the histogram-and-threshold family.
+# --------------------------------------------------------------------------
+
+def count_laplace_scale(epsilon: float, max_items: int) -> float:
+    """Laplace scale λ = Δ0/ε of Count Laplace (each kept item gets +1)."""
+    return check_max_items(max_items) / check_epsilon(epsilon)
+
+
+def count_laplace_threshold(epsilon: float, delta: float, max_items: int) -> float:
+    """Count Laplace threshold T = 1 + λ·log(1/(2·δ_Δ0)), λ = Δ0/ε."""
+    epsilon, delta, max_items = check_epsilon(epsilon), check_delta(delta), check_max_items(max_items)
+    lam = count_laplace_scale(epsilon, max_items)
+    return 1.0 + lam * -math.log(2.0 * per_item_delta(delta, max_items))
+
+
+def count_gaussian_sigma(epsilon: float, delta: float, max_items: int) -> float:
+    """Count Gaussian σ = AGM(ε, δ/2, √Δ0)."""
+    epsilon, delta, max_items = check_epsilon(epsilon), check_delta(delta), check_max_items(max_items)
+    return analytic_gaussian_sigma(epsilon, delta / 2.0, math.sqrt(max_items))
+
+
+def count_gaussian_threshold(epsilon: float, delta: float, max_items: int) -> float:
+    """Count Gaussian threshold T = 1 + σ·Φ⁻¹(1 − δ'_Δ0), δ' the per-item delta of δ/2."""
+    sigma = count_gaussian_sigma(epsilon, delta, max_items)
+    return 1.0 + sigma * float(normal_isf(per_item_delta(delta / 2.0, max_items)))
+
+
+def weighted_laplace_scale(epsilon: float) -> float:
+    """Laplace scale λ = 1/ε of Weighted Laplace, Policy Laplace and GW (ℓ1 budget 1)."""
+    return 1.0 / check_epsilon(epsilon)
+
+
+def weighted_laplace_threshold(epsilon: float, delta: float, max_items: int) -> float:
+    """Weighted Laplace threshold T = max_{t=1..Δ0} [1/t + λ·log(1/(2δ_t))], λ = 1/ε."""
+    epsilon, delta, max_items = check_epsilon(epsilon), check_delta(delta), check_max_items(max_items)
+    lam = 1.0 / epsilon
+    return _max_over_t(
+        max_items, lambda t: 1.0 / t - lam * np.log(2.0 * per_item_delta(delta, t)))
+
+
+def weighted_gaussian_sigma(epsilon: float, delta: float) -> float:
+    """Weighted Gaussian σ = AGM(ε, δ/2, 1) (ℓ2 budget 1 per user)."""
+    return analytic_gaussian_sigma(check_epsilon(epsilon), check_delta(delta) / 2.0, 1.0)
+
+
+def weighted_gaussian_threshold(epsilon: float, delta: float, max_items: int) -> float:
+    """Weighted Gaussian threshold T = max_t [1/√t + σ·Φ⁻¹(1 − δ'_t)], δ' from δ/2."""
+    max_items = check_max_items(max_items)
+    sigma = weighted_gaussian_sigma(epsilon, delta)
+    half = check_delta(delta) / 2.0
+    return _max_over_t(
+        max_items, lambda t: 1.0 / np.sqrt(t) + sigma * normal_isf(per_item_delta(half, t)))
+
+
+def zcdp_weighted_gaussian_sigma(rho: float) -> float:
+    """Weighted Gaussian (zCDP) σ = 1/√(2ρ)."""
+    return zcdp_gaussian_sigma(rho, 1.0)
+
+
+def zcdp_weighted_gaussian_threshold(rho: float, delta: float, max_items: int) -> float:
+    """Weighted Gaussian (zCDP) threshold T = max_k [1/√k + σ·Φ⁻¹(1 − δ_k)], all of δ.
+
+    The mechanism is δ-approximate ρ-zCDP (DP-SIPS Algorithm 2).
+    """
+    rho, delta, max_items = check_rho(rho), check_delta(delta), check_max_items(max_items)
+    sigma = zcdp_weighted_gaussian_sigma(rho)
+    return _max_over_t(
+        max_items, lambda k: 1.0 / np.sqrt(k) + sigma * normal_isf(per_item_delta(delta, k)))
+
+
+def gw_threshold(epsilon: float, delta: float) -> float:
+    """GW threshold T = 1 − λ·log(2δ), λ = 1/ε; requires δ < 1/2 so that T ≥ 1."""
+    epsilon = check_epsilon(epsilon)
+    delta = check_delta(delta, upper=0.5)
+    return 1.0 - math.log(2.0 * delta) / epsilon
+
+
+def policy_cutoff(threshold: float, noise_scale: float, alpha: float) -> float:
+    """Γ = T + α·(λ or σ): the cutoff of the sequential policies (α ≥ 0)."""
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.floating, np.integer)) \
+            or not (float(alpha) >= 0 and math.isfinite(float(alpha))):
+        raise ValueError(f"alpha must be a finite number >= 0, got {alpha!r}")
+    return float(threshold) + float(alpha) * float(noise_scale)
+
+
+# --------------------------------------------------------------------------
+# Truncated geometric ("magic") partition selection.
+# --------------------------------------------------------------------------
+
+def truncated_geometric_parameters(epsilon: float, delta: float, max_items: int):
+    """(ε', δ') = (ε/Δ0, δ_Δ0) of the truncated geometric selection."""
+    epsilon, delta, max_items = check_epsilon(epsilon), check_delta(delta), check_max_items(max_items)
+    return epsilon / max_items, per_item_delta(delta, max_items)
+
+
+def truncated_geometric_keep_probabilities(epsilon: float, delta: float, max_items: int,
+                                           up_to: int) -> np.ndarray:
+    """p(0), …, p(up_to): the probability of keeping an item with n users.
+
+    Desfontaines, Voss and Gipson, "Differentially private partition selection":
+    ``p(0) = 0``, ``p(n) = min(e^ε'·p(n−1) + δ', 1 − e^−ε'·(1 − p(n−1) − δ'), 1)``
+    with ε' = ε/Δ0 and δ' = δ_Δ0. The sequence is non-decreasing and reaches 1;
+    the array is filled with 1 from there on.
+    """
+    eps1, delta1 = truncated_geometric_parameters(epsilon, delta, max_items)
+    if isinstance(up_to, bool) or int(up_to) != up_to or up_to < 0:
+        raise ValueError(f"up_to must be an integer >= 0, got {up_to!r}")
+    up_to = int(up_to)
+    out = np.ones(up_to + 1, dtype=float)
+    out[0] = 0.0
+    grow, shrink = math.exp(eps1), math.exp(-eps1)
+    p = 0.0
+    for n in range(1, up_to + 1):
+        p = min(grow * p + delta1, 1.0 - shrink * (1.0 - p - delta1), 1.0)
+        if p >= 1.0:
+            break  # the rest of ``out`` is already 1
+        out[n] = p
+    return out
+
+
+def truncated_geometric_keep_probability(epsilon: float, delta: float, max_items: int,
+                                         n: int) -> float:
+    """p(n) for a single user count n (see truncated_geometric_keep_probabilities)."""
+    return float(truncated_geometric_keep_probabilities(epsilon, delta, max_items, n)[n])

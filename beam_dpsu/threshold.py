@@ -1,0 +1,157 @@
+"""Noisy thresholding: release the items whose noisy weight is above a threshold.
+
+The release rules are small picklable callables, ``rule(item, weight) -> bool``,
+shared by the Beam transforms and the Beam-free core (``beam_dpsu.core``):
+
+* ``NoisyThresholdRule``: add Laplace or Gaussian noise to a positive weight
+  and release when the noisy weight is strictly above ``T``;
+* ``TruncatedGeometricRule``: keep an item held by ``n`` users with the
+  truncated geometric probability ``p(n)``.
+
+An item with weight ≤ 0 is never noised and never released: a key that no
+user gave weight to must not leak (specification section 2).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import apache_beam as beam
+import numpy as np
+
+from beam_dpsu import calibration
+from beam_dpsu.noise import KeyedNoise, RunKey, encode_value
+
+NOISE_KINDS = ("laplace", "gaussian")
+
+
+def released(weight: float, noise: float, threshold: float) -> bool:
+    """The release predicate: weight > 0 and weight + noise > threshold (strict)."""
+    return weight > 0 and weight + noise > threshold
+
+
+class NoisyThresholdRule:
+    """Release ``item`` iff ``weight > 0`` and ``weight + noise(item) > threshold``.
+
+    Args:
+      noise: ``'laplace'`` (scale λ) or ``'gaussian'`` (standard deviation σ).
+      scale: λ or σ, > 0.
+      threshold: T, finite.
+      run_key: the run's ``RunKey``; the noise of each item is derived from it.
+      purpose: separates independent noise draws (``'noise/<round>'``).
+    """
+
+    def __init__(self, noise: str, scale: float, threshold: float, run_key: RunKey,
+                 purpose: str = "noise/0"):
+        if noise not in NOISE_KINDS:
+            raise ValueError(f"noise must be one of {NOISE_KINDS}, got {noise!r}")
+        calibration.check_sensitivity(scale, "noise scale")
+        if not math.isfinite(threshold):
+            raise ValueError(f"threshold must be finite, got {threshold!r}")
+        self.threshold = float(threshold)
+        self._noise = KeyedNoise(run_key, noise, scale, purpose)
+
+    def __call__(self, item: Any, weight: float) -> bool:
+        if not weight > 0:
+            return False
+        return weight + self._noise(encode_value(item)) > self.threshold
+
+
+class TruncatedGeometricRule:
+    """Keep an item with ``n ≥ 1`` users with probability ``p(n)`` (truncated geometric).
+
+    ``weight`` must be the item's number of distinct users after Δ0 sampling.
+    The keep probabilities are computed once, lazily, up to the largest count
+    seen (they reach 1 after about log(1/δ')/ε' users).
+    """
+
+    def __init__(self, epsilon: float, delta: float, max_items: int, run_key: RunKey,
+                 purpose: str = "noise/0"):
+        self._params = (calibration.check_epsilon(epsilon), calibration.check_delta(delta),
+                        calibration.check_max_items(max_items))
+        self._uniform = KeyedNoise(run_key, "laplace", 1.0, purpose).uniform
+        self._table: Optional[np.ndarray] = None
+
+    def probability(self, n: int) -> float:
+        if n <= 0:
+            return 0.0
+        table = self._table
+        if table is None or n >= len(table):
+            if table is not None and table[-1] >= 1.0:
+                return 1.0
+            size = max(1024, 2 * n if table is None else max(2 * n, 2 * len(table)))
+            table = calibration.truncated_geometric_keep_probabilities(*self._params, size)
+            self._table = table
+            if n >= len(table):
+                return float(table[-1])
+        return float(table[n])
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_table"] = None
+        return state
+
+    def __call__(self, item: Any, weight: float) -> bool:
+        n = int(round(weight))
+        if n <= 0:
+            return False
+        return self._uniform(encode_value(item)) < self.probability(n)
+
+
+class _SelectDoFn(beam.DoFn):
+    def __init__(self, rule, with_weight: bool):
+        self._rule = rule
+        self._with_weight = with_weight
+        self._released = beam.metrics.Metrics.counter("beam_dpsu", "released")
+
+    def process(self, element):
+        item, weight = element
+        if self._rule(item, weight):
+            self._released.inc()
+            yield (item, weight) if self._with_weight else item
+
+
+class ApplyReleaseRule(beam.PTransform):
+    """``(item, weight)`` → the released items, by any release rule.
+
+    Args:
+      rule: a callable ``rule(item, weight) -> bool``, e.g. ``NoisyThresholdRule``.
+      with_weight: emit ``(item, true_weight)`` instead of the item. The weight
+        is NOT differentially private; use it only inside a pipeline (e.g. to
+        carry data to a later stage), never release it.
+    """
+
+    def __init__(self, rule, with_weight: bool = False, label: Optional[str] = None):
+        super().__init__(label)
+        if not callable(rule):
+            raise ValueError(f"rule must be callable as rule(item, weight), got {rule!r}")
+        self._rule = rule
+        self._with_weight = bool(with_weight)
+
+    def expand(self, histogram):
+        return histogram | "Select" >> beam.ParDo(_SelectDoFn(self._rule, self._with_weight))
+
+
+class NoisyThreshold(ApplyReleaseRule):
+    """``(item, weight)`` → items whose noisy weight is strictly above ``threshold``.
+
+    Only items with weight > 0 are noised; each gets independent noise derived
+    from ``run_key`` (see ``beam_dpsu.noise``).
+
+    Args:
+      noise: ``'laplace'`` or ``'gaussian'``.
+      scale: the Laplace scale λ or the Gaussian σ (> 0), from ``calibration``.
+      threshold: T, from ``calibration``.
+      run_key: the run's ``RunKey``; None draws a fresh OS-random key.
+      purpose: noise-key label (``'noise/<round>'``); two thresholdings of one
+        run must use different purposes to draw independent noise.
+
+    Privacy: (ε, δ)-DP exactly when ``scale`` and ``threshold`` are calibrated
+    for the sensitivity of the input histogram (see ``calibration``).
+    """
+
+    def __init__(self, noise: str, scale: float, threshold: float,
+                 run_key: Optional[RunKey] = None, purpose: str = "noise/0",
+                 label: Optional[str] = None):
+        super().__init__(NoisyThresholdRule(noise, scale, threshold, RunKey.resolve(run_key),
+                                            purpose), label=label)

@@ -1,0 +1,24 @@
+"""Packaging for beam_dpsu: differentially private set union on Apache Beam."""
+from setuptools import find_packages, setup
+
+setup(
+    name="beam-dpsu",
+    version="0.1.0",
+    description=(
+        "Composable Apache Beam PTransforms for differentially private set union "
+        "(partition selection)."
+    ),
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["beam_dpsu", "beam_dpsu.*", "pipelines", "pipelines.*"]),
+    install_requires=[
+        "apache-beam>=2.60",
+        "numpy>=1.24",
+        "scipy>=1.10",
+    ],
+    extras_require={
+        "test": ["pytest>=7"],
+    },
+    license="Apache-2.0",
+)
