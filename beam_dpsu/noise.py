@@ -173,8 +173,12 @@ def gaussian_from_bits(bits: int, sigma: float) -> float:
 
 
 def uniform_from_bits(bits: int) -> float:
-    """A uniform draw in (0, 1) with 53-bit resolution."""
-    return ((bits >> 11) + 0.5) * 2.0 ** -53
+    """A uniform draw in (0, 1) with 52-bit resolution: (k + 1/2)/2^52.
+
+    52 bits, not 53, so that the largest value 1 − 2^-53 is exactly
+    representable and never rounds to 1.
+    """
+    return ((bits >> 12) + 0.5) * 2.0 ** -52
 
 
 def gumbel_from_bits(bits: int, scale: float) -> float:

@@ -50,7 +50,10 @@ def user_blocks(num_users: int, seed: int = 0, max_occurrences: Optional[int] = 
     for first in range(0, num_users, BLOCK_USERS):
         count = min(BLOCK_USERS, num_users - first)
         rng = np.random.default_rng([seed, first // BLOCK_USERS])
-        sizes = np.floor(PARETO_SCALE * (1.0 + rng.pareto(PARETO_SHAPE, count))).astype(np.int64)
+        # Always draw a whole block of sizes, so that a user's data does not depend
+        # on how many users the last block holds.
+        sizes = np.floor(PARETO_SCALE * (1.0 + rng.pareto(PARETO_SHAPE, BLOCK_USERS)))
+        sizes = sizes.astype(np.int64)[:count]
         if max_occurrences is not None:
             np.minimum(sizes, max_occurrences, out=sizes)
         items = rng.zipf(ZIPF_PARAMETER, int(sizes.sum()))

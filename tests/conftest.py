@@ -1,0 +1,44 @@
+"""Shared test helpers.
+
+Statistical tests in this suite state their false-failure probability; each
+is at most 1e-6 (most are 1e-7 or below).
+"""
+import math
+import os
+import pathlib
+
+import pytest
+
+SHARED_DATA = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def shared_dataset(name: str) -> pathlib.Path:
+    """Path of a dataset in ../shared/data, or skip the test when it is absent."""
+    path = SHARED_DATA / name
+    if not path.exists():
+        pytest.skip(f"{path} not present (the shared datasets are optional)")
+    return path
+
+
+def bernstein_radius(variance: float, false_failure: float, bound: float = 1.0) -> float:
+    """t with P(|S − E S| ≥ t) ≤ false_failure for a sum S of independent variables.
+
+    Bernstein: P(|S − ES| ≥ t) ≤ 2·exp(−t² / (2(V + b·t/3))), |X_i − EX_i| ≤ b.
+    """
+    log_term = math.log(2.0 / false_failure)
+    # Solve t² = 2 log_term (V + b t / 3) for t > 0.
+    a = 2.0 * log_term * bound / 3.0
+    return 0.5 * (a + math.sqrt(a * a + 8.0 * log_term * variance))
+
+
+@pytest.fixture
+def tmp_prefix(tmp_path):
+    return str(tmp_path / "out")
+
+
+def beam_options(*extra):
+    from apache_beam.options.pipeline_options import PipelineOptions
+    return PipelineOptions(["--runner=DirectRunner", *extra])
+
+
+os.environ.setdefault("PYTHONHASHSEED", "0")

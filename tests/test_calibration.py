@@ -1,0 +1,172 @@
+"""Calibration against the specification's numbers and independent computations."""
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from beam_dpsu import calibration as cal
+
+E10 = math.exp(-10)
+
+
+def rel(a, b):
+    return abs(a - b) / abs(b)
+
+
+# ---- Constants of the authors' code (issue: agree to 8 significant digits) ----
+
+def test_weighted_laplace_thresholds_match_authors():
+    assert rel(cal.weighted_laplace_threshold(3, E10, 10), 4.10228427314668) < 1e-8
+    assert rel(cal.weighted_laplace_threshold(3, E10, 100), 4.64733351067955) < 1e-8
+
+
+def test_weighted_gaussian_matches_authors():
+    assert rel(cal.weighted_gaussian_sigma(3, E10), 1.33279132940618) < 1e-8
+    # The authors' code prints 6.8236609679 because it computes 1 − (1 − δ)^(1/t) naively.
+    assert rel(cal.weighted_gaussian_threshold(3, E10, 100), 6.82366098102885) < 1e-8
+
+
+def test_zcdp_weighted_gaussian_matches_authors():
+    assert rel(cal.zcdp_weighted_gaussian_sigma(0.1), 2.23606797749979) < 1e-12
+    assert rel(cal.zcdp_weighted_gaussian_threshold(0.1, 1e-5, 100), 11.7260702142162) < 1e-8
+
+
+# ---- Primitives ----
+
+@pytest.mark.parametrize("delta", [1e-2, 1e-6, 1e-12, 1e-30])
+@pytest.mark.parametrize("t", [1, 2, 7, 100, 10 ** 6])
+def test_per_item_delta_solves_its_equation(delta, t):
+    dt = cal.per_item_delta(delta, t)
+    # (1 − δ_t)^t = 1 − δ, checked in log space: t·log1p(−δ_t) = log1p(−δ).
+    assert rel(t * math.log1p(-dt), math.log1p(-delta)) < 1e-12
+    assert dt <= delta and (t > 1 or dt == pytest.approx(delta, rel=1e-15))
+
+
+def test_per_item_delta_is_accurate_where_naive_formula_fails():
+    # Naively 1 − (1 − 1e-17)^(1/10) is exactly 0 in floating point.
+    assert 1 - (1 - 1e-17) ** 0.1 == 0.0
+    assert rel(cal.per_item_delta(1e-17, 10), 1e-18) < 1e-12
+    arr = cal.per_item_delta(1e-5, np.array([1, 10]))
+    assert rel(arr[1], cal.per_item_delta(1e-5, 10)) < 1e-15
+
+
+def _agm_lhs(sigma, eps, sens):
+    # Independent evaluation with scipy's CDF (not the log-space code under test).
+    a = sens / (2 * sigma) - eps * sigma / sens
+    b = -sens / (2 * sigma) - eps * sigma / sens
+    return stats.norm.cdf(a) - math.exp(eps) * stats.norm.cdf(b)
+
+
+@pytest.mark.parametrize("eps,delta,sens", [(3, E10 / 2, 1), (1, 1e-5, 1), (0.1, 1e-6, 2.5),
+                                            (3, 1e-5 / 2, math.sqrt(50)), (8, 1e-9, 1)])
+def test_analytic_gaussian_is_the_smallest_valid_sigma(eps, delta, sens):
+    sigma = cal.analytic_gaussian_sigma(eps, delta, sens)
+    assert _agm_lhs(sigma, eps, sens) <= delta * (1 + 1e-9)
+    assert _agm_lhs(sigma * (1 - 1e-7), eps, sens) > delta
+    # Scales linearly with the sensitivity.
+    assert rel(cal.analytic_gaussian_sigma(eps, delta, 2 * sens), 2 * sigma) < 1e-9
+
+
+def test_analytic_gaussian_beats_the_classical_bound():
+    eps, delta = 0.5, 1e-5
+    classical = math.sqrt(2 * math.log(1.25 / delta)) / eps
+    assert cal.analytic_gaussian_sigma(eps, delta) < classical
+
+
+# ---- Thresholds, against a plain-Python evaluation of the spec's formulas ----
+
+def _max_t(dmax, f):
+    return max(f(t) for t in range(1, dmax + 1))
+
+
+def _pid(delta, t):
+    return -math.expm1(math.log1p(-delta) / t)
+
+
+@pytest.mark.parametrize("eps,delta,dmax", [(3, E10, 1), (3, E10, 10), (1, 1e-6, 37), (0.5, 1e-8, 300)])
+def test_thresholds_match_plain_python(eps, delta, dmax):
+    lam = 1 / eps
+    assert rel(cal.weighted_laplace_threshold(eps, delta, dmax),
+               _max_t(dmax, lambda t: 1 / t + lam * math.log(1 / (2 * _pid(delta, t))))) < 1e-12
+    s = cal.weighted_gaussian_sigma(eps, delta)
+    assert rel(cal.weighted_gaussian_threshold(eps, delta, dmax),
+               _max_t(dmax, lambda t: 1 / math.sqrt(t)
+                      + s * stats.norm.isf(_pid(delta / 2, t)))) < 1e-10
+    lam_c = dmax / eps
+    assert rel(cal.count_laplace_threshold(eps, delta, dmax),
+               1 + lam_c * math.log(1 / (2 * _pid(delta, dmax)))) < 1e-12
+    sc = cal.count_gaussian_sigma(eps, delta, dmax)
+    assert rel(sc, cal.analytic_gaussian_sigma(eps, delta / 2, math.sqrt(dmax))) < 1e-15
+    assert rel(cal.count_gaussian_threshold(eps, delta, dmax),
+               1 + sc * stats.norm.isf(_pid(delta / 2, dmax))) < 1e-10
+    rho = eps ** 2 / 8
+    sz = 1 / math.sqrt(2 * rho)
+    assert rel(cal.zcdp_weighted_gaussian_threshold(rho, delta, dmax),
+               _max_t(dmax, lambda k: 1 / math.sqrt(k) + sz * stats.norm.isf(_pid(delta, k)))) < 1e-10
+
+
+def test_threshold_max_is_evaluated_across_chunks(monkeypatch):
+    whole = cal.weighted_gaussian_threshold(1, 1e-6, 5000)
+    monkeypatch.setattr(cal, "_CHUNK", 7)
+    assert cal.weighted_gaussian_threshold(1, 1e-6, 5000) == pytest.approx(whole, rel=1e-15)
+
+
+def test_gw_threshold():
+    assert rel(cal.gw_threshold(3, E10), 1 - math.log(2 * E10) / 3) < 1e-15
+    assert cal.gw_threshold(1, 0.4999) >= 1
+    with pytest.raises(ValueError, match="delta"):
+        cal.gw_threshold(1, 0.5)
+
+
+def test_policy_cutoff():
+    assert cal.policy_cutoff(5.0, 2.0, 3) == 11.0
+    with pytest.raises(ValueError, match="alpha"):
+        cal.policy_cutoff(5.0, 2.0, -1)
+
+
+# ---- Truncated geometric ----
+
+def test_truncated_geometric_recurrence_and_dp_constraints():
+    eps, delta, dmax = 1.0, 1e-6, 4
+    p = cal.truncated_geometric_keep_probabilities(eps, delta, dmax, 400)
+    e1, d1 = eps / dmax, _pid(delta, dmax)
+    # Independent recomputation of the recurrence.
+    q = [0.0]
+    for _ in range(400):
+        q.append(min(math.exp(e1) * q[-1] + d1, 1 - math.exp(-e1) * (1 - q[-1] - d1), 1.0))
+    np.testing.assert_allclose(p, q, rtol=1e-12, atol=0)
+    assert p[0] == 0 and p[1] == pytest.approx(d1) and p[-1] == 1.0
+    assert np.all(np.diff(p) >= 0)
+    # (ε', δ')-DP between n and n−1 users, both for keeping and for dropping.
+    assert np.all(p[1:] <= math.exp(e1) * p[:-1] + d1 + 1e-15)
+    assert np.all(1 - p[:-1] <= math.exp(e1) * (1 - p[1:]) + d1 + 1e-15)
+
+
+def test_truncated_geometric_single_value():
+    probs = cal.truncated_geometric_keep_probabilities(3, E10, 10, 50)
+    assert cal.truncated_geometric_keep_probability(3, E10, 10, 17) == probs[17]
+
+
+# ---- Validation ----
+
+@pytest.mark.parametrize("bad", [0, -1, float("nan"), float("inf"), "1", None, True])
+def test_bad_epsilon_rejected(bad):
+    with pytest.raises(ValueError, match="epsilon"):
+        cal.weighted_gaussian_threshold(bad, 1e-5, 10)
+
+
+@pytest.mark.parametrize("bad", [0, 1, -0.1, 1.5, float("nan"), None])
+def test_bad_delta_rejected(bad):
+    with pytest.raises(ValueError, match="delta"):
+        cal.count_laplace_threshold(1, bad, 10)
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, "10", None, True])
+def test_bad_max_items_rejected(bad):
+    with pytest.raises(ValueError, match="max_items_per_user"):
+        cal.weighted_laplace_threshold(1, 1e-5, bad)
+
+
+def test_integral_float_max_items_accepted():
+    assert cal.check_max_items(10.0) == 10

@@ -1,0 +1,144 @@
+"""The select_partitions command line: contract, summary, validation."""
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from beam_dpsu import synthetic
+from pipelines import generate, select_partitions
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("data") / "syn.tsv.gz")
+    synthetic.write_tsv(path, 2000, seed=1)
+    return path
+
+
+def read_items(prefix):
+    items = []
+    for path in sorted(glob.glob(prefix + "-items-*")):
+        with open(path, encoding="utf-8") as f:
+            items += f.read().splitlines()
+    return items
+
+
+def test_run_writes_items_and_summary(data, tmp_prefix):
+    rc = select_partitions.main(["--input", data, "--output", tmp_prefix,
+                                 "--mechanism", "weighted-gaussian", "--epsilon", "1",
+                                 "--delta", "1e-6", "--max-items-per-user", "20", "--seed", "5"])
+    assert rc == 0
+    with open(tmp_prefix + ".json") as f:
+        summary = json.load(f)
+    for key in ("mechanism", "epsilon", "delta", "rho", "threshold", "noise_scale",
+                "max_items_per_user", "num_users", "num_released", "malformed_lines",
+                "seeded", "runner", "wall_seconds"):
+        assert key in summary, key
+    assert summary["mechanism"] == "weighted-gaussian"
+    assert summary["epsilon"] == 1 and summary["delta"] == 1e-6 and summary["rho"] is None
+    assert summary["num_users"] == 2000 and summary["seeded"] is True
+    assert summary["max_items_per_user"] == 20 and summary["malformed_lines"] == 0
+    assert summary["runner"] == "DirectRunner" and isinstance(summary["threshold"], list)
+    items = read_items(tmp_prefix)
+    assert len(items) == summary["num_released"] > 0
+    assert "i1" in items and len(set(items)) == len(items)
+
+
+def test_same_seed_same_release_and_fresh_runs_are_unseeded(data, tmp_path):
+    args = ["--input", data, "--mechanism", "count-gaussian", "--epsilon", "1", "--delta", "1e-6",
+            "--max-items-per-user", "10"]
+    outs = []
+    for name, extra in (("a", ["--seed", "9"]), ("b", ["--seed", "9"]), ("c", [])):
+        prefix = str(tmp_path / name)
+        assert select_partitions.main(args + ["--output", prefix] + extra) == 0
+        outs.append(sorted(read_items(prefix)))
+        with open(prefix + ".json") as f:
+            assert json.load(f)["seeded"] is (name != "c")
+    assert outs[0] == outs[1]
+
+
+def test_zcdp_summary(data, tmp_prefix):
+    assert select_partitions.main(["--input", data, "--output", tmp_prefix, "--mechanism",
+                                   "weighted-gaussian", "--rho", "0.1", "--delta", "1e-5"]) == 0
+    with open(tmp_prefix + ".json") as f:
+        s = json.load(f)
+    assert s["rho"] == 0.1 and s["zcdp_delta"] == 1e-5 and s["delta"] == 2e-5
+    assert s["threshold"][0] == pytest.approx(11.7260702142162, rel=1e-8)
+
+
+def test_malformed_lines_are_counted(tmp_path, tmp_prefix):
+    path = tmp_path / "in.tsv"
+    path.write_bytes(b"".join(b"u%d\tpopular\n" % u for u in range(300)) + b"junk\n\tx\n")
+    assert select_partitions.main(["--input", str(path), "--output", tmp_prefix, "--mechanism",
+                                   "count-laplace", "--epsilon", "1", "--delta", "1e-6",
+                                   "--max-items-per-user", "1"]) == 0
+    with open(tmp_prefix + ".json") as f:
+        s = json.load(f)
+    assert s["malformed_lines"] == 2 and s["num_users"] == 300
+    assert read_items(tmp_prefix) == ["popular"]
+
+
+def test_empty_input_releases_nothing(tmp_path, tmp_prefix):
+    path = tmp_path / "empty.tsv"
+    path.write_bytes(b"")
+    assert select_partitions.main(["--input", str(path), "--output", tmp_prefix, "--mechanism",
+                                   "weighted-laplace", "--epsilon", "1", "--delta", "1e-6"]) == 0
+    with open(tmp_prefix + ".json") as f:
+        s = json.load(f)
+    assert s["num_released"] == 0 and s["num_users"] == 0
+    assert read_items(tmp_prefix) == []
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--mechanism", "nope", "--epsilon", "1", "--delta", "1e-5"], "unknown mechanism"),
+    (["--mechanism", "count-gaussian", "--epsilon", "0", "--delta", "1e-5"], "--epsilon"),
+    (["--mechanism", "count-gaussian", "--epsilon", "-2", "--delta", "1e-5"], "--epsilon"),
+    (["--mechanism", "count-gaussian", "--epsilon", "1", "--delta", "1"], "--delta"),
+    (["--mechanism", "count-gaussian", "--epsilon", "1", "--delta", "0"], "--delta"),
+    (["--mechanism", "count-gaussian", "--epsilon", "1"], "needs --delta"),
+    (["--mechanism", "count-gaussian", "--epsilon", "1", "--delta", "1e-5",
+      "--max-items-per-user", "0"], "--max-items-per-user"),
+    (["--mechanism", "count-gaussian", "--epsilon", "1", "--delta", "1e-5", "--alpha", "3"],
+     "does not apply"),
+    (["--mechanism", "count-gaussian", "--epsilon", "x", "--delta", "1e-5"], "--epsilon"),
+    (["--mechanism", "count-gaussian", "--epsilon", "1", "--delta", "1e-5", "--epsilonn", "2"],
+     "unrecognized arguments"),
+    (["--epsilon", "1", "--delta", "1e-5"], "--mechanism"),
+])
+def test_bad_parameters_exit_2_with_one_line_before_reading(argv, message, capsys, tmp_prefix):
+    # The input does not exist: the parameter error must be reported first.
+    rc = select_partitions.main(["--input", "/nonexistent/*.tsv", "--output", tmp_prefix] + argv)
+    err = capsys.readouterr().err.strip()
+    assert rc == 2
+    assert len(err.splitlines()) == 1 and message in err, err
+    assert not os.path.exists(tmp_prefix + ".json")
+
+
+def test_missing_input_exits_2(capsys, tmp_prefix):
+    rc = select_partitions.main(["--input", "/nonexistent/*.tsv", "--output", tmp_prefix,
+                                 "--mechanism", "count-gaussian", "--epsilon", "1",
+                                 "--delta", "1e-5"])
+    assert rc == 2 and "no input file matches" in capsys.readouterr().err
+
+
+def test_subprocess_exit_status_and_no_traceback():
+    proc = subprocess.run([sys.executable, "-m", "pipelines.select_partitions", "--input", "x",
+                           "--output", "y", "--mechanism", "weighted-gaussian", "--epsilon", "-1",
+                           "--delta", "1e-5"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    lines = [l for l in proc.stderr.splitlines() if l.startswith("select_partitions")]
+    assert lines == ["select_partitions: error: --epsilon must be a finite number > 0, got -1.0"]
+
+
+def test_generate_cli(tmp_path, capsys):
+    out = str(tmp_path / "g.tsv")
+    assert generate.main(["--output", out, "--users", "30", "--seed", "4"]) == 0
+    assert json.loads(capsys.readouterr().out)["users"] == 30
+    assert generate.main(["--output", out, "--users", "-3"]) == 2

@@ -1,0 +1,112 @@
+"""Weighted histograms and the release rules."""
+import math
+
+import apache_beam as beam
+import numpy as np
+import pytest
+from apache_beam.testing.util import assert_that, equal_to
+from scipy import stats
+
+from beam_dpsu import calibration as cal
+from beam_dpsu.histogram import WeightedHistogram, add_user_to_histogram, user_weight
+from beam_dpsu.noise import RunKey
+from beam_dpsu.threshold import (NoisyThreshold, NoisyThresholdRule, TruncatedGeometricRule,
+                                 released)
+
+from conftest import beam_options, bernstein_radius
+
+
+def test_user_weight():
+    assert user_weight(4, "count") == 1
+    assert user_weight(4, "l1") == 0.25
+    assert user_weight(4, "l2") == 0.5
+    with pytest.raises(ValueError):
+        user_weight(0, "l2")
+    with pytest.raises(ValueError):
+        user_weight(3, "linf")
+
+
+def test_user_contribution_norms():
+    for n in (1, 3, 17):
+        h = {}
+        add_user_to_histogram(h, [f"i{j}" for j in range(n)], "l2")
+        assert math.isclose(math.sqrt(sum(w * w for w in h.values())), 1.0)
+        h = {}
+        add_user_to_histogram(h, [f"i{j}" for j in range(n)], "l1")
+        assert math.isclose(sum(h.values()), 1.0)
+
+
+@pytest.mark.parametrize("weighting", ["count", "l1", "l2"])
+def test_weighted_histogram_in_beam(weighting):
+    users = [("u1", {"a": 3, "b": 1}), ("u2", {"a": 1}), ("u3", {"a": 1, "b": 1, "c": 1, "d": 1})]
+    expected = {}
+    for _, c in users:
+        add_user_to_histogram(expected, list(c), weighting)
+    with beam.Pipeline(options=beam_options()) as p:
+        out = p | beam.Create(users) | WeightedHistogram(weighting, flush_items=2)
+
+        def close(actual):
+            got = dict(actual)
+            assert set(got) == set(expected)
+            for k, v in expected.items():
+                assert math.isclose(got[k], v, rel_tol=1e-12)
+        assert_that(out, close)
+
+
+def test_release_predicate_is_strict_and_ignores_zero_weight():
+    assert not released(1.0, 0.0, 1.0)
+    assert released(1.0, 1e-12, 1.0)
+    assert not released(0.0, 100.0, 1.0)
+    assert not released(-1.0, 100.0, 1.0)
+
+
+def test_zero_weight_items_are_never_noised_or_released():
+    rule = NoisyThresholdRule("laplace", 1e6, -1e9, RunKey.fresh())   # anything positive passes
+    assert rule("x", 1e-9)
+    assert not rule("x", 0.0) and not rule("x", -5.0) and not rule("x", float("nan"))
+
+
+@pytest.mark.parametrize("kind,scale,weight,threshold", [
+    ("gaussian", 1.0, 2.0, 3.0), ("laplace", 2.0, 5.0, 4.0), ("gaussian", 0.5, 1.0, 1.0)])
+def test_release_probability_matches_the_noise_cdf(kind, scale, weight, threshold):
+    # 20,000 items with the same weight: the released count is Binomial(n, p);
+    # Bernstein radius at false-failure probability 1e-7.
+    n = 20000
+    dist = stats.norm(scale=scale) if kind == "gaussian" else stats.laplace(scale=scale)
+    p = dist.sf(threshold - weight)
+    rule = NoisyThresholdRule(kind, scale, threshold, RunKey.fresh())
+    count = sum(rule(f"item{i}", weight) for i in range(n))
+    assert abs(count - n * p) <= bernstein_radius(n * p * (1 - p), 1e-7)
+
+
+def test_truncated_geometric_rule_keeps_with_probability_p():
+    eps, delta, dmax = 1.0, 1e-3, 1
+    rule = TruncatedGeometricRule(eps, delta, dmax, RunKey.fresh())
+    n = 20000
+    for users in (1, 3, 8):
+        p = cal.truncated_geometric_keep_probability(eps, delta, dmax, users)
+        count = sum(rule(f"i{i}", users) for i in range(n))
+        assert abs(count - n * p) <= bernstein_radius(n * p * (1 - p), 1e-7)
+    assert not rule("x", 0)
+    assert rule("x", 10 ** 6)          # p(n) = 1 for large n
+    assert rule.probability(10 ** 7) == 1.0
+
+
+def test_noisy_threshold_in_beam_is_deterministic_under_a_key():
+    hist = [(f"i{i}", float(i % 7)) for i in range(200)]
+    rk = RunKey.from_test_seed(2)
+    rule = NoisyThresholdRule("gaussian", 1.0, 3.0, rk)
+    expected = [item for item, w in hist if rule(item, w)]
+    assert 0 < len(expected) < len(hist)
+    with beam.Pipeline(options=beam_options()) as p:
+        out = p | beam.Create(hist) | NoisyThreshold("gaussian", 1.0, 3.0, rk)
+        assert_that(out, equal_to(expected))
+
+
+def test_noisy_threshold_validates_at_construction():
+    with pytest.raises(ValueError, match="noise"):
+        NoisyThreshold("cauchy", 1.0, 3.0)
+    with pytest.raises(ValueError, match="scale"):
+        NoisyThreshold("laplace", -1.0, 3.0)
+    with pytest.raises(ValueError, match="threshold"):
+        NoisyThreshold("laplace", 1.0, float("inf"))

@@ -1,0 +1,104 @@
+"""Keyed randomness: determinism, key separation and the noise distributions."""
+import math
+import pickle
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from beam_dpsu import noise
+from beam_dpsu.noise import KeyedNoise, RunKey, encode_value
+
+# Each KS test below fails falsely with probability 1e-7.
+KS_ALPHA = 1e-7
+N = 20000
+
+
+def test_fresh_keys_differ_and_seeded_keys_repeat():
+    assert RunKey.fresh() != RunKey.fresh()
+    assert RunKey.from_test_seed(3) == RunKey.from_test_seed(3)
+    assert RunKey.from_test_seed(3) != RunKey.from_test_seed(4)
+    assert RunKey.from_test_seed(3).seeded and not RunKey.fresh().seeded
+
+
+def test_key_is_not_printed_and_survives_pickling():
+    k = RunKey.fresh()
+    assert "seeded=False" in repr(k) and len(repr(k)) < 40
+    k2 = pickle.loads(pickle.dumps(k))
+    assert k2 == k and k2.subkey("a") == k.subkey("a") and not k2.seeded
+
+
+def test_subkeys_are_separated():
+    k = RunKey.from_test_seed(0)
+    assert k.subkey("noise/0") != k.subkey("noise/1") != k.subkey("sample/0")
+
+
+def test_resolve():
+    k = RunKey.from_test_seed(1)
+    assert RunKey.resolve(k) is k
+    assert not RunKey.resolve(None).seeded
+    with pytest.raises(ValueError):
+        RunKey.resolve(7)
+    with pytest.raises(ValueError):
+        RunKey.from_test_seed("7")
+
+
+def test_encode_value_separates_types():
+    values = ["1", b"1", 1, 1.0, ("1",), None, "", b"", "\udcff", "é"]
+    encoded = [encode_value(v) for v in values]
+    assert len(set(encoded)) == len(values)
+
+
+def _items(n):
+    return [f"item{i}".encode() for i in range(n)]
+
+
+def test_keyed_noise_is_deterministic_per_key_and_purpose():
+    k = RunKey.from_test_seed(0)
+    a = KeyedNoise(k, "gaussian", 1.0, "noise/0")
+    b = KeyedNoise(pickle.loads(pickle.dumps(k)), "gaussian", 1.0, "noise/0")
+    c = KeyedNoise(k, "gaussian", 1.0, "noise/1")
+    xs = _items(50)
+    assert [a(x) for x in xs] == [b(x) for x in xs]
+    assert [a(x) for x in xs] != [c(x) for x in xs]
+
+
+@pytest.mark.parametrize("kind,scale,dist", [
+    ("laplace", 2.5, stats.laplace(scale=2.5)),
+    ("gaussian", 1.7, stats.norm(scale=1.7)),
+    ("gumbel", 0.5, stats.gumbel_r(scale=0.5)),
+])
+def test_noise_distribution(kind, scale, dist):
+    gen = KeyedNoise(RunKey.fresh(), kind, scale, "noise/0")
+    sample = np.array([gen(x) for x in _items(N)])
+    assert stats.kstest(sample, dist.cdf).pvalue > KS_ALPHA
+
+
+def test_uniform_distribution():
+    gen = KeyedNoise(RunKey.fresh(), "laplace", 1.0, "u")
+    sample = np.array([gen.uniform(x) for x in _items(N)])
+    assert sample.min() > 0 and sample.max() < 1
+    assert stats.kstest(sample, "uniform").pvalue > KS_ALPHA
+
+
+def test_tails_are_finite_at_the_extreme_bits():
+    for bits in (0, 1, 2 ** 63 - 1, 2 ** 63, 2 ** 64 - 1):
+        for f in (noise.laplace_from_bits, noise.gaussian_from_bits, noise.gumbel_from_bits):
+            assert math.isfinite(f(bits, 1.0))
+    assert abs(noise.laplace_from_bits(2 ** 63 - 1, 1.0)) < 1e-15 + 1e-9
+    assert noise.gaussian_from_bits(0, 1.0) > 8.5      # the largest draw, ~9 σ
+
+
+def test_keyed_generator_is_deterministic():
+    k = RunKey.from_test_seed(5).subkey("sample/0")
+    a = noise.keyed_generator(k, b"user").integers(0, 2 ** 62, 4)
+    b = noise.keyed_generator(k, b"user").integers(0, 2 ** 62, 4)
+    c = noise.keyed_generator(k, b"other").integers(0, 2 ** 62, 4)
+    assert list(a) == list(b) and list(a) != list(c)
+
+
+def test_bad_noise_parameters():
+    with pytest.raises(ValueError):
+        KeyedNoise(RunKey.fresh(), "cauchy", 1.0, "p")
+    with pytest.raises(ValueError):
+        KeyedNoise(RunKey.fresh(), "laplace", 0.0, "p")
