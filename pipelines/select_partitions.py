@@ -35,8 +35,8 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
 from beam_dpsu import __version__
-from beam_dpsu.mechanisms import (REGISTRY, Mechanism, MechanismParams, SelectPartitions,
-                                  make_mechanism)
+from beam_dpsu.mechanisms import Mechanism, SelectPartitions
+from beam_dpsu.registry import REGISTRY, MechanismParams, make_mechanism
 from beam_dpsu.noise import RunKey
 from beam_dpsu.textio import ReadUserItems, match_files
 

@@ -8,9 +8,10 @@ from apache_beam.testing.util import assert_that, equal_to
 from beam_dpsu import calibration as cal
 from beam_dpsu import core
 from beam_dpsu.accounting import zcdp_to_dp_delta
-from beam_dpsu.mechanisms import (REGISTRY, CountGaussian, CountLaplace, SelectPartitions,
+from beam_dpsu.mechanisms import (CountGaussian, CountLaplace, SelectPartitions,
                                   TruncatedGeometric, WeightedGaussian, WeightedGaussianZcdp,
-                                  WeightedLaplace, make_mechanism)
+                                  WeightedLaplace)
+from beam_dpsu.registry import REGISTRY, make_mechanism
 from beam_dpsu.noise import RunKey
 
 from conftest import beam_options

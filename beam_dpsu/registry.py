@@ -1,0 +1,107 @@
+"""Mechanism names of the command-line contract → calibrated mechanism objects.
+
+``make_mechanism(name, **params)`` is how the command-line pipelines, the
+comparison tool and the auditor build a mechanism from user parameters; it
+rejects, with a one-line message, an unknown name, a parameter that does not
+apply to the mechanism, a missing one, and a value out of range. A module that
+adds mechanisms registers them here with ``register``.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Dict, List, Optional
+
+from beam_dpsu.mechanisms import (CountGaussian, CountLaplace, Mechanism, TruncatedGeometric,
+                                  WeightedGaussian, WeightedGaussianZcdp, WeightedLaplace)
+
+@dataclasses.dataclass
+class MechanismParams:
+    """Parameters a user gave for a named mechanism (None = not given)."""
+    epsilon: Optional[float] = None
+    delta: Optional[float] = None
+    rho: Optional[float] = None
+    max_items: Optional[int] = None
+    alpha: Optional[float] = None
+    rounds: Optional[int] = None
+    ratio: Optional[float] = None
+    public_counts: Optional[str] = None
+
+    def given(self) -> List[str]:
+        return [f.name for f in dataclasses.fields(self) if getattr(self, f.name) is not None]
+
+
+@dataclasses.dataclass(frozen=True)
+class RegisteredMechanism:
+    name: str
+    build: Callable[[MechanismParams], Mechanism]
+    accepts: frozenset
+    summary: str
+
+
+REGISTRY: Dict[str, RegisteredMechanism] = {}
+DEFAULT_MAX_ITEMS = 100
+
+
+def register(name: str, build: Callable[[MechanismParams], Mechanism], accepts, summary: str):
+    """Adds a named mechanism (used by the command line, comparisons and the auditor)."""
+    REGISTRY[name] = RegisteredMechanism(name, build, frozenset(accepts), summary)
+
+
+def make_mechanism(name: str, params: Optional[MechanismParams] = None, **kwargs) -> Mechanism:
+    """Builds a registered mechanism by name, validating which parameters apply.
+
+    Raises ValueError with a one-line message for an unknown name, a parameter
+    that does not apply, a missing one, or a value out of range.
+    """
+    params = params or MechanismParams(**kwargs)
+    entry = REGISTRY.get(name)
+    if entry is None:
+        raise ValueError(f"unknown mechanism {name!r}; choose one of: {', '.join(sorted(REGISTRY))}")
+    extra = [p for p in params.given() if p not in entry.accepts]
+    if extra:
+        flags = ", ".join("--" + p.replace("_", "-").replace("max-items", "max-items-per-user")
+                          for p in extra)
+        raise ValueError(f"{flags} does not apply to mechanism {name!r}")
+    return entry.build(params)
+
+
+def _require(params: MechanismParams, name: str, *fields: str) -> None:
+    missing = [f for f in fields if getattr(params, f) is None]
+    if missing:
+        raise ValueError(f"mechanism {name!r} needs " + " and ".join(
+            "--" + f.replace("_", "-") for f in missing))
+
+
+def _max_items(params: MechanismParams) -> int:
+    return DEFAULT_MAX_ITEMS if params.max_items is None else params.max_items
+
+
+def _eps_delta_builder(cls, name):
+    def build(params: MechanismParams) -> Mechanism:
+        if params.rho is not None:
+            raise ValueError(f"--rho does not apply to mechanism {name!r} (it takes --epsilon --delta)")
+        _require(params, name, "epsilon", "delta")
+        return cls(params.epsilon, params.delta, _max_items(params))
+    return build
+
+
+def _weighted_gaussian(params: MechanismParams) -> Mechanism:
+    if params.rho is not None:
+        if params.epsilon is not None:
+            raise ValueError("weighted-gaussian takes either --epsilon --delta ((ε, δ)-DP) "
+                             "or --rho --delta (zCDP), not both")
+        _require(params, "weighted-gaussian", "delta")
+        return WeightedGaussianZcdp(params.rho, params.delta, _max_items(params))
+    _require(params, "weighted-gaussian", "epsilon", "delta")
+    return WeightedGaussian(params.epsilon, params.delta, _max_items(params))
+
+
+for _name, _cls, _summary in [
+        ("truncated-geometric", TruncatedGeometric, "keep an item with n users w.p. p(n)"),
+        ("count-laplace", CountLaplace, "Laplace thresholding of distinct-user counts"),
+        ("count-gaussian", CountGaussian, "Gaussian thresholding of distinct-user counts"),
+        ("weighted-laplace", WeightedLaplace, "each user spreads ℓ1 budget 1; Laplace noise")]:
+    register(_name, _eps_delta_builder(_cls, _name), {"epsilon", "delta", "max_items", "rho"},
+             _summary)
+register("weighted-gaussian", _weighted_gaussian, {"epsilon", "delta", "rho", "max_items"},
+         "each user spreads ℓ2 budget 1; Gaussian noise; (ε, δ)-DP or zCDP")
