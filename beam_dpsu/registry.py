@@ -105,3 +105,21 @@ for _name, _cls, _summary in [
              _summary)
 register("weighted-gaussian", _weighted_gaussian, {"epsilon", "delta", "rho", "max_items"},
          "each user spreads ℓ2 budget 1; Gaussian noise; (ε, δ)-DP or zCDP")
+
+
+def _sips(params: MechanismParams) -> Mechanism:
+    from beam_dpsu.sips import DEFAULT_RATIO, DEFAULT_ROUNDS, Sips
+    rounds = DEFAULT_ROUNDS if params.rounds is None else params.rounds
+    ratio = DEFAULT_RATIO if params.ratio is None else params.ratio
+    if params.rho is not None:
+        if params.epsilon is not None:
+            raise ValueError("sips takes either --rho --delta (zCDP) or --epsilon --delta "
+                             "((ε, δ)-DP), not both")
+        _require(params, "sips", "delta")
+        return Sips(params.rho, params.delta, _max_items(params), rounds, ratio)
+    _require(params, "sips", "epsilon", "delta")
+    return Sips.from_dp(params.epsilon, params.delta, _max_items(params), rounds, ratio)
+
+
+register("sips", _sips, {"epsilon", "delta", "rho", "max_items", "rounds", "ratio"},
+         "DP-SIPS: I rounds of zCDP Weighted Gaussian on what is not yet released")

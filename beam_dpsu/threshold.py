@@ -99,15 +99,19 @@ class TruncatedGeometricRule:
 
 
 class _SelectDoFn(beam.DoFn):
-    def __init__(self, rule, with_weight: bool):
+    def __init__(self, rule, with_weight: bool, metric: Optional[str]):
         self._rule = rule
         self._with_weight = with_weight
         self._released = beam.metrics.Metrics.counter("beam_dpsu", "released")
+        self._released_here = (beam.metrics.Metrics.counter("beam_dpsu", metric)
+                               if metric else None)
 
     def process(self, element):
         item, weight = element
         if self._rule(item, weight):
             self._released.inc()
+            if self._released_here is not None:
+                self._released_here.inc()
             yield (item, weight) if self._with_weight else item
 
 
@@ -119,17 +123,22 @@ class ApplyReleaseRule(beam.PTransform):
       with_weight: emit ``(item, true_weight)`` instead of the item. The weight
         is NOT differentially private; use it only inside a pipeline (e.g. to
         carry data to a later stage), never release it.
+      metric: also count the released items in the metric ``beam_dpsu/<metric>``
+        (every release counts in ``beam_dpsu/released``).
     """
 
-    def __init__(self, rule, with_weight: bool = False, label: Optional[str] = None):
+    def __init__(self, rule, with_weight: bool = False, metric: Optional[str] = None,
+                 label: Optional[str] = None):
         super().__init__(label)
         if not callable(rule):
             raise ValueError(f"rule must be callable as rule(item, weight), got {rule!r}")
         self._rule = rule
         self._with_weight = bool(with_weight)
+        self._metric = metric
 
     def expand(self, histogram):
-        return histogram | "Select" >> beam.ParDo(_SelectDoFn(self._rule, self._with_weight))
+        return histogram | "Select" >> beam.ParDo(
+            _SelectDoFn(self._rule, self._with_weight, self._metric))
 
 
 class NoisyThreshold(ApplyReleaseRule):

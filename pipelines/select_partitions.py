@@ -182,6 +182,8 @@ def run(argv: Optional[Sequence[str]] = None) -> dict:
     if released is None:
         released = _count_output_lines(args.output)
     summary = dict(mechanism.describe())
+    for i, entry in enumerate(summary.get("per_round") or []):
+        entry["released"] = _counter(result, f"released_round_{i}")
     summary.update({
         "num_users": _counter(result, "users"),
         "num_released": released,
