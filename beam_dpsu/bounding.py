@@ -24,6 +24,10 @@ from beam_dpsu.noise import RunKey, encode_value, keyed_generator
 
 ItemCounts = Dict[Hashable, int]
 
+# Where outputs of finish_bundle go: the library aggregates in the global window.
+GLOBAL_WINDOWS = (window.GlobalWindow(),)
+GLOBAL_TIMESTAMP = window.GlobalWindow().max_timestamp()
+
 # A bundle's partial aggregate is flushed when it holds this many (user, item) pairs.
 DEFAULT_FLUSH_PAIRS = 1_000_000
 
@@ -144,8 +148,7 @@ class _AggregateOccurrencesDoFn(beam.DoFn):
 
     def finish_bundle(self):
         for user, counts in self._acc.items():
-            yield WindowedValue((user, counts), window.GlobalWindow().max_timestamp(),
-                                [window.GlobalWindow()])
+            yield WindowedValue((user, counts), GLOBAL_TIMESTAMP, GLOBAL_WINDOWS)
         self._acc, self._pairs = {}, 0
 
 

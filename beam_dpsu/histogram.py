@@ -13,10 +13,10 @@ import math
 from typing import Any, Dict, Optional
 
 import apache_beam as beam
-from apache_beam.transforms import window
 from apache_beam.utils.windowed_value import WindowedValue
 
-from beam_dpsu.bounding import DEFAULT_FLUSH_PAIRS, check_global_window
+from beam_dpsu.bounding import (DEFAULT_FLUSH_PAIRS, GLOBAL_TIMESTAMP, GLOBAL_WINDOWS,
+                                check_global_window)
 
 # weighting name -> (what each of the n kept items of a user receives, its norm)
 WEIGHTINGS = {
@@ -78,8 +78,7 @@ class _PartialHistogramDoFn(beam.DoFn):
 
     def finish_bundle(self):
         for item, w in self._hist.items():
-            yield WindowedValue((item, w), window.GlobalWindow().max_timestamp(),
-                                [window.GlobalWindow()])
+            yield WindowedValue((item, w), GLOBAL_TIMESTAMP, GLOBAL_WINDOWS)
         self._hist = {}
 
 

@@ -76,10 +76,37 @@ def group_line_counts(line_counts: Dict[bytes, int], out: Dict[str, ItemCounts])
     """Parses distinct lines with their multiplicities into ``out`` (user → counts).
 
     Returns the malformed lines (each once; their multiplicity is in
-    ``line_counts``).
+    ``line_counts``). The common case (all lines valid UTF-8, no carriage
+    returns) decodes every line in one call and parses with ``str.partition``;
+    otherwise each line goes through ``parse_line``.
     """
+    keys = list(line_counts)
+    try:
+        text = b"\n".join(keys).decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    if text is None or "\r" in text:
+        return _group_slow(keys, line_counts, out)
     malformed = []
-    for line, n in line_counts.items():
+    get_user = out.get
+    for raw, line, n in zip(keys, text.split("\n"), line_counts.values()):
+        user, tab, item = line.partition("\t")
+        if not (tab and user):
+            malformed.append(raw)
+            continue
+        counts = get_user(user)
+        if counts is None:
+            out[user] = {item: n}
+        else:
+            counts[item] = counts.get(item, 0) + n
+    return malformed
+
+
+def _group_slow(keys: List[bytes], line_counts: Dict[bytes, int],
+                out: Dict[str, ItemCounts]) -> List[bytes]:
+    malformed = []
+    for line in keys:
+        n = line_counts[line]
         parsed = parse_line(line)
         if parsed is None:
             malformed.append(line)

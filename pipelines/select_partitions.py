@@ -30,6 +30,7 @@ import time
 from typing import List, Optional, Sequence, Tuple
 
 import apache_beam as beam
+from apache_beam import coders
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
@@ -69,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, help="number of DP-SIPS rounds I (>= 1)")
     p.add_argument("--ratio", type=float, help="DP-SIPS budget ratio r (> 0)")
     p.add_argument("--public-counts", help="file of item<TAB>count lines (gw-kt)")
+    p.add_argument("--dead-letter", dest="dead_letter",
+                   help="write the malformed input lines to files PATH-* for the data owner "
+                        "(they are private input, not a release)")
     p.add_argument("--seed", type=int,
                    help="TEST ONLY: derive all randomness from this seed (the run is then "
                         "not private against anyone who knows the seed)")
@@ -124,12 +128,23 @@ class _CountUsers(beam.DoFn):
         yield element
 
 
+def _repeat_line(element):
+    line, n = element
+    return [line] * n
+
+
 def build_pipeline(p: beam.Pipeline, input_pattern: str, output_prefix: str,
-                   mechanism: Mechanism, run_key: RunKey) -> None:
+                   mechanism: Mechanism, run_key: RunKey,
+                   dead_letter: Optional[str] = None) -> None:
     """Adds the read → select → write graph to ``p``."""
+    reader = ReadUserItems(input_pattern)
     per_user = (p
-                | "ReadUserItems" >> ReadUserItems(input_pattern)
+                | "ReadUserItems" >> reader
                 | "CountUsers" >> beam.ParDo(_CountUsers()))
+    if dead_letter:
+        (reader.malformed
+         | "RepeatMalformed" >> beam.FlatMap(_repeat_line)
+         | "WriteDeadLetter" >> beam.io.WriteToText(dead_letter, coder=coders.BytesCoder()))
     items = per_user | "SelectPartitions" >> SelectPartitions(mechanism, run_key, per_user=True)
     (items
      | "ToLine" >> beam.Map(_to_line)
@@ -173,7 +188,7 @@ def run(argv: Optional[Sequence[str]] = None) -> dict:
 
     start = time.time()
     p = beam.Pipeline(options=options)
-    build_pipeline(p, args.input, args.output, mechanism, run_key)
+    build_pipeline(p, args.input, args.output, mechanism, run_key, args.dead_letter)
     result = p.run()
     result.wait_until_finish()
     wall = time.time() - start
@@ -195,9 +210,12 @@ def run(argv: Optional[Sequence[str]] = None) -> dict:
         "items_output": args.output + "-items-*",
         "beam_dpsu_version": __version__,
         "not_private": ["num_users", "malformed_lines"],
+        "dead_letter": (args.dead_letter + "-*") if args.dead_letter else None,
         "note": "num_users and malformed_lines are exact counts for the data owner; they are "
                 "not differentially private. Only the released items are covered by the "
-                "guarantee.",
+                "guarantee." + (" The dead-letter files hold private input lines: they are "
+                                "not a release and must not be published."
+                                if args.dead_letter else ""),
     })
     with FileSystems.create(args.output + ".json") as f:
         f.write((json.dumps(summary, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))

@@ -142,3 +142,18 @@ def test_generate_cli(tmp_path, capsys):
     assert generate.main(["--output", out, "--users", "30", "--seed", "4"]) == 0
     assert json.loads(capsys.readouterr().out)["users"] == 30
     assert generate.main(["--output", out, "--users", "-3"]) == 2
+
+
+def test_dead_letter_holds_the_malformed_lines(tmp_path, tmp_prefix):
+    path = tmp_path / "in.tsv"
+    path.write_bytes(b"u1\ta\nbad line\n\tnouser\nu2\tb\nbad line\nu3\t\xff\n")
+    dead = str(tmp_path / "dead")
+    assert select_partitions.main(["--input", str(path), "--output", tmp_prefix, "--mechanism",
+                                   "count-gaussian", "--epsilon", "1", "--delta", "1e-5",
+                                   "--dead-letter", dead]) == 0
+    lines = b"".join(open(f, "rb").read() for f in glob.glob(dead + "-*")).splitlines()
+    assert sorted(lines) == sorted([b"bad line", b"bad line", b"\tnouser", b"u3\t\xff"])
+    with open(tmp_prefix + ".json") as f:
+        s = json.load(f)
+    assert s["malformed_lines"] == 4 and s["dead_letter"] == dead + "-*"
+    assert "not a release" in s["note"]
