@@ -29,33 +29,23 @@ read; other failures exit with status 1 and a one-line message.
 """
 from __future__ import annotations
 
-import json
-import logging
-import re
 import sys
-import time
 from typing import List, Optional, Sequence, Tuple
 
 import apache_beam as beam
-from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
-from beam_dpsu import __version__
 from beam_dpsu.noise import RunKey
-from beam_dpsu.textio import ReadUserItems, match_files
+from beam_dpsu.textio import ReadUserItems
 from beam_dpsu.topk import TopK, TopKMechanism, format_line
-from pipelines.select_partitions import UsageError, _beam_option_parser, _counter, _Parser
+from pipelines import common
+from pipelines.common import UsageError
 
 PROG = "top_k"
 
 
 def build_parser():
-    p = _Parser(prog=PROG, description=__doc__.split("\n")[0], allow_abbrev=False,
-                add_help=True)
-    p.add_argument("--input", required=True, help="input file or glob of user<TAB>item lines")
-    p.add_argument("--output", required=True,
-                   help="output prefix: ranked items go to PREFIX-items-*, the summary to "
-                        "PREFIX.json")
+    p = common.ArgumentParser(PROG, __doc__.split("\n")[0])
+    common.add_io_arguments(p)
     p.add_argument("--k", type=int, required=True, help="the most items to release (>= 1)")
     p.add_argument("--k-bar", dest="k_bar", type=int,
                    help="candidates k̄ >= k (the true top k̄ are noised; default k)")
@@ -67,41 +57,19 @@ def build_parser():
                         "--with-counts; default: unrestricted (Gumbel only)")
     p.add_argument("--with-counts", action="store_true",
                    help="Algorithm 1 (Laplace): also release noisy counts")
-    p.add_argument("--seed", type=int,
-                   help="TEST ONLY: derive all randomness from this seed (the run is then "
-                        "not private against anyone who knows the seed)")
     return p
 
 
-def _flag_names(message: str) -> str:
-    message = message.replace("max_items_per_user", "--max-items-per-user")
-    message = message.replace("with_counts", "--with-counts")
-    message = re.sub(r"\bk_bar\b", "--k-bar", message)
-    return re.sub(r"^(epsilon|delta|k) ", r"--\1 ", message)
-
-
-def parse_args(argv: Sequence[str]) -> Tuple[object, TopKMechanism, List[str]]:
+def parse_args(argv: Optional[Sequence[str]]) -> Tuple[object, TopKMechanism, List[str]]:
     """Parses and validates everything; raises UsageError for any user mistake."""
-    args, beam_args = build_parser().parse_known_args(argv)
-    _, unknown = _beam_option_parser().parse_known_args(beam_args)
-    if unknown:
-        raise UsageError(f"unrecognized arguments: {' '.join(unknown)}")
+    args, beam_args = common.parse_known(build_parser(), argv)
     try:
         mechanism = TopKMechanism(k=args.k, k_bar=args.k_bar, epsilon=args.epsilon,
                                   delta=args.delta, max_items=args.max_items,
                                   with_counts=args.with_counts)
     except ValueError as e:
-        raise UsageError(_flag_names(str(e))) from None
+        raise UsageError(common.flag_names(str(e), ("k_bar", "with_counts"))) from None
     return args, mechanism, beam_args
-
-
-class _CountUsers(beam.DoFn):
-    def __init__(self):
-        self._users = beam.metrics.Metrics.counter("beam_dpsu", "users")
-
-    def process(self, element):
-        self._users.inc()
-        yield element
 
 
 def _ranked_text(rows) -> List[str]:
@@ -114,83 +82,32 @@ def build_pipeline(p: beam.Pipeline, input_pattern: str, output_prefix: str,
     """Adds the read → top-k → write graph to ``p`` (one output file, rank order)."""
     (p
      | "ReadUserItems" >> ReadUserItems(input_pattern)
-     | "CountUsers" >> beam.ParDo(_CountUsers())
+     | "CountUsers" >> beam.ParDo(common.CountUsers())
      | "TopK" >> TopK(mechanism, run_key, per_user=True)
      | "Collect" >> beam.combiners.ToList()
      | "RankOrder" >> beam.FlatMap(_ranked_text)
      | "WriteItems" >> beam.io.WriteToText(output_prefix + "-items", num_shards=1))
 
 
-def _count_output_lines(prefix: str) -> int:
-    total = 0
-    for path in match_files(prefix + "-items-*"):
-        with FileSystems.open(path) as f:
-            total += sum(1 for line in f if line.strip())
-    return total
-
-
 def run(argv: Optional[Sequence[str]] = None) -> dict:
     """Runs the pipeline; returns the summary (also written to PREFIX.json)."""
-    args, mechanism, beam_args = parse_args(list(sys.argv[1:] if argv is None else argv))
-    if not match_files(args.input):
-        raise UsageError(f"no input file matches {args.input!r}")
-    run_key = RunKey.from_test_seed(args.seed) if args.seed is not None else RunKey.fresh()
-    if run_key.seeded:
-        logging.warning("seeded run (--seed): NOT private against anyone who knows the seed")
-    options = PipelineOptions(beam_args)
-    runner = options.view_as(StandardOptions).runner or "DirectRunner"
-
-    start = time.time()
-    p = beam.Pipeline(options=options)
-    build_pipeline(p, args.input, args.output, mechanism, run_key)
-    result = p.run()
-    result.wait_until_finish()
-    wall = time.time() - start
-
-    released = _counter(result, "released")
-    if released is None:
-        released = _count_output_lines(args.output)
+    args, mechanism, beam_args = parse_args(argv)
+    common.check_locations(args.input, args.output)
+    run_key = common.make_run_key(args.seed)
+    result, wall, runner = common.run_pipeline(
+        beam_args, lambda p: build_pipeline(p, args.input, args.output, mechanism, run_key))
     summary = dict(mechanism.describe())
-    summary.update({
-        "num_users": _counter(result, "users"),
-        "num_released": released,
-        "charge": mechanism.charge(released),
-        "malformed_lines": _counter(result, "malformed_lines"),
-        "seeded": run_key.seeded,
-        "runner": runner,
-        "wall_seconds": round(wall, 3),
-        "input": args.input,
-        "items_output": args.output + "-items-*",
-        "beam_dpsu_version": __version__,
-        "not_private": ["num_users", "malformed_lines"],
-        "note": "num_users and malformed_lines are exact counts for the data owner; they are "
-                "not differentially private. Only the ranked items (and, with --with-counts, "
-                "their noisy counts) are covered by the guarantee.",
-    })
-    with FileSystems.create(args.output + ".json") as f:
-        f.write((json.dumps(summary, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
+    summary.update(common.run_summary(result, args, run_key, runner, wall))
+    summary["charge"] = mechanism.charge(summary["num_released"])
+    summary["note"] = (common.NOT_PRIVATE_NOTE + " Only the ranked items (and, with "
+                       "--with-counts, their noisy counts) are covered by the guarantee.")
+    common.write_summary(args.output, summary)
     return summary
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
-    try:
-        summary = run(argv)
-    except UsageError as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return 130
-    except Exception as e:  # a failure while running: one line, details in the log
-        logging.debug("pipeline failed", exc_info=True)
-        msg = str(e).strip().splitlines()
-        print(f"{PROG}: failed: {type(e).__name__}: {msg[-1] if msg else ''}", file=sys.stderr)
-        return 1
-    print(json.dumps({k: summary[k] for k in ("mechanism", "epsilon", "delta", "num_released",
-                                                "charge", "wall_seconds")},
-                     ensure_ascii=False))
-    return 0
+    return common.main_wrapper(PROG, run, argv, ("mechanism", "epsilon", "delta", "num_released",
+                                                 "charge", "wall_seconds"))
 
 
 if __name__ == "__main__":

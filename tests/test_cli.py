@@ -157,3 +157,16 @@ def test_dead_letter_holds_the_malformed_lines(tmp_path, tmp_prefix):
         s = json.load(f)
     assert s["malformed_lines"] == 4 and s["dead_letter"] == dead + "-*"
     assert "not a release" in s["note"]
+
+
+def test_unwritable_output_is_a_usage_error_without_traceback(tmp_path, capsys):
+    path = tmp_path / "in.tsv"
+    path.write_text("u\ti\n")
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    rc = select_partitions.main(["--input", str(path), "--output", str(blocker / "sub" / "out"),
+                                 "--mechanism", "count-gaussian", "--epsilon", "1",
+                                 "--delta", "1e-5"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "cannot write to" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
