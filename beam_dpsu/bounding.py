@@ -161,8 +161,10 @@ class PerUserItemCounts(beam.PTransform):
     is ``None`` are dropped and counted in the metric
     ``beam_dpsu/rejected_none``; they are never released.
 
-    Items and user ids may be any hashable, deterministically picklable value;
-    they are passed through unchanged.
+    Items and user ids may be any value Beam can encode deterministically as a
+    grouping key (str, bytes, int, float, bool, and tuples of these; not sets or
+    dicts, which Beam rejects with a clear error when the pipeline runs). They
+    are passed through unchanged: ``42`` and ``"42"`` are different items.
 
     Args:
       flush_pairs: a bundle's partial aggregate is emitted when it holds this
