@@ -18,7 +18,8 @@ setup(
         "scipy>=1.10",
     ],
     extras_require={
-        "test": ["pytest>=7"],
+        "test": ["pytest>=7", "matplotlib>=3.5"],
+        "plots": ["matplotlib>=3.5"],
     },
     license="Apache-2.0",
 )

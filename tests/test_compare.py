@@ -1,0 +1,93 @@
+"""pipelines.compare: tables, plots, common footing, progress, validation."""
+import builtins
+import json
+import os
+
+import pytest
+
+from beam_dpsu import synthetic
+from pipelines import compare
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("cmp") / "syn.tsv")
+    synthetic.write_tsv(path, 800, seed=3, max_occurrences=80)
+    return path
+
+
+def test_comparison_writes_tables_and_plots(data, tmp_path):
+    out = str(tmp_path / "cmp")
+    messages = []
+    s = compare.run(["--input", data, "--output", out, "--delta", "1e-6", "--epsilons", "1,4",
+                     "--trials", "2", "--mechanisms",
+                     "weighted-gaussian:max_items=20,count-gaussian,sips:rounds=2"],
+                    progress=messages.append)
+    assert len(s["results"]) == 6
+    for r in s["results"]:
+        assert len(r["released"]) == 2 and r["mean"] == sum(r["released"]) / 2
+        assert r["calibration"]["epsilon"] == pytest.approx(r["epsilon"])
+    wg = [r for r in s["results"] if r["mechanism"] == "weighted-gaussian"]
+    assert all(r["calibration"]["max_items_per_user"] == 20 for r in wg)
+    # More budget releases more (the means are far apart at ε = 1 and 4 here).
+    assert wg[1]["mean"] > wg[0]["mean"]
+    sips = [r for r in s["results"] if r["mechanism"] == "sips"]
+    assert all("zCDP, converted" in r["footing"] for r in sips)
+    assert all(r["calibration"]["rounds"] == 2 for r in sips)
+    with open(os.path.join(out, "results.json")) as f:
+        assert json.load(f)["trials"] == 2
+    md = open(os.path.join(out, "results.md"), encoding="utf-8").read()
+    assert "| sips rounds=2 | 4 |" in md and "zCDP, converted" in md
+    assert "python -m pipelines.compare" in md
+    for name in ("released_vs_epsilon.png", "released_by_users.png"):
+        with open(os.path.join(out, name), "rb") as f:
+            assert f.read(8) == PNG
+    assert any(m.startswith("[12/12]") for m in messages)
+
+
+def test_tables_without_matplotlib(data, tmp_path, monkeypatch):
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *args, **kwargs):
+        if name.startswith("matplotlib"):
+            raise ImportError("no matplotlib")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    out = str(tmp_path / "cmp")
+    messages = []
+    s = compare.run(["--input", data, "--output", out, "--delta", "1e-6", "--epsilon", "2",
+                     "--trials", "1", "--mechanisms", "weighted-laplace"], progress=messages.append)
+    assert s["plots"] == [] and os.path.exists(os.path.join(out, "results.md"))
+    assert any("matplotlib is not installed" in m for m in messages)
+
+
+def test_user_bins():
+    assert compare.user_bins(20) == [(1, 1), (2, 2), (3, 4), (5, 8), (9, 16), (17, 32)]
+
+
+@pytest.mark.parametrize("mechs,message", [
+    ("nope", "unknown mechanism"), ("count-gaussian:foo=1", "bad setting"),
+    ("count-gaussian:max_items=x", "bad value"), ("count-gaussian:max_items=0", "max-items"),
+    ("gw:max_items=3", "does not apply"),
+])
+def test_bad_mechanism_lists_exit_2(data, tmp_path, capsys, mechs, message):
+    rc = compare.main(["--input", data, "--output", str(tmp_path / "o"), "--delta", "1e-6",
+                       "--epsilon", "1", "--mechanisms", mechs])
+    err = capsys.readouterr().err
+    assert rc == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_beam_options_need_the_beam_engine(data, tmp_path, capsys):
+    rc = compare.main(["--input", data, "--output", str(tmp_path / "o"), "--delta", "1e-6",
+                       "--epsilon", "1", "--mechanisms", "gw", "--runner=DirectRunner"])
+    assert rc == 2 and "--engine beam" in capsys.readouterr().err
+
+
+def test_beam_engine_runs_the_pipeline(data, tmp_path):
+    s = compare.run(["--input", data, "--output", str(tmp_path / "o"), "--delta", "1e-6",
+                     "--epsilon", "2", "--trials", "1", "--engine", "beam",
+                     "--mechanisms", "weighted-gaussian:max_items=10"], progress=lambda m: None)
+    assert s["results"][0]["released"][0] > 0
