@@ -123,3 +123,42 @@ def _sips(params: MechanismParams) -> Mechanism:
 
 register("sips", _sips, {"epsilon", "delta", "rho", "max_items", "rounds", "ratio"},
          "DP-SIPS: I rounds of zCDP Weighted Gaussian on what is not yet released")
+
+
+# Sequential policy mechanisms (beam_dpsu.ordered, specification section 3).
+from beam_dpsu import ordered as _ordered  # noqa: E402  (registry imports ordered, not back)
+
+
+def _policy_builder(cls, name):
+    def build(params: MechanismParams) -> Mechanism:
+        _require(params, name, "epsilon", "delta")
+        alpha = _ordered.DEFAULT_ALPHA if params.alpha is None else params.alpha
+        return cls(params.epsilon, params.delta, _max_items(params), alpha)
+    return build
+
+
+def _gw(params: MechanismParams) -> Mechanism:
+    _require(params, "gw", "epsilon", "delta")
+    return _ordered.GW(params.epsilon, params.delta,
+                       _ordered.DEFAULT_ALPHA if params.alpha is None else params.alpha)
+
+
+def _gw_kt(params: MechanismParams) -> Mechanism:
+    _require(params, "gw-kt", "epsilon", "delta", "public_counts")
+    from apache_beam.io.filesystems import FileSystems
+    if not FileSystems.exists(params.public_counts):
+        raise ValueError(f"--public-counts file not found: {params.public_counts!r}")
+    return _ordered.GWKT(params.epsilon, params.delta, params.public_counts,
+                         _ordered.DEFAULT_ALPHA if params.alpha is None else params.alpha)
+
+
+register("policy-laplace", _policy_builder(_ordered.PolicyLaplace, "policy-laplace"),
+         {"epsilon", "delta", "max_items", "alpha"},
+         "sequential ℓ1-descent to the cutoff (Gopi et al.); Laplace noise")
+register("policy-gaussian", _policy_builder(_ordered.PolicyGaussian, "policy-gaussian"),
+         {"epsilon", "delta", "max_items", "alpha"},
+         "sequential ℓ2-descent to the cutoff (Gopi et al.); Gaussian noise")
+register("gw", _gw, {"epsilon", "delta", "alpha"},
+         "greedy fill by item frequency, no Δ0 (Carvalho et al.); Laplace noise")
+register("gw-kt", _gw_kt, {"epsilon", "delta", "alpha", "public_counts"},
+         "greedy fill by public counts, then frequency (Carvalho et al.); Laplace noise")

@@ -1,0 +1,576 @@
+"""The ordered-user transform and the sequential policy mechanisms.
+
+``OrderedUserPolicy`` runs a sequential update policy (``beam_dpsu.policies``)
+over a PCollection of ``(user_id, {item: count})`` and returns the finished
+histogram as ``(item, weight)`` for every item with weight > 0. The mechanisms
+``PolicyLaplace``, ``PolicyGaussian``, ``GW`` and ``GWKT`` (specification
+section 3) then add noise and apply the threshold ``T`` with
+``threshold.ApplyReleaseRule`` exactly as the histogram mechanisms do.
+
+How the transform works
+-----------------------
+1. ``Prepare`` (parallel, any number of workers): each user is prepared by the
+   policy (Δ0 sampling, or the greedy walk order), their items are replaced by
+   63-bit item ids (``policies.ItemIds``: a keyed hash of the item), and the
+   user gets the sort key ``keyed_hash64(run_key.subkey('order'),
+   encode_value(user))``. Users are batched per bundle to pay Beam's
+   per-element cost once per batch, and ``(id, item)`` pairs are sent to a
+   side output (once per bundle and item).
+2. ``Sequential`` (one key, one worker): a stateful DoFn stores every user
+   under their sort key and, when the event-time timer at the end of the
+   global window fires (all users have arrived), reads them in sort-key order
+   (ties by the canonical bytes of the user id), applies ``policy.update`` to
+   an in-memory ``{item id: weight}`` histogram and emits ``(id, weight)`` for
+   the ids with weight > 0.
+3. ``ToItems`` (parallel): ids are mapped back to items with the side input
+   built from step 1 (distinct items that share an id make the pipeline fail
+   with ``policies.ItemIdCollision``; probability about n²/2^64).
+
+State and runners (``state`` argument)
+--------------------------------------
+* ``'ordered_list'``: ``OrderedListState`` (Beam's timestamp-sorted list
+  state, sort key = the user's hash as a microsecond "timestamp"). The timer
+  streams the users in order from state, so only the histogram (one float per
+  item that some user raised) and the id map must fit in the worker's memory,
+  not the users — on a runner whose state backend pages state in. Supported
+  by the Python FnApiRunner (which the Python DirectRunner uses for batch
+  pipelines; it keeps all state in memory, so there the users are in memory
+  too). Not supported, as of Beam 2.77, by the Flink runner (apache/beam
+  issue 21358), the Spark runner (issue 33211) or Dataflow Runner v2
+  (issue 20666). Prism: not verified.
+* ``'bag'``: the fallback for every runner with stateful DoFns and
+  event-time timers (Flink, Spark, Dataflow, Prism): batches of users in
+  ``BagState``, sorted in the timer callback. All prepared users (item ids, 8
+  bytes per kept user-item pair, plus the user ids) must then fit in the
+  worker's memory.
+* ``'auto'`` (default): ``'ordered_list'`` on the DirectRunner, the
+  FnApiRunner and the BundleBasedDirectRunner; ``'bag'`` on any other runner.
+
+Either way the result is identical: the order is a function of the run key
+and the user ids only.
+
+Throughput: the sequential stage runs on one core by construction; see
+``benchmarks/bench_ordered.py`` and ``benchmarks/RESULTS-ordered.md``.
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Dict, Hashable, List, Mapping, Optional, Tuple
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.coders import coders
+from apache_beam.transforms import userstate, window
+from apache_beam.transforms.timeutil import TimeDomain
+from apache_beam.utils.timestamp import Timestamp
+from apache_beam.utils.windowed_value import WindowedValue
+
+from beam_dpsu import calibration as cal
+from beam_dpsu import policies
+from beam_dpsu.accounting import PrivacyGuarantee
+from beam_dpsu.bounding import check_global_window
+from beam_dpsu.mechanisms import Mechanism, RoundCalibration
+from beam_dpsu.noise import RunKey
+from beam_dpsu.threshold import ApplyReleaseRule, NoisyThresholdRule
+
+STATES = ("auto", "ordered_list", "bag")
+DEFAULT_BATCH_USERS = 512
+_ORDERED_LIST_RUNNERS = ("DirectRunner", "SwitchingDirectRunner", "FnApiRunner",
+                         "BundleBasedDirectRunner")
+_TWO_63 = 1 << 63
+_MAX_SORT_MICROS = (1 << 63) - 2  # OrderedListState keys must be < 2^63 - 1
+
+
+def _sort_micros(h: int) -> int:
+    """The OrderedListState key of a 64-bit sort hash (order preserving; the top
+    value is clamped, and equal keys are re-sorted by the full key)."""
+    m = h - _TWO_63
+    return m if m <= _MAX_SORT_MICROS else _MAX_SORT_MICROS
+
+
+def encode_ids(ids: List[int]) -> bytes:
+    """A user's prepared item ids as 8-byte little-endian integers (cheap to ship)."""
+    return np.array(ids, dtype="<i8").tobytes()
+
+
+def decode_ids(blob: bytes) -> List[int]:
+    return np.frombuffer(blob, dtype="<i8").tolist()
+
+
+# ---------------------------------------------------------------------------
+# Step 1: prepare users (parallel).
+# ---------------------------------------------------------------------------
+
+@beam.typehints.with_output_types(Tuple[int, Any])
+class _PrepareDoFn(beam.DoFn):
+    """(user, counts) → batches of (sort hash, user, encoded ids); side output (id, item)."""
+
+    IDS = "ids"
+
+    def __init__(self, policy: policies.UserPolicy, order_key: bytes, batch_users: int):
+        self._policy = policy
+        self._order_key = order_key
+        self._batch_users = batch_users
+        self._users = beam.metrics.Metrics.counter("beam_dpsu", "ordered_users")
+        self._pairs = beam.metrics.Metrics.counter("beam_dpsu", "ordered_pairs")
+        self._micros = beam.metrics.Metrics.counter("beam_dpsu", "ordered_prepare_micros")
+
+    def start_bundle(self):
+        self._batch = []
+        self._seen = set()
+        self._n_users = self._n_pairs = 0
+        self._elapsed = 0.0
+
+    def process(self, element, public_counts=None):
+        t0 = time.perf_counter()
+        user, counts = element
+        ids, items = self._policy.prepare(user, counts, public_counts)
+        if not ids:
+            return
+        h, _ = policies.user_sort_key(self._order_key, user)
+        self._batch.append((h, user, encode_ids(ids)))
+        self._n_users += 1
+        self._n_pairs += len(ids)
+        seen = self._seen
+        item_id = self._policy.item_ids
+        for item in items:
+            i = item_id(item)
+            if i not in seen:
+                seen.add(i)
+                yield beam.pvalue.TaggedOutput(self.IDS, (i, item))
+        if len(self._batch) >= self._batch_users:
+            batch, self._batch = self._batch, []
+            yield 0, batch
+        self._elapsed += time.perf_counter() - t0
+
+    def finish_bundle(self):
+        gw = window.GlobalWindow()
+        if self._batch:
+            yield WindowedValue((0, self._batch), gw.max_timestamp(), [gw])
+        self._batch = []
+        self._seen = set()
+        self._users.inc(self._n_users)
+        self._pairs.inc(self._n_pairs)
+        self._micros.inc(int(self._elapsed * 1e6))
+
+
+# ---------------------------------------------------------------------------
+# Step 2: the sequential stage (one key).
+# ---------------------------------------------------------------------------
+
+class _SequentialBase(beam.DoFn):
+    """Shared policy loop: users in order → histogram → (id, weight > 0)."""
+
+    def __init__(self, policy: policies.UserPolicy, order_key: bytes):
+        self._policy = policy
+        self._order_key = order_key
+        # Time spent adding users to state, and in the timer (read, policy, emit).
+        self._micros = beam.metrics.Metrics.counter("beam_dpsu", "ordered_sequential_add_micros")
+        self._timer_micros = beam.metrics.Metrics.counter("beam_dpsu",
+                                                          "ordered_sequential_timer_micros")
+
+    def _run(self, ordered_users):
+        """``ordered_users``: (sort micros, user, blob) in non-decreasing micros."""
+        hist: Dict[int, float] = {}
+        update = self._policy.update
+        group = []
+        prev = None
+        for micros, user, blob in ordered_users:
+            if micros != prev:
+                if group:
+                    self._apply_group(hist, group, update)
+                    group = []
+                prev = micros
+            group.append((user, blob))
+        if group:
+            self._apply_group(hist, group, update)
+        return hist
+
+    def _apply_group(self, hist, group, update):
+        if len(group) > 1:  # equal (possibly clamped) keys: full key, then user bytes
+            group.sort(key=lambda ub: policies.user_sort_key(self._order_key, ub[0]))
+        for _, blob in group:
+            update(hist, decode_ids(blob))
+
+    def _emit(self, hist):
+        for i, w in hist.items():
+            if w > 0:
+                yield i, w
+
+
+_USER_CODER = coders.TupleCoder([coders.FastPrimitivesCoder(), coders.BytesCoder()])
+
+
+class _OrderedListDoFn(_SequentialBase):
+    USERS = userstate.OrderedListStateSpec("users", _USER_CODER)
+    FLUSH = userstate.TimerSpec("flush", TimeDomain.WATERMARK)
+
+    def process(self, element, users=beam.DoFn.StateParam(USERS),
+                flush=beam.DoFn.TimerParam(FLUSH), w=beam.DoFn.WindowParam):
+        t0 = time.perf_counter()
+        _, batch = element
+        add = users.add
+        for h, user, blob in batch:
+            add((Timestamp(micros=_sort_micros(h)), (user, blob)))
+        flush.set(w.max_timestamp())
+        self._micros.inc(int((time.perf_counter() - t0) * 1e6))
+
+    @userstate.on_timer(FLUSH)
+    def on_flush(self, users=beam.DoFn.StateParam(USERS)):
+        t0 = time.perf_counter()
+        hist = self._run((ts.micros, user, blob) for ts, (user, blob) in users.read())
+        users.clear()
+        self._timer_micros.inc(int((time.perf_counter() - t0) * 1e6))
+        yield from self._emit(hist)
+
+
+class _BagDoFn(_SequentialBase):
+    BATCHES = userstate.BagStateSpec("batches", coders.PickleCoder())
+    FLUSH = userstate.TimerSpec("flush", TimeDomain.WATERMARK)
+
+    def process(self, element, batches=beam.DoFn.StateParam(BATCHES),
+                flush=beam.DoFn.TimerParam(FLUSH), w=beam.DoFn.WindowParam):
+        t0 = time.perf_counter()
+        batches.add(element[1])
+        flush.set(w.max_timestamp())
+        self._micros.inc(int((time.perf_counter() - t0) * 1e6))
+
+    @userstate.on_timer(FLUSH)
+    def on_flush(self, batches=beam.DoFn.StateParam(BATCHES)):
+        t0 = time.perf_counter()
+        users = [u for batch in batches.read() for u in batch]
+        users.sort(key=lambda e: e[0])
+        hist = self._run((_sort_micros(h), user, blob) for h, user, blob in users)
+        del users
+        batches.clear()
+        self._timer_micros.inc(int((time.perf_counter() - t0) * 1e6))
+        yield from self._emit(hist)
+
+
+# ---------------------------------------------------------------------------
+# Step 3: ids back to items.
+# ---------------------------------------------------------------------------
+
+class _SameItemFn(beam.CombineFn):
+    """Combines the items seen for one id; fails if two distinct items share it."""
+
+    _EMPTY = ("__beam_dpsu_no_item__",)
+
+    def create_accumulator(self):
+        return self._EMPTY
+
+    def add_input(self, acc, item):
+        if acc is self._EMPTY or acc == self._EMPTY:
+            return item
+        if acc != item:
+            raise policies.ItemIdCollision(
+                "two distinct items share a 63-bit item id; rerun with a fresh run key")
+        return acc
+
+    def merge_accumulators(self, accs):
+        out = self._EMPTY
+        for a in accs:
+            if a == self._EMPTY:
+                continue
+            out = self.add_input(out, a)
+        return out
+
+    def extract_output(self, acc):
+        return acc
+
+
+def _to_item(element, id_to_item):
+    i, w = element
+    return id_to_item[i], w
+
+
+class OrderedUserPolicy(beam.PTransform):
+    """``(user_id, {item: count})`` → ``(item, weight)``: a sequential policy's histogram.
+
+    Users are processed one at a time in the order of
+    ``keyed_hash64(run_key.subkey('order'), encode_value(user_id))`` (ties by
+    the encoded user id), each applying ``policy.update`` to the histogram
+    built so far. Only items with weight > 0 are emitted; the weights are NOT
+    differentially private (add noise with ``ApplyReleaseRule``).
+
+    Args:
+      policy: a ``policies.UserPolicy`` built from the same ``run_key``
+        (``L1DescentPolicy``, ``L2DescentPolicy`` or ``GreedyPolicy``).
+      run_key: the run's ``RunKey`` (the user order comes from it).
+      public_counts: for a policy that needs them (GW-KT): a path to an
+        ``item<TAB>count`` file (read with Beam's text IO, duplicates summed),
+        a ``{item: count}`` mapping, or a PCollection of ``(item, count)``.
+        Public counts cost no privacy budget. None otherwise.
+      state: ``'auto'`` (default), ``'ordered_list'`` or ``'bag'``; see the
+        module docstring for which runners support which. No privacy effect.
+      batch_users: users per batch sent to the sequential stage (default 512;
+        no privacy effect).
+
+    Privacy: none by itself; the histogram has the per-user sensitivity of the
+    policy (ℓ1 ≤ 1 for ℓ1-descent and greedy, ℓ2 ≤ 1 for ℓ2-descent) given
+    that the order depends on no user's data.
+    """
+
+    def __init__(self, policy: policies.UserPolicy, run_key: RunKey, public_counts=None,
+                 state: str = "auto", batch_users: int = DEFAULT_BATCH_USERS,
+                 label: Optional[str] = None):
+        super().__init__(label)
+        if not isinstance(policy, policies.UserPolicy):
+            raise ValueError(f"policy must be a beam_dpsu.policies.UserPolicy, got {policy!r}")
+        if state not in STATES:
+            raise ValueError(f"state must be one of {STATES}, got {state!r}")
+        if isinstance(batch_users, bool) or not isinstance(batch_users, int) or batch_users < 1:
+            raise ValueError(f"batch_users must be an integer >= 1, got {batch_users!r}")
+        if policy.needs_public_counts and public_counts is None:
+            raise ValueError(f"policy {policy.name!r} needs public_counts")
+        if not policy.needs_public_counts and public_counts is not None:
+            raise ValueError(f"policy {policy.name!r} does not use public_counts")
+        self._policy = policy
+        self._run_key = RunKey.resolve(run_key)
+        self._public = public_counts
+        self._state = state
+        self._batch_users = batch_users
+
+    def _resolve_state(self, pipeline) -> str:
+        if self._state != "auto":
+            return self._state
+        runner = type(getattr(pipeline, "runner", None)).__name__
+        return "ordered_list" if runner in _ORDERED_LIST_RUNNERS else "bag"
+
+    def _public_side_input(self, pipeline):
+        pub = self._public
+        if pub is None:
+            return None
+        if isinstance(pub, str):
+            pub = (pipeline
+                   | "ReadPublicCounts" >> beam.io.ReadFromText(pub)
+                   | "ParsePublicCounts" >> beam.Map(policies.parse_public_count_line)
+                   | "DropBlank" >> beam.Filter(lambda kv: kv[0] is not None)
+                   | "SumPublicCounts" >> beam.CombinePerKey(sum))
+        elif isinstance(pub, Mapping):
+            pub = pipeline | "PublicCounts" >> beam.Create(sorted(pub.items(), key=repr))
+        return beam.pvalue.AsDict(pub)
+
+    def expand(self, per_user):
+        check_global_window(per_user, "OrderedUserPolicy")
+        order_key = self._run_key.subkey("order")
+        side = self._public_side_input(per_user.pipeline)
+        prep_args = [side] if side is not None else []
+        prepared = per_user | "Prepare" >> beam.ParDo(
+            _PrepareDoFn(self._policy, order_key, self._batch_users), *prep_args
+        ).with_outputs(_PrepareDoFn.IDS, main="users")
+        state = self._resolve_state(per_user.pipeline)
+        seq_fn = (_OrderedListDoFn if state == "ordered_list" else _BagDoFn)(self._policy,
+                                                                              order_key)
+        weights = prepared.users | "Sequential" >> beam.ParDo(seq_fn)
+        id_to_item = (prepared[_PrepareDoFn.IDS]
+                      | "ItemPerId" >> beam.CombinePerKey(_SameItemFn()))
+        return weights | "ToItems" >> beam.Map(_to_item, beam.pvalue.AsDict(id_to_item))
+
+
+# ---------------------------------------------------------------------------
+# Mechanisms.
+# ---------------------------------------------------------------------------
+
+DEFAULT_ALPHA = 3.0
+
+
+class PolicyMechanism(Mechanism):
+    """A sequential policy followed by noise and the threshold T (specification 3).
+
+    Subclasses set the calibration and build the policy; this class runs it
+    with ``OrderedUserPolicy`` in Beam and with ``policies.run_sequential`` in
+    the Beam-free core (``core.run_local``), with the same functions and order.
+
+    Attributes (besides those of ``Mechanism``):
+      alpha: α, the cutoff multiplier.
+      cutoff: Γ = T + α·(λ or σ).
+      state: the ``OrderedUserPolicy`` state choice (no privacy effect).
+    """
+
+    public_counts = None
+    policy_name = ""
+
+    def __init__(self, name: str, guarantee: PrivacyGuarantee, round_: RoundCalibration,
+                 alpha: float, state: str):
+        self.name = name
+        self.guarantee = guarantee
+        self.rounds = [round_]
+        self.alpha = _check_alpha(alpha)
+        self.cutoff = cal.policy_cutoff(round_.threshold, round_.noise_scale, self.alpha)
+        if state not in STATES:
+            raise ValueError(f"state must be one of {STATES}, got {state!r}")
+        self.state = state
+
+    def policy(self, run_key: RunKey) -> policies.UserPolicy:
+        """The update policy of this run (its keys derive from ``run_key``)."""
+        raise NotImplementedError
+
+    def release_rule(self, run_key: RunKey, purpose: str = "noise/0"):
+        r = self.calibration
+        return NoisyThresholdRule(r.noise, r.noise_scale, r.threshold, run_key, purpose)
+
+    def describe(self) -> Dict[str, Any]:
+        d = super().describe()
+        d.update({"alpha": self.alpha, "cutoff": self.cutoff, "policy": self.policy_name})
+        return d
+
+    def _public_counts_local(self):
+        return None
+
+    def histogram_local(self, per_user, run_key: RunKey) -> Dict[Hashable, float]:
+        """The finished policy histogram ``{item: weight > 0}`` (not private)."""
+        return policies.run_sequential(per_user, self.policy(run_key), run_key,
+                                       self._public_counts_local())
+
+    def run_local(self, per_user, run_key: RunKey):
+        """The released set on in-memory data (called by ``core.run_local``)."""
+        run_key = RunKey.resolve(run_key)
+        rule = self.release_rule(run_key)
+        return {item for item, w in self.histogram_local(per_user, run_key).items()
+                if rule(item, w)}
+
+    def expand_per_user(self, per_user, run_key):
+        hist = per_user | "OrderedPolicy" >> OrderedUserPolicy(
+            self.policy(run_key), run_key, self.public_counts, state=self.state)
+        return hist | "Release" >> ApplyReleaseRule(self.release_rule(run_key))
+
+
+def _check_alpha(alpha) -> float:
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.integer, np.floating)) \
+            or not (float(alpha) >= 0 and math.isfinite(float(alpha))):
+        raise ValueError(f"alpha must be a finite number >= 0, got {alpha!r}")
+    return float(alpha)
+
+
+class PolicyLaplace(PolicyMechanism):
+    """Policy Laplace (Gopi et al.): Δ0 sampling, ℓ1-descent to Γ, Laplace noise.
+
+    λ = 1/ε; T as Weighted Laplace, ``max_t [1/t + λ·log(1/(2δ_t))]``;
+    Γ = T + α·λ. Guarantee: (ε, δ)-DP.
+
+    Args:
+      epsilon: ε > 0. delta: 0 < δ < 1.
+      max_items: Δ0 ≥ 1, distinct items kept per user (default 100). A larger
+        Δ0 raises T slightly (δ_t for more t) and lets users reach more items.
+      alpha: α ≥ 0 (default 3): the cutoff Γ = T + α·λ. Larger α wastes less
+        budget on items that would be released anyway only when it is small;
+        no privacy effect.
+      state: ``OrderedUserPolicy`` state choice (default ``'auto'``).
+    """
+
+    def __init__(self, epsilon: float, delta: float, max_items: int = 100,
+                 alpha: float = DEFAULT_ALPHA, state: str = "auto"):
+        lam = cal.weighted_laplace_scale(epsilon)
+        t = cal.weighted_laplace_threshold(epsilon, delta, max_items)
+        super().__init__("policy-laplace",
+                         PrivacyGuarantee(float(epsilon), float(delta), note="(ε, δ)-DP"),
+                         RoundCalibration(t, "laplace", lam, int(max_items), "l1"), alpha, state)
+
+    policy_name = "l1-descent"
+
+    def policy(self, run_key):
+        return policies.L1DescentPolicy(self.cutoff, self.max_items, run_key.subkey("sample/0"),
+                                        run_key.subkey("item-order"))
+
+
+class PolicyGaussian(PolicyMechanism):
+    """Policy Gaussian (Gopi et al.): Δ0 sampling, ℓ2-descent to Γ, Gaussian noise.
+
+    σ = AGM(ε, δ/2, 1); T as Weighted Gaussian,
+    ``max_t [1/√t + σ·Φ⁻¹(1 − δ'_t)]`` with δ' from δ/2; Γ = T + α·σ.
+    Guarantee: (ε, δ)-DP.
+
+    Args:
+      epsilon: ε > 0. delta: 0 < δ < 1. max_items: Δ0 ≥ 1 (default 100).
+      alpha: α ≥ 0 (default 3), Γ = T + α·σ; no privacy effect.
+      state: ``OrderedUserPolicy`` state choice (default ``'auto'``).
+    """
+
+    def __init__(self, epsilon: float, delta: float, max_items: int = 100,
+                 alpha: float = DEFAULT_ALPHA, state: str = "auto"):
+        sigma = cal.weighted_gaussian_sigma(epsilon, delta)
+        t = cal.weighted_gaussian_threshold(epsilon, delta, max_items)
+        super().__init__("policy-gaussian",
+                         PrivacyGuarantee(float(epsilon), float(delta), note="(ε, δ)-DP"),
+                         RoundCalibration(t, "gaussian", sigma, int(max_items), "l2"), alpha,
+                         state)
+
+    policy_name = "l2-descent"
+
+    def policy(self, run_key):
+        return policies.L2DescentPolicy(self.cutoff, self.max_items, run_key.subkey("sample/0"),
+                                        run_key.subkey("item-order"))
+
+
+class GW(PolicyMechanism):
+    """GW (Carvalho et al.): greedy fill by the user's item frequencies; no Δ0.
+
+    Every distinct item of a user takes part. λ = 1/ε; T = 1 − λ·log(2δ);
+    Γ = T + α·λ. Guarantee: (ε, δ)-DP.
+
+    Args:
+      epsilon: ε > 0. delta: 0 < δ < 1/2 (so that T ≥ 1).
+      alpha: α ≥ 0 (default 3), Γ = T + α·λ; no privacy effect.
+      state: ``OrderedUserPolicy`` state choice (default ``'auto'``).
+    """
+
+    def __init__(self, epsilon: float, delta: float, alpha: float = DEFAULT_ALPHA,
+                 state: str = "auto", _name: str = "gw"):
+        lam = cal.weighted_laplace_scale(epsilon)
+        t = cal.gw_threshold(epsilon, delta)
+        super().__init__(_name, PrivacyGuarantee(float(epsilon), float(delta), note="(ε, δ)-DP"),
+                         RoundCalibration(t, "laplace", lam, None, "l1"), alpha, state)
+
+    policy_name = "greedy"
+
+    def policy(self, run_key):
+        return policies.GreedyPolicy(self.cutoff, run_key.subkey("item-order"))
+
+
+class GWKT(GW):
+    """GW-KT: greedy fill ordered by public item counts, then frequencies; no Δ0.
+
+    As ``GW``, but a user walks their items by the public count descending
+    (1 for an item absent from the public data), then their own frequency,
+    then the keyed item hash. The public counts must not come from the
+    private input; they cost no privacy budget. Guarantee: (ε, δ)-DP.
+
+    Args:
+      epsilon: ε > 0. delta: 0 < δ < 1/2.
+      public_counts: a path to an ``item<TAB>count`` file (any Beam
+        filesystem; ``.gz`` read by suffix; duplicates summed) or a
+        ``{item: count}`` mapping.
+      alpha: α ≥ 0 (default 3); no privacy effect.
+      state: ``OrderedUserPolicy`` state choice (default ``'auto'``).
+    """
+
+    def __init__(self, epsilon: float, delta: float, public_counts,
+                 alpha: float = DEFAULT_ALPHA, state: str = "auto"):
+        if isinstance(public_counts, str):
+            if not public_counts:
+                raise ValueError("public_counts must be a non-empty path or a mapping")
+        elif not isinstance(public_counts, Mapping):
+            raise ValueError(f"public_counts must be a path or a mapping, got {public_counts!r}")
+        super().__init__(epsilon, delta, alpha, state, _name="gw-kt")
+        self.public_counts = public_counts
+        self._loaded = None
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_loaded"] = None
+        return state
+
+    policy_name = "greedy-public"
+
+    def policy(self, run_key):
+        return policies.GreedyPolicy(self.cutoff, run_key.subkey("item-order"),
+                                     use_public_counts=True)
+
+    def _public_counts_local(self):
+        if isinstance(self.public_counts, Mapping):
+            return self.public_counts
+        if self._loaded is None:
+            self._loaded = policies.read_public_counts(self.public_counts)
+        return self._loaded

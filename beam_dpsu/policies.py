@@ -1,0 +1,528 @@
+"""Sequential update policies: one user at a time, in a fixed keyed order.
+
+The policy mechanisms of the specification (``MECHANISMS.md`` section 3) build
+the histogram ``H`` by visiting the users in the order of a keyed hash of the
+user id; each user spends a budget of 1 (in the ℓ1 or ℓ2 norm) raising their
+items towards the cutoff ``Γ = T + α·(λ or σ)``, and no item is ever raised
+above ``Γ``. Noise and the threshold ``T`` are applied afterwards to the
+finished histogram, exactly as in section 2.
+
+This module is pure Python and numpy (no Beam). It has three layers:
+
+* reference functions on numpy arrays (``l1_descent``, ``l2_descent``,
+  ``greedy_fill``): the user's current values in, the new values out. They are
+  written to read like the specification and are what the unit tests check;
+* the fast in-place updates on a ``{item: weight}`` dict (``apply_l1``,
+  ``apply_l2``, ``apply_greedy``) that the Beam transform and the Beam-free
+  core both run (plain Python dict operations: measured faster per user than
+  numpy for the item counts of real data, where a user has tens of items);
+* ``UserPolicy`` objects (``L1DescentPolicy``, ``L2DescentPolicy``,
+  ``GreedyPolicy``): ``prepare(user, counts)`` does everything that depends on
+  one user only (Δ0 sampling, the greedy item order) and can run in parallel;
+  ``update(hist, prepared)`` is the sequential step.
+
+Why these policies are private (section 3.4): a user's update depends on the
+histogram only through the cutoff. ℓ1-descent (water-filling) and ℓ2-descent
+are symmetric functions of the user's items: the result does not depend on
+any order of the items. The greedy policy walks the user's items in an order
+fixed by the user's own frequencies (or public counts) and a keyed item hash,
+never by the current histogram. A policy that ranks items by their current
+weight ("fill the items closest to Γ first") is NOT private; see
+``tests/test_policies.py`` for the counterexample.
+
+Floating point: every raised value is clamped to ``Γ``, so no item ever
+exceeds the cutoff, and each user's change has norm at most ``1`` up to
+rounding of a few units in the last place.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from operator import itemgetter
+from typing import Any, Callable, Dict, Hashable, Iterable, List, Mapping, Optional, Sequence, \
+    Tuple
+
+import numpy as np
+
+from beam_dpsu.bounding import ItemCounts, sample_items
+from beam_dpsu.calibration import check_max_items
+from beam_dpsu.noise import RunKey, encode_value, keyed_hash64
+
+Histogram = Dict[Hashable, float]
+
+# ---------------------------------------------------------------------------
+# Reference functions (numpy arrays in, numpy arrays out).
+# ---------------------------------------------------------------------------
+
+
+def _check_cutoff(cutoff: float) -> float:
+    c = float(cutoff)
+    if not (c > 0 and math.isfinite(c)):
+        raise ValueError(f"cutoff must be a finite number > 0, got {cutoff!r}")
+    return c
+
+
+def l1_descent(current, cutoff: float, budget: float = 1.0) -> np.ndarray:
+    """ℓ1-descent (Policy Laplace, specification 3.1) on one user's items.
+
+    Water-filling: the items below the cutoff are raised by the same amount
+    until the smallest gap closes, that item is dropped, and so on until the
+    budget is spent. Items at or above the cutoff are unchanged.
+
+    Args:
+      current: ``H[u]`` for each of the user's kept items (any order).
+      cutoff: Γ > 0.
+      budget: the user's ℓ1 budget (1 in every mechanism).
+    Returns:
+      The new values, same order. The total change is ``min(budget, Σ gaps)``
+      and no value exceeds Γ.
+    """
+    cutoff = _check_cutoff(cutoff)
+    h = np.asarray(current, dtype=float)
+    out = h.copy()
+    below = np.flatnonzero(h < cutoff)
+    if below.size == 0:
+        return out
+    gaps = cutoff - h[below]
+    order = np.argsort(gaps, kind="stable")
+    g = gaps[order]
+    m = g.size
+    remaining = float(budget)
+    prev = 0.0
+    for j in range(m):
+        cost = (g[j] - prev) * (m - j)
+        if cost <= remaining:
+            remaining -= cost
+            prev = g[j]
+            continue
+        level = prev + remaining / (m - j)
+        idx = below[order]
+        out[idx[:j]] = cutoff
+        out[idx[j:]] = np.minimum(h[idx[j:]] + level, cutoff)
+        return out
+    out[below] = cutoff
+    return out
+
+
+def l2_descent(current, cutoff: float, budget: float = 1.0) -> np.ndarray:
+    """ℓ2-descent (Policy Gaussian, specification 3.2) on one user's items.
+
+    With ``d_u = Γ − H[u]`` for the items below the cutoff and ``Z = ‖d‖₂``:
+    if ``Z ≤ budget`` every such item is set to Γ, else each is raised by
+    ``budget·d_u/Z``. The change has ℓ2 norm ``min(budget, Z)``.
+    """
+    cutoff = _check_cutoff(cutoff)
+    h = np.asarray(current, dtype=float)
+    out = h.copy()
+    below = h < cutoff
+    if not below.any():
+        return out
+    d = cutoff - h[below]
+    z = float(np.sqrt(np.sum(d * d)))
+    if z <= budget:
+        out[below] = cutoff
+    else:
+        out[below] = np.minimum(h[below] + d * (budget / z), cutoff)
+    return out
+
+
+def greedy_fill(current_in_order, cutoff: float, budget: float = 1.0) -> np.ndarray:
+    """Greedy (GW, specification 3.3) on one user's items, already in walk order.
+
+    Walks the items in the given order, skipping those at or above Γ: an item
+    whose gap ``Γ − H[u]`` fits in the remaining budget is set to Γ; the first
+    one that does not fit gets the whole remaining budget and the walk stops.
+    The order must come from ``greedy_order`` (never from the histogram).
+    """
+    cutoff = _check_cutoff(cutoff)
+    out = np.asarray(current_in_order, dtype=float).copy()
+    remaining = float(budget)
+    for k in range(out.size):
+        if remaining <= 0:
+            break
+        h = out[k]
+        if h >= cutoff:
+            continue
+        cost = cutoff - h
+        if cost <= remaining:
+            out[k] = cutoff
+            remaining -= cost
+        else:
+            out[k] = min(h + remaining, cutoff)
+            break
+    return out
+
+
+def greedy_order(counts: Mapping[Hashable, int], item_hash: Callable[[Hashable], int],
+                 public_counts: Optional[Mapping[Hashable, float]] = None) -> List[Hashable]:
+    """The order in which the greedy policy walks one user's items.
+
+    GW: by the user's own frequency ``C_i[u]`` descending, ties by the keyed
+    item hash ascending. GW-KT (``public_counts`` given): by the public count
+    descending (1 for an item absent from the public data), then ``C_i[u]``
+    descending, then the hash. The order depends on the user's data, the
+    public data and the key only: never on the histogram or on other users.
+
+    Args:
+      counts: ``{item: C_i[u]}`` of the user.
+      item_hash: ``item -> int``, a keyed hash (``GreedyPolicy.item_hash``).
+      public_counts: ``{item: public count}`` for GW-KT, or None for GW.
+    """
+    if public_counts is None:
+        return [u for _, _, u in sorted(((-c, item_hash(u), u) for u, c in counts.items()),
+                                        key=_first_two)]
+    get = public_counts.get
+    return [u for _, _, _, u in sorted(
+        ((-get(u, 1), -c, item_hash(u), u) for u, c in counts.items()), key=_first_three)]
+
+
+_first_two = itemgetter(0, 1)
+_first_three = itemgetter(0, 1, 2)
+
+
+# ---------------------------------------------------------------------------
+# Fast in-place updates on a {item: weight} dict (the production path).
+# ---------------------------------------------------------------------------
+
+_by_gap = itemgetter(0)
+
+
+def apply_l1(hist: Histogram, items: Sequence[Hashable], cutoff: float) -> None:
+    """ℓ1-descent of one user's ``items`` applied to ``hist`` in place (see ``l1_descent``)."""
+    get = hist.get
+    below = []
+    for u in items:
+        h = get(u, 0.0)
+        if h < cutoff:
+            below.append((cutoff - h, h, u))
+    m = len(below)
+    if m == 0:
+        return
+    if m == 1:
+        g, h, u = below[0]
+        hist[u] = cutoff if g <= 1.0 else h + 1.0
+        return
+    below.sort(key=_by_gap)
+    remaining = 1.0
+    prev = 0.0
+    for j in range(m):
+        g, h, u = below[j]
+        cost = (g - prev) * (m - j)
+        if cost <= remaining:
+            remaining -= cost
+            prev = g
+            hist[u] = cutoff
+            continue
+        level = prev + remaining / (m - j)
+        for g, h, u in below[j:]:
+            v = h + level
+            hist[u] = v if v < cutoff else cutoff
+        return
+
+
+def apply_l2(hist: Histogram, items: Sequence[Hashable], cutoff: float) -> None:
+    """ℓ2-descent of one user's ``items`` applied to ``hist`` in place (see ``l2_descent``)."""
+    get = hist.get
+    below = []
+    z2 = 0.0
+    for u in items:
+        h = get(u, 0.0)
+        if h < cutoff:
+            d = cutoff - h
+            z2 += d * d
+            below.append((d, h, u))
+    if not below:
+        return
+    if z2 <= 1.0:
+        for _, _, u in below:
+            hist[u] = cutoff
+        return
+    inv = 1.0 / math.sqrt(z2)
+    for d, h, u in below:
+        v = h + d * inv
+        hist[u] = v if v < cutoff else cutoff
+
+
+def apply_greedy(hist: Histogram, ordered_items: Sequence[Hashable], cutoff: float) -> None:
+    """Greedy fill of one user's items (in ``greedy_order``) applied to ``hist`` in place."""
+    get = hist.get
+    remaining = 1.0
+    for u in ordered_items:
+        h = get(u, 0.0)
+        if h >= cutoff:
+            continue
+        cost = cutoff - h
+        if cost <= remaining:
+            hist[u] = cutoff
+            remaining -= cost
+            if remaining <= 0.0:
+                return
+        else:
+            v = h + remaining
+            hist[u] = v if v < cutoff else cutoff
+            return
+
+
+# ---------------------------------------------------------------------------
+# User order and policy objects.
+# ---------------------------------------------------------------------------
+
+
+def user_sort_key(order_key: bytes, user: Any) -> Tuple[int, bytes]:
+    """The position of ``user`` in the processing order: (keyed hash, encoded id).
+
+    ``order_key`` is ``run_key.subkey('order')``. The order depends only on
+    the key and the user id, never on anyone's data; ties of the 64-bit hash
+    (probability about n²/2^65) are broken by the canonical bytes of the id.
+    """
+    encoded = encode_value(user)
+    return keyed_hash64(order_key, encoded), encoded
+
+
+class UserPolicy:
+    """A sequential update policy: ``prepare`` (per user, parallel) and ``update`` (in order).
+
+    The histogram the policy updates is keyed by item ids (``ItemIds``), not
+    by the items: ``prepare`` maps a user's items to ids, ``update`` works on
+    ids only, and the caller maps ids back to items when the histogram is
+    finished.
+
+    Attributes:
+      name: ``'l1-descent'``, ``'l2-descent'``, ``'greedy'`` or ``'greedy-public'``.
+      cutoff: Γ.
+      norm: ``'l1'`` or ``'l2'``, the norm in which each user's change is at most 1.
+      needs_public_counts: True for GW-KT (``prepare`` takes the public counts).
+      item_ids: the ``ItemIds`` mapping items to ids.
+    """
+
+    name = ""
+    norm = "l1"
+    needs_public_counts = False
+
+    def __init__(self, cutoff: float, item_key: bytes):
+        self.cutoff = _check_cutoff(cutoff)
+        self.item_ids = ItemIds(item_key)
+
+    def prepare(self, user: Any, counts: ItemCounts, public_counts=None
+                ) -> Tuple[List[int], Sequence[Hashable]]:
+        """``(ids, items)``: the ids ``update`` uses, in the order it uses them, and
+        the user's items those ids stand for (empty ids: the user is skipped)."""
+        raise NotImplementedError
+
+    def update(self, hist: Histogram, prepared: Sequence[int]) -> None:
+        """Applies one prepared user (their ids) to ``hist`` in place."""
+        raise NotImplementedError
+
+
+class _SampledPolicy(UserPolicy):
+    """A policy over a uniformly random Δ0-subset of each user's distinct items."""
+
+    def __init__(self, cutoff: float, max_items: int, sample_key: bytes, item_key: bytes):
+        super().__init__(cutoff, item_key)
+        self.max_items = check_max_items(max_items)
+        self._sample_key = sample_key
+
+    def prepare(self, user, counts, public_counts=None):
+        if not counts:
+            return [], ()
+        kept = sample_items(user, counts, self.max_items, self._sample_key)
+        return list(map(self.item_ids, kept)), kept
+
+
+class L1DescentPolicy(_SampledPolicy):
+    """ℓ1-descent over at most Δ0 sampled items (Policy Laplace).
+
+    Args:
+      cutoff: Γ = T + α·λ.
+      max_items: Δ0.
+      sample_key: ``run_key.subkey('sample/0')``.
+      item_key: ``run_key.subkey('item-order')`` (item ids).
+    """
+
+    name = "l1-descent"
+    norm = "l1"
+
+    def update(self, hist, prepared):
+        apply_l1(hist, prepared, self.cutoff)
+
+
+class L2DescentPolicy(_SampledPolicy):
+    """ℓ2-descent over at most Δ0 sampled items (Policy Gaussian). Args as ``L1DescentPolicy``."""
+
+    name = "l2-descent"
+    norm = "l2"
+
+    def update(self, hist, prepared):
+        apply_l2(hist, prepared, self.cutoff)
+
+
+class ItemIds:
+    """Item → 63-bit integer id: a keyed hash of the item, cached.
+
+    The sequential stage works on these integers instead of the items
+    themselves (hashing a Python int is free, hashing a freshly decoded string
+    is not), and the greedy policy breaks ties by them: the id is
+    ``keyed_hash64(run_key.subkey('item-order'), encode_value(item)) >> 1``,
+    a PRF of the item, independent of every user. Two distinct items share an
+    id with probability about n²/2^64 for n distinct items; the transforms
+    detect that and fail rather than merge them.
+
+    Args:
+      item_key: ``run_key.subkey('item-order')``.
+      max_cache: entries kept before the cache is cleared (bounds memory).
+    """
+
+    def __init__(self, item_key: bytes, max_cache: int = 1 << 21):
+        self._key = item_key
+        self._max_cache = max_cache
+        self._cache: Dict[Hashable, int] = {}
+
+    def __getstate__(self):
+        return {"_key": self._key, "_max_cache": self._max_cache, "_cache": {}}
+
+    def __call__(self, item: Hashable) -> int:
+        i = self._cache.get(item)
+        if i is None:
+            if len(self._cache) >= self._max_cache:
+                self._cache.clear()
+            i = self._cache[item] = keyed_hash64(self._key, encode_value(item)) >> 1
+        return i
+
+
+_ID_MASK = (1 << 63) - 1
+
+
+class GreedyPolicy(UserPolicy):
+    """Greedy fill (GW) or greedy with public counts (GW-KT); no Δ0 sampling.
+
+    Every distinct item of the user takes part, walked in ``greedy_order``
+    (frequency descending, ties by the keyed item id; with public counts,
+    public count first).
+
+    Args:
+      cutoff: Γ = T + α·λ.
+      item_key: ``run_key.subkey('item-order')``: the key of the item ids,
+        which also break ties in the walk order.
+      use_public_counts: True for GW-KT: ``prepare`` then needs the public
+        counts (``{item: count}``; items absent count as 1).
+    """
+
+    norm = "l1"
+
+    def __init__(self, cutoff: float, item_key: bytes, use_public_counts: bool = False):
+        super().__init__(cutoff, item_key)
+        self.needs_public_counts = bool(use_public_counts)
+        self.name = "greedy-public" if use_public_counts else "greedy"
+
+    def prepare(self, user, counts, public_counts=None):
+        if not counts:
+            return [], ()
+        iid = self.item_ids
+        if self.needs_public_counts:
+            if public_counts is None:
+                raise ValueError("the greedy policy with public counts needs the public counts")
+            get = public_counts.get
+            keyed = sorted([(-get(u, 1), -c, iid(u)) for u, c in counts.items()])
+            return [k[2] for k in keyed], counts
+        # One integer per item, -C·2^63 + id (0 <= id < 2^63): sorting it orders
+        # by frequency descending, then id ascending, as greedy_order does.
+        keyed = sorted([(-c << 63) | iid(u) for u, c in counts.items()])
+        return [k & _ID_MASK for k in keyed], counts
+
+    def update(self, hist, prepared):
+        apply_greedy(hist, prepared, self.cutoff)
+
+
+def run_in_order(prepared_users: Iterable[Sequence[int]], policy: UserPolicy,
+                 hist: Optional[Histogram] = None) -> Histogram:
+    """Applies already-ordered, prepared users (their id lists) to a histogram; returns it.
+
+    Ids that no user raised are absent (never present with weight 0).
+    """
+    hist = {} if hist is None else hist
+    update = policy.update
+    for prepared in prepared_users:
+        if prepared:
+            update(hist, prepared)
+    return hist
+
+
+class ItemIdCollision(RuntimeError):
+    """Two distinct items got the same 63-bit id (probability ~n²/2^64): rerun with a new key."""
+
+
+def add_id_mapping(mapping: Dict[int, Hashable], ids: Sequence[int], items: Iterable[Hashable],
+                   item_ids: "ItemIds") -> None:
+    """Records ``id -> item`` for ``items``; raises ``ItemIdCollision`` on a clash."""
+    del ids  # the ids are recomputed from the (cached) item ids, for every item
+    for item in items:
+        i = item_ids(item)
+        old = mapping.setdefault(i, item)
+        if old is not item and old != item:
+            raise ItemIdCollision(
+                "two distinct items share a 63-bit item id; rerun with a fresh run key")
+
+
+def run_sequential(per_user: Mapping[Any, ItemCounts], policy: UserPolicy, run_key: RunKey,
+                   public_counts: Optional[Mapping[Hashable, float]] = None
+                   ) -> Dict[Hashable, float]:
+    """The finished histogram ``{item: weight > 0}`` of a policy on in-memory data.
+
+    The Beam-free core of ``ordered.OrderedUserPolicy``, with the same
+    functions in the same order: each user is prepared with
+    ``policy.prepare``, the users are sorted by ``user_sort_key`` under
+    ``run_key.subkey('order')``, applied with ``policy.update`` on item ids,
+    and the ids are mapped back to items.
+    """
+    order_key = run_key.subkey("order")
+    keyed = []
+    mapping: Dict[int, Hashable] = {}
+    for user, counts in per_user.items():
+        ids, items = policy.prepare(user, counts, public_counts)
+        if ids:
+            add_id_mapping(mapping, ids, items, policy.item_ids)
+            keyed.append((user_sort_key(order_key, user), ids))
+    keyed.sort(key=_by_gap)
+    hist = run_in_order((p for _, p in keyed), policy)
+    return {mapping[i]: w for i, w in hist.items() if w > 0}
+
+
+def read_public_counts(path: str) -> Dict[str, float]:
+    """Reads a public-counts file of ``item<TAB>count`` lines into a dict.
+
+    The item is everything before the last tab; the count a number ≥ 0
+    (integers are kept as ints). Duplicate items are summed; blank lines are
+    skipped. Any other line raises ValueError naming the line number. ``.gz``
+    and ``.bz2`` files are decompressed. Public counts cost no privacy budget:
+    they must come from data that is not the private input.
+    """
+    from beam_dpsu.textio import open_binary  # Beam filesystems; imported lazily
+    out: Dict[str, float] = {}
+    with open_binary(path) as f:
+        for lineno, raw in enumerate(f, 1):
+            item, count = parse_public_count_line(raw, lineno)
+            if item is not None:
+                out[item] = out.get(item, 0) + count
+    return out
+
+
+def parse_public_count_line(raw, lineno: int = 0):
+    """``b'item<TAB>count'`` → ``(item, count)``; ``(None, 0)`` for a blank line."""
+    line = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+    line = line.rstrip("\r\n")
+    if not line.strip():
+        return None, 0
+    item, tab, value = line.rpartition("\t")
+    if not tab:
+        raise ValueError(f"public counts line {lineno}: expected item<TAB>count, got {line[:80]!r}")
+    try:
+        count = int(value)
+    except ValueError:
+        try:
+            count = float(value)
+        except ValueError:
+            count = float("nan")
+    if not (count >= 0 and math.isfinite(count)):
+        raise ValueError(f"public counts line {lineno}: count must be a number >= 0, "
+                         f"got {value[:40]!r}")
+    return item, count

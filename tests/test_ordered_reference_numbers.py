@@ -1,0 +1,107 @@
+"""Policy mechanisms on the shared datasets against the authors' published means.
+
+As in ``test_reference_numbers.py``, each run contributes the *expected*
+number of released items given its finished histogram,
+Σ_items P(weight + noise > T), and the mean over runs is compared with the
+authors' mean of 5 runs (ε = 3, δ = e^-10) within 3%. The run-to-run spread of
+that expectation comes only from the keys (Δ0 sample, user order, item ids).
+Measured standard deviations per run (5 runs each, see
+benchmarks/RESULTS-ordered.md) and the runs used here give these margins
+(3% band minus the measured offset, in standard deviations of the mean):
+policy-laplace Δ0=10: sd 8.3, 12 runs, 6.4; policy-gaussian Δ0=300: sd 1.3,
+5 runs, > 30; Δ0=100: sd 1.9, > 30; gw: sd 2.9, 8 runs, 7.9; gw-kt: sd 3.4,
+> 15; reddit policy-gaussian: sd 1.6, > 20. Even with the true sd 30% above
+the measured one, the false-failure probability is below 1e-6 for each case.
+
+Known deviation, reddit-titles GW: the authors report 750.6; the
+specification's tie-break (HMAC of the item, the same for every user) gives
+about 815 (sd 23 per run). Breaking ties by each user's own record order, as
+the authors' code evidently does, gives 750 here (and 715 on commits-rails).
+The keyed hash is kept (it is what MECHANISMS.md 3.3 specifies, and it is
+reproducible on every runner); the test checks only that we are not more
+than 3% *below* the authors (margin 8.5 sd of the mean of 5 runs).
+
+Skipped when ../shared/data is absent. Slow (about a minute): it runs 45
+sequential passes over the data.
+"""
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from beam_dpsu import textio
+from beam_dpsu.bounding import merge_item_counts
+from beam_dpsu.noise import RunKey
+from beam_dpsu.ordered import GW, GWKT, PolicyGaussian, PolicyLaplace
+
+from conftest import shared_dataset
+
+E10 = math.exp(-10)
+
+
+def load(name):
+    per_user = {}
+    for kind, value in textio.read_user_items(str(shared_dataset(name))):
+        if kind == "user":
+            user, counts = value
+            per_user[user] = merge_item_counts([per_user[user], counts]) \
+                if user in per_user else counts
+    return per_user
+
+
+@pytest.fixture(scope="module")
+def rails():
+    return load("commits-rails.pairs.tsv.gz")
+
+
+@pytest.fixture(scope="module")
+def reddit():
+    return load("reddit-titles.pairs.tsv.gz")
+
+
+@pytest.fixture(scope="module")
+def ansible_public_counts():
+    """Public counts for gw-kt: distinct users per item in commits-ansible."""
+    counts = {}
+    for items in load("commits-ansible.pairs.tsv.gz").values():
+        for item in items:
+            counts[item] = counts.get(item, 0) + 1
+    return counts
+
+
+def expected_release(mechanism, per_user, runs):
+    r = mechanism.calibration
+    dist = stats.norm(scale=r.noise_scale) if r.noise == "gaussian" \
+        else stats.laplace(scale=r.noise_scale)
+    out = []
+    for _ in range(runs):
+        hist = mechanism.histogram_local(per_user, RunKey.fresh())
+        out.append(float(dist.sf(r.threshold - np.fromiter(hist.values(), float)).sum()))
+    return float(np.mean(out))
+
+
+CASES = [  # (id, dataset fixture, mechanism factory, runs, authors' mean of 5 runs)
+    ("rails-policy-laplace-10", "rails", lambda pub: PolicyLaplace(3, E10, 10), 12, 562.0),
+    ("rails-policy-gaussian-300-a5", "rails", lambda pub: PolicyGaussian(3, E10, 300, 5), 5,
+     1250.2),
+    ("rails-policy-gaussian-100-a3", "rails", lambda pub: PolicyGaussian(3, E10, 100, 3), 5,
+     1161.4),
+    ("rails-gw", "rails", lambda pub: GW(3, E10), 8, 713.4),
+    ("rails-gw-kt", "rails", lambda pub: GWKT(3, E10, pub), 5, 986.8),
+    ("reddit-policy-gaussian-50-a5", "reddit", lambda pub: PolicyGaussian(3, E10, 50, 5), 5,
+     821.2),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_expected_release_within_3_percent_of_authors(case, request):
+    _, data, factory, runs, authors = case
+    pub = request.getfixturevalue("ansible_public_counts") if "kt" in case[0] else None
+    mean = expected_release(factory(pub), request.getfixturevalue(data), runs)
+    assert abs(mean - authors) <= 0.03 * authors, (mean, authors)
+
+
+def test_reddit_gw_not_below_authors(reddit):
+    mean = expected_release(GW(3, E10), reddit, 5)
+    assert mean >= 0.97 * 750.6, mean
