@@ -130,3 +130,28 @@ def test_users_with_one_item_and_empty_users():
     with beam.Pipeline(options=beam_options()) as p:
         out = p | beam.Create(per_user) | SampleItems(1, RunKey.from_test_seed(0))
         assert_that(out, equal_to([("a", {"x": 1}), ("c", {"x": 5})]))
+
+
+def test_a_retried_bundle_gets_the_same_user_order_and_preparation():
+    from beam_dpsu import ordered, policies
+    rk = RunKey.from_test_seed(5)
+    mech = ordered.PolicyGaussian(1.0, 1e-6, 5)
+    users = [(f"u{i}", {f"i{j}": 1 for j in range(i % 12 + 1)}) for i in range(40)]
+
+    def plain(o):
+        if isinstance(o, beam.pvalue.TaggedOutput):
+            return (o.tag, o.value)
+        return getattr(o, "value", o)
+
+    def run_bundle(fn):
+        fn.start_bundle()
+        out = [plain(o) for u in users for o in fn.process(u)]
+        return out, [plain(v) for v in fn.finish_bundle()]
+
+    fn = ordered._PrepareDoFn(mech.policy(rk), rk.subkey("order"), 8)
+    first = run_bundle(fn)
+    retried = run_bundle(pickle.loads(pickle.dumps(fn)))
+    assert first == retried
+    # The order key of a user depends on the run key and the user id only.
+    assert policies.user_sort_key(rk.subkey("order"), "u3") == \
+        policies.user_sort_key(RunKey.from_test_seed(5).subkey("order"), "u3")
