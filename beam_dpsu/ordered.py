@@ -13,34 +13,41 @@ How the transform works
    policy (Δ0 sampling, or the greedy walk order), their items are replaced by
    63-bit item ids (``policies.ItemIds``: a keyed hash of the item), and the
    user gets the sort key ``keyed_hash64(run_key.subkey('order'),
-   encode_value(user))``. Users are batched per bundle to pay Beam's
-   per-element cost once per batch, and ``(id, item)`` pairs are sent to a
-   side output (once per bundle and item).
-2. ``Sequential`` (one key, one worker): a stateful DoFn stores every user
-   under their sort key and, when the event-time timer at the end of the
-   global window fires (all users have arrived), reads them in sort-key order
-   (ties by the canonical bytes of the user id), applies ``policy.update`` to
-   an in-memory ``{item id: weight}`` histogram and emits ``(id, weight)`` for
-   the ids with weight > 0.
-3. ``ToItems`` (parallel): ids are mapped back to items with the side input
+   encode_value(user))``. Users are grouped per bundle into 2^bucket_bits
+   buckets by the top bits of that hash (paying Beam's per-element cost once
+   per bucket and bundle), and ``(id, item)`` pairs are sent to a side output
+   (once per bundle and item).
+2. ``SortBuckets`` (parallel): each bucket is grouped and sorted by (sort hash,
+   canonical bytes of the user id), then packed into two byte strings (the
+   users' id counts and their ids). Bucket b precedes bucket b + 1 in the
+   order, so the buckets in increasing index are the users in processing order.
+3. ``Sequential`` (one key, one worker): a stateful DoFn stores one entry per
+   bucket and, when the event-time timer at the end of the global window fires
+   (all users have arrived), reads the buckets in order, applies
+   ``policy.update`` user by user to an in-memory ``{item id: weight}``
+   histogram and emits ``(id, weight)`` for the ids with weight > 0. Reading
+   a few packed buckets instead of one state entry per user is what makes
+   this stage fast.
+4. ``ToItems`` (parallel): ids are mapped back to items with the side input
    built from step 1 (distinct items that share an id make the pipeline fail
    with ``policies.ItemIdCollision``; probability about n²/2^64).
 
 State and runners (``state`` argument)
 --------------------------------------
 * ``'ordered_list'``: ``OrderedListState`` (Beam's timestamp-sorted list
-  state, sort key = the user's hash as a microsecond "timestamp"). The timer
-  streams the users in order from state, so only the histogram (one float per
-  item that some user raised) and the id map must fit in the worker's memory,
-  not the users — on a runner whose state backend pages state in. Supported
+  state, sort key = the bucket index as a microsecond "timestamp"). The timer
+  streams the buckets in order from state, so only the histogram (one float
+  per item that some user raised), the id map and one bucket must fit in the
+  worker's memory, not all users — on a runner whose state backend pages
+  state in. Supported
   by the Python FnApiRunner (which the Python DirectRunner uses for batch
   pipelines; it keeps all state in memory, so there the users are in memory
   too). Not supported, as of Beam 2.77, by the Flink runner (apache/beam
   issue 21358), the Spark runner (issue 33211) or Dataflow Runner v2
   (issue 20666). Prism: not verified.
 * ``'bag'``: the fallback for every runner with stateful DoFns and
-  event-time timers (Flink, Spark, Dataflow, Prism): batches of users in
-  ``BagState``, sorted in the timer callback. All prepared users (item ids, 8
+  event-time timers (Flink, Spark, Dataflow, Prism): the packed buckets in
+  ``BagState``, sorted by bucket index in the timer callback. All prepared users (item ids, 8
   bytes per kept user-item pair, plus the user ids) must then fit in the
   worker's memory.
 * ``'auto'`` (default): ``'ordered_list'`` on the DirectRunner, the
@@ -75,18 +82,15 @@ from beam_dpsu.noise import RunKey
 from beam_dpsu.threshold import ApplyReleaseRule, NoisyThresholdRule
 
 STATES = ("auto", "ordered_list", "bag")
-DEFAULT_BATCH_USERS = 512
 _ORDERED_LIST_RUNNERS = ("DirectRunner", "SwitchingDirectRunner", "FnApiRunner",
                          "BundleBasedDirectRunner")
-_TWO_63 = 1 << 63
-_MAX_SORT_MICROS = (1 << 63) - 2  # OrderedListState keys must be < 2^63 - 1
+DEFAULT_BUCKET_BITS = 10
 
 
-def _sort_micros(h: int) -> int:
-    """The OrderedListState key of a 64-bit sort hash (order preserving; the top
-    value is clamped, and equal keys are re-sorted by the full key)."""
-    m = h - _TWO_63
-    return m if m <= _MAX_SORT_MICROS else _MAX_SORT_MICROS
+def check_bucket_bits(bits: int) -> int:
+    if isinstance(bits, bool) or not isinstance(bits, int) or not 0 <= bits <= 20:
+        raise ValueError(f"bucket_bits must be an integer in [0, 20], got {bits!r}")
+    return bits
 
 
 def encode_ids(ids: List[int]) -> bytes:
@@ -99,25 +103,32 @@ def decode_ids(blob: bytes) -> List[int]:
 
 
 # ---------------------------------------------------------------------------
-# Step 1: prepare users (parallel).
+# Step 1: prepare users (parallel) and sort them by bucket (parallel).
 # ---------------------------------------------------------------------------
 
 @beam.typehints.with_output_types(Tuple[int, Any])
 class _PrepareDoFn(beam.DoFn):
-    """(user, counts) → batches of (sort hash, user, encoded ids); side output (id, item)."""
+    """(user, counts) → (bucket, [(sort hash, user bytes, encoded ids)]); side output (id, item).
+
+    The bucket is the top ``bucket_bits`` bits of the user's sort hash, so
+    buckets in increasing order hold the users in increasing hash order.
+    Users are grouped per bucket inside a bundle before they are emitted.
+    """
 
     IDS = "ids"
+    FLUSH_PAIRS = 1 << 20
 
-    def __init__(self, policy: policies.UserPolicy, order_key: bytes, batch_users: int):
+    def __init__(self, policy: policies.UserPolicy, order_key: bytes, bucket_bits: int):
         self._policy = policy
         self._order_key = order_key
-        self._batch_users = batch_users
+        self._shift = 64 - bucket_bits
         self._users = beam.metrics.Metrics.counter("beam_dpsu", "ordered_users")
         self._pairs = beam.metrics.Metrics.counter("beam_dpsu", "ordered_pairs")
         self._micros = beam.metrics.Metrics.counter("beam_dpsu", "ordered_prepare_micros")
 
     def start_bundle(self):
-        self._batch = []
+        self._buckets: Dict[int, list] = {}
+        self._pending_pairs = 0
         self._seen = set()
         self._n_users = self._n_pairs = 0
         self._elapsed = 0.0
@@ -128,10 +139,16 @@ class _PrepareDoFn(beam.DoFn):
         ids, items = self._policy.prepare(user, counts, public_counts)
         if not ids:
             return
-        h, _ = policies.user_sort_key(self._order_key, user)
-        self._batch.append((h, user, encode_ids(ids)))
+        h, encoded_user = policies.user_sort_key(self._order_key, user)
+        entry = (h, encoded_user, encode_ids(ids))
+        bucket = self._buckets.get(h >> self._shift)
+        if bucket is None:
+            self._buckets[h >> self._shift] = [entry]
+        else:
+            bucket.append(entry)
         self._n_users += 1
         self._n_pairs += len(ids)
+        self._pending_pairs += len(ids)
         seen = self._seen
         item_id = self._policy.item_ids
         for item in items:
@@ -139,20 +156,39 @@ class _PrepareDoFn(beam.DoFn):
             if i not in seen:
                 seen.add(i)
                 yield beam.pvalue.TaggedOutput(self.IDS, (i, item))
-        if len(self._batch) >= self._batch_users:
-            batch, self._batch = self._batch, []
-            yield 0, batch
+        if self._pending_pairs >= self.FLUSH_PAIRS:
+            yield from self._buckets.items()
+            self._buckets, self._pending_pairs = {}, 0
         self._elapsed += time.perf_counter() - t0
 
     def finish_bundle(self):
         gw = window.GlobalWindow()
-        if self._batch:
-            yield WindowedValue((0, self._batch), gw.max_timestamp(), [gw])
-        self._batch = []
+        ts = gw.max_timestamp()
+        for bucket, users in self._buckets.items():
+            yield WindowedValue((bucket, users), ts, [gw])
+        self._buckets, self._pending_pairs = {}, 0
         self._seen = set()
         self._users.inc(self._n_users)
         self._pairs.inc(self._n_pairs)
         self._micros.inc(int(self._elapsed * 1e6))
+
+
+def _by_hash_then_user(entry):
+    return entry[0], entry[1]
+
+
+def sort_bucket(element) -> Tuple[int, Tuple[int, bytes, bytes]]:
+    """(bucket, lists of users) → (0, (bucket, lengths, ids)) in processing order.
+
+    The users of the bucket are sorted by (sort hash, encoded user id) and
+    packed as two byte strings: each user's number of ids (int32) and all ids
+    (int64) back to back. The user ids themselves are not needed any more.
+    """
+    bucket, groups = element
+    users = [u for group in groups for u in group]
+    users.sort(key=_by_hash_then_user)
+    lengths = np.fromiter((len(u[2]) >> 3 for u in users), dtype="<i4", count=len(users))
+    return 0, (bucket, lengths.tobytes(), b"".join(u[2] for u in users))
 
 
 # ---------------------------------------------------------------------------
@@ -160,38 +196,27 @@ class _PrepareDoFn(beam.DoFn):
 # ---------------------------------------------------------------------------
 
 class _SequentialBase(beam.DoFn):
-    """Shared policy loop: users in order → histogram → (id, weight > 0)."""
+    """Shared policy loop: sorted buckets of users → histogram → (id, weight > 0)."""
 
-    def __init__(self, policy: policies.UserPolicy, order_key: bytes):
+    def __init__(self, policy: policies.UserPolicy):
         self._policy = policy
-        self._order_key = order_key
-        # Time spent adding users to state, and in the timer (read, policy, emit).
+        # Time spent adding buckets to state, and in the timer (read, policy, emit).
         self._micros = beam.metrics.Metrics.counter("beam_dpsu", "ordered_sequential_add_micros")
         self._timer_micros = beam.metrics.Metrics.counter("beam_dpsu",
                                                           "ordered_sequential_timer_micros")
 
-    def _run(self, ordered_users):
-        """``ordered_users``: (sort micros, user, blob) in non-decreasing micros."""
+    def _run(self, packed_buckets):
+        """``packed_buckets``: (lengths, ids) byte strings of the buckets, in bucket order."""
         hist: Dict[int, float] = {}
         update = self._policy.update
-        group = []
-        prev = None
-        for micros, user, blob in ordered_users:
-            if micros != prev:
-                if group:
-                    self._apply_group(hist, group, update)
-                    group = []
-                prev = micros
-            group.append((user, blob))
-        if group:
-            self._apply_group(hist, group, update)
+        for lengths, ids in packed_buckets:
+            all_ids = np.frombuffer(ids, dtype="<i8").tolist()
+            pos = 0
+            for n in np.frombuffer(lengths, dtype="<i4").tolist():
+                end = pos + n
+                update(hist, all_ids[pos:end])
+                pos = end
         return hist
-
-    def _apply_group(self, hist, group, update):
-        if len(group) > 1:  # equal (possibly clamped) keys: full key, then user bytes
-            group.sort(key=lambda ub: policies.user_sort_key(self._order_key, ub[0]))
-        for _, blob in group:
-            update(hist, decode_ids(blob))
 
     def _emit(self, hist):
         for i, w in hist.items():
@@ -199,51 +224,50 @@ class _SequentialBase(beam.DoFn):
                 yield i, w
 
 
-_USER_CODER = coders.TupleCoder([coders.FastPrimitivesCoder(), coders.BytesCoder()])
+_BUCKET_CODER = coders.TupleCoder([coders.BytesCoder(), coders.BytesCoder()])
 
 
 class _OrderedListDoFn(_SequentialBase):
-    USERS = userstate.OrderedListStateSpec("users", _USER_CODER)
+    BUCKETS = userstate.OrderedListStateSpec("buckets", _BUCKET_CODER)
     FLUSH = userstate.TimerSpec("flush", TimeDomain.WATERMARK)
 
-    def process(self, element, users=beam.DoFn.StateParam(USERS),
+    def process(self, element, buckets=beam.DoFn.StateParam(BUCKETS),
                 flush=beam.DoFn.TimerParam(FLUSH), w=beam.DoFn.WindowParam):
         t0 = time.perf_counter()
-        _, batch = element
-        add = users.add
-        for h, user, blob in batch:
-            add((Timestamp(micros=_sort_micros(h)), (user, blob)))
+        bucket, lengths, ids = element[1]
+        buckets.add((Timestamp(micros=bucket), (lengths, ids)))
         flush.set(w.max_timestamp())
         self._micros.inc(int((time.perf_counter() - t0) * 1e6))
 
     @userstate.on_timer(FLUSH)
-    def on_flush(self, users=beam.DoFn.StateParam(USERS)):
+    def on_flush(self, buckets=beam.DoFn.StateParam(BUCKETS)):
         t0 = time.perf_counter()
-        hist = self._run((ts.micros, user, blob) for ts, (user, blob) in users.read())
-        users.clear()
+        hist = self._run(packed for _, packed in buckets.read())
+        buckets.clear()
         self._timer_micros.inc(int((time.perf_counter() - t0) * 1e6))
         yield from self._emit(hist)
 
 
 class _BagDoFn(_SequentialBase):
-    BATCHES = userstate.BagStateSpec("batches", coders.PickleCoder())
+    BUCKETS = userstate.BagStateSpec(
+        "buckets", coders.TupleCoder([coders.VarIntCoder(), coders.BytesCoder(),
+                                      coders.BytesCoder()]))
     FLUSH = userstate.TimerSpec("flush", TimeDomain.WATERMARK)
 
-    def process(self, element, batches=beam.DoFn.StateParam(BATCHES),
+    def process(self, element, buckets=beam.DoFn.StateParam(BUCKETS),
                 flush=beam.DoFn.TimerParam(FLUSH), w=beam.DoFn.WindowParam):
         t0 = time.perf_counter()
-        batches.add(element[1])
+        buckets.add(element[1])
         flush.set(w.max_timestamp())
         self._micros.inc(int((time.perf_counter() - t0) * 1e6))
 
     @userstate.on_timer(FLUSH)
-    def on_flush(self, batches=beam.DoFn.StateParam(BATCHES)):
+    def on_flush(self, buckets=beam.DoFn.StateParam(BUCKETS)):
         t0 = time.perf_counter()
-        users = [u for batch in batches.read() for u in batch]
-        users.sort(key=lambda e: e[0])
-        hist = self._run((_sort_micros(h), user, blob) for h, user, blob in users)
-        del users
-        batches.clear()
+        ordered_buckets = sorted(buckets.read(), key=lambda b: b[0])
+        hist = self._run((lengths, ids) for _, lengths, ids in ordered_buckets)
+        del ordered_buckets
+        buckets.clear()
         self._timer_micros.inc(int((time.perf_counter() - t0) * 1e6))
         yield from self._emit(hist)
 
@@ -304,8 +328,11 @@ class OrderedUserPolicy(beam.PTransform):
         Public counts cost no privacy budget. None otherwise.
       state: ``'auto'`` (default), ``'ordered_list'`` or ``'bag'``; see the
         module docstring for which runners support which. No privacy effect.
-      batch_users: users per batch sent to the sequential stage (default 512;
-        no privacy effect).
+      bucket_bits: users are sorted in parallel in 2^bucket_bits buckets of
+        the order (default 10: 1024 buckets), and the sequential stage holds
+        one state entry per bucket. No privacy effect; more buckets mean
+        smaller sorts and, with ordered-list state on a runner that pages
+        state, less memory in the sequential worker.
 
     Privacy: none by itself; the histogram has the per-user sensitivity of the
     policy (ℓ1 ≤ 1 for ℓ1-descent and greedy, ℓ2 ≤ 1 for ℓ2-descent) given
@@ -313,15 +340,14 @@ class OrderedUserPolicy(beam.PTransform):
     """
 
     def __init__(self, policy: policies.UserPolicy, run_key: RunKey, public_counts=None,
-                 state: str = "auto", batch_users: int = DEFAULT_BATCH_USERS,
+                 state: str = "auto", bucket_bits: int = DEFAULT_BUCKET_BITS,
                  label: Optional[str] = None):
         super().__init__(label)
         if not isinstance(policy, policies.UserPolicy):
             raise ValueError(f"policy must be a beam_dpsu.policies.UserPolicy, got {policy!r}")
         if state not in STATES:
             raise ValueError(f"state must be one of {STATES}, got {state!r}")
-        if isinstance(batch_users, bool) or not isinstance(batch_users, int) or batch_users < 1:
-            raise ValueError(f"batch_users must be an integer >= 1, got {batch_users!r}")
+        self._bucket_bits = check_bucket_bits(bucket_bits)
         if policy.needs_public_counts and public_counts is None:
             raise ValueError(f"policy {policy.name!r} needs public_counts")
         if not policy.needs_public_counts and public_counts is not None:
@@ -330,7 +356,6 @@ class OrderedUserPolicy(beam.PTransform):
         self._run_key = RunKey.resolve(run_key)
         self._public = public_counts
         self._state = state
-        self._batch_users = batch_users
 
     def _resolve_state(self, pipeline) -> str:
         if self._state != "auto":
@@ -358,12 +383,14 @@ class OrderedUserPolicy(beam.PTransform):
         side = self._public_side_input(per_user.pipeline)
         prep_args = [side] if side is not None else []
         prepared = per_user | "Prepare" >> beam.ParDo(
-            _PrepareDoFn(self._policy, order_key, self._batch_users), *prep_args
+            _PrepareDoFn(self._policy, order_key, self._bucket_bits), *prep_args
         ).with_outputs(_PrepareDoFn.IDS, main="users")
         state = self._resolve_state(per_user.pipeline)
-        seq_fn = (_OrderedListDoFn if state == "ordered_list" else _BagDoFn)(self._policy,
-                                                                              order_key)
-        weights = prepared.users | "Sequential" >> beam.ParDo(seq_fn)
+        seq_fn = (_OrderedListDoFn if state == "ordered_list" else _BagDoFn)(self._policy)
+        weights = (prepared.users
+                   | "GroupBuckets" >> beam.GroupByKey()
+                   | "SortBuckets" >> beam.Map(sort_bucket)
+                   | "Sequential" >> beam.ParDo(seq_fn))
         id_to_item = (prepared[_PrepareDoFn.IDS]
                       | "ItemPerId" >> beam.CombinePerKey(_SameItemFn()))
         return weights | "ToItems" >> beam.Map(_to_item, beam.pvalue.AsDict(id_to_item))

@@ -7,6 +7,7 @@ import json
 import math
 
 import apache_beam as beam
+import numpy as np
 import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
@@ -45,7 +46,7 @@ def test_histogram_is_exactly_the_cores_in_both_state_backends(state):
     assert expected and all(w > 0 for w in expected.values())
     with beam.Pipeline(options=beam_options()) as p:
         out = (p | beam.Create(sorted(per_user.items()))
-               | OrderedUserPolicy(policy, RK, state=state, batch_users=7))
+               | OrderedUserPolicy(policy, RK, state=state, bucket_bits=2))
         assert_that(out, equal_to(sorted(expected.items())))  # same floats, bit for bit
 
 
@@ -76,22 +77,32 @@ def test_empty_input_releases_nothing():
         assert_that(out, equal_to([]))
 
 
-def test_equal_sort_keys_are_ordered_by_full_key_then_user():
-    policy = P.GreedyPolicy(1.5, RK.subkey("item-order"))
+def test_buckets_sort_by_full_key_then_user_and_pack_ids():
     order_key = RK.subkey("order")
-    fn = ordered._OrderedListDoFn(policy, order_key)
-    users = ["alice", "bob", "carol"]
-    blob = ordered.encode_ids([7])
-    # All three arrive with the same (clamped) state key and in reverse order.
-    got_order = []
-    seq = [(ordered._MAX_SORT_MICROS, u, ordered.encode_ids([i])) for i, u in
-           enumerate(reversed(users))]
-    fn._apply_group({}, [(u, b) for _, u, b in seq], lambda h, ids: got_order.append(ids[0]))
-    expected = sorted(range(3), key=lambda i: P.user_sort_key(order_key, list(reversed(users))[i]))
-    assert got_order == expected
-    assert ordered._sort_micros((1 << 64) - 1) == ordered._MAX_SORT_MICROS
-    assert ordered._sort_micros(0) == -(1 << 63)
-    assert ordered.decode_ids(blob) == [7]
+    users = ["alice", "bob", "carol", "dave"]
+    keys = {u: P.user_sort_key(order_key, u) for u in users}
+    # Two groups from different bundles, out of order; "dave" shares alice's hash.
+    entries = [(keys[u][0], keys[u][1], ordered.encode_ids([i, i + 10]))
+               for i, u in enumerate(users[:3])]
+    entries.append((keys["alice"][0], keys["dave"][1], ordered.encode_ids([3, 13])))
+    key, (bucket, lengths, ids) = ordered.sort_bucket((5, [entries[2:], entries[:2]]))
+    assert key == 0 and bucket == 5
+    assert np.frombuffer(lengths, dtype="<i4").tolist() == [2, 2, 2, 2]
+    order = sorted(range(4), key=lambda i: (entries[i][0], entries[i][1]))
+    assert ordered.decode_ids(ids) == [x for i in order for x in (i, i + 10)]
+    with pytest.raises(ValueError, match="bucket_bits"):
+        OrderedUserPolicy(PolicyGaussian(1.0, 1e-5, 3).policy(RK), RK, bucket_bits=40)
+
+
+@pytest.mark.parametrize("bits", [0, 1, 10])
+def test_any_number_of_buckets_gives_the_cores_histogram(bits):
+    per_user = core.per_user_counts(small_dataset())
+    policy = P.GreedyPolicy(2.0, RK.subkey("item-order"))
+    expected = P.run_sequential(per_user, policy, RK)
+    with beam.Pipeline(options=beam_options()) as p:
+        out = (p | beam.Create(sorted(per_user.items()))
+               | OrderedUserPolicy(policy, RK, state="bag", bucket_bits=bits))
+        assert_that(out, equal_to(sorted(expected.items())))
 
 
 def test_describe_and_calibration():
