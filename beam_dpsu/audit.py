@@ -1,0 +1,711 @@
+"""An empirical privacy auditor: a lower bound on ε measured the way an attacker would.
+
+Usage::
+
+    python -m beam_dpsu.audit --mechanism NAME [--epsilon E] [--delta D] [--rho R]
+        [--max-items-per-user N] [--alpha A] [--rounds I] [--ratio r]
+        [--public-counts PATH] [--trials N] [--confidence C]
+        [--scenarios unique,near-cutoff,pile] [--positions first,middle,last]
+        [--broken VARIANT]
+
+prints one JSON object with ``mechanism``, ``claimed_epsilon``,
+``claimed_delta``, ``epsilon_lower_bound``, ``trials``, ``event`` and the
+details. Bad parameters exit with status 2 and a one-line message.
+
+How it works
+------------
+For a neighbouring pair ``D`` and ``D' = D + one canary user`` (section 0 of
+the specification: add/remove one user), the mechanism is run ``trials``
+times on each dataset with ``core.run_local``: the same sampling, histogram,
+sequential-policy and release functions the Beam transforms call, not a copy.
+Every run gets fresh OS randomness (``RunKey.fresh`` material). For each
+distinguishing event ``E`` fixed before any run ("a canary-only item is
+released", "item u is released", "at least k canary items are released") the
+auditor counts how often ``E`` happened on each side, and for the four
+candidates (``D'`` against ``D`` and ``D`` against ``D'``, for ``E`` and for
+its complement) computes ::
+
+    ε ≥ log((p_lo(A, E) − δ) / p_hi(B, E))
+
+with one-sided Clopper–Pearson bounds. (ε, δ)-DP says ``P[M(A) ∈ E] ≤
+e^ε·P[M(B) ∈ E] + δ`` for every event and both orders, so if every interval
+holds the reported bound is at most the true ε. All intervals of one audit
+hold together with probability ≥ ``confidence``: the auditor splits
+``1 − confidence`` evenly (Bonferroni) over the 4 one-sided bounds of every
+event of every scenario it runs. It reports the largest bound (floored at 0)
+and the event that gave it.
+
+Scenarios (each a neighbouring pair built from the mechanism's calibration)
+--------------------------------------------------------------------------
+* ``unique``: the canary holds many items nobody else has (Δ0 of them, or 64
+  without Δ0). On ``D`` those items have weight 0 and must never be released;
+  on ``D'`` "any of them is released" may happen with probability ≤ δ. Tests
+  the threshold, the per-item δ split and the zero-weight rule.
+* ``near-cutoff``: background users push two items to just below the cutoff
+  Γ (sequential policies) or to the threshold T (histogram mechanisms); the
+  canary holds them plus two items of its own. Tests the policies'
+  contraction and the ε part of the calibration.
+* ``pile``: an adversarial background histogram: N users each hold the two
+  items ``pile-a`` and ``pile-b`` (N just below Γ − 1), and the canary holds
+  ``pile-b`` only. A policy that ranks items by the current histogram
+  (Gopi et al.'s closest-to-cutoff greedy) lets the canary, placed first,
+  steer every later user to ``pile-b``; a private policy does not.
+
+For the sequential policies the canary is placed ``first``, in the
+``middle`` and ``last`` in the user order. The order is a keyed hash of the
+user ids (``policies.user_sort_key``); to place the canary the auditor pins
+the ``'order'`` subkey of the run key for one scenario (``PinnedOrderKey``)
+and picks user ids that put the canary where it wants. Every other subkey
+(sampling, noise, item order) is fresh OS randomness in every run. This is a
+valid test, and a stronger one than a random order: the privacy proofs of the
+sequential policies hold for every order that does not depend on the data, so
+the mechanism must be (ε, δ)-DP conditionally on each order; the histogram
+mechanisms do not use the order at all.
+
+Deliberately broken variants (``BROKEN``, for the tests of the auditor's
+power; never use them for anything else) each differ from a real mechanism in
+one bug only: ``threshold-delta-x100`` (T calibrated with 100·δ),
+``zero-weight-keys`` (items of a user that received weight 0 are kept as keys
+and noised), ``closest-to-cutoff-greedy`` (GW whose users fill the items
+closest to Γ first, the non-private policy of Gopi et al.).
+
+Modes: the CI tests use a fast mode (``FAST_TRIALS`` runs per dataset and
+scenario for the real mechanisms, the counts of ``BROKEN_CONFIGS`` for the
+broken ones, confidence ``1 − 1e-8`` per audit); ``benchmarks/audit_all.py``
+runs the thorough mode (``THOROUGH_TRIALS``) and writes ``docs/audit.md``.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import json
+import math
+import secrets
+import sys
+import time
+from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
+
+from scipy.stats import beta as _beta
+
+from beam_dpsu import calibration as cal
+from beam_dpsu import core
+from beam_dpsu.mechanisms import HistogramMechanism, Mechanism
+from beam_dpsu.noise import RunKey, encode_value, keyed_hash64
+from beam_dpsu.threshold import NoisyThresholdRule
+
+PROG = "beam_dpsu.audit"
+DEFAULT_CONFIDENCE = 0.95
+CI_CONFIDENCE = 1.0 - 1e-8
+FAST_TRIALS = 1000
+THOROUGH_TRIALS = 100_000
+SCENARIOS = ("unique", "near-cutoff", "pile")
+POSITIONS = ("first", "middle", "last")
+MAX_BACKGROUND_PER_ITEM = 200  # caps the users a scenario builds (tiny ε, huge Δ0)
+UNIQUE_ITEMS_WITHOUT_MAX = 64  # canary-only items for mechanisms without Δ0
+
+
+# ---------------------------------------------------------------------------
+# Statistics.
+# ---------------------------------------------------------------------------
+
+def clopper_pearson(k: int, n: int, alpha: float) -> Tuple[float, float]:
+    """One-sided Clopper–Pearson bounds ``(lo, hi)`` for a binomial proportion.
+
+    ``P[p < lo] ≤ alpha`` and ``P[p > hi] ≤ alpha`` separately (each bound is
+    exact one-sided at level ``alpha``).
+
+    Args:
+      k: successes, 0 ≤ k ≤ n. n: trials ≥ 1. alpha: in (0, 1).
+    """
+    if not (0 <= k <= n and n >= 1 and 0 < alpha < 1):
+        raise ValueError(f"need 0 <= k <= n, n >= 1, 0 < alpha < 1; got {k}, {n}, {alpha}")
+    lo = 0.0 if k == 0 else float(_beta.ppf(alpha, k, n - k + 1))
+    hi = 1.0 if k == n else float(_beta.isf(alpha, k + 1, n - k))
+    return lo, hi
+
+
+def epsilon_from_bounds(p_lo: float, q_hi: float, delta: float) -> float:
+    """``log((p_lo − δ)/q_hi)``, the ε that ``p ≤ e^ε·q + δ`` needs; 0 when ≤ 0."""
+    num = p_lo - delta
+    if num <= 0 or q_hi <= 0:
+        return 0.0
+    return max(0.0, math.log(num / q_hi))
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    """"At least ``k`` of ``items`` are released", fixed before any run."""
+    name: str
+    items: FrozenSet[Any]
+    k: int = 1
+
+    def occurs(self, released) -> bool:
+        if self.k == 1:
+            return not self.items.isdisjoint(released)
+        return len(self.items.intersection(released)) >= self.k
+
+
+def best_bound(hits_d: Sequence[int], hits_dp: Sequence[int], trials: int,
+               events: Sequence[Event], delta: float, alpha: float) -> Dict[str, Any]:
+    """The largest ε lower bound over the events, their complements and both orders.
+
+    Args:
+      hits_d, hits_dp: per event, the runs (of ``trials``) in which it occurred
+        on ``D`` and on ``D'``.
+      alpha: the level of each one-sided Clopper–Pearson bound.
+    Returns:
+      ``{"epsilon_lower_bound", "event", "direction", "p_d", "p_d_prime"}``.
+    """
+    best = {"epsilon_lower_bound": 0.0, "event": None, "direction": None,
+            "p_d": None, "p_d_prime": None}
+    for ev, k0, k1 in zip(events, hits_d, hits_dp):
+        lo0, hi0 = clopper_pearson(int(k0), trials, alpha)
+        lo1, hi1 = clopper_pearson(int(k1), trials, alpha)
+        candidates = [
+            (epsilon_from_bounds(lo1, hi0, delta), ev.name, "D' vs D"),
+            (epsilon_from_bounds(lo0, hi1, delta), ev.name, "D vs D'"),
+            (epsilon_from_bounds(1 - hi1, 1 - lo0, delta), "not: " + ev.name, "D' vs D"),
+            (epsilon_from_bounds(1 - hi0, 1 - lo1, delta), "not: " + ev.name, "D vs D'"),
+        ]
+        for eps, name, direction in candidates:
+            if eps > best["epsilon_lower_bound"] or best["event"] is None:
+                best = {"epsilon_lower_bound": eps, "event": name, "direction": direction,
+                        "p_d": k0 / trials, "p_d_prime": k1 / trials}
+    return best
+
+
+# ---------------------------------------------------------------------------
+# Pinned user order.
+# ---------------------------------------------------------------------------
+
+class PinnedOrderKey(RunKey):
+    """A fresh OS-random run key whose ``'order'`` subkey is fixed.
+
+    Every other purpose (sampling, noise, item order) derives from 32 fresh
+    bytes of ``secrets``; only the user order is pinned, so the auditor knows
+    where the canary is in it. See the module docstring for why this is a
+    valid (conditional) test.
+    """
+
+    __slots__ = ("_order",)
+
+    def __init__(self, order_subkey: bytes):
+        super().__init__(secrets.token_bytes(32), seeded=False)
+        self._order = bytes(order_subkey)
+
+    def __getstate__(self):
+        return dict(super().__getstate__(), order=self._order)
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self._order = state["order"]
+
+    def subkey(self, purpose: str) -> bytes:
+        if purpose == "order":
+            return self._order
+        return super().subkey(purpose)
+
+
+def _sort_key(order_key: bytes, user: Any):
+    try:
+        from beam_dpsu.policies import user_sort_key
+    except ImportError:  # pragma: no cover - the sequential policies are optional
+        encoded = encode_value(user)
+        return keyed_hash64(order_key, encoded), encoded
+    return user_sort_key(order_key, user)
+
+
+def place_canary(order_key: bytes, background_users: Sequence[Any], position: str,
+                 prefix: str = "canary") -> str:
+    """A canary user id whose place among ``background_users`` under ``order_key``
+    is ``position`` (``'first'``, ``'middle'`` or ``'last'``)."""
+    keys = sorted(_sort_key(order_key, u) for u in background_users)
+    n = len(keys)
+    want = {"first": 0, "middle": n // 2, "last": n}[position]
+    for j in range(100_000):
+        cid = f"{prefix}-{j}"
+        k = _sort_key(order_key, cid)
+        rank = sum(1 for b in keys if b < k)
+        if rank == want:
+            return cid
+    raise RuntimeError("could not place the canary")  # pragma: no cover (prob. ~e^-1000)
+
+
+# ---------------------------------------------------------------------------
+# Scenarios.
+# ---------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Scenario:
+    """A neighbouring pair: ``background`` (D) and ``background + canary`` (D')."""
+    name: str
+    position: str
+    background: Dict[Any, Dict[Any, int]]
+    canary_id: Any
+    canary: Dict[Any, int]
+    events: List[Event]
+    order_key: bytes
+
+    def datasets(self):
+        d_prime = dict(self.background)
+        d_prime[self.canary_id] = dict(self.canary)
+        return self.background, d_prime
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}/{self.position}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    """What the scenarios need to know about a mechanism's calibration."""
+    level: float          # weight at which an item is released with probability ≈ 1/2 (T)
+    cutoff: Optional[float]  # Γ of a sequential policy, else None
+    max_items: Optional[int]
+    sequential: bool
+
+
+def profile(mechanism: Mechanism) -> Profile:
+    """Reads T (or the truncated geometric's 50% count), Γ and Δ0 of a mechanism."""
+    r = mechanism.rounds[-1]
+    level = r.threshold
+    if level is None:  # truncated geometric: the smallest count kept w.p. >= 1/2
+        rule = mechanism.release_rule(RunKey.fresh())
+        n = 1
+        while n < 10_000 and rule.probability(n) < 0.5:
+            n += 1
+        level = float(n)
+    cutoff = getattr(mechanism, "cutoff", None)
+    return Profile(float(level), None if cutoff is None else float(cutoff),
+                   mechanism.max_items, hasattr(mechanism, "policy"))
+
+
+def _count(x: float) -> int:
+    return int(min(MAX_BACKGROUND_PER_ITEM, max(1, x)))
+
+
+def build_scenario(mechanism: Mechanism, name: str, position: str = "first",
+                   order_key: Optional[bytes] = None) -> Scenario:
+    """The neighbouring pair ``name`` for this mechanism, canary at ``position``."""
+    if name not in SCENARIOS:
+        raise ValueError(f"scenario must be one of {SCENARIOS}, got {name!r}")
+    if position not in POSITIONS:
+        raise ValueError(f"position must be one of {POSITIONS}, got {position!r}")
+    prof = profile(mechanism)
+    order_key = order_key or secrets.token_bytes(32)
+    background: Dict[Any, Dict[Any, int]] = {}
+    if name == "unique":
+        k = prof.max_items if prof.max_items else UNIQUE_ITEMS_WITHOUT_MAX
+        for i in range(8):
+            background[f"bg-{i}"] = {"bg-a": 1, "bg-b": 1}
+        canary = {f"canary-item-{j}": 1 for j in range(k)}
+        own = frozenset(canary)
+        events = [Event("a canary-only item is released", own),
+                  Event("at least 2 canary-only items are released", own, 2),
+                  Event("at least 3 canary-only items are released", own, 3),
+                  Event("canary-item-0 is released", frozenset({"canary-item-0"})),
+                  Event("bg-a is released", frozenset({"bg-a"}))]
+    elif name == "near-cutoff":
+        # Just below Γ for the policies (within 1 of it); at T otherwise.
+        level = math.floor(prof.cutoff) if prof.sequential else round(prof.level)
+        n = _count(level)
+        shared = ["near-0", "near-1"]
+        for s in shared:
+            for i in range(n):
+                background[f"{s}-u{i}"] = {s: 1}
+        canary = {"near-0": 1, "near-1": 1, "canary-item-0": 1, "canary-item-1": 1}
+        events = [Event("near-0 is released", frozenset({"near-0"})),
+                  Event("near-1 is released", frozenset({"near-1"})),
+                  Event("near-0 and near-1 are released", frozenset(shared), 2),
+                  Event("a canary-only item is released",
+                        frozenset({"canary-item-0", "canary-item-1"}))]
+    else:  # pile
+        n = _count(math.floor(prof.cutoff) - 1 if prof.sequential else math.ceil(prof.level))
+        for i in range(max(2, n)):
+            background[f"pile-u{i}"] = {"pile-a": 1, "pile-b": 1}
+        canary = {"pile-b": 1}
+        events = [Event("pile-a is released", frozenset({"pile-a"})),
+                  Event("pile-b is released", frozenset({"pile-b"})),
+                  Event("pile-a and pile-b are released", frozenset({"pile-a", "pile-b"}), 2)]
+    canary_id = place_canary(order_key, list(background), position)
+    return Scenario(name, position, background, canary_id, canary, events, order_key)
+
+
+def default_plan(mechanism: Mechanism, scenarios: Sequence[str] = SCENARIOS,
+                 positions: Optional[Sequence[str]] = None) -> List[Tuple[str, str]]:
+    """(scenario, position) pairs: all positions for sequential policies, 'first' otherwise."""
+    if positions is None:
+        positions = POSITIONS if profile(mechanism).sequential else ("first",)
+    return [(s, p) for s in scenarios for p in positions]
+
+
+# ---------------------------------------------------------------------------
+# Running.
+# ---------------------------------------------------------------------------
+
+def count_events(mechanism: Mechanism, per_user: Mapping[Any, Mapping[Any, int]],
+                 events: Sequence[Event], trials: int, order_key: bytes) -> List[int]:
+    """Runs ``core.run_local`` ``trials`` times (fresh keys); counts each event."""
+    hits = [0] * len(events)
+    for _ in range(trials):
+        released = core.run_local(per_user, mechanism, PinnedOrderKey(order_key))
+        for j, ev in enumerate(events):
+            if ev.occurs(released):
+                hits[j] += 1
+    return hits
+
+
+def audit(mechanism: Mechanism, trials: int = FAST_TRIALS,
+          confidence: float = DEFAULT_CONFIDENCE,
+          plan: Optional[Sequence[Tuple[str, str]]] = None,
+          scenarios: Optional[Sequence[Scenario]] = None,
+          name: Optional[str] = None) -> Dict[str, Any]:
+    """Audits one mechanism; returns the JSON-ready report.
+
+    Args:
+      mechanism: any calibrated ``Mechanism`` that ``core.run_local`` can run.
+      trials: runs per dataset (``D`` and ``D'``) and scenario.
+      confidence: all Clopper–Pearson bounds of this audit hold together with
+        this probability (Bonferroni over 4 bounds per event).
+      plan: ``(scenario, position)`` pairs (default ``default_plan``);
+        ignored when ``scenarios`` is given.
+      scenarios: ready-built ``Scenario`` objects.
+      name: the mechanism name to report (default ``mechanism.name``).
+    Returns:
+      A dict with ``mechanism``, ``claimed_epsilon``, ``claimed_delta``,
+      ``epsilon_lower_bound``, ``trials``, ``event`` (and its scenario,
+      position, direction, empirical probabilities), ``passed`` and the result
+      of every scenario.
+    """
+    if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
+        raise ValueError(f"trials must be an integer >= 1, got {trials!r}")
+    if not (0 < confidence < 1):
+        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+    if scenarios is None:
+        plan = default_plan(mechanism) if plan is None else plan
+        scenarios = [build_scenario(mechanism, s, p) for s, p in plan]
+    g = mechanism.guarantee
+    delta = float(g.delta)
+    bounds = 4 * sum(len(s.events) for s in scenarios)
+    alpha = (1.0 - confidence) / bounds
+    start = time.perf_counter()
+    results = []
+    best: Dict[str, Any] = {"epsilon_lower_bound": -1.0}
+    for sc in scenarios:
+        d, d_prime = sc.datasets()
+        hits_d = count_events(mechanism, d, sc.events, trials, sc.order_key)
+        hits_dp = count_events(mechanism, d_prime, sc.events, trials, sc.order_key)
+        b = best_bound(hits_d, hits_dp, trials, sc.events, delta, alpha)
+        b.update({"scenario": sc.name, "position": sc.position,
+                  "users_d": len(d), "hits_d": hits_d, "hits_d_prime": hits_dp})
+        results.append(b)
+        if b["epsilon_lower_bound"] > best["epsilon_lower_bound"]:
+            best = b
+    seconds = time.perf_counter() - start
+    runs = 2 * trials * len(scenarios)
+    lb = best["epsilon_lower_bound"]
+    return {
+        "mechanism": name or mechanism.name,
+        "claimed_epsilon": float(g.epsilon),
+        "claimed_delta": delta,
+        "epsilon_lower_bound": lb,
+        "trials": trials,
+        "event": best["event"],
+        "scenario": best["scenario"],
+        "position": best["position"],
+        "direction": best["direction"],
+        "p_d": best["p_d"],
+        "p_d_prime": best["p_d_prime"],
+        "passed": lb <= float(g.epsilon),
+        "confidence": confidence,
+        "one_sided_bounds": bounds,
+        "runs": runs,
+        "seconds": round(seconds, 3),
+        "runs_per_second": round(runs / seconds, 1) if seconds > 0 else None,
+        "per_scenario": [{k: r[k] for k in ("scenario", "position", "epsilon_lower_bound",
+                                            "event", "direction", "p_d", "p_d_prime",
+                                            "users_d")} for r in results],
+    }
+
+
+# ---------------------------------------------------------------------------
+# Deliberately broken variants (to show the auditor has power). NOT PRIVATE.
+# ---------------------------------------------------------------------------
+
+def _threshold_fn(mechanism: Mechanism) -> Callable[[float, float], float]:
+    """The mechanism's threshold as a function of (ε, δ), by its name."""
+    name, d0 = mechanism.name, mechanism.max_items
+    if mechanism.rounds[0].rho is not None or len(mechanism.rounds) != 1:
+        raise ValueError("threshold-delta-x100 applies to one-round (ε, δ) mechanisms")
+    fns = {
+        "count-laplace": lambda e, d: cal.count_laplace_threshold(e, d, d0),
+        "count-gaussian": lambda e, d: cal.count_gaussian_threshold(e, d, d0),
+        "weighted-laplace": lambda e, d: cal.weighted_laplace_threshold(e, d, d0),
+        "weighted-gaussian": lambda e, d: cal.weighted_gaussian_threshold(e, d, d0),
+        "policy-laplace": lambda e, d: cal.weighted_laplace_threshold(e, d, d0),
+        "policy-gaussian": lambda e, d: cal.weighted_gaussian_threshold(e, d, d0),
+        "gw": cal.gw_threshold,
+        "gw-kt": cal.gw_threshold,
+    }
+    if name not in fns:
+        raise ValueError(f"threshold-delta-x100 does not apply to mechanism {name!r}")
+    return fns[name]
+
+
+def threshold_delta_x100(mechanism: Mechanism) -> Mechanism:
+    """BROKEN ON PURPOSE: the threshold T is computed with 100·δ (the claim keeps δ).
+
+    A copy of ``mechanism`` whose only change is the threshold (and, for a
+    sequential policy, the cutoff Γ = T + α·scale that follows from it).
+    """
+    fn = _threshold_fn(mechanism)
+    g = mechanism.guarantee
+    bad_delta = 100.0 * g.delta
+    if not bad_delta < (0.5 if mechanism.name.startswith("gw") else 1.0):
+        raise ValueError("threshold-delta-x100 needs --delta below 0.01 (0.005 for gw)")
+    broken = copy.copy(mechanism)
+    r = mechanism.rounds[0]
+    broken.rounds = [dataclasses.replace(r, threshold=fn(g.epsilon, bad_delta))]
+    if hasattr(mechanism, "cutoff"):
+        broken.cutoff = cal.policy_cutoff(broken.rounds[0].threshold, r.noise_scale,
+                                          mechanism.alpha)
+    broken.name = mechanism.name + "+threshold-delta-x100"
+    return broken
+
+
+class ZeroWeightKeys(Mechanism):
+    """BROKEN ON PURPOSE: keeps every item a user holds as a key, even with weight 0.
+
+    The histogram is computed by the real code (``core.histogram_local`` or
+    the policy's ``histogram_local``); the bug is that every item of every
+    user then becomes a key (weight 0 if it received none: not sampled, or
+    the user's budget ran out) and a zero-weight key is noised and released
+    when its noise alone passes T, as in one public GW implementation. Each
+    item only the canary holds then leaks with probability about δ·e^(−ε).
+    """
+
+    def __init__(self, inner: Mechanism):
+        if len(inner.rounds) != 1 or inner.rounds[0].noise not in ("laplace", "gaussian"):
+            raise ValueError("zero-weight-keys applies to one-round noisy-threshold mechanisms")
+        self.inner = inner
+        self.name = inner.name + "+zero-weight-keys"
+        self.guarantee = inner.guarantee
+        self.rounds = inner.rounds
+
+    def run_local(self, per_user, run_key):
+        inner = self.inner
+        if isinstance(inner, HistogramMechanism):
+            hist = core.histogram_local(per_user, inner, run_key)
+        else:
+            hist = inner.histogram_local(per_user, run_key)
+        for counts in per_user.values():  # THE BUG: zero-weight keys are kept
+            for item in counts:
+                hist.setdefault(item, 0.0)
+        rule: NoisyThresholdRule = inner.release_rule(run_key)
+        return {item for item, w in hist.items()
+                if (rule(item, w) if w > 0 else  # THE BUG: noise the zero-weight keys
+                    w + rule._noise(encode_value(item)) > rule.threshold)}
+
+
+def _closest_policy_class():
+    from beam_dpsu import policies
+
+    class ClosestToCutoffGreedyPolicy(policies.GreedyPolicy):
+        """BROKEN ON PURPOSE: the greedy walk visits the items closest to Γ first.
+
+        Identical to ``policies.GreedyPolicy`` except that each user re-sorts
+        their items by the current gap ``Γ − H[u]`` (ties in the real walk
+        order) before the greedy fill: the choice ranks items by the histogram,
+        which Gopi et al. show is not private (specification 3.4).
+        """
+
+        def update(self, hist, prepared):
+            get, cutoff = hist.get, self.cutoff
+            policies.apply_greedy(hist, sorted(prepared, key=lambda i: cutoff - get(i, 0.0)),
+                                  cutoff)
+
+    return ClosestToCutoffGreedyPolicy
+
+
+def closest_to_cutoff_greedy(mechanism: Mechanism) -> Mechanism:
+    """BROKEN ON PURPOSE: GW (or GW-KT) with the closest-to-cutoff greedy policy."""
+    if getattr(mechanism, "policy_name", "") not in ("greedy", "greedy-public"):
+        raise ValueError("closest-to-cutoff-greedy applies to the greedy policies (gw, gw-kt)")
+    cls = _closest_policy_class()
+    real_policy = mechanism.policy
+    broken = copy.copy(mechanism)
+
+    def policy(run_key):
+        p = real_policy(run_key)
+        return cls(p.cutoff, run_key.subkey("item-order"), p.needs_public_counts)
+
+    broken.policy = policy
+    broken.name = mechanism.name + "+closest-to-cutoff-greedy"
+    return broken
+
+
+BROKEN: Dict[str, Callable[[Mechanism], Mechanism]] = {
+    "threshold-delta-x100": threshold_delta_x100,
+    "zero-weight-keys": ZeroWeightKeys,
+    "closest-to-cutoff-greedy": closest_to_cutoff_greedy,
+}
+
+
+# ---------------------------------------------------------------------------
+# The configurations of the CI tests and of benchmarks/audit_all.py.
+# ---------------------------------------------------------------------------
+
+STANDARD_EPSILON, STANDARD_DELTA, STANDARD_RHO, STANDARD_MAX_ITEMS = 1.0, 1e-3, 0.1, 8
+# Public counts for gw-kt that rank some scenario items first (public data may be anything).
+STANDARD_PUBLIC_COUNTS = {"pile-a": 3, "near-1": 2, "canary-item-3": 5, "bg-b": 4}
+
+
+def standard_configs(public_counts_path: Optional[str] = None) -> List[Tuple[str, Dict]]:
+    """``(name, params)`` for every registered mechanism: ε = 1, δ = 1e-3, Δ0 = 8
+    where they apply, plus the zCDP form (ρ = 0.1) of those that have one.
+
+    Mechanisms that need public counts are included when ``public_counts_path``
+    is given (write ``STANDARD_PUBLIC_COUNTS`` there). Small Δ0 and moderate δ
+    keep the scenarios small (tens of users) so that thousands of runs are cheap.
+    """
+    from beam_dpsu.registry import REGISTRY, make_mechanism
+    out = []
+    for name in sorted(REGISTRY):
+        accepts = REGISTRY[name].accepts
+        base = {"delta": STANDARD_DELTA}
+        if "max_items" in accepts:
+            base["max_items"] = STANDARD_MAX_ITEMS
+        if "public_counts" in accepts:
+            if public_counts_path is None:
+                continue
+            base["public_counts"] = public_counts_path
+        out.append((name, dict(base, epsilon=STANDARD_EPSILON)))
+        if "rho" in accepts:
+            try:
+                make_mechanism(name, **dict(base, rho=STANDARD_RHO))
+            except ValueError:
+                continue
+            out.append((name, dict(base, rho=STANDARD_RHO)))
+    return out
+
+
+# (variant, mechanism name, params, plan, trials): each broken variant with the
+# neighbouring pair that exposes it. The δ's are chosen so that δ matters: with
+# δ = 1e-3 the threshold for 100·δ lets a canary-only item out w.p. ≈ 0.09;
+# with δ = 1e-2 each zero-weight key leaks w.p. δ·e^(−ε) ≈ 0.0037 (63 of them).
+BROKEN_CONFIGS = [
+    ("threshold-delta-x100", "weighted-laplace",
+     {"epsilon": 1.0, "delta": 1e-3, "max_items": 8}, [("unique", "first")], 4000),
+    ("zero-weight-keys", "gw", {"epsilon": 1.0, "delta": 1e-2}, [("unique", "first")], 2000),
+    ("closest-to-cutoff-greedy", "gw", {"epsilon": 1.0, "delta": 1e-2},
+     [("pile", "first")], 1000),
+]
+
+
+def write_public_counts(path: str) -> str:
+    with open(path, "w", encoding="utf-8") as f:
+        for item, count in STANDARD_PUBLIC_COUNTS.items():
+            f.write(f"{item}\t{count}\n")
+    return path
+
+
+def describe_params(params: Mapping[str, Any]) -> str:
+    order = ("epsilon", "rho", "delta", "max_items", "alpha", "rounds", "ratio")
+    keys = sorted((k for k in params if k != "public_counts"),
+                  key=lambda k: order.index(k) if k in order else len(order))
+    return ", ".join(f"{k}={params[k]:g}" if isinstance(params[k], float) else f"{k}={params[k]}"
+                     for k in keys)
+
+
+# ---------------------------------------------------------------------------
+# Command line.
+# ---------------------------------------------------------------------------
+
+class UsageError(Exception):
+    """A user mistake: reported as one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UsageError(message)
+
+
+def _csv(choices):
+    def parse(text):
+        values = [v.strip() for v in text.split(",") if v.strip()]
+        bad = [v for v in values if v not in choices]
+        if bad or not values:
+            raise argparse.ArgumentTypeError(
+                f"choose from {', '.join(choices)} (comma-separated), got {text!r}")
+        return values
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from beam_dpsu.registry import REGISTRY
+    p = _Parser(prog=PROG, description=__doc__.split("\n")[0], allow_abbrev=False)
+    p.add_argument("--mechanism", required=True, help="one of: " + ", ".join(sorted(REGISTRY)))
+    p.add_argument("--epsilon", type=float)
+    p.add_argument("--delta", type=float)
+    p.add_argument("--rho", type=float)
+    p.add_argument("--max-items-per-user", dest="max_items", type=int)
+    p.add_argument("--alpha", type=float)
+    p.add_argument("--rounds", type=int)
+    p.add_argument("--ratio", type=float)
+    p.add_argument("--public-counts")
+    p.add_argument("--trials", type=int, default=FAST_TRIALS,
+                   help=f"runs per dataset and scenario (default {FAST_TRIALS}; thorough: "
+                        f"{THOROUGH_TRIALS})")
+    p.add_argument("--confidence", type=float, default=DEFAULT_CONFIDENCE,
+                   help="joint confidence of all bounds (default 0.95)")
+    p.add_argument("--scenarios", type=_csv(SCENARIOS), default=list(SCENARIOS))
+    p.add_argument("--positions", type=_csv(POSITIONS), default=None,
+                   help="canary positions (default: all three for sequential policies)")
+    p.add_argument("--broken", choices=sorted(BROKEN),
+                   help="TEST ONLY: audit a deliberately broken (non-private) variant")
+    return p
+
+
+def parse_args(argv: Sequence[str]):
+    from beam_dpsu.registry import MechanismParams, make_mechanism
+    args = build_parser().parse_args(argv)
+    if args.trials < 1:
+        raise UsageError(f"--trials must be an integer >= 1, got {args.trials}")
+    if not (0 < args.confidence < 1):
+        raise UsageError(f"--confidence must be in (0, 1), got {args.confidence}")
+    params = MechanismParams(epsilon=args.epsilon, delta=args.delta, rho=args.rho,
+                             max_items=args.max_items, alpha=args.alpha, rounds=args.rounds,
+                             ratio=args.ratio, public_counts=args.public_counts)
+    try:
+        mechanism = make_mechanism(args.mechanism, params)
+        if args.broken:
+            mechanism = BROKEN[args.broken](mechanism)
+    except ValueError as e:
+        raise UsageError(str(e).splitlines()[0]) from None
+    return args, mechanism
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    try:
+        args, mechanism = parse_args(list(sys.argv[1:] if argv is None else argv))
+        plan = default_plan(mechanism, args.scenarios, args.positions)
+        report = audit(mechanism, args.trials, args.confidence, plan=plan,
+                       name=mechanism.name)
+    except UsageError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # one line
+        msg = str(e).strip().splitlines()
+        print(f"{PROG}: failed: {type(e).__name__}: {msg[-1] if msg else ''}", file=sys.stderr)
+        return 1
+    report["broken"] = args.broken
+    print(json.dumps(report, ensure_ascii=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
