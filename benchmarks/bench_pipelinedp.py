@@ -23,9 +23,11 @@ The runs alternate (ours-CG, ours-WG, pdp-GT[, pdp-WG], then again) for
 it and waiting for it to finish (the released items are written with
 ``WriteToText`` into a temporary directory; counting their lines afterwards is
 not timed). The script prints each run's wall time and number of released
-items, then per configuration the median wall time, the median released count,
-the ratios ours / PipelineDP of the median times (target: ≤ 0.25), and the
-process's peak RSS (``resource.getrusage``).
+items (and its process CPU time, which shows when other load on the machine
+inflated a wall time), then per configuration the median wall time, the median
+CPU time, the median released count, the ratios ours / PipelineDP of the
+median wall times (target: ≤ 0.25), and the process's peak RSS
+(``resource.getrusage``).
 
 Every run draws fresh randomness (beam_dpsu: a fresh ``RunKey`` from the
 operating system; PipelineDP: its own noise), so released counts vary slightly
@@ -136,17 +138,21 @@ def count_output_lines(out_prefix: str) -> int:
     return n
 
 
-def timed_run(fn: Callable[[str], None]) -> Tuple[float, int]:
-    """Runs ``fn(out_prefix)``; returns (wall seconds, released item count)."""
+def timed_run(fn: Callable[[str], None]) -> Tuple[float, float, int]:
+    """Runs ``fn(out_prefix)``; returns (wall s, process CPU s, released item count)."""
     tmp = tempfile.mkdtemp(prefix="bench_pipelinedp_")
     try:
         prefix = os.path.join(tmp, "released")
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         fn(prefix)
-        wall = time.perf_counter() - t0
-        return wall, count_output_lines(prefix)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        return wall, cpu, count_output_lines(prefix)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        for _ in range(3):  # Beam may still be removing its own beam-temp-* directory
+            shutil.rmtree(tmp, ignore_errors=True)
+            if not os.path.exists(tmp):
+                break
+            time.sleep(0.5)
 
 
 def peak_rss_mib() -> Tuple[float, float]:
@@ -195,21 +201,25 @@ def main(argv=None) -> int:
           f"pipeline-dp {getattr(pipeline_dp, '__version__', '?')}, "
           f"numpy {__import__('numpy').__version__}")
     times: Dict[str, List[float]] = {name: [] for name, _ in configs}
+    cpus: Dict[str, List[float]] = {name: [] for name, _ in configs}
     released: Dict[str, List[int]] = {name: [] for name, _ in configs}
     for r in range(1, args.repeats + 1):
         for name, fn in configs:
-            wall, n = timed_run(fn)
+            wall, cpu, n = timed_run(fn)
             times[name].append(wall)
+            cpus[name].append(cpu)
             released[name].append(n)
-            print(f"round {r} {name:8s} wall {wall:8.2f} s  released {n:6d}", flush=True)
+            print(f"round {r} {name:8s} wall {wall:8.2f} s  cpu {cpu:8.2f} s  released {n:6d}",
+                  flush=True)
 
     print("\nsummary (medians over rounds)")
-    print(f"{'config':8s} {'median s':>9s} {'min s':>8s} {'max s':>8s} {'released':>9s}  "
-          "released per run")
+    print(f"{'config':8s} {'median s':>9s} {'min s':>8s} {'max s':>8s} {'cpu s':>8s} "
+          f"{'released':>9s}  released per run")
     med = {}
     for name, _ in configs:
         med[name] = statistics.median(times[name])
         print(f"{name:8s} {med[name]:9.2f} {min(times[name]):8.2f} {max(times[name]):8.2f} "
+              f"{statistics.median(cpus[name]):8.2f} "
               f"{statistics.median(released[name]):9g}  {released[name]}")
     print("\nratios of median wall times (target ours/PipelineDP <= %.2f)" % TARGET_RATIO)
     pairs = [("ours-CG", "pdp-GT"), ("ours-WG", "pdp-GT")]
