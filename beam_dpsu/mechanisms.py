@@ -38,7 +38,7 @@ import apache_beam as beam
 from beam_dpsu import calibration as cal
 from beam_dpsu.accounting import PrivacyGuarantee, zcdp_guarantee
 from beam_dpsu.bounding import PerUserItemCounts, SampleItems
-from beam_dpsu.histogram import WeightedHistogram, check_weighting
+from beam_dpsu.histogram import ShardedHistogram, check_weighting
 from beam_dpsu.noise import RunKey
 from beam_dpsu.threshold import ApplyReleaseRule, NoisyThresholdRule, TruncatedGeometricRule
 
@@ -126,8 +126,8 @@ class HistogramMechanism(Mechanism):
         r = self.calibration
         return (per_user
                 | "SampleItems" >> SampleItems(r.max_items, run_key, "sample/0")
-                | "Histogram" >> WeightedHistogram(r.weighting)
-                | "Release" >> ApplyReleaseRule(self.release_rule(run_key)))
+                | "Histogram" >> ShardedHistogram(r.weighting)
+                | "Release" >> ApplyReleaseRule(self.release_rule(run_key), sharded=True))
 
 
 class TruncatedGeometric(HistogramMechanism):

@@ -82,6 +82,8 @@ from beam_dpsu.noise import RunKey
 from beam_dpsu.threshold import ApplyReleaseRule, NoisyThresholdRule
 
 STATES = ("auto", "ordered_list", "bag")
+# Runners known not to implement OrderedListState (see the module docstring).
+_NO_ORDERED_LIST_RUNNERS = ("FlinkRunner", "SparkRunner", "DataflowRunner", "TestDataflowRunner")
 _ORDERED_LIST_RUNNERS = ("DirectRunner", "SwitchingDirectRunner", "FnApiRunner",
                          "BundleBasedDirectRunner")
 DEFAULT_BUCKET_BITS = 10
@@ -358,9 +360,13 @@ class OrderedUserPolicy(beam.PTransform):
         self._state = state
 
     def _resolve_state(self, pipeline) -> str:
+        runner = type(getattr(pipeline, "runner", None)).__name__
+        if self._state == "ordered_list" and runner in _NO_ORDERED_LIST_RUNNERS:
+            raise ValueError(
+                f"state='ordered_list' needs OrderedListState, which {runner} does not "
+                f"support (Beam {beam.__version__}); use state='bag' or state='auto'")
         if self._state != "auto":
             return self._state
-        runner = type(getattr(pipeline, "runner", None)).__name__
         return "ordered_list" if runner in _ORDERED_LIST_RUNNERS else "bag"
 
     def _public_side_input(self, pipeline):

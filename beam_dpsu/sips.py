@@ -33,7 +33,7 @@ import apache_beam as beam
 from beam_dpsu import calibration as cal
 from beam_dpsu.accounting import PrivacyGuarantee, dp_to_zcdp_rho, zcdp_guarantee
 from beam_dpsu.bounding import MergeItemCountsFn, SampleItems, sample_items
-from beam_dpsu.histogram import WeightedHistogram, add_user_to_histogram
+from beam_dpsu.histogram import ShardedHistogram, add_user_to_histogram
 from beam_dpsu.mechanisms import Mechanism, RoundCalibration
 from beam_dpsu.noise import RunKey
 from beam_dpsu.threshold import ApplyReleaseRule, NoisyThresholdRule
@@ -257,9 +257,10 @@ class SipsRounds(beam.PTransform):
         for i, r in enumerate(sips.rounds):
             released = (remaining
                         | f"Sample{i}" >> SampleItems(r.max_items, run_key, f"sample/{i}")
-                        | f"Histogram{i}" >> WeightedHistogram(r.weighting)
+                        | f"Histogram{i}" >> ShardedHistogram(r.weighting)
                         | f"Release{i}" >> ApplyReleaseRule(sips.release_rule(run_key, i),
-                                                            metric=f"released_round_{i}"))
+                                                            metric=f"released_round_{i}",
+                                                            sharded=True))
             outputs.append(released | f"Tag{i}" >> beam.Map(lambda item, i=i: (item, i)))
             if i + 1 < len(sips.rounds):
                 if sips.removal == "side-input":

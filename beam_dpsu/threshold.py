@@ -99,20 +99,25 @@ class TruncatedGeometricRule:
 
 
 class _SelectDoFn(beam.DoFn):
-    def __init__(self, rule, with_weight: bool, metric: Optional[str]):
+    def __init__(self, rule, with_weight: bool, metric: Optional[str], sharded: bool):
         self._rule = rule
         self._with_weight = with_weight
+        self._sharded = sharded
         self._released = beam.metrics.Metrics.counter("beam_dpsu", "released")
         self._released_here = (beam.metrics.Metrics.counter("beam_dpsu", metric)
                                if metric else None)
 
     def process(self, element):
-        item, weight = element
-        if self._rule(item, weight):
-            self._released.inc()
+        pairs = element[1].items() if self._sharded else (element,)
+        rule, n = self._rule, 0
+        for item, weight in pairs:
+            if rule(item, weight):
+                n += 1
+                yield (item, weight) if self._with_weight else item
+        if n:
+            self._released.inc(n)
             if self._released_here is not None:
-                self._released_here.inc()
-            yield (item, weight) if self._with_weight else item
+                self._released_here.inc(n)
 
 
 class ApplyReleaseRule(beam.PTransform):
@@ -125,20 +130,23 @@ class ApplyReleaseRule(beam.PTransform):
         carry data to a later stage), never release it.
       metric: also count the released items in the metric ``beam_dpsu/<metric>``
         (every release counts in ``beam_dpsu/released``).
+      sharded: the input is ``(shard, {item: weight})`` from
+        ``histogram.ShardedHistogram`` instead of ``(item, weight)``.
     """
 
     def __init__(self, rule, with_weight: bool = False, metric: Optional[str] = None,
-                 label: Optional[str] = None):
+                 sharded: bool = False, label: Optional[str] = None):
         super().__init__(label)
         if not callable(rule):
             raise ValueError(f"rule must be callable as rule(item, weight), got {rule!r}")
         self._rule = rule
         self._with_weight = bool(with_weight)
         self._metric = metric
+        self._sharded = bool(sharded)
 
     def expand(self, histogram):
         return histogram | "Select" >> beam.ParDo(
-            _SelectDoFn(self._rule, self._with_weight, self._metric))
+            _SelectDoFn(self._rule, self._with_weight, self._metric, self._sharded))
 
 
 class NoisyThreshold(ApplyReleaseRule):

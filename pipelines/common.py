@@ -24,6 +24,7 @@ import uuid
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import apache_beam as beam
+from apache_beam import coders
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
@@ -58,6 +59,33 @@ def add_io_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int,
                    help="TEST ONLY: derive all randomness from this seed (the run is then "
                         "not private against anyone who knows the seed)")
+
+
+def add_dead_letter_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dead-letter", dest="dead_letter",
+                   help="write the malformed input lines to files PATH-* for the data owner "
+                        "(they are private input, not a release)")
+
+
+def _repeat_line(element):
+    line, n = element
+    return [line] * n
+
+
+def write_dead_letter(malformed: beam.PCollection, path: Optional[str]) -> None:
+    """Writes ``(line, count)`` malformed lines (raw bytes, each occurrence) to ``path-*``."""
+    if path:
+        (malformed
+         | "RepeatMalformed" >> beam.FlatMap(_repeat_line)
+         | "WriteDeadLetter" >> beam.io.WriteToText(path, coder=coders.BytesCoder()))
+
+
+def dead_letter_summary(path: Optional[str]) -> Dict[str, Any]:
+    return {"dead_letter": (path + "-*") if path else None}
+
+
+DEAD_LETTER_NOTE = (" The dead-letter files hold private input lines: they are not a release "
+                    "and must not be published.")
 
 
 def _beam_option_parser() -> argparse.ArgumentParser:

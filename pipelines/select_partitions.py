@@ -25,7 +25,6 @@ import sys
 from typing import List, Optional, Sequence, Tuple
 
 import apache_beam as beam
-from apache_beam import coders
 
 from beam_dpsu.mechanisms import Mechanism, SelectPartitions
 from beam_dpsu.noise import RunKey
@@ -51,9 +50,7 @@ def build_parser() -> common.ArgumentParser:
     p.add_argument("--rounds", type=int, help="number of DP-SIPS rounds I (>= 1)")
     p.add_argument("--ratio", type=float, help="DP-SIPS budget ratio r (> 0)")
     p.add_argument("--public-counts", help="file of item<TAB>count lines (gw-kt)")
-    p.add_argument("--dead-letter", dest="dead_letter",
-                   help="write the malformed input lines to files PATH-* for the data owner "
-                        "(they are private input, not a release)")
+    common.add_dead_letter_argument(p)
     return p
 
 
@@ -70,11 +67,6 @@ def parse_args(argv: Optional[Sequence[str]]) -> Tuple[object, Mechanism, List[s
     return args, mechanism, beam_args
 
 
-def _repeat_line(element):
-    line, n = element
-    return [line] * n
-
-
 def _to_line(item) -> str:
     return item if isinstance(item, str) else str(item)
 
@@ -87,10 +79,7 @@ def build_pipeline(p: beam.Pipeline, input_pattern: str, output_prefix: str,
     per_user = (p
                 | "ReadUserItems" >> reader
                 | "CountUsers" >> beam.ParDo(common.CountUsers()))
-    if dead_letter:
-        (reader.malformed
-         | "RepeatMalformed" >> beam.FlatMap(_repeat_line)
-         | "WriteDeadLetter" >> beam.io.WriteToText(dead_letter, coder=coders.BytesCoder()))
+    common.write_dead_letter(reader.malformed, dead_letter)
     items = per_user | "SelectPartitions" >> SelectPartitions(mechanism, run_key, per_user=True)
     (items
      | "ToLine" >> beam.Map(_to_line)
@@ -109,11 +98,9 @@ def run(argv: Optional[Sequence[str]] = None) -> dict:
     for i, entry in enumerate(summary.get("per_round") or []):
         entry["released"] = common.counter(result, f"released_round_{i}")
     summary.update(common.run_summary(result, args, run_key, runner, wall))
-    summary["dead_letter"] = (args.dead_letter + "-*") if args.dead_letter else None
+    summary.update(common.dead_letter_summary(args.dead_letter))
     summary["note"] = (common.NOT_PRIVATE_NOTE + " Only the released items are covered by the "
-                       "guarantee." + (" The dead-letter files hold private input lines: they "
-                                       "are not a release and must not be published."
-                                       if args.dead_letter else ""))
+                       "guarantee." + (common.DEAD_LETTER_NOTE if args.dead_letter else ""))
     common.write_summary(args.output, summary)
     return summary
 

@@ -55,6 +55,7 @@ def build_parser():
     p.add_argument("--max-items-per-user", dest="max_items", type=int,
                    help="Δ, distinct items kept per user (integer >= 1); required by "
                         "--with-counts; default: unrestricted (Gumbel only)")
+    common.add_dead_letter_argument(p)
     p.add_argument("--with-counts", action="store_true",
                    help="Algorithm 1 (Laplace): also release noisy counts")
     return p
@@ -78,10 +79,13 @@ def _ranked_text(rows) -> List[str]:
 
 
 def build_pipeline(p: beam.Pipeline, input_pattern: str, output_prefix: str,
-                   mechanism: TopKMechanism, run_key: RunKey) -> None:
+                   mechanism: TopKMechanism, run_key: RunKey,
+                   dead_letter: Optional[str] = None) -> None:
     """Adds the read → top-k → write graph to ``p`` (one output file, rank order)."""
-    (p
-     | "ReadUserItems" >> ReadUserItems(input_pattern)
+    reader = ReadUserItems(input_pattern)
+    per_user = p | "ReadUserItems" >> reader
+    common.write_dead_letter(reader.malformed, dead_letter)
+    (per_user
      | "CountUsers" >> beam.ParDo(common.CountUsers())
      | "TopK" >> TopK(mechanism, run_key, per_user=True)
      | "Collect" >> beam.combiners.ToList()
@@ -92,15 +96,18 @@ def build_pipeline(p: beam.Pipeline, input_pattern: str, output_prefix: str,
 def run(argv: Optional[Sequence[str]] = None) -> dict:
     """Runs the pipeline; returns the summary (also written to PREFIX.json)."""
     args, mechanism, beam_args = parse_args(argv)
-    common.check_locations(args.input, args.output)
+    common.check_locations(args.input, args.output, args.dead_letter)
     run_key = common.make_run_key(args.seed)
     result, wall, runner = common.run_pipeline(
-        beam_args, lambda p: build_pipeline(p, args.input, args.output, mechanism, run_key))
+        beam_args, lambda p: build_pipeline(p, args.input, args.output, mechanism, run_key,
+                                            args.dead_letter))
     summary = dict(mechanism.describe())
     summary.update(common.run_summary(result, args, run_key, runner, wall))
     summary["charge"] = mechanism.charge(summary["num_released"])
+    summary.update(common.dead_letter_summary(args.dead_letter))
     summary["note"] = (common.NOT_PRIVATE_NOTE + " Only the ranked items (and, with "
-                       "--with-counts, their noisy counts) are covered by the guarantee.")
+                       "--with-counts, their noisy counts) are covered by the guarantee." +
+                       (common.DEAD_LETTER_NOTE if args.dead_letter else ""))
     common.write_summary(args.output, summary)
     return summary
 

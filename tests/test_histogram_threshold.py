@@ -110,3 +110,38 @@ def test_noisy_threshold_validates_at_construction():
         NoisyThreshold("laplace", -1.0, 3.0)
     with pytest.raises(ValueError, match="threshold"):
         NoisyThreshold("laplace", 1.0, float("inf"))
+
+
+@pytest.mark.parametrize("num_shards,flush", [(1, 1000), (7, 3), (1024, 1000)])
+def test_sharded_histogram_holds_the_same_weights(num_shards, flush):
+    from beam_dpsu.histogram import ShardedHistogram, item_shard
+    users = [(f"u{i}", {f"i{j}": 1 for j in range(i % 9 + 1)}) for i in range(60)]
+    expected = {}
+    for _, c in users:
+        add_user_to_histogram(expected, list(c), "l2")
+    with beam.Pipeline(options=beam_options()) as p:
+        out = p | beam.Create(users) | ShardedHistogram("l2", num_shards, flush_items=flush)
+
+        def check(shards):
+            keys = [s for s, _ in shards]
+            assert len(keys) == len(set(keys))              # one dict per shard
+            merged = {}
+            for s, part in shards:
+                assert all(item_shard(item, num_shards) == s for item in part)
+                merged.update(part)
+            assert set(merged) == set(expected)
+            for k, v in expected.items():
+                assert math.isclose(merged[k], v, rel_tol=1e-12)
+        assert_that(out, check)
+
+
+def test_sharded_release_equals_per_item_release():
+    from beam_dpsu.threshold import ApplyReleaseRule
+    hist = {f"i{i}": float(i % 7) for i in range(300)}
+    rk = RunKey.from_test_seed(8)
+    rule = NoisyThresholdRule("laplace", 1.0, 3.0, rk)
+    expected = sorted(i for i, w in hist.items() if rule(i, w))
+    shards = [(0, dict(list(hist.items())[:100])), (1, dict(list(hist.items())[100:]))]
+    with beam.Pipeline(options=beam_options()) as p:
+        out = p | beam.Create(shards) | ApplyReleaseRule(rule, sharded=True)
+        assert_that(out, equal_to(expected))

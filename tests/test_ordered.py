@@ -149,3 +149,16 @@ def test_auto_state_choice():
     class FakePipeline:
         runner = OtherRunner()
     assert t._resolve_state(FakePipeline()) == "bag"
+
+
+def test_runner_capabilities_choose_the_fallback_or_fail_clearly():
+    from apache_beam.options.pipeline_options import PipelineOptions
+    policy = PolicyGaussian(1.0, 1e-5, 3).policy(RK)
+    p = beam.Pipeline(runner="FlinkRunner", options=PipelineOptions(["--flink_master=[local]"]))
+    users = p | beam.Create([("u", {"a": 1})])
+    auto = OrderedUserPolicy(policy, RK)
+    assert auto._resolve_state(p) == "bag"          # Flink has no OrderedListState
+    with pytest.raises(ValueError, match="FlinkRunner does not support"):
+        _ = users | OrderedUserPolicy(policy, RK, state="ordered_list")
+    direct = beam.Pipeline(options=beam_options())
+    assert OrderedUserPolicy(policy, RK)._resolve_state(direct) == "ordered_list"

@@ -77,3 +77,22 @@ def test_portable_and_multiprocess_release_the_same_set(data, name, tmp_path):
         assert other == items, label
         assert summary["threshold"] == direct["threshold"]
         assert summary["epsilon"] == direct["epsilon"] and summary["seeded"] is True
+
+
+@pytest.mark.parametrize("with_counts", [False, True])
+def test_top_k_on_portable_and_multiprocess(data, tmp_path, with_counts):
+    from pipelines import top_k
+    path, _ = data
+    flags = ["--input", path, "--k", "5", "--k-bar", "8", "--epsilon", "2", "--delta", "1e-6",
+             "--seed", "3"] + (["--with-counts", "--max-items-per-user", "5"] if with_counts
+                               else [])
+    outputs = []
+    for label, runner in (("direct", ["--runner=DirectRunner"]), ("portable", PORTABLE),
+                          ("multi", MULTI)):
+        prefix = str(tmp_path / label)
+        top_k.run(flags + ["--output", prefix] + runner)
+        lines = []
+        for f in sorted(glob.glob(prefix + "-items-*")):
+            lines += open(f, encoding="utf-8").read().splitlines()
+        outputs.append(lines)
+    assert outputs[0] and outputs[0] == outputs[1] == outputs[2]

@@ -135,3 +135,16 @@ def test_subprocess_exit_status_and_no_traceback():
     assert "Traceback" not in proc.stderr
     lines = [l for l in proc.stderr.splitlines() if l.startswith("top_k")]
     assert lines == ["top_k: error: --epsilon must be a finite number > 0, got -1.0"]
+
+
+def test_dead_letter_and_malformed_count(tmp_path, tmp_prefix):
+    path = tmp_path / "in.tsv"
+    path.write_bytes(b"".join(b"u%d\tpopular\n" % u for u in range(200)) + b"junk\njunk\n")
+    dead = str(tmp_path / "dead")
+    assert top_k.main(["--input", str(path), "--output", tmp_prefix, "--k", "1",
+                       "--epsilon", "1", "--delta", "1e-6", "--dead-letter", dead]) == 0
+    lines = b"".join(open(f, "rb").read() for f in glob.glob(dead + "-*")).splitlines()
+    assert lines == [b"junk", b"junk"]
+    summary = json.load(open(tmp_prefix + ".json"))
+    assert summary["malformed_lines"] == 2 and summary["dead_letter"] == dead + "-*"
+    assert "not a release" in summary["note"]
