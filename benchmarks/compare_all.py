@@ -33,7 +33,7 @@ DATASETS = ["commits-rails", "commits-ansible", "reddit-titles", "paths-ansible"
 # Public counts for gw-kt: distinct users per item of a related dataset.
 PUBLIC = {"commits-rails": "commits-ansible", "commits-ansible": "commits-rails",
           "paths-ansible": "commits-ansible", "reddit-titles": "commits-rails",
-          "movielens-small": None, "synthetic-100k": None}
+          "movielens-small": None, "synthetic": None}
 
 
 def write_public_counts(source: str, path: str) -> None:
@@ -53,15 +53,16 @@ def main(argv=None) -> int:
     out_root = ROOT / "benchmarks" / "results"
     out_root.mkdir(parents=True, exist_ok=True)
     index = ["# Comparison results", "",
-             f"Made by `python benchmarks/compare_all.py --trials {args.trials}`; each folder "
+             f"Made by `python benchmarks/compare_all.py --trials {args.trials} "
+             f"--synthetic-users {args.synthetic_users}`; each folder "
              "holds `results.md`, `results.json` and the plots. ε = 3, δ = e^-10 (δ = "
              f"{math.exp(-10):.6g}), the settings of the papers' tables.", ""]
     with tempfile.TemporaryDirectory() as tmp:
-        names = DATASETS + ["synthetic-100k"]
+        names = DATASETS + ["synthetic"]
         for name in names:
             if args.only and name not in args.only:
                 continue
-            if name == "synthetic-100k":
+            if name == "synthetic":
                 path = os.path.join(tmp, "synthetic.tsv.gz")
                 synthetic.write_tsv(path, args.synthetic_users, seed=0)
             else:
@@ -82,8 +83,9 @@ def main(argv=None) -> int:
                      "--epsilon", "3", "--delta", repr(math.exp(-10)),
                      "--trials", str(args.trials)] + extra
             compare.run(argv_)
-            shown = ["--input", f"<data>/{name}.pairs.tsv.gz" if name != "synthetic-100k"
-                     else "<synthetic 100k users, seed 0>"] + argv_[2:]
+            shown = ["--input", f"<data>/{name}.pairs.tsv.gz" if name != "synthetic"
+                     else f"<synthetic {args.synthetic_users} users, seed 0>",
+                     "--output", f"benchmarks/results/{name}"] + argv_[4:]
             if extra:
                 shown[-1] = f"<users per item of {PUBLIC[name]}>"
             index.append(f"- [{name}]({name}/results.md): `python -m pipelines.compare "
