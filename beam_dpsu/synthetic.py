@@ -14,6 +14,7 @@ are requested.
 from __future__ import annotations
 
 import gzip
+import os
 from typing import Iterator, Optional, Tuple
 
 import numpy as np
@@ -76,6 +77,9 @@ def write_tsv(path: str, num_users: int, seed: int = 0,
               max_occurrences: Optional[int] = None) -> int:
     """Writes ``user<TAB>item`` lines to ``path`` (gzip if it ends in .gz); returns lines."""
     lines = 0
+    parent = os.path.dirname(path)
+    if parent:
+        os.makedirs(parent, exist_ok=True)
     f = (gzip.open(path, "wt", encoding="utf-8", newline="\n", compresslevel=1)
          if path.endswith(".gz") else open(path, "w", encoding="utf-8", newline="\n"))
     with f:

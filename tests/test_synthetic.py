@@ -49,3 +49,8 @@ def test_bad_arguments():
         list(synthetic.user_blocks(-1))
     with pytest.raises(ValueError):
         list(synthetic.user_blocks(10, seed=-1))
+
+
+def test_write_tsv_creates_missing_folders(tmp_path):
+    path = tmp_path / "new" / "sub" / "data.tsv.gz"
+    assert synthetic.write_tsv(str(path), 3, seed=0) > 0 and path.exists()
