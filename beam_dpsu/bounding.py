@@ -87,7 +87,10 @@ def merge_item_counts(parts: Iterable[ItemCounts]) -> ItemCounts:
 
 
 class MergeItemCountsFn(beam.CombineFn):
-    """CombineFn adding ``{item: count}`` dicts; lifts into a per-bundle pre-combine."""
+    """CombineFn adding ``{item: number}`` dicts (per-user counts, per-shard weights).
+
+    Lifts into a per-bundle pre-combine.
+    """
 
     def create_accumulator(self):
         return {}

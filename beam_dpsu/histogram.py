@@ -18,7 +18,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_dpsu.noise import encode_value
 from beam_dpsu.bounding import (DEFAULT_FLUSH_PAIRS, GLOBAL_TIMESTAMP, GLOBAL_WINDOWS,
-                                check_global_window)
+                                MergeItemCountsFn, check_global_window)
 
 DEFAULT_NUM_SHARDS = 1024
 
@@ -82,30 +82,6 @@ def shard_histogram(hist: Dict[Any, float], num_shards: int) -> Dict[int, Dict[A
         else:
             part[item] = w
     return out
-
-
-class SumWeightsFn(beam.CombineFn):
-    """Adds ``{item: weight}`` dicts (per-shard partial histograms); lifts per bundle."""
-
-    def create_accumulator(self):
-        return {}
-
-    def add_input(self, acc, part):
-        if not acc:
-            return dict(part)
-        get = acc.get
-        for item, w in part.items():
-            acc[item] = get(item, 0.0) + w
-        return acc
-
-    def merge_accumulators(self, accs):
-        out: Dict[Any, float] = {}
-        for acc in accs:
-            out = self.add_input(out, acc)
-        return out
-
-    def extract_output(self, acc):
-        return acc
 
 
 class _PartialHistogramDoFn(beam.DoFn):
@@ -217,4 +193,4 @@ class ShardedHistogram(beam.PTransform):
         return (per_user
                 | "PartialHistogram" >> beam.ParDo(
                     _PartialHistogramDoFn(self._weighting, self._flush_items, self._num_shards))
-                | "SumPerShard" >> beam.CombinePerKey(SumWeightsFn()))
+                | "SumPerShard" >> beam.CombinePerKey(MergeItemCountsFn()))
