@@ -297,16 +297,29 @@ def plot(results, epsilons, out_dir) -> List[str]:
         return []
     written = []
     labels = list(dict.fromkeys(r["label"] for r in results))
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for lab in labels:
-        rows = sorted((r for r in results if r["label"] == lab), key=lambda r: r["epsilon"])
-        ax.errorbar([r["epsilon"] for r in rows], [r["mean"] for r in rows],
-                    yerr=[r["sd"] for r in rows], marker="o", capsize=3, label=lab)
-    ax.set_xlabel("ε")
-    ax.set_ylabel("released items (mean over trials)")
-    ax.set_title("Released items against ε")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    colors = plt.get_cmap("tab20").colors
+    if len(epsilons) > 1:
+        fig, ax = plt.subplots(figsize=(8, 5))
+        for k, lab in enumerate(labels):
+            rows = sorted((r for r in results if r["label"] == lab), key=lambda r: r["epsilon"])
+            ax.errorbar([r["epsilon"] for r in rows], [r["mean"] for r in rows],
+                        yerr=[r["sd"] for r in rows], marker="os^vD<>ph*"[k % 10], capsize=3,
+                        color=colors[k % len(colors)], label=lab)
+        ax.set_xlabel("ε")
+        ax.set_ylabel("released items (mean over trials)")
+        ax.set_title("Released items against ε")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    else:  # one ε: a bar per mechanism (a line plot would be one column of points)
+        rows = sorted(results, key=lambda r: r["mean"])
+        fig, ax = plt.subplots(figsize=(8, 0.4 * len(rows) + 1.5))
+        ax.barh([r["label"] for r in rows], [r["mean"] for r in rows],
+                xerr=[r["sd"] for r in rows], capsize=3,
+                color=[colors[labels.index(r["label"]) % len(colors)] for r in rows])
+        ax.set_xlabel("released items (mean over trials, ± sd)")
+        ax.set_title(f"Released items at ε = {epsilons[0]:g}")
+        ax.grid(alpha=0.3, axis="x")
+        ax.tick_params(axis="y", labelsize=8)
     path = os.path.join(out_dir, "released_vs_epsilon.png")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -320,7 +333,8 @@ def plot(results, epsilons, out_dir) -> List[str]:
         width = 0.8 / len(rows)
         for j, r in enumerate(rows):
             ax.bar([i + j * width for i in range(len(bins))],
-                   [r["released_by_users"][b] for b in bins], width=width, label=r["label"])
+                   [r["released_by_users"][b] for b in bins], width=width, label=r["label"],
+                   color=colors[labels.index(r["label"]) % len(colors)])
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(bins))])
         ax.set_xticklabels(bins, rotation=45)
         ax.set_xlabel("number of users holding the item")
