@@ -18,8 +18,9 @@ setup(
         "scipy>=1.10",
     ],
     extras_require={
-        "test": ["pytest>=7", "matplotlib>=3.5"],
+        "test": ["pytest>=7", "matplotlib>=3.5", "numba>=0.59"],
         "plots": ["matplotlib>=3.5"],
+        "fast": ["numba>=0.59"],
     },
     license="Apache-2.0",
 )

@@ -200,6 +200,10 @@ def sort_bucket(element) -> Tuple[int, Tuple[int, bytes, bytes]]:
 class _SequentialBase(beam.DoFn):
     """Shared policy loop: sorted buckets of users → histogram → (id, weight > 0)."""
 
+    def setup(self):
+        from beam_dpsu import kernels
+        kernels.warm_up()
+
     def __init__(self, policy: policies.UserPolicy):
         self._policy = policy
         # Time spent adding buckets to state, and in the timer (read, policy, emit).
@@ -209,19 +213,12 @@ class _SequentialBase(beam.DoFn):
 
     def _run(self, packed_buckets):
         """``packed_buckets``: (lengths, ids) byte strings of the buckets, in bucket order."""
-        hist: Dict[int, float] = {}
-        update = self._policy.update
-        for lengths, ids in packed_buckets:
-            all_ids = np.frombuffer(ids, dtype="<i8").tolist()
-            pos = 0
-            for n in np.frombuffer(lengths, dtype="<i4").tolist():
-                end = pos + n
-                update(hist, all_ids[pos:end])
-                pos = end
-        return hist
+        return policies.run_packed(
+            ((np.frombuffer(lengths, dtype="<i4"), np.frombuffer(ids, dtype="<i8"))
+             for lengths, ids in packed_buckets), self._policy)
 
     def _emit(self, hist):
-        for i, w in hist.items():
+        for i, w in hist:
             if w > 0:
                 yield i, w
 

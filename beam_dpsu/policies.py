@@ -447,6 +447,33 @@ def run_in_order(prepared_users: Iterable[Sequence[int]], policy: UserPolicy,
     return hist
 
 
+def run_packed(batches: Iterable[Tuple[np.ndarray, np.ndarray]], policy: UserPolicy):
+    """Applies batches of prepared users, in order, and returns ``(id, weight)`` pairs.
+
+    Each batch is ``(lengths, ids)``: user k of the batch has the next
+    ``lengths[k]`` ids of ``ids``. With numba installed this runs the compiled
+    kernels of ``beam_dpsu.kernels`` (bit-for-bit the same histogram, several
+    times faster); otherwise ``policy.update`` on a dict. Ids no user raised
+    are absent; every returned weight is > 0 for the descent policies.
+    """
+    from beam_dpsu import kernels
+    if kernels.available() and policy.name in kernels.KINDS:
+        runner = kernels.DenseRunner(policy.name, policy.cutoff)
+        for lengths, ids in batches:
+            runner.add_users(ids, lengths)
+        return runner.items()
+    hist: Histogram = {}
+    update = policy.update
+    for lengths, ids in batches:
+        all_ids = ids.tolist()
+        pos = 0
+        for n in lengths.tolist():
+            end = pos + n
+            update(hist, all_ids[pos:end])
+            pos = end
+    return hist.items()
+
+
 class ItemIdCollision(RuntimeError):
     """Two distinct items got the same 63-bit id (probability ~n²/2^64): rerun with a new key."""
 
@@ -483,8 +510,9 @@ def run_sequential(per_user: Mapping[Any, ItemCounts], policy: UserPolicy, run_k
             add_id_mapping(mapping, ids, items, policy.item_ids)
             keyed.append((user_sort_key(order_key, user), ids))
     keyed.sort(key=_by_gap)
-    hist = run_in_order((p for _, p in keyed), policy)
-    return {mapping[i]: w for i, w in hist.items() if w > 0}
+    lengths = np.fromiter((len(p) for _, p in keyed), dtype=np.int64, count=len(keyed))
+    ids = np.fromiter((i for _, p in keyed for i in p), dtype=np.int64, count=int(lengths.sum()))
+    return {mapping[i]: w for i, w in run_packed([(lengths, ids)], policy) if w > 0}
 
 
 def read_public_counts(path: str) -> Dict[str, float]:

@@ -1,0 +1,54 @@
+"""The compiled policy kernels give bit-for-bit the dict policies' histogram."""
+import numpy as np
+import pytest
+
+from beam_dpsu import kernels, policies
+from beam_dpsu.noise import RunKey
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason="numba is not installed")
+
+UPDATES = {"l1-descent": policies.apply_l1, "l2-descent": policies.apply_l2,
+           "greedy": policies.apply_greedy}
+
+
+def random_users(seed, n_users, n_items):
+    # Test data only: a seeded generator makes the case reproducible.
+    rng = np.random.default_rng(seed)
+    users = []
+    for _ in range(n_users):
+        k = int(rng.integers(1, 40))
+        users.append(list(dict.fromkeys(rng.integers(0, n_items, k).tolist())))
+    return users
+
+
+@pytest.mark.parametrize("name", sorted(UPDATES))
+@pytest.mark.parametrize("cutoff", [0.7, 2.5, 9.0])
+def test_dense_runner_equals_the_dict_policy_bit_for_bit(name, cutoff):
+    users = random_users(hash((name, cutoff)) % 1000, 3000, 500)
+    hist = {}
+    for u in users:
+        UPDATES[name](hist, u, cutoff)
+    runner = kernels.DenseRunner(name, cutoff, initial_items=4)     # forces rehashing
+    lengths = np.array([len(u) for u in users])
+    ids = np.array([i for u in users for i in u], dtype=np.int64)
+    cuts = [0, 1, 700, 701, 2500, 3000]                              # uneven batches
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    for a, b in zip(cuts[:-1], cuts[1:]):
+        runner.add_users(ids[offsets[a]:offsets[b]], lengths[a:b])
+    assert runner.histogram() == {k: v for k, v in hist.items() if v > 0}
+
+
+def test_run_sequential_is_the_same_with_and_without_numba(monkeypatch):
+    rk = RunKey.from_test_seed(3)
+    per_user = {f"u{i}": {f"i{j}": 1 + (i * j) % 3 for j in range(i % 30 + 1)}
+                for i in range(800)}
+    policy = policies.L2DescentPolicy(3.0, 10, rk.subkey("sample/0"), rk.subkey("item-order"))
+    fast = policies.run_sequential(per_user, policy, rk)
+    monkeypatch.setattr(kernels, "available", lambda: False)
+    slow = policies.run_sequential(per_user, policy, rk)
+    assert fast == slow and fast
+
+
+def test_bad_policy_name():
+    with pytest.raises(ValueError, match="no compiled kernel"):
+        kernels.DenseRunner("l3-descent", 1.0)
