@@ -52,3 +52,19 @@ def test_run_sequential_is_the_same_with_and_without_numba(monkeypatch):
 def test_bad_policy_name():
     with pytest.raises(ValueError, match="no compiled kernel"):
         kernels.DenseRunner("l3-descent", 1.0)
+
+
+def test_a_policy_with_its_own_update_is_not_replaced_by_a_kernel():
+    # A subclass that overrides update (e.g. the auditor's deliberately broken greedy)
+    # must run its own update, never the compiled kernel of its base class.
+    calls = []
+
+    class Custom(policies.GreedyPolicy):
+        def update(self, hist, prepared):
+            calls.append(len(prepared))
+            super().update(hist, prepared)
+
+    rk = RunKey.from_test_seed(1)
+    policy = Custom(2.0, rk.subkey("item-order"))
+    out = dict(policies.run_packed([(np.array([2, 1]), np.array([5, 6, 7]))], policy))
+    assert calls == [2, 1] and out
