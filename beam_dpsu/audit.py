@@ -602,7 +602,8 @@ STANDARD_PUBLIC_COUNTS = {"pile-a": 3, "near-1": 2, "canary-item-3": 5, "bg-b": 
 
 def standard_configs(public_counts_path: Optional[str] = None) -> List[Tuple[str, Dict]]:
     """``(name, params)`` for every registered mechanism: ε = 1, δ = 1e-3, Δ0 = 8
-    where they apply, plus the zCDP form (ρ = 0.1) of those that have one.
+    where they apply, plus the zCDP form (ρ = 0.1) of those that have one and
+    the ``tie_break='first-occurrence'`` form of those that take it.
 
     Mechanisms that need public counts are included when ``public_counts_path``
     is given (write ``STANDARD_PUBLIC_COUNTS`` there). Small Δ0 and moderate δ
@@ -620,6 +621,9 @@ def standard_configs(public_counts_path: Optional[str] = None) -> List[Tuple[str
                 continue
             base["public_counts"] = public_counts_path
         out.append((name, dict(base, epsilon=STANDARD_EPSILON)))
+        if "tie_break" in accepts:
+            out.append((name, dict(base, epsilon=STANDARD_EPSILON,
+                                   tie_break="first-occurrence")))
         if "rho" in accepts:
             try:
                 make_mechanism(name, **dict(base, rho=STANDARD_RHO))
@@ -693,6 +697,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int)
     p.add_argument("--ratio", type=float)
     p.add_argument("--public-counts")
+    p.add_argument("--tie-break", help="gw, gw-kt: item-hash (default) or first-occurrence")
     p.add_argument("--trials", type=int, default=FAST_TRIALS,
                    help=f"runs per dataset and scenario (default {FAST_TRIALS}; thorough: "
                         f"{THOROUGH_TRIALS})")
@@ -715,7 +720,8 @@ def parse_args(argv: Sequence[str]):
         raise UsageError(f"--confidence must be in (0, 1), got {args.confidence}")
     params = MechanismParams(epsilon=args.epsilon, delta=args.delta, rho=args.rho,
                              max_items=args.max_items, alpha=args.alpha, rounds=args.rounds,
-                             ratio=args.ratio, public_counts=args.public_counts)
+                             ratio=args.ratio, public_counts=args.public_counts,
+                             tie_break=args.tie_break)
     try:
         mechanism = make_mechanism(args.mechanism, params)
         if args.broken:

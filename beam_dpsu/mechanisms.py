@@ -70,6 +70,11 @@ class Mechanism:
     name: str = ""
     guarantee: PrivacyGuarantee
     rounds: List[RoundCalibration]
+    #: True when the mechanism reads the iteration order of each user's
+    #: ``{item: count}`` as the user's record order (GW with
+    #: ``tie_break='first-occurrence'``); the input must then come from
+    #: ``ReadUserItems(keep_order=True)`` or ``core.per_user_counts``.
+    needs_record_order: bool = False
 
     @property
     def calibration(self) -> RoundCalibration:
@@ -267,6 +272,12 @@ class SelectPartitions(beam.PTransform):
         super().__init__(label)
         if not isinstance(mechanism, Mechanism):
             raise ValueError(f"mechanism must be a beam_dpsu Mechanism, got {mechanism!r}")
+        if mechanism.needs_record_order and not per_user:
+            raise ValueError(
+                f"{mechanism.name} with tie_break='first-occurrence' needs each user's items "
+                "in record order, which a PCollection of (user_id, item) pairs does not "
+                "have; read with textio.ReadUserItems(pattern, keep_order=True) and pass "
+                "per_user=True")
         self._mechanism = mechanism
         self._run_key = RunKey.resolve(run_key)
         self._per_user = bool(per_user)

@@ -544,19 +544,40 @@ class GW(PolicyMechanism):
       epsilon: ε > 0. delta: 0 < δ < 1/2 (so that T ≥ 1).
       alpha: α ≥ 0 (default 3), Γ = T + α·λ; no privacy effect.
       state: ``OrderedUserPolicy`` state choice (default ``'auto'``).
+      tie_break: ``'item-hash'`` (default, the specification: items of equal
+        frequency are walked in the order of a keyed hash) or
+        ``'first-occurrence'`` (in the order they first occur in the user's
+        records, as the authors' reference code does). No privacy effect: both
+        orders depend on the user's own data only. ``'first-occurrence'``
+        needs per-user counts in record order: ``ReadUserItems(keep_order=True)``
+        (the command-line pipeline does this when ``--tie-break
+        first-occurrence`` is given) or ``core.per_user_counts``; see
+        ``needs_record_order``.
     """
 
     def __init__(self, epsilon: float, delta: float, alpha: float = DEFAULT_ALPHA,
-                 state: str = "auto", _name: str = "gw"):
+                 state: str = "auto", tie_break: str = "item-hash", _name: str = "gw"):
         lam = cal.weighted_laplace_scale(epsilon)
         t = cal.gw_threshold(epsilon, delta)
         super().__init__(_name, PrivacyGuarantee(float(epsilon), float(delta), note="(ε, δ)-DP"),
                          RoundCalibration(t, "laplace", lam, None, "l1"), alpha, state)
+        self.tie_break = policies.check_tie_break(tie_break)
 
     policy_name = "greedy"
 
+    @property
+    def needs_record_order(self) -> bool:
+        """True when the per-user counts must iterate in the users' record order."""
+        return self.tie_break == "first-occurrence"
+
+    def describe(self) -> Dict[str, Any]:
+        d = super().describe()
+        d["tie_break"] = self.tie_break
+        return d
+
     def policy(self, run_key):
-        return policies.GreedyPolicy(self.cutoff, run_key.subkey("item-order"))
+        return policies.GreedyPolicy(self.cutoff, run_key.subkey("item-order"),
+                                     tie_break=self.tie_break)
 
 
 class GWKT(GW):
@@ -574,16 +595,19 @@ class GWKT(GW):
         ``{item: count}`` mapping.
       alpha: α ≥ 0 (default 3); no privacy effect.
       state: ``OrderedUserPolicy`` state choice (default ``'auto'``).
+      tie_break: as for ``GW``; it orders items of equal public count and
+        equal frequency. No privacy effect.
     """
 
     def __init__(self, epsilon: float, delta: float, public_counts,
-                 alpha: float = DEFAULT_ALPHA, state: str = "auto"):
+                 alpha: float = DEFAULT_ALPHA, state: str = "auto",
+                 tie_break: str = "item-hash"):
         if isinstance(public_counts, str):
             if not public_counts:
                 raise ValueError("public_counts must be a non-empty path or a mapping")
         elif not isinstance(public_counts, Mapping):
             raise ValueError(f"public_counts must be a path or a mapping, got {public_counts!r}")
-        super().__init__(epsilon, delta, alpha, state, _name="gw-kt")
+        super().__init__(epsilon, delta, alpha, state, tie_break, _name="gw-kt")
         self.public_counts = public_counts
         self._loaded = None
 
@@ -596,7 +620,7 @@ class GWKT(GW):
 
     def policy(self, run_key):
         return policies.GreedyPolicy(self.cutoff, run_key.subkey("item-order"),
-                                     use_public_counts=True)
+                                     use_public_counts=True, tie_break=self.tie_break)
 
     def _public_counts_local(self):
         if isinstance(self.public_counts, Mapping):

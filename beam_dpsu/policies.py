@@ -153,8 +153,19 @@ def greedy_fill(current_in_order, cutoff: float, budget: float = 1.0) -> np.ndar
     return out
 
 
+TIE_BREAKS = ("item-hash", "first-occurrence")
+
+
+def check_tie_break(tie_break) -> str:
+    """Validates the greedy policy's tie-break (see ``GreedyPolicy``)."""
+    if tie_break not in TIE_BREAKS:
+        raise ValueError(f"tie_break must be one of {TIE_BREAKS}, got {tie_break!r}")
+    return tie_break
+
+
 def greedy_order(counts: Mapping[Hashable, int], item_hash: Callable[[Hashable], int],
-                 public_counts: Optional[Mapping[Hashable, float]] = None) -> List[Hashable]:
+                 public_counts: Optional[Mapping[Hashable, float]] = None,
+                 tie_break: str = "item-hash") -> List[Hashable]:
     """The order in which the greedy policy walks one user's items.
 
     GW: by the user's own frequency ``C_i[u]`` descending, ties by the keyed
@@ -167,13 +178,21 @@ def greedy_order(counts: Mapping[Hashable, int], item_hash: Callable[[Hashable],
       counts: ``{item: C_i[u]}`` of the user.
       item_hash: ``item -> int``, a keyed hash (``GreedyPolicy.item_hash``).
       public_counts: ``{item: public count}`` for GW-KT, or None for GW.
+      tie_break: ``'item-hash'`` (the specification) or ``'first-occurrence'``:
+        the last tie-break is then the item's position in ``counts`` (its
+        iteration order, which must be the order of the user's own records,
+        as ``ReadUserItems(keep_order=True)`` builds it) instead of the hash.
     """
+    if check_tie_break(tie_break) == "first-occurrence":
+        position = {u: i for i, u in enumerate(counts)}.__getitem__
+    else:
+        position = item_hash
     if public_counts is None:
-        return [u for _, _, u in sorted(((-c, item_hash(u), u) for u, c in counts.items()),
+        return [u for _, _, u in sorted(((-c, position(u), u) for u, c in counts.items()),
                                         key=_first_two)]
     get = public_counts.get
     return [u for _, _, _, u in sorted(
-        ((-get(u, 1), -c, item_hash(u), u) for u, c in counts.items()), key=_first_three)]
+        ((-get(u, 1), -c, position(u), u) for u, c in counts.items()), key=_first_three)]
 
 
 _first_two = itemgetter(0, 1)
@@ -405,25 +424,50 @@ class GreedyPolicy(UserPolicy):
         which also break ties in the walk order.
       use_public_counts: True for GW-KT: ``prepare`` then needs the public
         counts (``{item: count}``; items absent count as 1).
+      tie_break: how items of equal frequency (and public count) are ordered.
+        ``'item-hash'`` (default, the specification): by the keyed item id.
+        ``'first-occurrence'``: by the order of the user's ``counts`` mapping,
+        which must be the order in which the items first occur in the user's
+        own records (``ReadUserItems(keep_order=True)`` and
+        ``core.per_user_counts`` build it so). This is what the authors'
+        reference code does; on data whose records list a user's items in a
+        meaningful order (words of a title) it releases fewer items than the
+        hash (see ``benchmarks/RESULTS-ordered.md``). Privacy: unchanged. The
+        walk order is still a function of the user's own data only, never of
+        the histogram or of other users, which is all the proof of GW needs
+        (specification 3.4). It must not be an order Beam produced by
+        merging partial counts, which can depend on how the input was bundled.
     """
 
     norm = "l1"
 
-    def __init__(self, cutoff: float, item_key: bytes, use_public_counts: bool = False):
+    def __init__(self, cutoff: float, item_key: bytes, use_public_counts: bool = False,
+                 tie_break: str = "item-hash"):
         super().__init__(cutoff, item_key)
         self.needs_public_counts = bool(use_public_counts)
+        self.tie_break = check_tie_break(tie_break)
         self.name = "greedy-public" if use_public_counts else "greedy"
 
     def prepare(self, user, counts, public_counts=None):
         if not counts:
             return [], ()
         iid = self.item_ids
+        by_position = self.tie_break == "first-occurrence"
         if self.needs_public_counts:
             if public_counts is None:
                 raise ValueError("the greedy policy with public counts needs the public counts")
             get = public_counts.get
+            if by_position:
+                items = list(counts)
+                keyed = sorted([(-get(u, 1), -counts[u], i) for i, u in enumerate(items)])
+                return [iid(items[k[2]]) for k in keyed], counts
             keyed = sorted([(-get(u, 1), -c, iid(u)) for u, c in counts.items()])
             return [k[2] for k in keyed], counts
+        if by_position:
+            # -C·2^32 + position (a user has fewer than 2^32 items).
+            items = list(counts)
+            keyed = sorted([(-c << 32) | i for i, c in enumerate(counts.values())])
+            return [iid(items[k & _POSITION_MASK]) for k in keyed], counts
         # One integer per item, -C·2^63 + id (0 <= id < 2^63): sorting it orders
         # by frequency descending, then id ascending, as greedy_order does.
         keyed = sorted([(-c << 63) | iid(u) for u, c in counts.items()])
@@ -431,6 +475,9 @@ class GreedyPolicy(UserPolicy):
 
     def update(self, hist, prepared):
         apply_greedy(hist, prepared, self.cutoff)
+
+
+_POSITION_MASK = (1 << 32) - 1
 
 
 # The compiled kernel that mirrors each built-in update, operation for operation.

@@ -25,6 +25,7 @@ class MechanismParams:
     rounds: Optional[int] = None
     ratio: Optional[float] = None
     public_counts: Optional[str] = None
+    tie_break: Optional[str] = None
 
     def given(self) -> List[str]:
         return [f.name for f in dataclasses.fields(self) if getattr(self, f.name) is not None]
@@ -137,10 +138,15 @@ def _policy_builder(cls, name):
     return build
 
 
+def _tie_break(params: MechanismParams) -> str:
+    return "item-hash" if params.tie_break is None else params.tie_break
+
+
 def _gw(params: MechanismParams) -> Mechanism:
     _require(params, "gw", "epsilon", "delta")
     return _ordered.GW(params.epsilon, params.delta,
-                       _ordered.DEFAULT_ALPHA if params.alpha is None else params.alpha)
+                       _ordered.DEFAULT_ALPHA if params.alpha is None else params.alpha,
+                       tie_break=_tie_break(params))
 
 
 def _gw_kt(params: MechanismParams) -> Mechanism:
@@ -149,7 +155,8 @@ def _gw_kt(params: MechanismParams) -> Mechanism:
     if not FileSystems.exists(params.public_counts):
         raise ValueError(f"--public-counts file not found: {params.public_counts!r}")
     return _ordered.GWKT(params.epsilon, params.delta, params.public_counts,
-                         _ordered.DEFAULT_ALPHA if params.alpha is None else params.alpha)
+                         _ordered.DEFAULT_ALPHA if params.alpha is None else params.alpha,
+                         tie_break=_tie_break(params))
 
 
 register("policy-laplace", _policy_builder(_ordered.PolicyLaplace, "policy-laplace"),
@@ -158,7 +165,7 @@ register("policy-laplace", _policy_builder(_ordered.PolicyLaplace, "policy-lapla
 register("policy-gaussian", _policy_builder(_ordered.PolicyGaussian, "policy-gaussian"),
          {"epsilon", "delta", "max_items", "alpha"},
          "sequential ℓ2-descent to the cutoff (Gopi et al.); Gaussian noise")
-register("gw", _gw, {"epsilon", "delta", "alpha"},
+register("gw", _gw, {"epsilon", "delta", "alpha", "tie_break"},
          "greedy fill by item frequency, no Δ0 (Carvalho et al.); Laplace noise")
-register("gw-kt", _gw_kt, {"epsilon", "delta", "alpha", "public_counts"},
+register("gw-kt", _gw_kt, {"epsilon", "delta", "alpha", "public_counts", "tie_break"},
          "greedy fill by public counts, then frequency (Carvalho et al.); Laplace noise")

@@ -121,29 +121,106 @@ def _group_slow(keys: List[bytes], line_counts: Dict[bytes, int],
 
 
 def read_user_items(path: str, flush_pairs: int = DEFAULT_FLUSH_PAIRS,
-                    block_bytes: int = BLOCK_BYTES
+                    block_bytes: int = BLOCK_BYTES, file_index: Optional[int] = None
                     ) -> Iterator[Tuple[str, Any]]:
     """Reads one file; yields ``('user', (user_id, counts))`` and ``('malformed', (line, n))``.
 
     Users may be yielded more than once (after a flush); merge their counts.
+    Each ``counts`` dict iterates in the order the user's items first occur
+    in the part of the file it covers.
+
+    With ``file_index`` (the file's place in the sorted list of input files)
+    the value is ``(counts, positions)`` instead: ``positions[item]`` is an
+    integer that orders the user's items by where they first occur in the
+    whole input (file index, then place in the file); merge with
+    ``MergeOrderedItemCountsFn``.
     """
     with open_binary(path) as f:
         pending: collections.Counter = collections.Counter()
+        chunk = 0
         for lines in iter_line_blocks(f, block_bytes):
             pending.update(lines)
             if len(pending) >= flush_pairs:
-                yield from _drain(pending)
+                yield from _drain(pending, file_index, chunk)
                 pending = collections.Counter()
-        yield from _drain(pending)
+                chunk += 1
+        yield from _drain(pending, file_index, chunk)
 
 
-def _drain(pending: Dict[bytes, int]):
+def _drain(pending: Dict[bytes, int], file_index: Optional[int] = None, chunk: int = 0):
     users: Dict[str, ItemCounts] = {}
     malformed = group_line_counts(pending, users)
     for line in malformed:
         yield "malformed", (line, pending[line])
+    if file_index is None:
+        for user, counts in users.items():
+            yield "user", (user, counts)
+        return
+    # A user's dict is in first-occurrence order within this chunk (the
+    # Counter keeps the order lines first appear); chunks follow each other.
+    base = (file_index << 64) | (chunk << 32)
     for user, counts in users.items():
-        yield "user", (user, counts)
+        yield "user", (user, (counts, {item: base | i for i, item in enumerate(counts)}))
+
+
+class MergeOrderedItemCountsFn(beam.CombineFn):
+    """Merges ``(counts, positions)`` partials into one ``{item: count}`` per user
+    that iterates in the order of the smallest position of each item (the
+    user's record order). Lifts into a per-bundle pre-combine."""
+
+    def create_accumulator(self):
+        return {}, {}
+
+    def add_input(self, acc, value):
+        counts, positions = acc
+        new_counts, new_positions = value
+        get = counts.get
+        for item, c in new_counts.items():
+            counts[item] = get(item, 0) + c
+        get = positions.get
+        for item, p in new_positions.items():
+            old = get(item)
+            if old is None or p < old:
+                positions[item] = p
+        return acc
+
+    def merge_accumulators(self, accs):
+        accs = iter(accs)
+        merged = self.create_accumulator()
+        for acc in accs:
+            merged = self.add_input(merged, acc)
+        return merged
+
+    def extract_output(self, acc):
+        counts, positions = acc
+        return {item: counts[item] for item in sorted(positions, key=positions.__getitem__)}
+
+
+def read_per_user(file_pattern: str, flush_pairs: int = DEFAULT_FLUSH_PAIRS
+                  ) -> Dict[str, ItemCounts]:
+    """All users of the matching files in memory, for the Beam-free core.
+
+    ``{user_id: {item: count}}``, each user's dict in record order (files in
+    sorted path order, then line order): the same per-user counts, in the
+    same order, as ``ReadUserItems(file_pattern, keep_order=True)``.
+    Malformed lines are skipped. Raises ValueError when nothing matches.
+    """
+    paths = match_files(file_pattern)
+    if not paths:
+        raise ValueError(f"no input file matches {file_pattern!r}")
+    per_user: Dict[str, ItemCounts] = {}
+    for path in paths:
+        for kind, value in read_user_items(path, flush_pairs):
+            if kind != "user":
+                continue
+            user, counts = value
+            mine = per_user.get(user)
+            if mine is None:
+                per_user[user] = counts
+            else:  # later parts append their new items after the earlier ones
+                for item, c in counts.items():
+                    mine[item] = mine.get(item, 0) + c
+    return per_user
 
 
 class _ReadFileDoFn(beam.DoFn):
@@ -154,9 +231,10 @@ class _ReadFileDoFn(beam.DoFn):
         self._malformed = beam.metrics.Metrics.counter("beam_dpsu", "malformed_lines")
         self._files = beam.metrics.Metrics.counter("beam_dpsu", "input_files")
 
-    def process(self, path):
+    def process(self, element):
         self._files.inc()
-        for kind, value in read_user_items(path, self._flush_pairs):
+        file_index, path = element if isinstance(element, tuple) else (None, element)
+        for kind, value in read_user_items(path, self._flush_pairs, file_index=file_index):
             if kind == "user":
                 yield value
             else:
@@ -182,13 +260,19 @@ class ReadUserItems(beam.PTransform):
         ``.gz`` and ``.bz2`` files are decompressed.
       flush_pairs: a reader emits its partial per-user counts after this many
         distinct lines (bounds worker memory; default 1M). No privacy effect.
+      keep_order: when True, each user's ``{item: count}`` iterates in the
+        order the items first occur in the user's records (files in sorted
+        path order, then line order), whatever the runner's bundling; this is
+        what GW's ``tie_break='first-occurrence'`` reads. Costs a second
+        per-user dict through the merge. Default False (the order of a
+        user's dict is then unspecified). No privacy effect by itself.
 
     Scaling: files are read in parallel, one file per DoFn call; split a large
     input into many files (as Beam's text sinks write it) to use many workers.
     """
 
     def __init__(self, file_pattern: str, flush_pairs: int = DEFAULT_FLUSH_PAIRS,
-                 label: Optional[str] = None):
+                 keep_order: bool = False, label: Optional[str] = None):
         super().__init__(label)
         if not isinstance(file_pattern, str) or not file_pattern:
             raise ValueError(f"file_pattern must be a non-empty string, got {file_pattern!r}")
@@ -196,14 +280,19 @@ class ReadUserItems(beam.PTransform):
             raise ValueError(f"flush_pairs must be an integer >= 1, got {flush_pairs!r}")
         self._pattern = file_pattern
         self._flush_pairs = flush_pairs
+        self._keep_order = bool(keep_order)
         self.malformed = None
 
     def expand(self, pbegin):
-        outputs = (pbegin
-                   | "Pattern" >> beam.Create([self._pattern])
-                   | "MatchFiles" >> beam.FlatMap(match_files)
+        files = (pbegin
+                 | "Pattern" >> beam.Create([self._pattern])
+                 | "MatchFiles" >> beam.FlatMap(
+                     lambda pattern, ordered: (list(enumerate(match_files(pattern))) if ordered
+                                               else match_files(pattern)), self._keep_order))
+        outputs = (files
                    | "SpreadFiles" >> beam.Reshuffle()
                    | "ReadFiles" >> beam.ParDo(_ReadFileDoFn(self._flush_pairs)).with_outputs(
                        _ReadFileDoFn.MALFORMED, main="users"))
         self.malformed = outputs[_ReadFileDoFn.MALFORMED]
-        return outputs.users | "MergePerUser" >> beam.CombinePerKey(MergeItemCountsFn())
+        merge = MergeOrderedItemCountsFn() if self._keep_order else MergeItemCountsFn()
+        return outputs.users | "MergePerUser" >> beam.CombinePerKey(merge)

@@ -71,7 +71,8 @@ def main(argv=None) -> int:
         if args.only and name not in args.only:
             continue
         m = make_mechanism(name, **params)
-        label = name + (" (zCDP)" if "rho" in params else "")
+        label = (name + (" (zCDP)" if "rho" in params else "")
+                 + (f" ({params['tie_break']})" if "tie_break" in params else ""))
         r = audit.audit(m, args.trials, args.confidence, name=label)
         print(json.dumps(r, ensure_ascii=False), flush=True)
         real_rows.append(_row(label, params, r))

@@ -134,18 +134,11 @@ def run_core(num_users):
 
 
 def load_per_user(path):
-    from beam_dpsu.bounding import merge_item_counts
-    from beam_dpsu.textio import read_user_items
-    per_user = {}
-    for kind, value in read_user_items(path):
-        if kind == "user":
-            user, counts = value
-            per_user[user] = merge_item_counts([per_user[user], counts]) \
-                if user in per_user else counts
-    return per_user
+    from beam_dpsu.textio import read_per_user
+    return read_per_user(path)   # each user's items in record order
 
 
-def reference_numbers(runs, data_dir="/work/shared/data"):
+def reference_numbers(runs, data_dir="/work/shared/data", only=None):
     """Mean released count (and expected count) over ``runs`` fresh keys, Beam-free core."""
     from scipy import stats
     from beam_dpsu.ordered import GW, GWKT, PolicyLaplace
@@ -159,10 +152,15 @@ def reference_numbers(runs, data_dir="/work/shared/data"):
              ("commits-rails", PolicyGaussian(3, E10, 300, alpha=5), 1250.2),
              ("commits-rails", PolicyGaussian(3, E10, 100, alpha=3), 1161.4),
              ("commits-rails", GW(3, E10), 713.4),
+             ("commits-rails", GW(3, E10, tie_break="first-occurrence"), 713.4),
              ("commits-rails", GWKT(3, E10, public), 986.8),
+             ("commits-rails", GWKT(3, E10, public, tie_break="first-occurrence"), 986.8),
              ("reddit-titles", GW(3, E10), 750.6),
+             ("reddit-titles", GW(3, E10, tie_break="first-occurrence"), 750.6),
              ("reddit-titles", PolicyGaussian(3, E10, 50, alpha=5), 821.2)]
     for name, m, authors in cases:
+        if only and only not in f"{name} {m.name}":
+            continue
         data = rails if name == "commits-rails" else reddit
         r = m.calibration
         dist = stats.norm(scale=r.noise_scale) if r.noise == "gaussian" \
@@ -174,7 +172,8 @@ def reference_numbers(runs, data_dir="/work/shared/data"):
             rule = m.release_rule(rk)
             released.append(sum(1 for item, w in hist.items() if rule(item, w)))
             expected.append(float(dist.sf(r.threshold - np.fromiter(hist.values(), float)).sum()))
-        print(f"{name} {m.name} Δ0={m.max_items} α={m.alpha:g}: released mean "
+        tie = f" tie_break={m.tie_break}" if hasattr(m, "tie_break") else ""
+        print(f"{name} {m.name}{tie} Δ0={m.max_items} α={m.alpha:g}: released mean "
               f"{np.mean(released):.1f} {released}; expected mean {np.mean(expected):.1f} "
               f"(sd {np.std(expected, ddof=1):.2f}); authors {authors} "
               f"({np.mean(released) / authors - 1:+.2%})", flush=True)
@@ -198,9 +197,11 @@ def main():
     ap.add_argument("--skip-core", action="store_true")
     ap.add_argument("--reference-runs", type=int, default=0,
                     help="only print the reference-number table over this many runs")
+    ap.add_argument("--reference-only", help="with --reference-runs: cases whose "
+                    "'data mechanism' contains this text")
     args = ap.parse_args()
     if args.reference_runs:
-        reference_numbers(args.reference_runs)
+        reference_numbers(args.reference_runs, only=args.reference_only)
         return
     print(f"bare Python loop iteration: {loop_cost_ns():.0f} ns; cores: {os.cpu_count()}; "
           f"load average: {os.getloadavg()[0]:.2f}")

@@ -120,6 +120,7 @@ def check_beam_args(beam_args: Sequence[str]) -> None:
 def flag_names(message: str, names: Sequence[str] = ()) -> str:
     """Names parameters in a validation message as command-line flags."""
     message = message.replace("max_items_per_user", "--max-items-per-user")
+    message = re.sub(r"^tie_break ", "--tie-break ", message)
     for name in names:
         message = re.sub(rf"(?<![-\w]){name}\b", "--" + name.replace("_", "-"), message)
     return re.sub(r"^(epsilon|delta|rho|alpha|rounds|ratio|k) ", r"--\1 ", message)

@@ -11,7 +11,9 @@ Usage::
 parameters after colons, e.g.
 ``weighted-gaussian:max_items=300,policy-gaussian:max_items=300:alpha=5,gw,gw-kt``.
 A per-mechanism parameter overrides the shared flag of the same name
-(``max_items``, ``alpha``, ``rounds``, ``ratio``, ``public_counts``).
+(``max_items``, ``alpha``, ``rounds``, ``ratio``, ``public_counts``);
+``tie_break`` (``gw``, ``gw-kt``) is per mechanism only, e.g.
+``gw,gw:tie_break=first-occurrence``.
 
 Every mechanism is run ``--trials`` times (default 5) with fresh OS randomness at
 each ε of ``--epsilons`` (default: just ``--epsilon``); the mean and standard
@@ -55,7 +57,7 @@ from pipelines.common import UsageError
 
 PROG = "compare"
 SPEC_KEYS = {"max_items": int, "alpha": float, "rounds": int, "ratio": float,
-             "public_counts": str}
+             "public_counts": str, "tie_break": str}
 
 
 def parse_mechanisms(text: str) -> List[Tuple[str, Dict[str, Any]]]:
@@ -147,19 +149,8 @@ def parse_args(argv):
 
 
 def load_per_user(pattern: str) -> Dict[Any, Dict[Any, int]]:
-    per_user: Dict[Any, Dict[Any, int]] = {}
-    for path in textio.match_files(pattern):
-        for kind, value in textio.read_user_items(path):
-            if kind != "user":
-                continue
-            user, counts = value
-            mine = per_user.get(user)
-            if mine is None:
-                per_user[user] = counts
-            else:
-                for item, c in counts.items():
-                    mine[item] = mine.get(item, 0) + c
-    return per_user
+    """All users in memory, each user's items in record order (``textio.read_per_user``)."""
+    return textio.read_per_user(pattern)
 
 
 def users_per_item(per_user) -> Dict[Any, int]:
@@ -231,7 +222,7 @@ def _cli_flags(name: str, params: MechanismParams) -> List[str]:
     for field, flag in (("epsilon", "--epsilon"), ("delta", "--delta"),
                         ("max_items", "--max-items-per-user"), ("alpha", "--alpha"),
                         ("rounds", "--rounds"), ("ratio", "--ratio"),
-                        ("public_counts", "--public-counts")):
+                        ("public_counts", "--public-counts"), ("tie_break", "--tie-break")):
         value = getattr(params, field)
         if value is not None:
             flags += [flag, repr(value) if isinstance(value, float) else str(value)]

@@ -4,7 +4,7 @@ Usage::
 
     python -m pipelines.select_partitions --input PATH --output PREFIX --mechanism NAME
         [--epsilon E] [--delta D] [--rho R] [--max-items-per-user N] [--alpha A]
-        [--rounds I] [--ratio r] [--public-counts PATH] [--seed S]
+        [--rounds I] [--ratio r] [--public-counts PATH] [--tie-break T] [--seed S]
         [any Beam pipeline option, e.g. --runner=DirectRunner]
 
 Input: text files (glob allowed, ``.gz``/``.bz2`` decompressed), one
@@ -50,6 +50,10 @@ def build_parser() -> common.ArgumentParser:
     p.add_argument("--rounds", type=int, help="number of DP-SIPS rounds I (>= 1)")
     p.add_argument("--ratio", type=float, help="DP-SIPS budget ratio r (> 0)")
     p.add_argument("--public-counts", help="file of item<TAB>count lines (gw-kt)")
+    p.add_argument("--tie-break", dest="tie_break",
+                   help="gw, gw-kt: order of a user's items of equal frequency, 'item-hash' "
+                        "(default, keyed hash) or 'first-occurrence' (the user's record "
+                        "order, as the authors' code); no privacy effect")
     common.add_dead_letter_argument(p)
     return p
 
@@ -59,7 +63,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> Tuple[object, Mechanism, List[s
     args, beam_args = common.parse_known(build_parser(), argv)
     params = MechanismParams(epsilon=args.epsilon, delta=args.delta, rho=args.rho,
                              max_items=args.max_items, alpha=args.alpha, rounds=args.rounds,
-                             ratio=args.ratio, public_counts=args.public_counts)
+                             ratio=args.ratio, public_counts=args.public_counts,
+                             tie_break=args.tie_break)
     try:
         mechanism = make_mechanism(args.mechanism, params)
     except ValueError as e:
@@ -75,7 +80,7 @@ def build_pipeline(p: beam.Pipeline, input_pattern: str, output_prefix: str,
                    mechanism: Mechanism, run_key: RunKey,
                    dead_letter: Optional[str] = None) -> None:
     """Adds the read → select → write graph to ``p``."""
-    reader = ReadUserItems(input_pattern)
+    reader = ReadUserItems(input_pattern, keep_order=mechanism.needs_record_order)
     per_user = (p
                 | "ReadUserItems" >> reader
                 | "CountUsers" >> beam.ParDo(common.CountUsers()))

@@ -42,7 +42,8 @@ def _configs():
 
 def _id(config):
     name, params = config
-    return name + ("-zcdp" if "rho" in params else "")
+    return (name + ("-zcdp" if "rho" in params else "")
+            + ("-" + params["tie_break"] if "tie_break" in params else ""))
 
 
 # ---------------------------------------------------------------------------
@@ -184,10 +185,12 @@ def test_every_registered_mechanism_passes(config):
     assert r["passed"] and r["trials"] == CI_TRIALS and r["claimed_delta"] == m.guarantee.delta
 
 
-def test_gw_kt_passes(public_counts):
+@pytest.mark.parametrize("tie_break", ["item-hash", "first-occurrence"])
+def test_gw_kt_passes(public_counts, tie_break):
     if "gw-kt" not in REGISTRY:
         pytest.skip("gw-kt is not registered")
-    m = make_mechanism("gw-kt", epsilon=1.0, delta=1e-3, public_counts=public_counts)
+    m = make_mechanism("gw-kt", epsilon=1.0, delta=1e-3, public_counts=public_counts,
+                       tie_break=tie_break)
     r = audit.audit(m, CI_TRIALS, audit.CI_CONFIDENCE)
     assert r["epsilon_lower_bound"] <= r["claimed_epsilon"], r
 

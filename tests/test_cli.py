@@ -109,6 +109,10 @@ def test_empty_input_releases_nothing(tmp_path, tmp_prefix):
     (["--mechanism", "count-gaussian", "--epsilon", "1", "--delta", "1e-5", "--epsilonn", "2"],
      "unrecognized arguments"),
     (["--epsilon", "1", "--delta", "1e-5"], "--mechanism"),
+    (["--mechanism", "gw", "--epsilon", "1", "--delta", "1e-5", "--tie-break", "random"],
+     "--tie-break must be one of"),
+    (["--mechanism", "weighted-gaussian", "--epsilon", "1", "--delta", "1e-5",
+      "--tie-break", "first-occurrence"], "--tie-break does not apply"),
 ])
 def test_bad_parameters_exit_2_with_one_line_before_reading(argv, message, capsys, tmp_prefix):
     # The input does not exist: the parameter error must be reported first.

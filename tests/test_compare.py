@@ -91,3 +91,19 @@ def test_beam_engine_runs_the_pipeline(data, tmp_path):
                      "--epsilon", "2", "--trials", "1", "--engine", "beam",
                      "--mechanisms", "weighted-gaussian:max_items=10"], progress=lambda m: None)
     assert s["results"][0]["released"][0] > 0
+
+
+def test_gw_tie_breaks_side_by_side_in_both_engines(data, tmp_path):
+    mechs = "gw,gw:tie_break=first-occurrence"
+    assert compare.parse_mechanisms(mechs) == [("gw", {}),
+                                               ("gw", {"tie_break": "first-occurrence"})]
+    for engine in ("core", "beam"):
+        s = compare.run(["--input", data, "--output", str(tmp_path / engine), "--delta", "1e-6",
+                         "--epsilon", "2", "--trials", "1", "--engine", engine,
+                         "--mechanisms", mechs], progress=lambda m: None)
+        labels = [r["label"] for r in s["results"]]
+        assert labels == ["gw", "gw tie_break=first-occurrence"], labels
+        assert all(r["released"][0] > 0 for r in s["results"])
+    assert compare._cli_flags("gw", compare.MechanismParams(
+        epsilon=2.0, delta=1e-6, tie_break="first-occurrence"))[-2:] == [
+            "--tie-break", "first-occurrence"]

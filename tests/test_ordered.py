@@ -71,6 +71,67 @@ def test_public_counts_from_a_file_and_the_command_line(tmp_path):
     assert summary["num_released"] == len(from_map)
 
 
+def _record_order_files(tmp_path):
+    """Users whose items tie (each once but one), spread over three files."""
+    rng = np.random.default_rng(5)
+    lines = [[] for _ in range(3)]
+    for u in range(80):
+        words = [f"w{k}" for k in rng.choice(20, int(rng.integers(1, 9)), replace=False)]
+        for w in words + words[-1:]:  # the last word twice: ties among the others
+            lines[int(rng.integers(0, 3))].append(f"user-{u}\t{w}\n")
+    for f, part in enumerate(lines):
+        (tmp_path / f"part-{f}.tsv").write_text("".join(part))
+    return str(tmp_path / "part-*")
+
+
+@pytest.mark.parametrize("state", ["ordered_list", "bag"])
+def test_first_occurrence_tie_break_reads_record_order_in_beam_as_in_the_core(tmp_path, state):
+    from beam_dpsu.textio import ReadUserItems, read_per_user
+    pattern = _record_order_files(tmp_path)
+    per_user = read_per_user(pattern)
+    by_record = GW(1.0, 0.3, tie_break="first-occurrence").policy(RK)
+    expected = P.run_sequential(per_user, by_record, RK)
+    # The tie-break matters on this data: the hash gives another histogram.
+    assert expected != P.run_sequential(per_user, GW(1.0, 0.3).policy(RK), RK)
+    with beam.Pipeline(options=beam_options()) as p:
+        out = (p | ReadUserItems(pattern, flush_pairs=5, keep_order=True)
+               | OrderedUserPolicy(by_record, RK, state=state, bucket_bits=2))
+        assert_that(out, equal_to(sorted(expected.items())))
+
+
+def test_first_occurrence_tie_break_on_the_command_line(tmp_path):
+    from beam_dpsu.textio import read_per_user
+    pattern = _record_order_files(tmp_path)
+    mechanism = GW(1.0, 0.3, tie_break="first-occurrence")
+    expected = core.run_local(read_per_user(pattern), mechanism, RK)
+    assert expected
+    from pipelines import select_partitions
+    prefix = str(tmp_path / "out")
+    assert select_partitions.main(["--input", pattern, "--output", prefix, "--mechanism", "gw",
+                                   "--epsilon", "1", "--delta", "0.3", "--tie-break",
+                                   "first-occurrence", "--seed", "11",
+                                   "--runner=DirectRunner"]) == 0
+    released = set()
+    for path in tmp_path.glob("out-items-*"):
+        released |= set(path.read_text().split())
+    assert released == expected
+    assert json.loads((tmp_path / "out.json").read_text())["tie_break"] == "first-occurrence"
+
+
+def test_first_occurrence_needs_per_user_counts_in_record_order():
+    m = GW(1.0, 1e-5, tie_break="first-occurrence")
+    assert m.needs_record_order and not GW(1.0, 1e-5).needs_record_order
+    with pytest.raises(ValueError, match="record order"):
+        SelectPartitions(m, RK)
+    SelectPartitions(m, RK, per_user=True)  # per-user input: the caller's order
+    with pytest.raises(ValueError, match="tie_break"):
+        GWKT(1.0, 1e-5, PUBLIC, tie_break="hash")
+    assert make_mechanism("gw-kt", epsilon=1.0, delta=1e-5, public_counts=__file__,
+                          tie_break="first-occurrence").tie_break == "first-occurrence"
+    with pytest.raises(ValueError, match="--tie-break does not apply"):
+        make_mechanism("policy-laplace", epsilon=1.0, delta=1e-5, tie_break="item-hash")
+
+
 def test_empty_input_releases_nothing():
     with beam.Pipeline(options=beam_options()) as p:
         out = p | beam.Create([]) | SelectPartitions(GW(1.0, 1e-5), RunKey.from_test_seed(1))

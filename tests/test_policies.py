@@ -60,6 +60,21 @@ def test_greedy_order_frequency_then_hash_and_public_counts():
     assert P.greedy_order(counts, h, public) == ["e", "b", "c", "d", "a"]
 
 
+def test_greedy_order_first_occurrence_breaks_ties_by_the_users_record_order():
+    counts = {"b": 1, "a": 3, "e": 1, "c": 3, "d": 2}      # record order b, a, e, c, d
+    h = {"a": 9, "b": 2, "c": 4, "d": 1, "e": 1_000}.__getitem__
+    assert P.greedy_order(counts, h, tie_break="first-occurrence") == ["a", "c", "d", "b", "e"]
+    assert P.greedy_order(counts, h) == ["c", "a", "d", "b", "e"]   # the hash: c before a
+    public = {"e": 50, "b": 7, "a": 0}
+    # public desc (absent = 1: c, d), then C_i desc, then record order.
+    assert P.greedy_order(counts, h, public, "first-occurrence") == ["e", "b", "c", "d", "a"]
+    assert P.greedy_order({"x": 1, "y": 1}, h, public, "first-occurrence") == ["x", "y"]
+    with pytest.raises(ValueError, match="tie_break"):
+        P.greedy_order(counts, h, tie_break="histogram")
+    with pytest.raises(ValueError, match="tie_break"):
+        P.GreedyPolicy(5.0, ITEM_KEY, tie_break=None)
+
+
 # ---------------------------------------------------------------------------
 # The fast in-place updates equal the reference functions.
 # ---------------------------------------------------------------------------
@@ -142,16 +157,24 @@ class _RecordingHist(dict):
 def test_greedy_walk_order_never_depends_on_the_histogram():
     policy = P.GreedyPolicy(5.0, ITEM_KEY)
     public_policy = P.GreedyPolicy(5.0, ITEM_KEY, use_public_counts=True)
+    by_record = P.GreedyPolicy(5.0, ITEM_KEY, tie_break="first-occurrence")
+    public_by_record = P.GreedyPolicy(5.0, ITEM_KEY, use_public_counts=True,
+                                      tie_break="first-occurrence")
     rng = np.random.default_rng(4)
     for _ in range(300):
         counts = {f"i{k}": int(rng.integers(1, 4)) for k in rng.choice(40, 12, replace=False)}
         public = {f"i{k}": int(rng.integers(0, 3)) for k in range(0, 40, 3)}
-        for pol, pub in ((policy, None), (public_policy, public)):
+        for pol, pub in ((policy, None), (public_policy, public), (by_record, None),
+                         (public_by_record, public)):
             ids, _ = pol.prepare("u", counts, pub)
-            # prepare sees no histogram; the same user always gets the same walk.
-            shuffled = dict(sorted(counts.items(), key=lambda kv: rng.random()))
-            assert pol.prepare("u", shuffled, pub)[0] == ids
-            expected = [pol.item_ids(u) for u in P.greedy_order(counts, pol.item_ids, pub)]
+            # prepare sees no histogram; the same user always gets the same walk
+            # (with the hash tie-break, whatever order their dict is in).
+            if pol.tie_break == "item-hash":
+                shuffled = dict(sorted(counts.items(), key=lambda kv: rng.random()))
+                assert pol.prepare("u", shuffled, pub)[0] == ids
+            assert pol.prepare("u", dict(counts), pub)[0] == ids
+            expected = [pol.item_ids(u) for u in
+                        P.greedy_order(counts, pol.item_ids, pub, pol.tie_break)]
             assert ids == expected
             for _ in range(3):
                 hist = _RecordingHist({i: float(rng.uniform(0, 5.5)) for i in ids

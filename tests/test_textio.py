@@ -64,3 +64,62 @@ def test_empty_file(tmp_path):
 def test_bad_pattern():
     with pytest.raises(ValueError, match="file_pattern"):
         ReadUserItems("")
+
+
+def _first_occurrence(paths):
+    """An independent reading: each user's items in the order they first appear."""
+    out = {}
+    for path in paths:
+        data = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+        for line in data.decode().splitlines():
+            user, tab, item = line.partition("\t")
+            if tab and user:
+                counts = out.setdefault(user, {})
+                counts[item] = counts.get(item, 0) + 1
+    return out
+
+
+def _keep_order_files(tmp_path):
+    import numpy as np
+    rng = np.random.default_rng(7)
+    paths = []
+    for f in range(3):
+        lines = [f"u{rng.integers(0, 6)}\tw{rng.integers(0, 40)}" for _ in range(400)]
+        path = tmp_path / (f"part-{f}.tsv" + (".gz" if f == 1 else ""))
+        data = ("\n".join(lines) + "\n").encode()
+        path.write_bytes(gzip.compress(data) if f == 1 else data)
+        paths.append(path)
+    return paths
+
+
+def test_keep_order_gives_each_user_their_record_order_across_flushes_and_files(tmp_path):
+    paths = _keep_order_files(tmp_path)
+    want = _first_occurrence(sorted(paths))
+    assert textio.read_per_user(str(tmp_path / "part-*")) == want
+    assert all(list(textio.read_per_user(str(tmp_path / "part-*"), flush_pairs=7)[u]) == list(c)
+               for u, c in want.items())
+    # flush_pairs=7 splits every file into many partial dicts, merged in any order.
+    with beam.Pipeline(options=beam_options()) as p:
+        out = (p | ReadUserItems(str(tmp_path / "part-*"), flush_pairs=7, keep_order=True)
+               | beam.Map(lambda kv: (kv[0], list(kv[1].items()))))
+        assert_that(out, equal_to([(u, list(c.items())) for u, c in want.items()]))
+
+
+def test_merge_ordered_item_counts_takes_the_earliest_position_whatever_the_merge_order():
+    fn = textio.MergeOrderedItemCountsFn()
+    late = ({"b": 1, "a": 1}, {"b": 10, "a": 11})
+    early = ({"a": 2, "c": 1}, {"a": 3, "c": 4})
+    for parts in ((late, early), (early, late)):
+        acc = fn.create_accumulator()
+        for part in parts:
+            acc = fn.add_input(acc, part)
+        assert list(fn.extract_output(acc).items()) == [("a", 3), ("c", 1), ("b", 1)]
+    acc = fn.merge_accumulators([fn.add_input(fn.create_accumulator(), late),
+                                 fn.add_input(fn.create_accumulator(), early)])
+    assert list(fn.extract_output(acc)) == ["a", "c", "b"]
+    assert fn.extract_output(fn.create_accumulator()) == {}
+
+
+def test_read_per_user_without_a_match(tmp_path):
+    with pytest.raises(ValueError, match="no input file matches"):
+        textio.read_per_user(str(tmp_path / "nothing-*"))
