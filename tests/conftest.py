@@ -41,4 +41,7 @@ def beam_options(*extra):
     return PipelineOptions(["--runner=DirectRunner", *extra])
 
 
+# Reaches only the subprocesses tests start (CLI runs, multi-process runner
+# workers); this process's own str hashing was seeded at start-up. No test
+# may rely on str hash values (test_kernels seeds its data with crc32).
 os.environ.setdefault("PYTHONHASHSEED", "0")

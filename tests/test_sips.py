@@ -151,8 +151,12 @@ def test_cli_summary_lists_rounds(tmp_path):
 # rounds released, the expected count of that round is Σ P(N(0, σ_i²) > T_i − w) over
 # the round's histogram. Summing those conditional expectations along a run
 # (Rao-Blackwellisation) gives an unbiased estimate of the mean count whose spread is
-# a small fraction of a run's, so the mean of 5 such estimates sits within 3% of the
-# true mean with a false-failure probability far below 1e-6.
+# a small fraction of a run's. The assertion compares with the authors' mean, so the
+# margin is the 3% band minus our offset from it, in standard deviations of the mean
+# (measured per-run sd over 38 runs, session 2): rails I=3 9.2, ansible 14, rails I=1
+# 54 with 5 runs; reddit-titles sits +1.6% above the authors (414.4 vs 408, sd 3.8), so
+# it takes 20 runs for a margin of 6.9. False-failure probability < 1e-6 per case even
+# with the true sd 30% above the measured one.
 
 def expected_count(sips, per_user, run_key):
     released, total = set(), 0.0
@@ -179,14 +183,14 @@ def load(name):
     return per_user
 
 
-@pytest.mark.parametrize("dataset,rounds,authors", [
-    ("commits-rails.pairs.tsv.gz", 3, 753.0),
-    ("commits-ansible.pairs.tsv.gz", 3, 638.0),
-    ("reddit-titles.pairs.tsv.gz", 3, 408.0),
-    ("commits-rails.pairs.tsv.gz", 1, 588.0),
+@pytest.mark.parametrize("dataset,rounds,authors,runs", [
+    ("commits-rails.pairs.tsv.gz", 3, 753.0, 5),
+    ("commits-ansible.pairs.tsv.gz", 3, 638.0, 5),
+    ("reddit-titles.pairs.tsv.gz", 3, 408.0, 20),
+    ("commits-rails.pairs.tsv.gz", 1, 588.0, 5),
 ])
-def test_published_numbers(dataset, rounds, authors):
+def test_published_numbers(dataset, rounds, authors, runs):
     per_user = load(dataset)
     sips = Sips(0.1, 1e-5, 100, rounds=rounds, ratio=1 / 3)
-    mean = np.mean([expected_count(sips, per_user, RunKey.fresh()) for _ in range(5)])
+    mean = np.mean([expected_count(sips, per_user, RunKey.fresh()) for _ in range(runs)])
     assert abs(mean - authors) <= 0.03 * authors, (mean, authors)

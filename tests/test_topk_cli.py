@@ -89,10 +89,14 @@ def test_same_seed_same_output(data, tmp_path):
 
 
 def test_nothing_released_writes_empty_output(tmp_path, tmp_prefix):
+    # Unseeded. With k = k̄ = 2 and δ = 1e-12 the offset is 1 + ln(2e12) = 29.3
+    # above the bottom count 0: 'a' (2 users) is released with probability
+    # expit(2 − 29.3) ≈ 1.4e-12 and 'b' with less, so a false failure has
+    # probability below 3e-12. (With δ = 1e-6 it was 1.9e-6, too high.)
     path = tmp_path / "small.tsv"
     path.write_text("u1\ta\nu2\ta\nu3\tb\n")
     assert top_k.main(["--input", str(path), "--output", tmp_prefix, "--k", "2",
-                       "--epsilon", "1", "--delta", "1e-6"]) == 0
+                       "--epsilon", "1", "--delta", "1e-12"]) == 0
     with open(tmp_prefix + ".json") as f:
         s = json.load(f)
     assert s["num_released"] == 0 and s["charge"]["selections"] == 1 and s["seeded"] is False
@@ -130,7 +134,7 @@ def test_missing_input_exits_2(capsys, tmp_prefix):
 def test_subprocess_exit_status_and_no_traceback():
     proc = subprocess.run([sys.executable, "-m", "pipelines.top_k", "--input", "x", "--output",
                            "y", "--k", "3", "--epsilon", "-1", "--delta", "1e-5"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     lines = [l for l in proc.stderr.splitlines() if l.startswith("top_k")]
