@@ -718,10 +718,7 @@ def parse_args(argv: Sequence[str]):
         raise UsageError(f"--trials must be an integer >= 1, got {args.trials}")
     if not (0 < args.confidence < 1):
         raise UsageError(f"--confidence must be in (0, 1), got {args.confidence}")
-    params = MechanismParams(epsilon=args.epsilon, delta=args.delta, rho=args.rho,
-                             max_items=args.max_items, alpha=args.alpha, rounds=args.rounds,
-                             ratio=args.ratio, public_counts=args.public_counts,
-                             tie_break=args.tie_break)
+    params = MechanismParams.from_namespace(args)
     try:
         mechanism = make_mechanism(args.mechanism, params)
         if args.broken:

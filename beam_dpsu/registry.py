@@ -27,6 +27,12 @@ class MechanismParams:
     public_counts: Optional[str] = None
     tie_break: Optional[str] = None
 
+    @classmethod
+    def from_namespace(cls, namespace) -> "MechanismParams":
+        """The parameters of a command line's parsed arguments (absent ones are None)."""
+        return cls(**{f.name: getattr(namespace, f.name, None)
+                      for f in dataclasses.fields(cls)})
+
     def given(self) -> List[str]:
         return [f.name for f in dataclasses.fields(self) if getattr(self, f.name) is not None]
 

@@ -61,10 +61,7 @@ def build_parser() -> common.ArgumentParser:
 def parse_args(argv: Optional[Sequence[str]]) -> Tuple[object, Mechanism, List[str]]:
     """Parses and validates everything; raises UsageError for any user mistake."""
     args, beam_args = common.parse_known(build_parser(), argv)
-    params = MechanismParams(epsilon=args.epsilon, delta=args.delta, rho=args.rho,
-                             max_items=args.max_items, alpha=args.alpha, rounds=args.rounds,
-                             ratio=args.ratio, public_counts=args.public_counts,
-                             tie_break=args.tie_break)
+    params = MechanismParams.from_namespace(args)
     try:
         mechanism = make_mechanism(args.mechanism, params)
     except ValueError as e:
