@@ -185,7 +185,6 @@ class MergeOrderedItemCountsFn(beam.CombineFn):
         return acc
 
     def merge_accumulators(self, accs):
-        accs = iter(accs)
         merged = self.create_accumulator()
         for acc in accs:
             merged = self.add_input(merged, acc)
