@@ -195,13 +195,6 @@ class PinnedOrderKey(RunKey):
         super().__init__(secrets.token_bytes(32), seeded=False)
         self._order = bytes(order_subkey)
 
-    def __getstate__(self):
-        return dict(super().__getstate__(), order=self._order)
-
-    def __setstate__(self, state):
-        super().__setstate__(state)
-        self._order = state["order"]
-
     def subkey(self, purpose: str) -> bytes:
         if purpose == "order":
             return self._order

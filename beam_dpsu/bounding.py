@@ -19,6 +19,7 @@ import apache_beam as beam
 from apache_beam.transforms import window
 from apache_beam.utils.windowed_value import WindowedValue
 
+from beam_dpsu import keys
 from beam_dpsu.calibration import check_max_items
 from beam_dpsu.noise import RunKey, encode_value, keyed_generator
 
@@ -200,8 +201,10 @@ class SampleItems(beam.PTransform):
     Args:
       max_items: Δ0, the contribution bound (integer ≥ 1). Smaller Δ0 means less
         noise per item for count-based mechanisms and less data per user.
-      run_key: the run's ``RunKey``; None draws a fresh OS-random key (then two
-        ``SampleItems`` in one pipeline sample independently).
+      run_key: the run's ``RunKey`` (``RunKey.fresh()``, or a test seed); None
+        draws a fresh key (then two ``SampleItems`` in one pipeline sample
+        independently). The key's bytes are drawn on a worker and read as a
+        side input (``beam_dpsu.keys``), never staged with the job graph.
       purpose: the key's purpose label; mechanisms use ``'sample/<round>'``.
 
     Privacy: after this transform each user changes at most Δ0 distinct items,
@@ -212,22 +215,27 @@ class SampleItems(beam.PTransform):
                  purpose: str = "sample/0", label: Optional[str] = None):
         super().__init__(label)
         self._max_items = check_max_items(max_items)
-        self._run_key = RunKey.resolve(run_key)
+        self._run_key = keys.for_pipeline(run_key)
         self._purpose = purpose
 
     def expand(self, per_user):
         return per_user | "SampleToMaxItems" >> beam.ParDo(
-            _SampleDoFn(self._max_items, self._run_key.subkey(self._purpose)))
+            _SampleDoFn(self._max_items, self._purpose),
+            keys.key_side_input(per_user, self._run_key))
 
 
 class _SampleDoFn(beam.DoFn):
-    """Applies ``sample_items`` to each ``(user, counts)``; drops users with no items."""
+    """Applies ``sample_items`` to each ``(user, counts)``; drops users with no items.
 
-    def __init__(self, max_items: int, key: bytes):
+    The sampling key is derived on the worker from the run key's bytes (a side
+    input), so it is never part of the job graph.
+    """
+
+    def __init__(self, max_items: int, purpose: str):
         self._max_items = max_items
-        self._key = key
+        self._key = keys.KeyedCache(keys.Subkey(purpose))
 
-    def process(self, element):
+    def process(self, element, key_bytes):
         user, counts = element
         if counts:
-            yield user, sample_items(user, counts, self._max_items, self._key)
+            yield user, sample_items(user, counts, self._max_items, self._key(key_bytes))

@@ -36,6 +36,7 @@ from typing import Any, Callable, Dict, List, Optional
 import apache_beam as beam
 
 from beam_dpsu import calibration as cal
+from beam_dpsu import keys
 from beam_dpsu.accounting import PrivacyGuarantee, zcdp_guarantee
 from beam_dpsu.bounding import PerUserItemCounts, SampleItems
 from beam_dpsu.histogram import ShardedHistogram, check_weighting
@@ -132,7 +133,7 @@ class HistogramMechanism(Mechanism):
         return (per_user
                 | "SampleItems" >> SampleItems(r.max_items, run_key, "sample/0")
                 | "Histogram" >> ShardedHistogram(r.weighting)
-                | "Release" >> ApplyReleaseRule(self.release_rule(run_key), sharded=True))
+                | "Release" >> ApplyReleaseRule(self.release_rule, run_key, sharded=True))
 
 
 class TruncatedGeometric(HistogramMechanism):
@@ -256,9 +257,11 @@ class SelectPartitions(beam.PTransform):
 
     Args:
       mechanism: a calibrated ``Mechanism`` (e.g. ``WeightedGaussian(3, 1e-6)``).
-      run_key: the run's ``RunKey``. None (the default) draws a fresh key from
-        the operating system when the transform is constructed; pass
-        ``RunKey.from_test_seed(s)`` only in tests.
+      run_key: the run's ``RunKey``. None (the default) means a fresh key:
+        its 32 bytes are drawn from the operating system on a worker when the
+        pipeline runs and read by every step as a side input, so the secret is
+        never part of the job graph that a runner stages (see
+        ``beam_dpsu.keys``). Pass ``RunKey.from_test_seed(s)`` only in tests.
       per_user: set True when the input is already ``(user_id, {item: count})``
         with one element per user (e.g. from ``textio.ReadUserItems``).
 
@@ -279,7 +282,7 @@ class SelectPartitions(beam.PTransform):
                 "have; read with textio.ReadUserItems(pattern, keep_order=True) and pass "
                 "per_user=True")
         self._mechanism = mechanism
-        self._run_key = RunKey.resolve(run_key)
+        self._run_key = keys.for_pipeline(run_key)
         self._per_user = bool(per_user)
 
     def expand(self, pcoll):

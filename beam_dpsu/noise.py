@@ -59,24 +59,52 @@ class RunKey:
     """The secret of one run, from which every random draw is derived.
 
     Create it with ``RunKey.fresh()`` (OS randomness, the default everywhere)
-    or, in tests only, ``RunKey.from_test_seed(seed)``. It is a small picklable
-    value: passing it to a transform carries it to every worker through the
-    pipeline, so all workers of one run agree on samples and order.
+    or, in tests only, ``RunKey.from_test_seed(seed)``.
+
+    Where the secret lives
+    ----------------------
+    A fresh key draws its 32 bytes from the operating system the first time
+    it is used *in the process that uses it*, and its bytes are never
+    pickled: pickling a fresh key (or one built from explicit bytes) gives a
+    detached copy that raises ``DetachedKeyError`` when used. So a fresh key
+    passed to a Beam transform never reaches the job graph, the staging bucket
+    or a runner's UI. Inside a pipeline the transforms do not use the key
+    object at all: ``pipeline_key(pipeline, run_key)`` adds a step that draws
+    the bytes on a worker, once per run, and every DoFn reads them from that
+    singleton side input (see ``beam_dpsu.keys``). Transforms given the same
+    ``RunKey`` object in one pipeline share one drawn key; the Beam-free core
+    (``core.run_local``) draws its own bytes in the calling process.
+
+    A test-seeded key pickles as its seed (the key is a public function of the
+    seed; a seeded run is not private and says so).
     """
 
-    __slots__ = ("_key", "seeded", "_subkeys")
+    __slots__ = ("_key", "seeded", "_subkeys", "_seed", "_handle")
 
     def __init__(self, key: bytes, seeded: bool = False):
         if not isinstance(key, (bytes, bytearray)) or len(key) < 16:
             raise ValueError("a RunKey needs at least 16 bytes of key material")
-        self._key = bytes(key)
+        self._key: Optional[bytes] = bytes(key)
         self.seeded = bool(seeded)
         self._subkeys = {}
+        self._seed: Optional[int] = None
+        self._handle: Optional[str] = None
 
     @classmethod
     def fresh(cls) -> "RunKey":
-        """A new key of 32 bytes from the operating system's CSPRNG."""
-        return cls(secrets.token_bytes(32), seeded=False)
+        """A new key: 32 bytes from the operating system's CSPRNG, drawn on first use.
+
+        The bytes are drawn lazily (in the process that first derives a subkey)
+        and never pickled; in a pipeline they are drawn on a worker instead
+        (see the class docstring).
+        """
+        key = cls.__new__(cls)
+        key._key = None
+        key.seeded = False
+        key._subkeys = {}
+        key._seed = None
+        key._handle = "fresh:" + secrets.token_hex(16)  # names the key, reveals nothing
+        return key
 
     @classmethod
     def from_test_seed(cls, seed: int) -> "RunKey":
@@ -87,8 +115,9 @@ class RunKey:
         """
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ValueError(f"a test seed must be an integer, got {seed!r}")
-        material = hashlib.sha256(b"beam_dpsu test seed:" + str(int(seed)).encode()).digest()
-        return cls(material, seeded=True)
+        key = cls(test_seed_material(seed), seeded=True)
+        key._seed = int(seed)
+        return key
 
     @classmethod
     def resolve(cls, run_key: Optional["RunKey"]) -> "RunKey":
@@ -99,30 +128,78 @@ class RunKey:
             raise ValueError(f"run_key must be a beam_dpsu.noise.RunKey or None, got {run_key!r}")
         return run_key
 
+    @property
+    def test_seed(self) -> Optional[int]:
+        """The test seed this key was derived from, or None."""
+        return self._seed
+
+    @property
+    def handle(self) -> Optional[str]:
+        """A public name of a fresh key (None for seeded and explicit keys)."""
+        return self._handle
+
+    def _material(self) -> bytes:
+        key = self._key
+        if key is None:
+            if self._handle is None:
+                raise DetachedKeyError(
+                    "this RunKey was unpickled from a copy that carries no secret: a key's "
+                    "bytes never leave the process that drew them. Inside a pipeline, read "
+                    "the key from beam_dpsu.keys.pipeline_key's side input instead.")
+            key = self._key = secrets.token_bytes(32)
+        return key
+
     def subkey(self, purpose: str) -> bytes:
         """A key for one purpose (domain separation), e.g. ``'sample/0'``."""
         sub = self._subkeys.get(purpose)
         if sub is None:
-            sub = hmac.digest(self._key, b"beam_dpsu/" + purpose.encode(), "sha256")[:32]
+            sub = hmac.digest(self._material(), b"beam_dpsu/" + purpose.encode(), "sha256")[:32]
             self._subkeys[purpose] = sub
         return sub
 
-    def __getstate__(self):
-        return {"key": self._key, "seeded": self.seeded}
-
-    def __setstate__(self, state):
-        self._key = state["key"]
-        self.seeded = state["seeded"]
-        self._subkeys = {}
+    def __reduce__(self):
+        if self._seed is not None:
+            return _seeded_key, (self._seed,)
+        return _detached_key, (self.seeded,)
 
     def __repr__(self) -> str:  # never print the secret
         return f"RunKey(seeded={self.seeded})"
 
+    def _identity(self):
+        if self._seed is not None:
+            return ("seed", self._seed)
+        if self._handle is not None:
+            return ("handle", self._handle)
+        return ("material", hashlib.sha256(self._material()).digest())
+
     def __eq__(self, other) -> bool:
-        return isinstance(other, RunKey) and hmac.compare_digest(self._key, other._key)
+        return isinstance(other, RunKey) and self._identity() == other._identity()
 
     def __hash__(self) -> int:
-        return hash(self.subkey("python-hash"))
+        return hash(self._identity())
+
+
+class DetachedKeyError(RuntimeError):
+    """A pickled copy of a fresh or explicit RunKey was used (it carries no secret)."""
+
+
+def test_seed_material(seed: int) -> bytes:
+    """The 32 key bytes of ``RunKey.from_test_seed(seed)`` (public: a seed is not a secret)."""
+    return hashlib.sha256(b"beam_dpsu test seed:" + str(int(seed)).encode()).digest()
+
+
+def _seeded_key(seed: int) -> "RunKey":
+    return RunKey.from_test_seed(seed)
+
+
+def _detached_key(seeded: bool) -> "RunKey":
+    key = RunKey.__new__(RunKey)
+    key._key = None
+    key.seeded = seeded
+    key._subkeys = {}
+    key._seed = None
+    key._handle = None
+    return key
 
 
 def keyed_hash64(key: bytes, message: bytes) -> int:

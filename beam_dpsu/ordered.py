@@ -74,6 +74,7 @@ from apache_beam.utils.timestamp import Timestamp
 from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_dpsu import calibration as cal
+from beam_dpsu import keys
 from beam_dpsu import policies
 from beam_dpsu.accounting import PrivacyGuarantee
 from beam_dpsu.bounding import check_global_window
@@ -120,9 +121,10 @@ class _PrepareDoFn(beam.DoFn):
     IDS = "ids"
     FLUSH_PAIRS = 1 << 20
 
-    def __init__(self, policy: policies.UserPolicy, order_key: bytes, bucket_bits: int):
-        self._policy = policy
-        self._order_key = order_key
+    def __init__(self, make_policy, bucket_bits: int):
+        # The policy (its sampling and item-id keys) and the order key are built
+        # on the worker from the run key's bytes, a side input: no key is staged.
+        self._keyed = keys.KeyedCache(_PolicyAndOrderKey(make_policy))
         self._shift = 64 - bucket_bits
         self._users = beam.metrics.Metrics.counter("beam_dpsu", "ordered_users")
         self._pairs = beam.metrics.Metrics.counter("beam_dpsu", "ordered_pairs")
@@ -135,13 +137,14 @@ class _PrepareDoFn(beam.DoFn):
         self._n_users = self._n_pairs = 0
         self._elapsed = 0.0
 
-    def process(self, element, public_counts=None):
+    def process(self, element, key_bytes, public_counts=None):
         t0 = time.perf_counter()
         user, counts = element
-        ids, items = self._policy.prepare(user, counts, public_counts)
+        policy, order_key = self._keyed(key_bytes)
+        ids, items = policy.prepare(user, counts, public_counts)
         if not ids:
             return
-        h, encoded_user = policies.user_sort_key(self._order_key, user)
+        h, encoded_user = policies.user_sort_key(order_key, user)
         entry = (h, encoded_user, encode_ids(ids))
         bucket = self._buckets.get(h >> self._shift)
         if bucket is None:
@@ -152,7 +155,7 @@ class _PrepareDoFn(beam.DoFn):
         self._n_pairs += len(ids)
         self._pending_pairs += len(ids)
         seen = self._seen
-        item_id = self._policy.item_ids
+        item_id = policy.item_ids
         for item in items:
             i = item_id(item)
             if i not in seen:
@@ -173,6 +176,16 @@ class _PrepareDoFn(beam.DoFn):
         self._users.inc(self._n_users)
         self._pairs.inc(self._n_pairs)
         self._micros.inc(int(self._elapsed * 1e6))
+
+
+class _PolicyAndOrderKey:
+    """``run_key -> (make_policy(run_key), run_key.subkey('order'))`` (picklable)."""
+
+    def __init__(self, make_policy):
+        self._make_policy = make_policy
+
+    def __call__(self, run_key: RunKey):
+        return self._make_policy(run_key), run_key.subkey("order")
 
 
 def _by_hash_then_user(entry):
@@ -308,6 +321,13 @@ def _to_item(element, id_to_item):
     return id_to_item[i], w
 
 
+# The sequential stage needs a policy object only for its cutoff and update
+# rule, which use no key; it is built under this public placeholder so that the
+# real keys never enter the job graph (prepare, which uses them, runs with the
+# side-input key).
+UPDATE_ONLY_KEY = RunKey(b"beam_dpsu public placeholder: update rules use no key")
+
+
 class OrderedUserPolicy(beam.PTransform):
     """``(user_id, {item: count})`` → ``(item, weight)``: a sequential policy's histogram.
 
@@ -318,9 +338,14 @@ class OrderedUserPolicy(beam.PTransform):
     differentially private (add noise with ``ApplyReleaseRule``).
 
     Args:
-      policy: a ``policies.UserPolicy`` built from the same ``run_key``
-        (``L1DescentPolicy``, ``L2DescentPolicy`` or ``GreedyPolicy``).
-      run_key: the run's ``RunKey`` (the user order comes from it).
+      make_policy: ``make_policy(run_key) -> policies.UserPolicy``, e.g. a
+        policy mechanism's ``policy`` method. It is called on the workers with
+        the run's key, read from a side input (``beam_dpsu.keys``), so that no
+        key (sampling, item ids, user order) is part of the job graph. The
+        sequential stage uses only the policy's cutoff and ``update``, which
+        use no key; it gets a policy built under a public placeholder key.
+      run_key: the run's ``RunKey`` (``RunKey.fresh()`` or a test seed; the
+        user order comes from it).
       public_counts: for a policy that needs them (GW-KT): a path to an
         ``item<TAB>count`` file (read with Beam's text IO, duplicates summed),
         a ``{item: count}`` mapping, or a PCollection of ``(item, count)``.
@@ -338,12 +363,14 @@ class OrderedUserPolicy(beam.PTransform):
     that the order depends on no user's data.
     """
 
-    def __init__(self, policy: policies.UserPolicy, run_key: RunKey, public_counts=None,
+    def __init__(self, make_policy, run_key: RunKey, public_counts=None,
                  state: str = "auto", bucket_bits: int = DEFAULT_BUCKET_BITS,
                  label: Optional[str] = None):
         super().__init__(label)
+        policy = make_policy(UPDATE_ONLY_KEY) if callable(make_policy) else None
         if not isinstance(policy, policies.UserPolicy):
-            raise ValueError(f"policy must be a beam_dpsu.policies.UserPolicy, got {policy!r}")
+            raise ValueError("make_policy must be callable as make_policy(run_key) and return "
+                             f"a beam_dpsu.policies.UserPolicy, got {make_policy!r}")
         if state not in STATES:
             raise ValueError(f"state must be one of {STATES}, got {state!r}")
         self._bucket_bits = check_bucket_bits(bucket_bits)
@@ -351,8 +378,9 @@ class OrderedUserPolicy(beam.PTransform):
             raise ValueError(f"policy {policy.name!r} needs public_counts")
         if not policy.needs_public_counts and public_counts is not None:
             raise ValueError(f"policy {policy.name!r} does not use public_counts")
-        self._policy = policy
-        self._run_key = RunKey.resolve(run_key)
+        self._make_policy = make_policy
+        self._update_policy = policy
+        self._run_key = keys.for_pipeline(run_key)
         self._public = public_counts
         self._state = state
 
@@ -382,14 +410,15 @@ class OrderedUserPolicy(beam.PTransform):
 
     def expand(self, per_user):
         check_global_window(per_user, "OrderedUserPolicy")
-        order_key = self._run_key.subkey("order")
         side = self._public_side_input(per_user.pipeline)
-        prep_args = [side] if side is not None else []
+        prep_args = [keys.key_side_input(per_user, self._run_key)]
+        if side is not None:
+            prep_args.append(side)
         prepared = per_user | "Prepare" >> beam.ParDo(
-            _PrepareDoFn(self._policy, order_key, self._bucket_bits), *prep_args
+            _PrepareDoFn(self._make_policy, self._bucket_bits), *prep_args
         ).with_outputs(_PrepareDoFn.IDS, main="users")
         state = self._resolve_state(per_user.pipeline)
-        seq_fn = (_OrderedListDoFn if state == "ordered_list" else _BagDoFn)(self._policy)
+        seq_fn = (_OrderedListDoFn if state == "ordered_list" else _BagDoFn)(self._update_policy)
         weights = (prepared.users
                    | "GroupBuckets" >> beam.GroupByKey()
                    | "SortBuckets" >> beam.Map(sort_bucket)
@@ -463,8 +492,8 @@ class PolicyMechanism(Mechanism):
 
     def expand_per_user(self, per_user, run_key):
         hist = per_user | "OrderedPolicy" >> OrderedUserPolicy(
-            self.policy(run_key), run_key, self.public_counts, state=self.state)
-        return hist | "Release" >> ApplyReleaseRule(self.release_rule(run_key))
+            self.policy, run_key, self.public_counts, state=self.state)
+        return hist | "Release" >> ApplyReleaseRule(self.release_rule, run_key)
 
 
 def _check_alpha(alpha) -> float:

@@ -25,12 +25,14 @@ Removing released items between rounds (``removal``):
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 import apache_beam as beam
 
 from beam_dpsu import calibration as cal
+from beam_dpsu import keys
 from beam_dpsu.accounting import PrivacyGuarantee, dp_to_zcdp_rho, zcdp_guarantee
 from beam_dpsu.bounding import MergeItemCountsFn, SampleItems, sample_items
 from beam_dpsu.histogram import ShardedHistogram, add_user_to_histogram
@@ -248,7 +250,7 @@ class SipsRounds(beam.PTransform):
         if not isinstance(sips, Sips):
             raise ValueError(f"sips must be a calibrated beam_dpsu.sips.Sips, got {sips!r}")
         self._sips = sips
-        self._run_key = RunKey.resolve(run_key)
+        self._run_key = keys.for_pipeline(run_key)
 
     def expand(self, per_user):
         sips, run_key = self._sips, self._run_key
@@ -258,9 +260,9 @@ class SipsRounds(beam.PTransform):
             released = (remaining
                         | f"Sample{i}" >> SampleItems(r.max_items, run_key, f"sample/{i}")
                         | f"Histogram{i}" >> ShardedHistogram(r.weighting)
-                        | f"Release{i}" >> ApplyReleaseRule(sips.release_rule(run_key, i),
-                                                            metric=f"released_round_{i}",
-                                                            sharded=True))
+                        | f"Release{i}" >> ApplyReleaseRule(
+                            functools.partial(sips.release_rule, round_index=i), run_key,
+                            metric=f"released_round_{i}", sharded=True))
             outputs.append(released | f"Tag{i}" >> beam.Map(lambda item, i=i: (item, i)))
             if i + 1 < len(sips.rounds):
                 if sips.removal == "side-input":

@@ -13,13 +13,14 @@ user gave weight to must not leak (specification section 2).
 """
 from __future__ import annotations
 
+import functools
 import math
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import apache_beam as beam
 import numpy as np
 
-from beam_dpsu import calibration
+from beam_dpsu import calibration, keys
 from beam_dpsu.noise import KeyedNoise, RunKey, encode_value
 
 NOISE_KINDS = ("laplace", "gaussian")
@@ -28,6 +29,15 @@ NOISE_KINDS = ("laplace", "gaussian")
 def released(weight: float, noise: float, threshold: float) -> bool:
     """The release predicate: weight > 0 and weight + noise > threshold (strict)."""
     return weight > 0 and weight + noise > threshold
+
+
+def check_noisy_threshold(noise: str, scale: float, threshold: float) -> None:
+    """ValueError unless ``noise`` is a kind we sample, ``scale`` > 0 and ``threshold`` finite."""
+    if noise not in NOISE_KINDS:
+        raise ValueError(f"noise must be one of {NOISE_KINDS}, got {noise!r}")
+    calibration.check_sensitivity(scale, "noise scale")
+    if not math.isfinite(threshold):
+        raise ValueError(f"threshold must be finite, got {threshold!r}")
 
 
 class NoisyThresholdRule:
@@ -43,11 +53,7 @@ class NoisyThresholdRule:
 
     def __init__(self, noise: str, scale: float, threshold: float, run_key: RunKey,
                  purpose: str = "noise/0"):
-        if noise not in NOISE_KINDS:
-            raise ValueError(f"noise must be one of {NOISE_KINDS}, got {noise!r}")
-        calibration.check_sensitivity(scale, "noise scale")
-        if not math.isfinite(threshold):
-            raise ValueError(f"threshold must be finite, got {threshold!r}")
+        check_noisy_threshold(noise, scale, threshold)
         self.threshold = float(threshold)
         self._noise = KeyedNoise(run_key, noise, scale, purpose)
 
@@ -99,17 +105,17 @@ class TruncatedGeometricRule:
 
 
 class _SelectDoFn(beam.DoFn):
-    def __init__(self, rule, with_weight: bool, metric: Optional[str], sharded: bool):
-        self._rule = rule
+    def __init__(self, make_rule, with_weight: bool, metric: Optional[str], sharded: bool):
+        self._rule = keys.KeyedCache(make_rule)
         self._with_weight = with_weight
         self._sharded = sharded
         self._released = beam.metrics.Metrics.counter("beam_dpsu", "released")
         self._released_here = (beam.metrics.Metrics.counter("beam_dpsu", metric)
                                if metric else None)
 
-    def process(self, element):
+    def process(self, element, key_bytes):
         pairs = element[1].items() if self._sharded else (element,)
-        rule, n = self._rule, 0
+        rule, n = self._rule(key_bytes), 0
         for item, weight in pairs:
             if rule(item, weight):
                 n += 1
@@ -121,10 +127,17 @@ class _SelectDoFn(beam.DoFn):
 
 
 class ApplyReleaseRule(beam.PTransform):
-    """``(item, weight)`` → the released items, by any release rule.
+    """``(item, weight)`` → the released items, by any keyed release rule.
 
     Args:
-      rule: a callable ``rule(item, weight) -> bool``, e.g. ``NoisyThresholdRule``.
+      make_rule: ``make_rule(run_key) -> rule`` with ``rule(item, weight) ->
+        bool``, e.g. a mechanism's ``release_rule`` method or
+        ``functools.partial(NoisyThresholdRule, 'laplace', λ, T)``. It is
+        called on the workers with the run's key (read from a side input, see
+        ``beam_dpsu.keys``), so no key is part of the job graph; it must be
+        picklable and must not capture a key itself.
+      run_key: the run's ``RunKey`` (``RunKey.fresh()`` or a test seed); None
+        draws a fresh key.
       with_weight: emit ``(item, true_weight)`` instead of the item. The weight
         is NOT differentially private; use it only inside a pipeline (e.g. to
         carry data to a later stage), never release it.
@@ -132,21 +145,27 @@ class ApplyReleaseRule(beam.PTransform):
         (every release counts in ``beam_dpsu/released``).
       sharded: the input is ``(shard, {item: weight})`` from
         ``histogram.ShardedHistogram`` instead of ``(item, weight)``.
+
+    The output PCollection carries no order; see ``SelectPartitions``.
     """
 
-    def __init__(self, rule, with_weight: bool = False, metric: Optional[str] = None,
-                 sharded: bool = False, label: Optional[str] = None):
+    def __init__(self, make_rule: Callable[[RunKey], Callable[[Any, float], bool]],
+                 run_key: Optional[RunKey] = None, with_weight: bool = False,
+                 metric: Optional[str] = None, sharded: bool = False,
+                 label: Optional[str] = None):
         super().__init__(label)
-        if not callable(rule):
-            raise ValueError(f"rule must be callable as rule(item, weight), got {rule!r}")
-        self._rule = rule
+        if not callable(make_rule):
+            raise ValueError(f"make_rule must be callable as make_rule(run_key), got {make_rule!r}")
+        self._make_rule = make_rule
+        self._run_key = keys.for_pipeline(run_key)
         self._with_weight = bool(with_weight)
         self._metric = metric
         self._sharded = bool(sharded)
 
     def expand(self, histogram):
         return histogram | "Select" >> beam.ParDo(
-            _SelectDoFn(self._rule, self._with_weight, self._metric, self._sharded))
+            _SelectDoFn(self._make_rule, self._with_weight, self._metric, self._sharded),
+            keys.key_side_input(histogram, self._run_key))
 
 
 class NoisyThreshold(ApplyReleaseRule):
@@ -170,5 +189,6 @@ class NoisyThreshold(ApplyReleaseRule):
     def __init__(self, noise: str, scale: float, threshold: float,
                  run_key: Optional[RunKey] = None, purpose: str = "noise/0",
                  label: Optional[str] = None):
-        super().__init__(NoisyThresholdRule(noise, scale, threshold, RunKey.resolve(run_key),
-                                            purpose), label=label)
+        check_noisy_threshold(noise, scale, threshold)
+        super().__init__(functools.partial(NoisyThresholdRule, noise, scale, threshold,
+                                           purpose=purpose), run_key, label=label)

@@ -42,6 +42,7 @@ transform. Given the same run key and purpose they return the same output.
 """
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
@@ -49,6 +50,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 import apache_beam as beam
 
 from beam_dpsu import calibration as cal
+from beam_dpsu import keys
 from beam_dpsu.accounting import (PrivacyGuarantee, br_composition_guarantee,
                                   selections_charged)
 from beam_dpsu.bounding import ItemCounts, PerUserItemCounts, SampleItems, check_global_window
@@ -354,17 +356,38 @@ def format_line(row: tuple) -> str:
 # Beam.
 # --------------------------------------------------------------------------
 
+class _RankDoFn(beam.DoFn):
+    """``(item, count)`` → its ``RankKey`` value plus the item, keyed on the worker.
+
+    The ranking key (count, then the keyed tie hash) needs the run key, which a
+    combiner's key function could only get by carrying it in the job graph;
+    attaching it here, from the side-input key, lets ``Top.Of`` rank by the
+    natural order of the tuples.
+    """
+
+    def __init__(self, purpose: str):
+        self._rank = keys.KeyedCache(functools.partial(rank_key, purpose=purpose))
+
+    def process(self, item_count, key_bytes):
+        yield self._rank(key_bytes)(item_count) + (item_count,)
+
+
+def _same_key(run_key: RunKey) -> RunKey:
+    return run_key
+
+
 class _ReleaseDoFn(beam.DoFn):
     """Applies ``TopKMechanism.release`` to the one list produced by ``Top.Of``."""
 
-    def __init__(self, mechanism: TopKMechanism, run_key: RunKey, purpose: str):
+    def __init__(self, mechanism: TopKMechanism, purpose: str):
         self._mechanism = mechanism
-        self._run_key = run_key
         self._purpose = purpose
+        self._run_key = keys.KeyedCache(_same_key)
         self._released = beam.metrics.Metrics.counter("beam_dpsu", "released")
 
-    def process(self, top):
-        rows = self._mechanism.release(top, self._run_key, self._purpose)
+    def process(self, ranked_top, key_bytes):
+        top = [entry[-1] for entry in ranked_top]
+        rows = self._mechanism.release(top, self._run_key(key_bytes), self._purpose)
         self._released.inc(len(rows))
         yield from rows
 
@@ -380,7 +403,8 @@ class TopK(beam.PTransform):
 
     Args:
       mechanism: a ``TopKMechanism`` (k, k̄, ε, δ, Δ, algorithm).
-      run_key: the query's ``RunKey``; None (default) draws a fresh OS-random key.
+      run_key: the query's ``RunKey``; None (default) draws a fresh OS-random key
+        (on a worker, read as a side input: never part of the job graph).
       per_user: True when the input is already ``(user_id, {item: count})``
         (e.g. from ``textio.ReadUserItems``).
       purpose: key purpose of this query; distinct queries under one key need
@@ -399,7 +423,7 @@ class TopK(beam.PTransform):
         if not isinstance(mechanism, TopKMechanism):
             raise ValueError(f"mechanism must be a TopKMechanism, got {mechanism!r}")
         self._mechanism = mechanism
-        self._run_key = RunKey.resolve(run_key)
+        self._run_key = keys.for_pipeline(run_key)
         self._per_user = bool(per_user)
         self._purpose = purpose
 
@@ -410,8 +434,9 @@ class TopK(beam.PTransform):
         if m.max_items is not None:
             per_user = per_user | "SampleItems" >> SampleItems(
                 m.max_items, self._run_key, self._purpose + "/sample")
+        key = keys.key_side_input(pcoll, self._run_key)
         return (per_user
                 | "UsersPerItem" >> WeightedHistogram("count")
-                | "TrueTop" >> beam.combiners.Top.Of(m.k_bar + 1,
-                                                     key=rank_key(self._run_key, self._purpose))
-                | "Release" >> beam.ParDo(_ReleaseDoFn(m, self._run_key, self._purpose)))
+                | "Rank" >> beam.ParDo(_RankDoFn(self._purpose), key)
+                | "TrueTop" >> beam.combiners.Top.Of(m.k_bar + 1)
+                | "Release" >> beam.ParDo(_ReleaseDoFn(m, self._purpose), key))

@@ -1,4 +1,5 @@
 """Weighted histograms and the release rules."""
+import functools
 import math
 
 import apache_beam as beam
@@ -142,6 +143,7 @@ def test_sharded_release_equals_per_item_release():
     rule = NoisyThresholdRule("laplace", 1.0, 3.0, rk)
     expected = sorted(i for i, w in hist.items() if rule(i, w))
     shards = [(0, dict(list(hist.items())[:100])), (1, dict(list(hist.items())[100:]))]
+    make_rule = functools.partial(NoisyThresholdRule, "laplace", 1.0, 3.0)
     with beam.Pipeline(options=beam_options()) as p:
-        out = p | beam.Create(shards) | ApplyReleaseRule(rule, sharded=True)
+        out = p | beam.Create(shards) | ApplyReleaseRule(make_rule, rk, sharded=True)
         assert_that(out, equal_to(expected))

@@ -21,11 +21,31 @@ def test_fresh_keys_differ_and_seeded_keys_repeat():
     assert RunKey.from_test_seed(3).seeded and not RunKey.fresh().seeded
 
 
-def test_key_is_not_printed_and_survives_pickling():
+def test_key_is_not_printed_and_its_secret_is_never_pickled():
+    from beam_dpsu.noise import DetachedKeyError
+    for k in (RunKey.fresh(), RunKey(b"explicit key bytes, 32 of them!!")):
+        material = k.subkey("a") and k._material()   # drawn (fresh) before pickling
+        assert "seeded=False" in repr(k) and len(repr(k)) < 40
+        blob = pickle.dumps(k)
+        assert material not in blob and k.subkey("a") not in blob
+        k2 = pickle.loads(blob)
+        assert not k2.seeded
+        with pytest.raises(DetachedKeyError, match="never leave the process"):
+            k2.subkey("a")
+
+
+def test_a_test_seeded_key_pickles_as_its_seed():
+    k = RunKey.from_test_seed(7)
+    blob = pickle.dumps(k)
+    assert k._material() not in blob
+    k2 = pickle.loads(blob)
+    assert k2 == k and k2.seeded and k2.test_seed == 7 and k2.subkey("a") == k.subkey("a")
+
+
+def test_a_fresh_key_is_drawn_once_per_process_and_fresh_keys_differ():
     k = RunKey.fresh()
-    assert "seeded=False" in repr(k) and len(repr(k)) < 40
-    k2 = pickle.loads(pickle.dumps(k))
-    assert k2 == k and k2.subkey("a") == k.subkey("a") and not k2.seeded
+    assert k.subkey("a") == k.subkey("a") and k._material() == k._material()
+    assert RunKey.fresh().subkey("a") != k.subkey("a")
 
 
 def test_subkeys_are_separated():

@@ -41,12 +41,12 @@ def test_beam_and_core_release_the_same_set(mechanism):
 @pytest.mark.parametrize("state", ["ordered_list", "bag"])
 def test_histogram_is_exactly_the_cores_in_both_state_backends(state):
     per_user = core.per_user_counts(small_dataset())
-    policy = PolicyGaussian(1.0, 1e-5, 3).policy(RK)
-    expected = P.run_sequential(per_user, policy, RK)
+    mechanism = PolicyGaussian(1.0, 1e-5, 3)
+    expected = P.run_sequential(per_user, mechanism.policy(RK), RK)
     assert expected and all(w > 0 for w in expected.values())
     with beam.Pipeline(options=beam_options()) as p:
         out = (p | beam.Create(sorted(per_user.items()))
-               | OrderedUserPolicy(policy, RK, state=state, bucket_bits=2))
+               | OrderedUserPolicy(mechanism.policy, RK, state=state, bucket_bits=2))
         assert_that(out, equal_to(sorted(expected.items())))  # same floats, bit for bit
 
 
@@ -89,8 +89,8 @@ def test_first_occurrence_tie_break_reads_record_order_in_beam_as_in_the_core(tm
     from beam_dpsu.textio import ReadUserItems, read_per_user
     pattern = _record_order_files(tmp_path)
     per_user = read_per_user(pattern)
-    by_record = GW(1.0, 0.3, tie_break="first-occurrence").policy(RK)
-    expected = P.run_sequential(per_user, by_record, RK)
+    by_record = GW(1.0, 0.3, tie_break="first-occurrence").policy
+    expected = P.run_sequential(per_user, by_record(RK), RK)
     # The tie-break matters on this data: the hash gives another histogram.
     assert expected != P.run_sequential(per_user, GW(1.0, 0.3).policy(RK), RK)
     with beam.Pipeline(options=beam_options()) as p:
@@ -152,17 +152,20 @@ def test_buckets_sort_by_full_key_then_user_and_pack_ids():
     order = sorted(range(4), key=lambda i: (entries[i][0], entries[i][1]))
     assert ordered.decode_ids(ids) == [x for i in order for x in (i, i + 10)]
     with pytest.raises(ValueError, match="bucket_bits"):
-        OrderedUserPolicy(PolicyGaussian(1.0, 1e-5, 3).policy(RK), RK, bucket_bits=40)
+        OrderedUserPolicy(PolicyGaussian(1.0, 1e-5, 3).policy, RK, bucket_bits=40)
+
+
+def _greedy_policy(run_key):
+    return P.GreedyPolicy(2.0, run_key.subkey("item-order"))
 
 
 @pytest.mark.parametrize("bits", [0, 1, 10])
 def test_any_number_of_buckets_gives_the_cores_histogram(bits):
     per_user = core.per_user_counts(small_dataset())
-    policy = P.GreedyPolicy(2.0, RK.subkey("item-order"))
-    expected = P.run_sequential(per_user, policy, RK)
+    expected = P.run_sequential(per_user, _greedy_policy(RK), RK)
     with beam.Pipeline(options=beam_options()) as p:
         out = (p | beam.Create(sorted(per_user.items()))
-               | OrderedUserPolicy(policy, RK, state="bag", bucket_bits=bits))
+               | OrderedUserPolicy(_greedy_policy, RK, state="bag", bucket_bits=bits))
         assert_that(out, equal_to(sorted(expected.items())))
 
 
@@ -189,9 +192,9 @@ def test_validation():
     with pytest.raises(ValueError, match="state"):
         PolicyGaussian(1, 1e-5, state="memory")
     with pytest.raises(ValueError, match="needs public_counts"):
-        OrderedUserPolicy(GWKT(1, 1e-5, PUBLIC).policy(RK), RK)
+        OrderedUserPolicy(GWKT(1, 1e-5, PUBLIC).policy, RK)
     with pytest.raises(ValueError, match="does not use public_counts"):
-        OrderedUserPolicy(GW(1, 1e-5).policy(RK), RK, public_counts=PUBLIC)
+        OrderedUserPolicy(GW(1, 1e-5).policy, RK, public_counts=PUBLIC)
     with pytest.raises(ValueError, match="--max-items-per-user does not apply"):
         make_mechanism("gw", epsilon=1, delta=1e-5, max_items=3)
     with pytest.raises(ValueError, match="needs --delta and --public-counts"):
@@ -201,7 +204,7 @@ def test_validation():
 
 
 def test_auto_state_choice():
-    t = OrderedUserPolicy(GW(1, 1e-5).policy(RK), RK)
+    t = OrderedUserPolicy(GW(1, 1e-5).policy, RK)
     assert t._resolve_state(beam.Pipeline(options=beam_options())) == "ordered_list"
 
     class OtherRunner:
@@ -214,7 +217,7 @@ def test_auto_state_choice():
 
 def test_runner_capabilities_choose_the_fallback_or_fail_clearly():
     from apache_beam.options.pipeline_options import PipelineOptions
-    policy = PolicyGaussian(1.0, 1e-5, 3).policy(RK)
+    policy = PolicyGaussian(1.0, 1e-5, 3).policy
     p = beam.Pipeline(runner="FlinkRunner", options=PipelineOptions(["--flink_master=[local]"]))
     users = p | beam.Create([("u", {"a": 1})])
     auto = OrderedUserPolicy(policy, RK)

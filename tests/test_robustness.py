@@ -113,16 +113,18 @@ def test_integer_and_string_user_ids_are_distinct_users():
 def test_a_retried_bundle_draws_the_same_sample():
     # A runner that retries a bundle re-runs the same DoFn (deserialised again) on the
     # same input: the sample must be identical, so a retry cannot leak a second draw.
-    rk = RunKey.from_test_seed(77)
+    # The key bytes reach the DoFn as a side input (the same committed value on
+    # every attempt), never inside the pickled DoFn.
+    key_bytes = RunKey.from_test_seed(77)._material()
     users = [(f"u{i}", {f"i{j}": 1 for j in range(50)}) for i in range(20)]
-    fn = _SampleDoFn(5, rk.subkey("sample/0"))
-    first = [list(fn.process(u)) for u in users]
+    fn = _SampleDoFn(5, "sample/0")
+    first = [list(fn.process(u, key_bytes)) for u in users]
     retried_fn = pickle.loads(pickle.dumps(fn))
-    second = [list(retried_fn.process(u)) for u in reversed(users)][::-1]
+    second = [list(retried_fn.process(u, key_bytes)) for u in reversed(users)][::-1]
     assert first == second
     # And with a fresh (secret) key per run, two runs differ.
-    other = _SampleDoFn(5, RunKey.fresh().subkey("sample/0"))
-    assert [list(other.process(u)) for u in users] != first
+    other_key = RunKey.fresh()._material()
+    assert [list(fn.process(u, other_key)) for u in users] != first
 
 
 def test_users_with_one_item_and_empty_users():
@@ -145,10 +147,10 @@ def test_a_retried_bundle_gets_the_same_user_order_and_preparation():
 
     def run_bundle(fn):
         fn.start_bundle()
-        out = [plain(o) for u in users for o in fn.process(u)]
+        out = [plain(o) for u in users for o in fn.process(u, rk._material())]
         return out, [plain(v) for v in fn.finish_bundle()]
 
-    fn = ordered._PrepareDoFn(mech.policy(rk), rk.subkey("order"), 8)
+    fn = ordered._PrepareDoFn(mech.policy, 8)
     first = run_bundle(fn)
     retried = run_bundle(pickle.loads(pickle.dumps(fn)))
     assert first == retried
