@@ -65,7 +65,8 @@ def test_same_seed_same_release_and_fresh_runs_are_unseeded(data, tmp_path):
     args = ["--input", data, "--mechanism", "count-gaussian", "--epsilon", "1", "--delta", "1e-6",
             "--max-items-per-user", "10"]
     outs = []
-    for name, extra in (("a", ["--insecure-test-seed", "9"]), ("b", ["--insecure-test-seed", "9"]), ("c", [])):
+    seeded = ["--insecure-test-seed", "9"]
+    for name, extra in (("a", seeded), ("b", seeded), ("c", [])):
         prefix = str(tmp_path / name)
         assert select_partitions.main(args + ["--output", prefix] + extra) == 0
         outs.append(sorted(read_items(prefix)))
