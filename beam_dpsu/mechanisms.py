@@ -253,7 +253,14 @@ class SelectPartitions(beam.PTransform):
     """Differentially private set union of a PCollection of ``(user_id, item)``.
 
     Runs ``PerUserItemCounts`` and then the mechanism. The output is a
-    PCollection of released items (in no particular order).
+    PCollection of released items that carries no order: only the SET is
+    covered by the guarantee. The order in which a runner produces the
+    elements (and so the order of lines that ``WriteToText`` writes, and which
+    shard an item lands in) can follow the input order and reveal which items
+    the first users hold. To write a release, collect it (it is small next to
+    the data), sort it (e.g. ``bounding.canonical_items``) and write ONE file,
+    as ``pipelines.common.write_items`` does; never write this PCollection
+    straight to a sharded sink.
 
     Args:
       mechanism: a calibrated ``Mechanism`` (e.g. ``WeightedGaussian(3, 1e-6)``).

@@ -56,7 +56,8 @@ def run_child(args):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--users", type=int, default=100_000)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic DATA (not of a "
+                   "release: every pipeline run draws a fresh key)")
     p.add_argument("--mechanisms", nargs="+", default=["weighted-gaussian", "sips"])
     p.add_argument("--max-items-per-user", type=int, default=100)
     p.add_argument("--keep", help="reuse/keep the generated data at this path")
@@ -75,8 +76,9 @@ def main(argv=None) -> int:
                 ["--max-items-per-user", str(args.max_items_per_user)]
                 if name not in ("gw", "gw-kt") else [])
             s = run_child(["--input", data, "--output", os.path.join(tmp, name)] + flags)
-            row = {"mechanism": name, "users": s["num_users"], "released": s["num_released"],
-                   "pipeline_seconds": s["wall_seconds"],
+            details = s["PRIVATE_run_details"]  # exact counts and timings: owner-only
+            row = {"mechanism": name, "users": details["num_users"],
+                   "released": s["num_released"], "pipeline_seconds": details["wall_seconds"],
                    "peak_rss_mib": round(s["peak_rss_mib"], 1)}
             rows.append(row)
             print(json.dumps(row), flush=True)

@@ -72,7 +72,7 @@ def main(argv=None) -> int:
                 prefix = os.path.join(tmp, f"{label}-{dataset}-{run}")
                 summary = select_partitions.run(["--input", path, "--output", prefix] + flags)
                 counts.append(summary["num_released"])
-                walls.append(summary["wall_seconds"])
+                walls.append(summary["PRIVATE_run_details"]["wall_seconds"])
             mean = statistics.mean(counts)
             sd = statistics.stdev(counts) if len(counts) > 1 else 0.0
             dev = (mean - authors) / authors

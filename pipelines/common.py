@@ -1,15 +1,27 @@
-"""What the command-line pipelines share: argument checks, the run, the summary.
+"""What the command-line pipelines share: argument checks, the run, the outputs.
 
 Conventions of every pipeline here:
 
-* a user mistake (bad parameter, unknown flag, no input file, an output
-  location that cannot be written) raises ``UsageError`` before any data is
-  read, and ``main`` turns it into one line on stderr and exit status 2;
+* a user mistake (bad parameter, unknown flag, no input file, an input that is
+  a directory or cannot be read, an output location that cannot be written,
+  outputs of an earlier run under the same prefix) raises ``UsageError``
+  before any data is read and before anything is created, and ``main`` turns
+  it into one line on stderr and exit status 2;
+* input with no well-formed line is one line on stderr and exit status 1, and
+  leaves no release; any malformed line gives a one-line warning;
 * any other failure is one line on stderr and exit status 1 (set the
   environment variable ``BEAM_DPSU_DEBUG=1`` to see Beam's own logs and the
   traceback);
-* the summary is JSON at ``PREFIX.json``; ``num_users`` and
-  ``malformed_lines`` are exact counts for the data owner, not private.
+* the release is ONE file, ``PREFIX-items-00000-of-00001``, whose line order
+  is a function of the released set alone (sorted; top-k: rank order), never
+  of the input order;
+* ``PREFIX.json`` holds only what may be published with the items (mechanism,
+  guarantee, calibration, released counts, library version, test seed); the
+  exact counts, input paths, runner and timings go to the owner-only file
+  ``PREFIX.PRIVATE-run-details.json`` (mode 0600 on local disks), which must
+  never be published;
+* a pipeline never writes a second release under a prefix: outputs of an
+  earlier run are refused, or deleted first with ``--overwrite``.
 """
 from __future__ import annotations
 
@@ -18,6 +30,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import sys
 import time
 import uuid
@@ -33,12 +46,32 @@ from beam_dpsu import __version__
 from beam_dpsu.noise import RunKey
 from beam_dpsu.textio import match_files
 
-NOT_PRIVATE_NOTE = ("num_users and malformed_lines are exact counts for the data owner; they "
-                    "are not differentially private.")
+ITEMS_SUFFIX = "-items-00000-of-00001"
+PUBLIC_SUFFIX = ".json"
+PRIVATE_SUFFIX = ".PRIVATE-run-details.json"
+
+NEVER_PUBLISH_NOTE = (
+    "NEVER PUBLISH THIS FILE. It holds exact, non-private facts about the input and the run "
+    "(user and malformed-line counts, input paths, runner, timings) for the data owner; "
+    "they are not covered by the differential-privacy guarantee. Publish only the items file "
+    "and the public summary PREFIX.json.")
+
+PUBLIC_NOTE = (
+    "This file and the items file may be published together; only the released items are "
+    "covered by the guarantee. Exact counts, input paths and timings are in the owner-only "
+    "file PREFIX.PRIVATE-run-details.json, which must never be published.")
+
+INSECURE_SEED_WARNING = (
+    "WARNING: --insecure-test-seed: all randomness of this run derives from a known seed; "
+    "its output is NOT private and must never be published")
 
 
 class UsageError(Exception):
     """A user mistake: reported as one line, exit status 2."""
+
+
+class NoWellFormedInput(Exception):
+    """The input has no well-formed line: reported as one line, exit status 1."""
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -51,14 +84,30 @@ class ArgumentParser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+class _RefuseSeed(argparse.Action):
+    """``--seed`` on a release pipeline: refused, pointing to the unmistakable flag."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        raise UsageError("--seed is not accepted: a seeded run is not private; for tests only, "
+                         "use --insecure-test-seed N")
+
+
 def add_io_arguments(p: argparse.ArgumentParser) -> None:
-    """--input, --output and --seed, as every pipeline takes them."""
+    """--input, --output, --overwrite and --insecure-test-seed, as every release pipeline
+    takes them (``--seed`` is refused with a pointer to ``--insecure-test-seed``)."""
     p.add_argument("--input", required=True, help="input file or glob of user<TAB>item lines")
     p.add_argument("--output", required=True,
-                   help="output prefix: items go to PREFIX-items-*, the summary to PREFIX.json")
-    p.add_argument("--seed", type=int,
-                   help="TEST ONLY: derive all randomness from this seed (the run is then "
-                        "not private against anyone who knows the seed)")
+                   help="output prefix: the release goes to PREFIX-items-00000-of-00001 and "
+                        "PREFIX.json (publishable), the owner-only run details to "
+                        "PREFIX.PRIVATE-run-details.json (never publish)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="delete the outputs of an earlier run under PREFIX (and the "
+                        "--dead-letter files) before running; without it such outputs are "
+                        "refused")
+    p.add_argument("--insecure-test-seed", dest="insecure_test_seed", type=int, metavar="N",
+                   help="TESTS ONLY: derive all randomness from N; the output is NOT private "
+                        "against anyone who knows or guesses N and must never be published")
+    p.add_argument("--seed", nargs="?", action=_RefuseSeed, help=argparse.SUPPRESS)
 
 
 def add_dead_letter_argument(p: argparse.ArgumentParser) -> None:
@@ -78,14 +127,6 @@ def write_dead_letter(malformed: beam.PCollection, path: Optional[str]) -> None:
         (malformed
          | "RepeatMalformed" >> beam.FlatMap(_repeat_line)
          | "WriteDeadLetter" >> beam.io.WriteToText(path, coder=coders.BytesCoder()))
-
-
-def dead_letter_summary(path: Optional[str]) -> Dict[str, Any]:
-    return {"dead_letter": (path + "-*") if path else None}
-
-
-DEAD_LETTER_NOTE = (" The dead-letter files hold private input lines: they are not a release "
-                    "and must not be published.")
 
 
 def _beam_option_parser() -> argparse.ArgumentParser:
@@ -126,31 +167,152 @@ def flag_names(message: str, names: Sequence[str] = ()) -> str:
     return re.sub(r"^(epsilon|delta|rho|alpha|rounds|ratio|k) ", r"--\1 ", message)
 
 
-def check_locations(input_pattern: str, *output_prefixes: Optional[str]) -> None:
-    """UsageError unless the input matches a file and each output can be written."""
-    if not match_files(input_pattern):
+# -- locations ----------------------------------------------------------------
+
+def _is_remote(path: str) -> bool:
+    return "://" in path
+
+
+def check_input(input_pattern: str) -> List[str]:
+    """The input files; UsageError unless each is a readable file (nothing is read).
+
+    A directory (``--input data`` instead of ``--input 'data/*'``), a file that
+    cannot be opened (permissions, a socket) or a pattern matching nothing is
+    refused. Remote files (``gs://`` ...) are only matched.
+    """
+    try:
+        paths = match_files(input_pattern)
+    except Exception as e:  # a filesystem that refuses the pattern
+        raise UsageError(f"cannot list input {input_pattern!r}: {_last_line(e)}") from None
+    if not paths:
         raise UsageError(f"no input file matches {input_pattern!r}")
-    for prefix in output_prefixes:
-        if not prefix:
+    for path in paths:
+        if _is_remote(path):
             continue
+        if os.path.isdir(path):
+            raise UsageError(f"input {path!r} is a directory; give files or a glob, e.g. "
+                             f"--input '{os.path.join(path, '*')}'")
+        try:  # opening reads nothing (O_NONBLOCK: a FIFO does not block here)
+            os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))
+        except OSError as e:
+            raise UsageError(f"cannot read input file {path!r}: {e.strerror}") from None
+        if not os.access(path, os.R_OK):
+            raise UsageError(f"cannot read input file {path!r}: permission denied")
+    return paths
+
+
+def check_output(prefix: str, flag: str = "--output") -> None:
+    """UsageError unless files ``PREFIX...`` can be created; creates and leaves nothing.
+
+    On a local disk the nearest existing ancestor of the prefix's directory
+    must be a directory we may write (missing directories are created only
+    when the run starts, by ``prepare_output``). On other filesystems an empty
+    probe file is created and deleted.
+    """
+    if prefix.endswith(("/", os.sep)):
+        raise UsageError(f"{flag} {prefix!r} ends with a separator; it is a file prefix, "
+                         f"e.g. {os.path.join(prefix, 'release')!r}")
+    if _is_remote(prefix):
         probe = f"{prefix}.beam-dpsu-probe-{uuid.uuid4().hex}"
         try:
-            parent = os.path.dirname(prefix)
-            if parent and "://" not in prefix and not os.path.isdir(parent):
-                os.makedirs(parent, exist_ok=True)
             with FileSystems.create(probe) as f:
                 f.write(b"")
-            FileSystems.delete([probe])
         except Exception as e:  # any filesystem's refusal
             raise UsageError(f"cannot write to {prefix!r}: {_last_line(e)}") from None
+        finally:
+            try:
+                if FileSystems.exists(probe):
+                    FileSystems.delete([probe])
+            except Exception:  # nothing more we can do
+                pass
+        return
+    ancestor = os.path.dirname(os.path.abspath(prefix))
+    while not os.path.exists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor):
+        raise UsageError(f"cannot write to {prefix!r}: {ancestor!r} is not a directory")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise UsageError(f"cannot write to {prefix!r}: no permission to create files in "
+                         f"{ancestor!r}")
+
+
+def prepare_output(prefix: str) -> List[str]:
+    """Creates the prefix's directory (local disks), after every check passed.
+
+    Returns the directories it created, outermost first (for ``remove_empty``).
+    """
+    if _is_remote(prefix):
+        return []
+    missing = []
+    parent = os.path.dirname(os.path.abspath(prefix))
+    while not os.path.exists(parent):
+        missing.append(parent)
+        parent = os.path.dirname(parent)
+    os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
+    return missing[::-1]
+
+
+def remove_empty(directories: Sequence[str]) -> None:
+    """Removes the directories a failed run created, innermost first, if still empty."""
+    for path in reversed(directories):
+        try:
+            os.rmdir(path)
+        except OSError:
+            pass
+
+
+def _existing(paths: Sequence[str]) -> List[str]:
+    return [p for p in paths if FileSystems.exists(p)]
+
+
+def earlier_outputs(prefix: str, dead_letter: Optional[str] = None) -> List[str]:
+    """Files an earlier run left under ``prefix``: items, summaries, dead letters.
+
+    The dead-letter files are those of ``dead_letter`` and those the earlier
+    run's private details name.
+    """
+    found = match_files(prefix + "-items-*")
+    found += _existing([prefix + PUBLIC_SUFFIX, prefix + PRIVATE_SUFFIX])
+    patterns = [dead_letter + "-*"] if dead_letter else []
+    if prefix + PRIVATE_SUFFIX in found:
+        try:
+            with FileSystems.open(prefix + PRIVATE_SUFFIX) as f:
+                earlier = json.loads(f.read().decode("utf-8")).get("dead_letter_files")
+            if isinstance(earlier, str) and earlier.endswith("-*"):
+                patterns.append(earlier)
+        except Exception:  # unreadable or not ours: its own path is still refused
+            pass
+    for pattern in patterns:
+        found += match_files(pattern)
+    return sorted(set(found))
+
+
+def check_earlier_outputs(prefix: str, dead_letter: Optional[str], overwrite: bool
+                          ) -> List[str]:
+    """UsageError when an earlier run's outputs exist and ``overwrite`` is off.
+
+    Returns the files to delete (with ``overwrite``) before the run; two
+    releases under one prefix would otherwise be read as one, and cost twice.
+    """
+    found = earlier_outputs(prefix, dead_letter)
+    if found and not overwrite:
+        raise UsageError(
+            f"{len(found)} output file(s) of an earlier run exist (e.g. {found[0]!r}); a new "
+            f"release must not be mixed with them: choose another --output, or pass "
+            f"--overwrite to delete them first")
+    return found
+
+
+def delete_files(paths: Sequence[str]) -> None:
+    if paths:
+        FileSystems.delete(list(paths))
 
 
 def make_run_key(seed: Optional[int]) -> RunKey:
-    """The run's key: fresh OS randomness, or derived from a test seed (with a warning)."""
+    """The run's key: fresh OS randomness, or (tests only) derived from an insecure seed."""
     if seed is None:
         return RunKey.fresh()
-    print("WARNING: seeded run (--seed): NOT private against anyone who knows the seed",
-          file=sys.stderr)
+    print(INSECURE_SEED_WARNING, file=sys.stderr)
     return RunKey.from_test_seed(seed)
 
 
@@ -165,15 +327,67 @@ class CountUsers(beam.DoFn):
         yield element
 
 
-def run_pipeline(beam_args: Sequence[str], build: Callable[[beam.Pipeline], None]):
-    """Builds and runs a pipeline; returns (result, wall seconds, runner name)."""
+# -- the release file -----------------------------------------------------------
+
+def sorted_text(lines: Sequence[str]) -> List[str]:
+    """All lines as one element, sorted: an order that depends on the set alone."""
+    return ["\n".join(sorted(lines))] if lines else []
+
+
+def write_items(lines: beam.PCollection, prefix: str,
+                arrange: Callable[[List[Any]], List[str]] = sorted_text) -> None:
+    """Writes a release as ONE file ``PREFIX-items-00000-of-00001``.
+
+    The released elements are collected (the release is small next to the
+    data) and ``arrange`` turns the whole list into the file's text (default:
+    sorted lines), so the order of lines never depends on the order in which
+    the runner produced them, which could reflect the input order and so
+    individual users.
+    """
+    (lines
+     | "CollectRelease" >> beam.combiners.ToList()
+     | "ArrangeRelease" >> beam.FlatMap(arrange)
+     | "WriteItems" >> beam.io.WriteToText(prefix + "-items", num_shards=1,
+                                           shard_name_template="-SSSSS-of-NNNNN"))
+
+
+# -- running --------------------------------------------------------------------
+
+def _temp_dirs(prefixes: Sequence[str]) -> set:
+    """Local ``beam-temp-*`` directories Beam's file sinks make for these prefixes."""
+    out = set()
+    for prefix in prefixes:
+        if not prefix or _is_remote(prefix):
+            continue
+        parent = os.path.dirname(os.path.abspath(prefix))
+        start = "beam-temp-" + os.path.basename(prefix)
+        try:
+            out |= {os.path.join(parent, n) for n in os.listdir(parent) if n.startswith(start)}
+        except OSError:
+            pass
+    return out
+
+
+def run_pipeline(beam_args: Sequence[str], build: Callable[[beam.Pipeline], None],
+                 output_prefixes: Sequence[Optional[str]] = ()):
+    """Builds and runs a pipeline; returns (result, wall seconds, runner name).
+
+    When the run fails, the ``beam-temp-*`` directories it made for
+    ``output_prefixes`` (local disks) are removed.
+    """
     options = PipelineOptions(list(beam_args))
     runner = options.view_as(StandardOptions).runner or "DirectRunner"
+    before = _temp_dirs(output_prefixes)
     start = time.time()
-    p = beam.Pipeline(options=options)
-    build(p)
-    result = p.run()
-    result.wait_until_finish()
+    try:
+        p = beam.Pipeline(options=options)
+        build(p)
+        result = p.run()
+        result.wait_until_finish()
+    except BaseException:
+        for path in _temp_dirs(output_prefixes) - before:
+            shutil.rmtree(path, ignore_errors=True)
+        raise
     return result, time.time() - start, runner
 
 
@@ -199,28 +413,104 @@ def count_output_lines(prefix: str) -> int:
     return total
 
 
-def run_summary(result, args, run_key: RunKey, runner: str, wall: float) -> Dict[str, Any]:
-    """The run statistics every summary has."""
+def write_public(prefix: str, summary: Dict[str, Any]) -> None:
+    with FileSystems.create(prefix + PUBLIC_SUFFIX) as f:
+        f.write((json.dumps(summary, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
+
+
+def write_private(prefix: str, details: Dict[str, Any]) -> None:
+    """Writes the owner-only details; on a local disk the file is created with mode 0600."""
+    data = (json.dumps(details, indent=2, ensure_ascii=False, default=str) + "\n").encode("utf-8")
+    path = prefix + PRIVATE_SUFFIX
+    if _is_remote(path):  # object stores have no file modes: their ACLs apply
+        with FileSystems.create(path) as f:
+            f.write(data)
+        return
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # also when the file existed
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
+def run_release(args, beam_args: Sequence[str],
+                build: Callable[[beam.Pipeline, RunKey], None],
+                public_fields: Callable[[Any, int], Dict[str, Any]]) -> Dict[str, Any]:
+    """The whole life of a release, shared by every release pipeline.
+
+    ``args`` has ``input``, ``output``, ``overwrite``, ``insecure_test_seed``
+    and ``dead_letter``; ``build(p, run_key)`` adds the graph (it must count
+    users in ``beam_dpsu/users`` and write with ``write_items``);
+    ``public_fields(result, num_released)`` gives the mechanism's publishable
+    fields. Checks every location before anything is read or created, runs,
+    refuses a run without a well-formed input line (deleting its items file),
+    writes the owner-only details and then the public summary.
+
+    Returns the public summary with the owner-only details under
+    ``"PRIVATE_run_details"`` (what ``main`` prints is public fields only).
+    """
+    dead_letter = getattr(args, "dead_letter", None)
+    check_input(args.input)
+    check_output(args.output, "--output")
+    if dead_letter:
+        check_output(dead_letter, "--dead-letter")
+    stale = check_earlier_outputs(args.output, dead_letter, args.overwrite)
+    run_key = make_run_key(args.insecure_test_seed)
+    delete_files(stale)
+    created = prepare_output(args.output)
+    if dead_letter:
+        created += prepare_output(dead_letter)
+    try:
+        result, wall, runner = run_pipeline(beam_args, lambda p: build(p, run_key),
+                                            (args.output, dead_letter))
+    except BaseException:
+        remove_empty(created)
+        raise
+    users = counter(result, "users")
+    malformed = counter(result, "malformed_lines")
+    if users == 0:
+        delete_files(match_files(args.output + "-items-*"))
+        remove_empty(created)
+        raise NoWellFormedInput(
+            f"no well-formed user<TAB>item line in {args.input!r} ({malformed or 0} malformed "
+            f"line(s)): nothing released")
+    if malformed:
+        print(f"WARNING: {malformed} malformed input line(s) skipped (no tab, empty user id or "
+              f"invalid UTF-8)" + (f"; they are in {dead_letter}-*" if dead_letter else ""),
+              file=sys.stderr)
+    if users is None:
+        print("WARNING: the runner reports no metrics: malformed and missing input cannot be "
+              "detected", file=sys.stderr)
     released = counter(result, "released")
     if released is None:
         released = count_output_lines(args.output)
-    return {
-        "num_users": counter(result, "users"),
+    public = dict(public_fields(result, released))
+    public.update({
         "num_released": released,
-        "malformed_lines": counter(result, "malformed_lines"),
-        "seeded": run_key.seeded,
+        "items_file": os.path.basename(args.output) + ITEMS_SUFFIX,
+        "seeded": args.insecure_test_seed is not None,
+        "insecure_test_seed": args.insecure_test_seed,
+        "beam_dpsu_version": __version__,
+        "note": PUBLIC_NOTE.replace("PREFIX", os.path.basename(args.output)) + (
+            " A run with an insecure test seed is NOT private."
+            if args.insecure_test_seed is not None else ""),
+    })
+    details = {
+        "NEVER_PUBLISH": NEVER_PUBLISH_NOTE.replace("PREFIX", os.path.basename(args.output)),
+        "num_users": users,
+        "malformed_lines": malformed,
+        "input": args.input,
         "runner": runner,
         "wall_seconds": round(wall, 3),
-        "input": args.input,
-        "items_output": args.output + "-items-*",
-        "beam_dpsu_version": __version__,
-        "not_private": ["num_users", "malformed_lines"],
+        "items_output": args.output + ITEMS_SUFFIX,
+        "public_summary": args.output + PUBLIC_SUFFIX,
+        "dead_letter_files": (dead_letter + "-*") if dead_letter else None,
     }
-
-
-def write_summary(prefix: str, summary: Dict[str, Any]) -> None:
-    with FileSystems.create(prefix + ".json") as f:
-        f.write((json.dumps(summary, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
+    if dead_letter:
+        details["dead_letter_note"] = ("the dead-letter files hold private input lines: they "
+                                       "are not a release and must never be published")
+    write_private(args.output, details)
+    write_public(args.output, public)
+    return dict(public, PRIVATE_run_details=details)
 
 
 def _last_line(e: BaseException) -> str:
@@ -230,7 +520,11 @@ def _last_line(e: BaseException) -> str:
 
 def main_wrapper(prog: str, run: Callable[[Optional[Sequence[str]]], Dict[str, Any]],
                  argv: Optional[Sequence[str]], echo: Sequence[str]) -> int:
-    """Runs ``run(argv)`` with the exit-status conventions; prints ``echo`` keys as JSON."""
+    """Runs ``run(argv)`` with the exit-status conventions; prints ``echo`` keys as JSON.
+
+    ``echo`` must name public fields only (users paste what is printed); a
+    run with an insecure test seed also prints it.
+    """
     debug = bool(os.environ.get("BEAM_DPSU_DEBUG"))
     logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING,
                         format="%(levelname)s: %(message)s")
@@ -242,6 +536,9 @@ def main_wrapper(prog: str, run: Callable[[Optional[Sequence[str]]], Dict[str, A
     except UsageError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
+    except NoWellFormedInput as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
@@ -249,7 +546,10 @@ def main_wrapper(prog: str, run: Callable[[Optional[Sequence[str]]], Dict[str, A
         logging.debug("pipeline failed", exc_info=True)
         print(f"{prog}: failed: {_last_line(e)}", file=sys.stderr)
         return 1
-    print(json.dumps({k: summary.get(k) for k in echo}, ensure_ascii=False))
+    printed = {k: summary.get(k) for k in echo}
+    if summary.get("insecure_test_seed") is not None:
+        printed["insecure_test_seed"] = summary["insecure_test_seed"]
+    print(json.dumps(printed, ensure_ascii=False))
     return 0
 
 
@@ -259,3 +559,11 @@ def parse_known(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]]
     args, beam_args = parser.parse_known_args(list(sys.argv[1:] if argv is None else argv))
     check_beam_args(beam_args)
     return args, beam_args
+
+
+def check_locations(input_pattern: str, *output_prefixes: Optional[str]) -> None:
+    """UsageError unless the input is readable files and each output can be written."""
+    check_input(input_pattern)
+    for prefix in output_prefixes:
+        if prefix:
+            check_output(prefix)

@@ -354,6 +354,9 @@ def run(argv: Optional[Sequence[str]] = None, progress=None) -> Dict[str, Any]:
     if args.engine == "core":
         progress(f"reading {args.input} ...")
         per_user = load_per_user(args.input)
+        if not per_user:
+            raise common.NoWellFormedInput(f"no well-formed user<TAB>item line in "
+                                           f"{args.input!r}: nothing to compare")
         progress(f"{len(per_user)} users")
     with tempfile.TemporaryDirectory() as tmp:
         results = run_trials(args, beam_args, specs, epsilons, built, per_user, tmp, progress)

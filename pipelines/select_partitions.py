@@ -4,20 +4,32 @@ Usage::
 
     python -m pipelines.select_partitions --input PATH --output PREFIX --mechanism NAME
         [--epsilon E] [--delta D] [--rho R] [--max-items-per-user N] [--alpha A]
-        [--rounds I] [--ratio r] [--public-counts PATH] [--tie-break T] [--seed S]
+        [--rounds I] [--ratio r] [--public-counts PATH] [--tie-break T] [--overwrite]
+        [--dead-letter PATH] [--insecure-test-seed N]
         [any Beam pipeline option, e.g. --runner=DirectRunner]
 
 Input: text files (glob allowed, ``.gz``/``.bz2`` decompressed), one
 ``user_id<TAB>item`` line per occurrence. Malformed lines are counted and
-skipped.
+skipped, with a one-line warning giving their number; input without a single
+well-formed line exits with status 1 and releases nothing.
 
-Output: the released items, one per line, in ``PREFIX-items-*``; a JSON summary
-at ``PREFIX.json`` with the guarantee, the calibration and run statistics.
-``num_users`` and ``malformed_lines`` in the summary are exact counts for the
-data owner: they are NOT differentially private and must not be published.
+Output (see ``pipelines.common``):
 
-Bad parameters exit with status 2 and a one-line message before any data is
-read; other failures exit with status 1 and a one-line message.
+* ``PREFIX-items-00000-of-00001``: the released items, one per line, sorted
+  (the order depends on the released set alone);
+* ``PREFIX.json``: what may be published with them: mechanism, guarantee,
+  calibration, number released (per round for DP-SIPS), library version,
+  whether an insecure test seed was used;
+* ``PREFIX.PRIVATE-run-details.json`` (mode 0600): exact user and
+  malformed-line counts, input, runner, timings: for the data owner, NEVER
+  to be published.
+
+Outputs of an earlier run under ``PREFIX`` are refused unless ``--overwrite``
+is given, which deletes them first. ``--insecure-test-seed N`` (tests only)
+makes the run reproducible and NOT private.
+
+Bad parameters and locations exit with status 2 and a one-line message before
+any data is read; other failures exit with status 1 and a one-line message.
 """
 from __future__ import annotations
 
@@ -76,40 +88,37 @@ def _to_line(item) -> str:
 def build_pipeline(p: beam.Pipeline, input_pattern: str, output_prefix: str,
                    mechanism: Mechanism, run_key: RunKey,
                    dead_letter: Optional[str] = None) -> None:
-    """Adds the read → select → write graph to ``p``."""
+    """Adds the read → select → write graph to ``p`` (one sorted items file)."""
     reader = ReadUserItems(input_pattern, keep_order=mechanism.needs_record_order)
     per_user = (p
                 | "ReadUserItems" >> reader
                 | "CountUsers" >> beam.ParDo(common.CountUsers()))
     common.write_dead_letter(reader.malformed, dead_letter)
     items = per_user | "SelectPartitions" >> SelectPartitions(mechanism, run_key, per_user=True)
-    (items
-     | "ToLine" >> beam.Map(_to_line)
-     | "WriteItems" >> beam.io.WriteToText(output_prefix + "-items"))
+    common.write_items(items | "ToLine" >> beam.Map(_to_line), output_prefix)
 
 
 def run(argv: Optional[Sequence[str]] = None) -> dict:
-    """Runs the pipeline; returns the summary (also written to PREFIX.json)."""
+    """Runs the pipeline; returns the public summary (also written to PREFIX.json) with
+    the owner-only details (PREFIX.PRIVATE-run-details.json) under "PRIVATE_run_details"."""
     args, mechanism, beam_args = parse_args(argv)
-    common.check_locations(args.input, args.output, args.dead_letter)
-    run_key = common.make_run_key(args.seed)
-    result, wall, runner = common.run_pipeline(
-        beam_args, lambda p: build_pipeline(p, args.input, args.output, mechanism, run_key,
-                                            args.dead_letter))
-    summary = dict(mechanism.describe())
-    for i, entry in enumerate(summary.get("per_round") or []):
-        entry["released"] = common.counter(result, f"released_round_{i}")
-    summary.update(common.run_summary(result, args, run_key, runner, wall))
-    summary.update(common.dead_letter_summary(args.dead_letter))
-    summary["note"] = (common.NOT_PRIVATE_NOTE + " Only the released items are covered by the "
-                       "guarantee." + (common.DEAD_LETTER_NOTE if args.dead_letter else ""))
-    common.write_summary(args.output, summary)
-    return summary
+
+    def public_fields(result, released):
+        fields = dict(mechanism.describe())
+        for i, entry in enumerate(fields.get("per_round") or []):
+            entry["released"] = common.counter(result, f"released_round_{i}")
+        return fields
+
+    return common.run_release(
+        args, beam_args,
+        lambda p, run_key: build_pipeline(p, args.input, args.output, mechanism, run_key,
+                                          args.dead_letter),
+        public_fields)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     return common.main_wrapper(PROG, run, argv,
-                               ("mechanism", "epsilon", "delta", "num_released", "wall_seconds"))
+                               ("mechanism", "epsilon", "delta", "num_released"))
 
 
 if __name__ == "__main__":

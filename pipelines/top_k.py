@@ -3,26 +3,31 @@
 Usage::
 
     python -m pipelines.top_k --input PATH --output PREFIX --k K [--k-bar KBAR]
-        --epsilon E --delta D [--max-items-per-user N] [--with-counts] [--seed S]
+        --epsilon E --delta D [--max-items-per-user N] [--with-counts] [--overwrite]
+        [--dead-letter PATH] [--insecure-test-seed N]
         [any Beam pipeline option, e.g. --runner=DirectRunner]
 
 Input: text files (glob allowed, ``.gz``/``.bz2`` decompressed), one
 ``user_id<TAB>item`` line per occurrence. Malformed lines are counted and
-skipped.
+skipped, with a one-line warning; input without a well-formed line exits with
+status 1 and releases nothing.
 
 Without ``--with-counts`` this is Algorithm 2 (Gumbel): ``--epsilon`` is the ε
 of each bounded-range selection, and the query is charged ``ℓ + 1`` selections
 (``k`` when it released ``ℓ = k`` items) and δ ("pay what you get", see
 ``beam_dpsu.accounting.PayWhatYouGetAccountant``); ``--max-items-per-user`` is
-optional (Δ-restricted sensitivity). With ``--with-counts`` it is Algorithm 1
+optional (Δ-restricted sensitivity). The summary's and stdout's ``epsilon`` is
+the stand-alone guarantee of the whole query (k selections); the flag's value
+is ``epsilon_per_selection``. With ``--with-counts`` it is Algorithm 1
 (Laplace, needs ``--max-items-per-user``): ``--epsilon`` is the ε of the whole
 query and noisy counts (on a discrete grid) are released.
 
 Output: ``PREFIX-items-00000-of-00001`` with lines ``rank<TAB>item`` (or
-``rank<TAB>item<TAB>noisy_count``), rank 1 first; a JSON summary at
-``PREFIX.json`` with the calibration, the query's stand-alone guarantee and its
-charge. ``num_users`` and ``malformed_lines`` are exact counts for the data
-owner: they are NOT differentially private and must not be published.
+``rank<TAB>item<TAB>noisy_count``), rank 1 first (the rank order is part of
+the private output); ``PREFIX.json``, publishable, with the calibration, the
+query's guarantee and its charge; ``PREFIX.PRIVATE-run-details.json`` (mode
+0600), the exact counts, input and timings for the data owner, NEVER to be
+published. Outputs of an earlier run are refused unless ``--overwrite``.
 
 Bad parameters exit with status 2 and a one-line message before any data is
 read; other failures exit with status 1 and a one-line message.
@@ -38,7 +43,7 @@ from beam_dpsu.noise import RunKey
 from beam_dpsu.textio import ReadUserItems
 from beam_dpsu.topk import TopK, TopKMechanism, format_line
 from pipelines import common
-from pipelines.common import UsageError
+from pipelines.common import UsageError  # noqa: F401  (re-exported for callers)
 
 PROG = "top_k"
 
@@ -85,36 +90,42 @@ def build_pipeline(p: beam.Pipeline, input_pattern: str, output_prefix: str,
     reader = ReadUserItems(input_pattern)
     per_user = p | "ReadUserItems" >> reader
     common.write_dead_letter(reader.malformed, dead_letter)
-    (per_user
-     | "CountUsers" >> beam.ParDo(common.CountUsers())
-     | "TopK" >> TopK(mechanism, run_key, per_user=True)
-     | "Collect" >> beam.combiners.ToList()
-     | "RankOrder" >> beam.FlatMap(_ranked_text)
-     | "WriteItems" >> beam.io.WriteToText(output_prefix + "-items", num_shards=1))
+    ranked = (per_user
+              | "CountUsers" >> beam.ParDo(common.CountUsers())
+              | "TopK" >> TopK(mechanism, run_key, per_user=True))
+    common.write_items(ranked, output_prefix, arrange=_ranked_text)
+
+
+def public_fields(mechanism: TopKMechanism, released: int) -> dict:
+    """The publishable summary: ``epsilon``/``delta`` are the whole query's guarantee."""
+    fields = dict(mechanism.describe())
+    query = fields["query_guarantee"]
+    fields["epsilon_per_selection"] = None if mechanism.with_counts else mechanism.epsilon
+    fields["epsilon"], fields["delta"] = query["epsilon"], query["delta"]
+    fields["epsilon_meaning"] = (
+        "the stand-alone guarantee of the whole query" +
+        ("" if mechanism.with_counts else
+         f" ({mechanism.k} selections of epsilon_per_selection each); its pay-what-you-get "
+         f"charge is in 'charge'"))
+    fields["charge"] = mechanism.charge(released)
+    return fields
 
 
 def run(argv: Optional[Sequence[str]] = None) -> dict:
-    """Runs the pipeline; returns the summary (also written to PREFIX.json)."""
+    """Runs the pipeline; returns the public summary (also written to PREFIX.json) with
+    the owner-only details (PREFIX.PRIVATE-run-details.json) under "PRIVATE_run_details"."""
     args, mechanism, beam_args = parse_args(argv)
-    common.check_locations(args.input, args.output, args.dead_letter)
-    run_key = common.make_run_key(args.seed)
-    result, wall, runner = common.run_pipeline(
-        beam_args, lambda p: build_pipeline(p, args.input, args.output, mechanism, run_key,
-                                            args.dead_letter))
-    summary = dict(mechanism.describe())
-    summary.update(common.run_summary(result, args, run_key, runner, wall))
-    summary["charge"] = mechanism.charge(summary["num_released"])
-    summary.update(common.dead_letter_summary(args.dead_letter))
-    summary["note"] = (common.NOT_PRIVATE_NOTE + " Only the ranked items (and, with "
-                       "--with-counts, their noisy counts) are covered by the guarantee." +
-                       (common.DEAD_LETTER_NOTE if args.dead_letter else ""))
-    common.write_summary(args.output, summary)
-    return summary
+    return common.run_release(
+        args, beam_args,
+        lambda p, run_key: build_pipeline(p, args.input, args.output, mechanism, run_key,
+                                          args.dead_letter),
+        lambda result, released: public_fields(mechanism, released))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    return common.main_wrapper(PROG, run, argv, ("mechanism", "epsilon", "delta", "num_released",
-                                                 "charge", "wall_seconds"))
+    return common.main_wrapper(PROG, run, argv, ("mechanism", "epsilon", "delta",
+                                                 "epsilon_per_selection", "num_released",
+                                                 "charge"))
 
 
 if __name__ == "__main__":

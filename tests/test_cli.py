@@ -28,32 +28,45 @@ def read_items(prefix):
     return items
 
 
+def read_private(prefix):
+    with open(prefix + ".PRIVATE-run-details.json") as f:
+        return json.load(f)
+
+
 def test_run_writes_items_and_summary(data, tmp_prefix):
     rc = select_partitions.main(["--input", data, "--output", tmp_prefix,
                                  "--mechanism", "weighted-gaussian", "--epsilon", "1",
-                                 "--delta", "1e-6", "--max-items-per-user", "20", "--seed", "5"])
+                                 "--delta", "1e-6", "--max-items-per-user", "20",
+                                 "--insecure-test-seed", "5"])
     assert rc == 0
     with open(tmp_prefix + ".json") as f:
         summary = json.load(f)
     for key in ("mechanism", "epsilon", "delta", "rho", "threshold", "noise_scale",
-                "max_items_per_user", "num_users", "num_released", "malformed_lines",
-                "seeded", "runner", "wall_seconds"):
+                "max_items_per_user", "num_released", "seeded", "insecure_test_seed",
+                "beam_dpsu_version"):
         assert key in summary, key
+    for key in ("num_users", "malformed_lines", "runner", "wall_seconds", "input"):
+        assert key not in summary, key
     assert summary["mechanism"] == "weighted-gaussian"
     assert summary["epsilon"] == 1 and summary["delta"] == 1e-6 and summary["rho"] is None
-    assert summary["num_users"] == 2000 and summary["seeded"] is True
-    assert summary["max_items_per_user"] == 20 and summary["malformed_lines"] == 0
-    assert summary["runner"] == "DirectRunner" and isinstance(summary["threshold"], list)
+    assert summary["seeded"] is True and summary["insecure_test_seed"] == 5
+    assert summary["max_items_per_user"] == 20 and isinstance(summary["threshold"], list)
+    private = read_private(tmp_prefix)
+    assert private["num_users"] == 2000 and private["malformed_lines"] == 0
+    assert private["runner"] == "DirectRunner" and private["input"] == data
+    assert "NEVER PUBLISH" in private["NEVER_PUBLISH"]
+    assert glob.glob(tmp_prefix + "-items-*") == [tmp_prefix + "-items-00000-of-00001"]
     items = read_items(tmp_prefix)
     assert len(items) == summary["num_released"] > 0
-    assert "i1" in items and len(set(items)) == len(items)
+    assert "i1" in items and len(set(items)) == len(items) and items == sorted(items)
 
 
 def test_same_seed_same_release_and_fresh_runs_are_unseeded(data, tmp_path):
     args = ["--input", data, "--mechanism", "count-gaussian", "--epsilon", "1", "--delta", "1e-6",
             "--max-items-per-user", "10"]
     outs = []
-    for name, extra in (("a", ["--seed", "9"]), ("b", ["--seed", "9"]), ("c", [])):
+    seeded = ["--insecure-test-seed", "9"]
+    for name, extra in (("a", seeded), ("b", seeded), ("c", [])):
         prefix = str(tmp_path / name)
         assert select_partitions.main(args + ["--output", prefix] + extra) == 0
         outs.append(sorted(read_items(prefix)))
@@ -77,21 +90,20 @@ def test_malformed_lines_are_counted(tmp_path, tmp_prefix):
     assert select_partitions.main(["--input", str(path), "--output", tmp_prefix, "--mechanism",
                                    "count-laplace", "--epsilon", "1", "--delta", "1e-6",
                                    "--max-items-per-user", "1"]) == 0
-    with open(tmp_prefix + ".json") as f:
-        s = json.load(f)
+    s = read_private(tmp_prefix)
     assert s["malformed_lines"] == 2 and s["num_users"] == 300
     assert read_items(tmp_prefix) == ["popular"]
 
 
-def test_empty_input_releases_nothing(tmp_path, tmp_prefix):
+def test_empty_input_is_an_error_and_releases_nothing(tmp_path, tmp_prefix, capsys):
     path = tmp_path / "empty.tsv"
     path.write_bytes(b"")
     assert select_partitions.main(["--input", str(path), "--output", tmp_prefix, "--mechanism",
-                                   "weighted-laplace", "--epsilon", "1", "--delta", "1e-6"]) == 0
-    with open(tmp_prefix + ".json") as f:
-        s = json.load(f)
-    assert s["num_released"] == 0 and s["num_users"] == 0
-    assert read_items(tmp_prefix) == []
+                                   "weighted-laplace", "--epsilon", "1", "--delta", "1e-6"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"select_partitions: error: no well-formed user<TAB>item line in "
+                   f"{str(path)!r} (0 malformed line(s)): nothing released"]
+    assert sorted(os.listdir(tmp_path)) == ["empty.tsv"]
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -157,10 +169,11 @@ def test_dead_letter_holds_the_malformed_lines(tmp_path, tmp_prefix):
                                    "--dead-letter", dead]) == 0
     lines = b"".join(open(f, "rb").read() for f in glob.glob(dead + "-*")).splitlines()
     assert sorted(lines) == sorted([b"bad line", b"bad line", b"\tnouser", b"u3\t\xff"])
+    s = read_private(tmp_prefix)
+    assert s["malformed_lines"] == 4 and s["dead_letter_files"] == dead + "-*"
+    assert "not a release" in s["dead_letter_note"]
     with open(tmp_prefix + ".json") as f:
-        s = json.load(f)
-    assert s["malformed_lines"] == 4 and s["dead_letter"] == dead + "-*"
-    assert "not a release" in s["note"]
+        assert "dead" not in f.read()
 
 
 def test_unwritable_output_is_a_usage_error_without_traceback(tmp_path, capsys):
@@ -174,3 +187,4 @@ def test_unwritable_output_is_a_usage_error_without_traceback(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and "cannot write to" in err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert sorted(os.listdir(tmp_path)) == ["file", "in.tsv"]

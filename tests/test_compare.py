@@ -107,3 +107,24 @@ def test_gw_tie_breaks_side_by_side_in_both_engines(data, tmp_path):
     assert compare._cli_flags("gw", compare.MechanismParams(
         epsilon=2.0, delta=1e-6, tie_break="first-occurrence"))[-2:] == [
             "--tie-break", "first-occurrence"]
+
+
+@pytest.mark.parametrize("engine", ["core", "beam"])
+def test_input_without_a_well_formed_line_exits_1(tmp_path, capsys, engine):
+    path = tmp_path / "notab.txt"
+    path.write_text("no tab here\n" * 20)
+    rc = compare.main(["--input", str(path), "--output", str(tmp_path / "o"), "--delta", "1e-6",
+                       "--epsilon", "1", "--trials", "1", "--engine", engine,
+                       "--mechanisms", "count-gaussian"])
+    err = [l for l in capsys.readouterr().err.splitlines() if l.startswith("compare")]
+    assert rc == 1 and len(err) == 1 and "no well-formed" in err[0], err
+    assert not os.path.exists(tmp_path / "o" / "results.json")
+
+
+def test_a_directory_as_input_exits_2(tmp_path, capsys):
+    (tmp_path / "data").mkdir()
+    rc = compare.main(["--input", str(tmp_path / "data"), "--output", str(tmp_path / "o"),
+                       "--delta", "1e-6", "--epsilon", "1", "--mechanisms", "count-gaussian"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "is a directory" in err[0], err
+    assert sorted(os.listdir(tmp_path)) == ["data"]

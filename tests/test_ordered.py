@@ -60,7 +60,7 @@ def test_public_counts_from_a_file_and_the_command_line(tmp_path):
     prefix = str(tmp_path / "out")
     assert select_partitions.main(["--input", str(data), "--output", prefix, "--mechanism",
                                    "gw-kt", "--epsilon", "1", "--delta", "1e-5",
-                                   "--public-counts", str(pub), "--seed", "11",
+                                   "--public-counts", str(pub), "--insecure-test-seed", "11",
                                    "--runner=DirectRunner"]) == 0
     released = set()
     for path in tmp_path.glob("out-items-*"):
@@ -109,7 +109,7 @@ def test_first_occurrence_tie_break_on_the_command_line(tmp_path):
     prefix = str(tmp_path / "out")
     assert select_partitions.main(["--input", pattern, "--output", prefix, "--mechanism", "gw",
                                    "--epsilon", "1", "--delta", "0.3", "--tie-break",
-                                   "first-occurrence", "--seed", "11",
+                                   "first-occurrence", "--insecure-test-seed", "11",
                                    "--runner=DirectRunner"]) == 0
     released = set()
     for path in tmp_path.glob("out-items-*"):

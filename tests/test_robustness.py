@@ -32,9 +32,9 @@ def read_items(prefix):
 def run_cli(path, prefix, *extra):
     rc = select_partitions.main(["--input", str(path), "--output", prefix, "--mechanism",
                                  "count-gaussian", "--epsilon", "2", "--delta", "1e-6",
-                                 "--max-items-per-user", "3", "--seed", "1", *extra])
+                                 "--max-items-per-user", "3", "--insecure-test-seed", "1", *extra])
     assert rc == 0
-    with open(prefix + ".json", encoding="utf-8") as f:
+    with open(prefix + ".PRIVATE-run-details.json", encoding="utf-8") as f:
         return json.load(f)
 
 
@@ -67,7 +67,7 @@ def test_unicode_long_and_empty_items_round_trip(tmp_path):
     prefix = str(tmp_path / "out")
     rc = select_partitions.main(["--input", str(path), "--output", prefix, "--mechanism",
                                  "count-gaussian", "--epsilon", "2", "--delta", "1e-6",
-                                 "--max-items-per-user", "20", "--seed", "1"])
+                                 "--max-items-per-user", "20", "--insecure-test-seed", "1"])
     assert rc == 0
     assert sorted(read_items(prefix)) == sorted(odd)
 

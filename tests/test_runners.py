@@ -59,19 +59,22 @@ def run(data, name, runner_flags, out):
     mech = "weighted-gaussian" if name == "weighted-gaussian-zcdp" else name
     extra = ["--public-counts", public] if name == "gw-kt" else []
     summary = select_partitions.run(["--input", path, "--output", out, "--mechanism", mech,
-                                     "--seed", "17"] + FLAGS[name] + extra + runner_flags)
-    items = []
-    for f in glob.glob(out + "-items-*"):
-        with open(f, encoding="utf-8") as fh:
-            items += fh.read().splitlines()
-    return summary, sorted(items)
+                                     "--insecure-test-seed", "17"] + FLAGS[name] + extra +
+                                    runner_flags)
+    # One items file of a fixed name, sorted, on every runner (also with two workers).
+    assert glob.glob(out + "-items-*") == [out + "-items-00000-of-00001"]
+    with open(out + "-items-00000-of-00001", encoding="utf-8") as fh:
+        items = fh.read().splitlines()
+    assert items == sorted(items)
+    return summary, items
 
 
 @pytest.mark.parametrize("name", CASES)
 def test_portable_and_multiprocess_release_the_same_set(data, name, tmp_path):
     direct, items = run(data, name, ["--runner=DirectRunner"], str(tmp_path / "direct"))
     assert items, "the test data should release something"
-    assert direct["num_released"] == len(items) and direct["num_users"] == 600
+    assert direct["num_released"] == len(items)
+    assert direct["PRIVATE_run_details"]["num_users"] == 600
     for label, flags in (("portable", PORTABLE), ("multi", MULTI)):
         summary, other = run(data, name, flags, str(tmp_path / label))
         assert other == items, label
@@ -84,8 +87,8 @@ def test_top_k_on_portable_and_multiprocess(data, tmp_path, with_counts):
     from pipelines import top_k
     path, _ = data
     flags = ["--input", path, "--k", "5", "--k-bar", "8", "--epsilon", "2", "--delta", "1e-6",
-             "--seed", "3"] + (["--with-counts", "--max-items-per-user", "5"] if with_counts
-                               else [])
+             "--insecure-test-seed", "3"] + (
+                 ["--with-counts", "--max-items-per-user", "5"] if with_counts else [])
     outputs = []
     for label, runner in (("direct", ["--runner=DirectRunner"]), ("portable", PORTABLE),
                           ("multi", MULTI)):

@@ -135,7 +135,7 @@ def test_cli_summary_lists_rounds(tmp_path):
     prefix = str(tmp_path / "out")
     assert select_partitions.main(["--input", str(path), "--output", prefix, "--mechanism", "sips",
                                    "--epsilon", "2", "--delta", "1e-6",
-                                   "--max-items-per-user", "10", "--seed", "1"]) == 0
+                                   "--max-items-per-user", "10", "--insecure-test-seed", "1"]) == 0
     s = json.load(open(prefix + ".json"))
     assert s["mechanism"] == "sips" and s["epsilon"] == 2 and s["delta"] == 1e-6
     assert s["rho"] > 0 and len(s["threshold"]) == 3 and s["rounds"] == 3

@@ -39,21 +39,27 @@ def read_lines(prefix):
 
 def test_gumbel_run_writes_ranked_items_and_summary(data, tmp_prefix, capsys):
     rc = top_k.main(["--input", data, "--output", tmp_prefix, "--k", "5", "--k-bar", "8",
-                     "--epsilon", "1", "--delta", "1e-6", "--seed", "3"])
+                     "--epsilon", "1", "--delta", "1e-6", "--insecure-test-seed", "3"])
     assert rc == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["num_released"] == 5 and printed["charge"]["selections"] == 5
     with open(tmp_prefix + ".json") as f:
         s = json.load(f)
-    for key in ("mechanism", "algorithm", "k", "k_bar", "epsilon", "delta", "max_items_per_user",
-                "noise", "noise_scale", "threshold_offset", "query_guarantee", "charge",
-                "num_users", "num_released", "malformed_lines", "seeded", "runner",
-                "wall_seconds"):
+    for key in ("mechanism", "algorithm", "k", "k_bar", "epsilon", "epsilon_per_selection",
+                "delta", "max_items_per_user", "noise", "noise_scale", "threshold_offset",
+                "query_guarantee", "charge", "num_released", "seeded", "insecure_test_seed"):
         assert key in s, key
+    for key in ("num_users", "malformed_lines", "runner", "wall_seconds", "input"):
+        assert key not in s and key not in printed, key
     assert s["mechanism"] == "top-k-gumbel" and s["k"] == 5 and s["k_bar"] == 8
-    assert s["num_users"] == 400 and s["malformed_lines"] == 1 and s["seeded"] is True
+    assert s["seeded"] is True and s["insecure_test_seed"] == 3
+    private = json.load(open(tmp_prefix + ".PRIVATE-run-details.json"))
+    assert private["num_users"] == 400 and private["malformed_lines"] == 1
     assert s["charge"] == {"selections": 5, "queries": 1, "epsilon_per_selection": 1.0,
                            "delta": 1e-6}
+    # ε printed and in the JSON is the whole query's (5 selections), not the flag's 1.0.
+    assert s["epsilon_per_selection"] == printed["epsilon_per_selection"] == 1.0
+    assert s["epsilon"] == printed["epsilon"] == s["query_guarantee"]["epsilon"] > 1.0
     assert read_lines(tmp_prefix) == [f"{r}\ti{r - 1}" for r in range(1, 6)]
 
 
@@ -62,7 +68,7 @@ def test_with_counts_releases_grid_counts(data, tmp_prefix):
     # threshold is about 130 + 54, and the top 4 (400, 370, 340, 310) are 10·b apart.
     rc = top_k.main(["--input", data, "--output", tmp_prefix, "--k", "4", "--k-bar", "9",
                      "--epsilon", "4", "--delta", "1e-6", "--max-items-per-user", "11",
-                     "--with-counts", "--seed", "2"])
+                     "--with-counts", "--insecure-test-seed", "2"])
     assert rc == 0
     with open(tmp_prefix + ".json") as f:
         s = json.load(f)
@@ -83,7 +89,7 @@ def test_same_seed_same_output(data, tmp_path):
         prefix = str(tmp_path / name)
         assert top_k.main(["--input", data, "--output", prefix, "--k", "3", "--epsilon", "0.05",
                            "--delta", "1e-3", "--max-items-per-user", "3", "--with-counts",
-                           "--seed", "11"]) == 0
+                           "--insecure-test-seed", "11"]) == 0
         outs.append(read_lines(prefix))
     assert outs[0] == outs[1]
 
@@ -149,6 +155,7 @@ def test_dead_letter_and_malformed_count(tmp_path, tmp_prefix):
                        "--epsilon", "1", "--delta", "1e-6", "--dead-letter", dead]) == 0
     lines = b"".join(open(f, "rb").read() for f in glob.glob(dead + "-*")).splitlines()
     assert lines == [b"junk", b"junk"]
-    summary = json.load(open(tmp_prefix + ".json"))
-    assert summary["malformed_lines"] == 2 and summary["dead_letter"] == dead + "-*"
-    assert "not a release" in summary["note"]
+    summary = json.load(open(tmp_prefix + ".PRIVATE-run-details.json"))
+    assert summary["malformed_lines"] == 2 and summary["dead_letter_files"] == dead + "-*"
+    assert "not a release" in summary["dead_letter_note"]
+    assert "malformed_lines" not in json.load(open(tmp_prefix + ".json"))
