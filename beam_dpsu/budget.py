@@ -137,6 +137,9 @@ def pay_what_you_get_epsilon(epsilon: float, delta: float, max_selections: int,
     ``br_composition_guarantee(...)`` is at most (``epsilon``, ``delta``).
     """
     epsilon, delta = cal.check_epsilon(epsilon), cal.check_delta(delta)
+    for name, v in (("max_selections", max_selections), ("max_queries", max_queries)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
     conversion_delta = delta / 2.0
     delta_per_query = delta / 2.0 / max_queries
 
@@ -144,7 +147,9 @@ def pay_what_you_get_epsilon(epsilon: float, delta: float, max_selections: int,
         return br_composition_guarantee(e, delta_per_query, max_selections, max_queries,
                                         conversion_delta)
 
-    lo, hi = 0.0, epsilon  # basic composition alone already fits ε/k*, so the answer ≤ ε·…
+    # Bracket: double hi until it no longer fits (the ε of the guarantee grows
+    # without bound in the per-selection ε), then bisect.
+    lo, hi = 0.0, epsilon
     while total(hi).epsilon <= epsilon:
         lo, hi = hi, hi * 2.0
     for _ in range(200):

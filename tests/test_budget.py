@@ -214,3 +214,9 @@ def test_pay_what_you_get_share_charges_top_k_selections():
     total = budget.guarantee()
     assert total.epsilon == pytest.approx(g.epsilon, rel=1e-12)   # the only part
     assert budget.describe()["parts"][0]["detail"]["spent_selections"] == 4
+
+
+def test_pay_what_you_get_epsilon_rejects_bad_counts():
+    for sel, q in ((0, 1), (1, 0), (2.0, 1), (True, 1)):
+        with pytest.raises(ValueError):
+            bud.pay_what_you_get_epsilon(1.0, 1e-6, sel, q)
