@@ -18,9 +18,16 @@ setup(
         "scipy>=1.10",
     ],
     extras_require={
-        "test": ["pytest>=7", "matplotlib>=3.5", "numba>=0.59"],
+        # pipeline-dp and dp-accounting install beside apache-beam 2.77 / numpy 2 without
+        # changing either; the suite runs the PipelineDP example and checks the zCDP
+        # conversion against dp-accounting's RDP conversion.
+        "test": ["pytest>=7", "matplotlib>=3.5", "numba>=0.59",
+                 "pipeline-dp>=0.3.1,<0.4", "dp-accounting>=0.4"],
         "plots": ["matplotlib>=3.5"],
         "fast": ["numba>=0.59"],
+        # beam_dpsu.pipelinedp relies on NaiveBudgetAccountant's lazy MechanismSpec
+        # (eps/delta filled by compute_budgets()); the upper bound guards that contract.
+        "pipelinedp": ["pipeline-dp>=0.3.1,<0.4"],
     },
     license="Apache-2.0",
 )

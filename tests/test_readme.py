@@ -1,27 +1,63 @@
 """The README's Python examples run as written."""
 import contextlib
+import importlib.util
 import io
 import pathlib
 import re
 
+import pytest
+
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+HAS_PIPELINE_DP = importlib.util.find_spec("pipeline_dp") is not None
 
 
 def python_blocks():
     return re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
 
 
+def needs_pipeline_dp(block: str) -> bool:
+    return re.search(r"^\s*import pipeline_dp\b", block, re.M) is not None
+
+
 def test_readme_examples_run_and_release_the_common_words():
     # "the" and "of" have weight 500/√3 ≈ 289 against T ≈ 37, σ ≈ 5.6 (never missed);
     # a rare word (weight 1/√3) is released with probability 3.8e-11, so the
     # false-failure probability of the last assertion is 500 × 3.8e-11 < 2e-8.
+    # The "Select, then aggregate" block (run only where pipeline-dp is installed,
+    # which the test extra does) selects keys with Weighted Gaussian at ε = 1,
+    # δ = 1e-9, Δ0 = 3: T ≈ 35.8, σ ≈ 5.61, so "apples" and "pears" (weight
+    # 300/√3 ≈ 173) are never missed and each of the 300 rare keys (weight 1/√3) is
+    # released with probability Φ̄(6.28) ≈ 1.7e-10: false-failure probability
+    # below 5e-8 + 2e-8 < 1e-7 for the whole test.
     blocks = python_blocks()
-    assert len(blocks) >= 2
+    assert len(blocks) >= 3
+    run = [b for b in blocks if HAS_PIPELINE_DP or not needs_pipeline_dp(b)]
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         namespace = {}
-        for block in blocks:
+        for block in run:
             exec(compile(block, str(README), "exec"), namespace)
-    printed = out.getvalue().split()
+    text = out.getvalue()
+    printed = text.split()
     assert "the" in printed and "of" in printed
     assert not any(w.startswith("rare") for w in printed)
+    assert "rare" not in text
+    if HAS_PIPELINE_DP:
+        # The aggregation printed both selected keys; the stated total is the
+        # sum of the shares the accountant handed out (basic composition).
+        assert "('apples', MetricsTuple(" in text and "('pears', MetricsTuple(" in text
+        accountant, select = namespace["accountant"], namespace["select"]
+        shares = [(s.eps * s.count, s.delta * s.count) for s in accountant.mechanism_specs]
+        assert len(shares) == 3                      # selection, count, sum
+        total = (sum(e for e, _ in shares), sum(d for _, d in shares))
+        assert total == pytest.approx((2.0, 1e-9), rel=1e-12)
+        assert str((2.0, 1e-09)) in text
+        g = select.guarantee
+        assert (g.epsilon, g.delta) == pytest.approx((1.0, 1e-9), rel=1e-12)
+
+
+def test_readme_pipeline_dp_block_is_skipped_only_without_pipeline_dp():
+    blocks = [b for b in python_blocks() if needs_pipeline_dp(b)]
+    assert len(blocks) == 1
+    if not HAS_PIPELINE_DP:
+        pytest.skip("pipeline-dp is not installed: the README's PipelineDP block was not run")
