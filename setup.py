@@ -18,7 +18,8 @@ setup(
         "scipy>=1.10",
     ],
     extras_require={
-        "test": ["pytest>=7", "matplotlib>=3.5", "numba>=0.59"],
+        "test": ["pytest>=7", "matplotlib>=3.5", "numba>=0.59", "dask[distributed]>=2024.1"],
+        "dask": ["dask[distributed]>=2024.1"],
         "plots": ["matplotlib>=3.5"],
         "fast": ["numba>=0.59"],
     },
