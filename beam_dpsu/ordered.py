@@ -50,8 +50,13 @@ State and runners (``state`` argument)
   ``BagState``, sorted by bucket index in the timer callback. All prepared users (item ids, 8
   bytes per kept user-item pair, plus the user ids) must then fit in the
   worker's memory.
+* ``'gbk'``: for runners without stateful DoFns (Beam's Dask runner): the
+  packed buckets are grouped under one key (GroupByKey) and replayed in bucket
+  order by one ParDo. Memory as ``'bag'``: all packed buckets (8 bytes per kept
+  user-item pair plus 4 per user) and the histogram on one worker.
 * ``'auto'`` (default): ``'ordered_list'`` on the DirectRunner, the
-  FnApiRunner and the BundleBasedDirectRunner; ``'bag'`` on any other runner.
+  FnApiRunner and the BundleBasedDirectRunner; ``'gbk'`` on runners without
+  user state (``beam_dpsu.runners.capabilities``); ``'bag'`` on any other runner.
 
 Either way the result is identical: the order is a function of the run key
 and the user ids only.
