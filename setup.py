@@ -20,9 +20,11 @@ setup(
     extras_require={
         # pipeline-dp and dp-accounting install beside apache-beam 2.77 / numpy 2 without
         # changing either; the suite runs the PipelineDP example and checks the zCDP
-        # conversion against dp-accounting's RDP conversion.
+        # conversion against dp-accounting's RDP conversion. dask[distributed]: the suite
+        # runs every pipeline on a two-worker Dask cluster.
         "test": ["pytest>=7", "matplotlib>=3.5", "numba>=0.59",
-                 "pipeline-dp>=0.3.1,<0.4", "dp-accounting>=0.4"],
+                 "pipeline-dp>=0.3.1,<0.4", "dp-accounting>=0.4", "dask[distributed]>=2024.1"],
+        "dask": ["dask[distributed]>=2024.1"],
         "plots": ["matplotlib>=3.5"],
         "fast": ["numba>=0.59"],
         # beam_dpsu.pipelinedp relies on NaiveBudgetAccountant's lazy MechanismSpec

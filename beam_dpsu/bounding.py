@@ -184,10 +184,17 @@ class PerUserItemCounts(beam.PTransform):
             raise ValueError(f"flush_pairs must be an integer >= 1, got {flush_pairs!r}")
         self._flush_pairs = flush_pairs
 
+    def _aggregate_fn(self, occurrences):
+        # A runner that drops finish_bundle outputs (Dask): flush after every pair.
+        from beam_dpsu import runners
+        if runners.capabilities(occurrences.pipeline).bundle_outputs:
+            return _AggregateOccurrencesDoFn(self._flush_pairs)
+        return runners.per_element_flush(_AggregateOccurrencesDoFn(1))
+
     def expand(self, occurrences):
         check_global_window(occurrences, "PerUserItemCounts")
         return (occurrences
-                | "AggregateInBundle" >> beam.ParDo(_AggregateOccurrencesDoFn(self._flush_pairs))
+                | "AggregateInBundle" >> beam.ParDo(self._aggregate_fn(occurrences))
                 | "MergePerUser" >> beam.CombinePerKey(MergeItemCountsFn()))
 
 

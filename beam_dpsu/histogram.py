@@ -117,6 +117,15 @@ class _PartialHistogramDoFn(beam.DoFn):
         self._hist = {}
 
 
+def _partial_fn(pcoll, weighting, flush_items, num_shards=None):
+    """The partial-histogram DoFn; on a runner that drops ``finish_bundle`` outputs
+    (``runners.Capabilities.bundle_outputs``) it flushes after every user."""
+    from beam_dpsu import runners
+    if runners.capabilities(pcoll.pipeline).bundle_outputs:
+        return _PartialHistogramDoFn(weighting, flush_items, num_shards)
+    return runners.per_element_flush(_PartialHistogramDoFn(weighting, 1, num_shards))
+
+
 def _check_histogram_args(weighting, flush_items) -> None:
     check_weighting(weighting)
     if isinstance(flush_items, bool) or not isinstance(flush_items, int) or flush_items < 1:
@@ -157,7 +166,7 @@ class WeightedHistogram(beam.PTransform):
         check_global_window(per_user, "WeightedHistogram")
         return (per_user
                 | "PartialHistogram" >> beam.ParDo(
-                    _PartialHistogramDoFn(self._weighting, self._flush_items))
+                    _partial_fn(per_user, self._weighting, self._flush_items))
                 | "SumPerItem" >> beam.CombinePerKey(sum))
 
 
@@ -192,5 +201,5 @@ class ShardedHistogram(beam.PTransform):
         check_global_window(per_user, "ShardedHistogram")
         return (per_user
                 | "PartialHistogram" >> beam.ParDo(
-                    _PartialHistogramDoFn(self._weighting, self._flush_items, self._num_shards))
+                    _partial_fn(per_user, self._weighting, self._flush_items, self._num_shards))
                 | "SumPerShard" >> beam.CombinePerKey(MergeItemCountsFn()))

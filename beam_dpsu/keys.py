@@ -63,6 +63,57 @@ def _draw(seed: Optional[int]) -> bytes:
     return test_seed_material(seed)
 
 
+class _SharedDraw:
+    """``_draw`` made consistent on a runner that evaluates a side input once per reader.
+
+    Beam's Dask runner recomputes a side input inside every task that reads it
+    (``runners.Capabilities.side_inputs_once`` is False): a fresh key would be
+    drawn again, differently, for every partition. There the first evaluation
+    draws the key under a cluster-wide ``distributed.Lock`` and stores it in a
+    ``distributed.Variable`` named by a public, random per-pipeline ``name``;
+    every later evaluation reads it. The key then lives in the scheduler's
+    memory (pipeline data, like the side input itself on other runners) until
+    the launcher deletes the variable after the run
+    (``delete_shared_keys``). A test seed needs none of this.
+    """
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __call__(self, seed: Optional[int]) -> bytes:
+        if seed is not None:
+            return test_seed_material(seed)
+        from distributed import Lock, Variable, get_client
+        client = get_client()
+        with Lock(self.name):
+            var = Variable(self.name, client=client)
+            try:
+                return var.get(timeout=0.5)
+            except TimeoutError:
+                key = secrets.token_bytes(32)
+                var.set(key)
+                return key
+
+
+# pipeline -> names of the shared key variables it uses (Dask)
+_SHARED: "weakref.WeakKeyDictionary[beam.Pipeline, list]" = weakref.WeakKeyDictionary()
+
+
+def shared_key_names(pipeline: beam.Pipeline) -> list:
+    """Names of the ``distributed.Variable`` s holding ``pipeline``'s fresh keys (Dask)."""
+    return list(_SHARED.get(pipeline, ()))
+
+
+def delete_shared_keys(pipeline: beam.Pipeline, client) -> None:
+    """Deletes, after a Dask run, the scheduler-held copies of the run keys."""
+    from distributed import Variable
+    for name in shared_key_names(pipeline):
+        try:
+            Variable(name, client=client).delete()
+        except Exception:  # never set (no reader ran)
+            pass
+
+
 def pipeline_key(pipeline: beam.Pipeline, run_key: RunKey) -> beam.PCollection:
     """The PCollection holding ``run_key``'s bytes (one element), added once per pipeline.
 
@@ -80,10 +131,16 @@ def pipeline_key(pipeline: beam.Pipeline, run_key: RunKey) -> beam.PCollection:
     pcoll = known.get(identity)
     if pcoll is None:
         label = f"DrawRunKey{len(known)}"
+        from beam_dpsu import runners
+        draw = _draw
+        if not runners.capabilities(pipeline).side_inputs_once and run_key.test_seed is None:
+            name = "beam-dpsu-run-key-" + secrets.token_hex(16)  # public, names the copy
+            _SHARED.setdefault(pipeline, []).append(name)
+            draw = _SharedDraw(name)
         # The seed (None for a fresh key) is the only value staged.
         pcoll = (pipeline
                  | f"{label}/Seed" >> beam.Create([run_key.test_seed])
-                 | f"{label}/Draw" >> beam.Map(_draw).with_output_types(bytes))
+                 | f"{label}/Draw" >> beam.Map(draw).with_output_types(bytes))
         known[identity] = pcoll
     return pcoll
 

@@ -50,8 +50,13 @@ State and runners (``state`` argument)
   ``BagState``, sorted by bucket index in the timer callback. All prepared users (item ids, 8
   bytes per kept user-item pair, plus the user ids) must then fit in the
   worker's memory.
+* ``'gbk'``: for runners without stateful DoFns (Beam's Dask runner): the
+  packed buckets are grouped under one key (GroupByKey) and replayed in bucket
+  order by one ParDo. Memory as ``'bag'``: all packed buckets (8 bytes per kept
+  user-item pair plus 4 per user) and the histogram on one worker.
 * ``'auto'`` (default): ``'ordered_list'`` on the DirectRunner, the
-  FnApiRunner and the BundleBasedDirectRunner; ``'bag'`` on any other runner.
+  FnApiRunner and the BundleBasedDirectRunner; ``'gbk'`` on runners without
+  user state (``beam_dpsu.runners.capabilities``); ``'bag'`` on any other runner.
 
 Either way the result is identical: the order is a function of the run key
 and the user ids only.
@@ -66,6 +71,7 @@ import time
 from typing import Any, Dict, Hashable, List, Mapping, Optional, Tuple
 
 import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
 import numpy as np
 from apache_beam.coders import coders
 from apache_beam.transforms import userstate, window
@@ -75,6 +81,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_dpsu import calibration as cal
 from beam_dpsu import keys
+from beam_dpsu import runners
 from beam_dpsu import policies
 from beam_dpsu.accounting import PrivacyGuarantee
 from beam_dpsu.bounding import check_global_window
@@ -82,11 +89,9 @@ from beam_dpsu.mechanisms import Mechanism, RoundCalibration
 from beam_dpsu.noise import RunKey
 from beam_dpsu.threshold import ApplyReleaseRule, NoisyThresholdRule
 
-STATES = ("auto", "ordered_list", "bag")
-# Runners known not to implement OrderedListState (see the module docstring).
-_NO_ORDERED_LIST_RUNNERS = ("FlinkRunner", "SparkRunner", "DataflowRunner", "TestDataflowRunner")
-_ORDERED_LIST_RUNNERS = ("DirectRunner", "SwitchingDirectRunner", "FnApiRunner",
-                         "BundleBasedDirectRunner")
+STATES = ("auto", "ordered_list", "bag", "gbk")
+# Runners known not to implement OrderedListState: see beam_dpsu/runners.py.
+_NO_ORDERED_LIST_RUNNERS = runners.NO_ORDERED_LIST_RUNNERS
 DEFAULT_BUCKET_BITS = 10
 
 
@@ -121,11 +126,17 @@ class _PrepareDoFn(beam.DoFn):
     IDS = "ids"
     FLUSH_PAIRS = 1 << 20
 
-    def __init__(self, make_policy, bucket_bits: int):
+    def __init__(self, make_policy, bucket_bits: int, envelope: bool = False):
         # The policy (its sampling and item-id keys) and the order key are built
         # on the worker from the run key's bytes, a side input: no key is staged.
         self._keyed = keys.KeyedCache(_PolicyAndOrderKey(make_policy))
         self._shift = 64 - bucket_bits
+        # envelope: for runners that mix tagged outputs and drop finish_bundle
+        # outputs (Dask): (tag, value) main outputs, buckets flushed per user.
+        self._envelope = envelope
+        if envelope:
+            self.FLUSH_PAIRS = 0
+            runners.per_element_flush(self)
         self._users = beam.metrics.Metrics.counter("beam_dpsu", "ordered_users")
         self._pairs = beam.metrics.Metrics.counter("beam_dpsu", "ordered_pairs")
         self._micros = beam.metrics.Metrics.counter("beam_dpsu", "ordered_prepare_micros")
@@ -160,9 +171,10 @@ class _PrepareDoFn(beam.DoFn):
             i = item_id(item)
             if i not in seen:
                 seen.add(i)
-                yield beam.pvalue.TaggedOutput(self.IDS, (i, item))
+                yield runners.tag((i, item), self.IDS, self._envelope)
         if self._pending_pairs >= self.FLUSH_PAIRS:
-            yield from self._buckets.items()
+            for entry in self._buckets.items():
+                yield runners.main_output(entry, self._envelope)
             self._buckets, self._pending_pairs = {}, 0
         self._elapsed += time.perf_counter() - t0
 
@@ -284,6 +296,22 @@ class _BagDoFn(_SequentialBase):
         yield from self._emit(hist)
 
 
+class _GbkSequentialDoFn(_SequentialBase):
+    """state='gbk': all packed buckets grouped under one key, replayed in bucket order.
+
+    For runners without stateful DoFns (Dask). Same result as the state paths;
+    the GroupByKey hands the one worker every packed bucket at once.
+    """
+
+    def process(self, element):
+        t0 = time.perf_counter()
+        ordered_buckets = sorted(element[1], key=lambda b: b[0])
+        hist = self._run((lengths, ids) for _, lengths, ids in ordered_buckets)
+        del ordered_buckets
+        self._timer_micros.inc(int((time.perf_counter() - t0) * 1e6))
+        yield from self._emit(hist)
+
+
 # ---------------------------------------------------------------------------
 # Step 3: ids back to items.
 # ---------------------------------------------------------------------------
@@ -314,6 +342,14 @@ class _SameItemFn(beam.CombineFn):
 
     def extract_output(self, acc):
         return acc
+
+
+def _read_text_lines(pattern):
+    from beam_dpsu.textio import match_files
+    for path in match_files(pattern):
+        with FileSystems.open(path) as f:
+            for line in f:
+                yield line.decode("utf-8").rstrip("\r\n")
 
 
 def _to_item(element, id_to_item):
@@ -385,20 +421,34 @@ class OrderedUserPolicy(beam.PTransform):
         self._state = state
 
     def _resolve_state(self, pipeline) -> str:
-        runner = type(getattr(pipeline, "runner", None)).__name__
+        caps = runners.capabilities(pipeline)
+        runner = caps.name
         if self._state == "ordered_list" and runner in _NO_ORDERED_LIST_RUNNERS:
             raise ValueError(
                 f"state='ordered_list' needs OrderedListState, which {runner} does not "
                 f"support (Beam {beam.__version__}); use state='bag' or state='auto'")
+        if self._state in ("ordered_list", "bag") and not caps.user_state:
+            raise ValueError(
+                f"state={self._state!r} needs stateful DoFns, which {runner} does not run "
+                f"(its DoFns get no state); use state='gbk' or state='auto'")
         if self._state != "auto":
             return self._state
-        return "ordered_list" if runner in _ORDERED_LIST_RUNNERS else "bag"
+        if not caps.user_state:
+            return "gbk"
+        return "ordered_list" if caps.ordered_list_state else "bag"
 
     def _public_side_input(self, pipeline):
         pub = self._public
         if pub is None:
             return None
-        if isinstance(pub, str):
+        if isinstance(pub, str) and not runners.capabilities(pipeline).read_primitive:
+            pub = (pipeline  # no Read primitive (Dask): a Create of the pattern
+                   | "PublicCountsPattern" >> beam.Create([pub])
+                   | "ReadPublicCounts" >> beam.FlatMap(_read_text_lines)
+                   | "ParsePublicCounts" >> beam.Map(policies.parse_public_count_line)
+                   | "DropBlank" >> beam.Filter(lambda kv: kv[0] is not None)
+                   | "SumPublicCounts" >> beam.CombinePerKey(sum))
+        elif isinstance(pub, str):
             pub = (pipeline
                    | "ReadPublicCounts" >> beam.io.ReadFromText(pub)
                    | "ParsePublicCounts" >> beam.Map(policies.parse_public_count_line)
@@ -414,17 +464,31 @@ class OrderedUserPolicy(beam.PTransform):
         prep_args = [keys.key_side_input(per_user, self._run_key)]
         if side is not None:
             prep_args.append(side)
-        prepared = per_user | "Prepare" >> beam.ParDo(
-            _PrepareDoFn(self._make_policy, self._bucket_bits), *prep_args
-        ).with_outputs(_PrepareDoFn.IDS, main="users")
         state = self._resolve_state(per_user.pipeline)
-        seq_fn = (_OrderedListDoFn if state == "ordered_list" else _BagDoFn)(self._update_policy)
-        weights = (prepared.users
-                   | "GroupBuckets" >> beam.GroupByKey()
-                   | "SortBuckets" >> beam.Map(sort_bucket)
-                   | "Sequential" >> beam.ParDo(seq_fn))
-        id_to_item = (prepared[_PrepareDoFn.IDS]
-                      | "ItemPerId" >> beam.CombinePerKey(_SameItemFn()))
+        if runners.capabilities(per_user.pipeline).tagged_outputs:
+            prepared = per_user | "Prepare" >> beam.ParDo(
+                _PrepareDoFn(self._make_policy, self._bucket_bits), *prep_args
+            ).with_outputs(_PrepareDoFn.IDS, main="users")
+            users, ids = prepared.users, prepared[_PrepareDoFn.IDS]
+        else:  # the runner mixes tagged outputs (Dask): one output of (tag, value)
+            split = runners.split_envelopes(
+                per_user | "Prepare" >> beam.ParDo(
+                    _PrepareDoFn(self._make_policy, self._bucket_bits, envelope=True),
+                    *prep_args),
+                "SplitPrepared", (None, _PrepareDoFn.IDS))
+            users, ids = split[None], split[_PrepareDoFn.IDS]
+        sorted_buckets = (users
+                          | "GroupBuckets" >> beam.GroupByKey()
+                          | "SortBuckets" >> beam.Map(sort_bucket))
+        if state == "gbk":
+            weights = (sorted_buckets
+                       | "CollectBuckets" >> beam.GroupByKey()
+                       | "Sequential" >> beam.ParDo(_GbkSequentialDoFn(self._update_policy)))
+        else:
+            seq_fn = (_OrderedListDoFn if state == "ordered_list" else _BagDoFn)(
+                self._update_policy)
+            weights = sorted_buckets | "Sequential" >> beam.ParDo(seq_fn)
+        id_to_item = ids | "ItemPerId" >> beam.CombinePerKey(_SameItemFn())
         return weights | "ToItems" >> beam.Map(_to_item, beam.pvalue.AsDict(id_to_item))
 
 

@@ -34,6 +34,7 @@ import apache_beam as beam
 from beam_dpsu import calibration as cal
 from beam_dpsu import keys
 from beam_dpsu.accounting import PrivacyGuarantee, dp_to_zcdp_rho, zcdp_guarantee
+from beam_dpsu import runners
 from beam_dpsu.bounding import MergeItemCountsFn, SampleItems, sample_items
 from beam_dpsu.histogram import ShardedHistogram, add_user_to_histogram
 from beam_dpsu.mechanisms import Mechanism, RoundCalibration
@@ -265,7 +266,10 @@ class SipsRounds(beam.PTransform):
                             metric=f"released_round_{i}", sharded=True))
             outputs.append(released | f"Tag{i}" >> beam.Map(lambda item, i=i: (item, i)))
             if i + 1 < len(sips.rounds):
-                if sips.removal == "side-input":
+                # A runner that re-evaluates side inputs per task (Dask) removes
+                # nothing through AsList(released) (docs/runners.md): join instead.
+                if sips.removal == "side-input" and runners.capabilities(
+                        per_user.pipeline).side_inputs_once:
                     remaining = remaining | f"Remove{i}" >> beam.ParDo(
                         _RemoveReleasedDoFn(), beam.pvalue.AsList(released))
                 else:

@@ -25,6 +25,7 @@ import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
+from beam_dpsu import runners
 from beam_dpsu.bounding import DEFAULT_FLUSH_PAIRS, ItemCounts, MergeItemCountsFn
 
 BLOCK_BYTES = 8 << 20
@@ -225,8 +226,9 @@ def read_per_user(file_pattern: str, flush_pairs: int = DEFAULT_FLUSH_PAIRS
 class _ReadFileDoFn(beam.DoFn):
     MALFORMED = "malformed"
 
-    def __init__(self, flush_pairs: int):
+    def __init__(self, flush_pairs: int, envelope: bool = False):
         self._flush_pairs = flush_pairs
+        self._envelope = envelope  # (tag, value) main outputs instead of TaggedOutput
         self._malformed = beam.metrics.Metrics.counter("beam_dpsu", "malformed_lines")
         self._files = beam.metrics.Metrics.counter("beam_dpsu", "input_files")
 
@@ -235,10 +237,10 @@ class _ReadFileDoFn(beam.DoFn):
         file_index, path = element if isinstance(element, tuple) else (None, element)
         for kind, value in read_user_items(path, self._flush_pairs, file_index=file_index):
             if kind == "user":
-                yield value
+                yield runners.main_output(value, self._envelope)
             else:
                 self._malformed.inc(value[1])
-                yield beam.pvalue.TaggedOutput(self.MALFORMED, value)
+                yield runners.tag(value, self.MALFORMED, self._envelope)
 
 
 def match_files(pattern: str) -> List[str]:
@@ -288,10 +290,16 @@ class ReadUserItems(beam.PTransform):
                  | "MatchFiles" >> beam.FlatMap(
                      lambda pattern, ordered: (list(enumerate(match_files(pattern))) if ordered
                                                else match_files(pattern)), self._keep_order))
-        outputs = (files
-                   | "SpreadFiles" >> beam.Reshuffle()
-                   | "ReadFiles" >> beam.ParDo(_ReadFileDoFn(self._flush_pairs)).with_outputs(
-                       _ReadFileDoFn.MALFORMED, main="users"))
-        self.malformed = outputs[_ReadFileDoFn.MALFORMED]
+        files = files | "SpreadFiles" >> beam.Reshuffle()
+        if runners.capabilities(pbegin.pipeline).tagged_outputs:
+            outputs = files | "ReadFiles" >> beam.ParDo(
+                _ReadFileDoFn(self._flush_pairs)).with_outputs(_ReadFileDoFn.MALFORMED,
+                                                               main="users")
+            users, self.malformed = outputs.users, outputs[_ReadFileDoFn.MALFORMED]
+        else:  # the runner mixes tagged outputs (Dask): one output of (tag, value)
+            split = runners.split_envelopes(
+                files | "ReadFiles" >> beam.ParDo(_ReadFileDoFn(self._flush_pairs, True)),
+                "SplitOutputs", (None, _ReadFileDoFn.MALFORMED))
+            users, self.malformed = split[None], split[_ReadFileDoFn.MALFORMED]
         merge = MergeOrderedItemCountsFn() if self._keep_order else MergeItemCountsFn()
-        return outputs.users | "MergePerUser" >> beam.CombinePerKey(merge)
+        return users | "MergePerUser" >> beam.CombinePerKey(merge)

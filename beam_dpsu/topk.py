@@ -392,6 +392,32 @@ class _ReleaseDoFn(beam.DoFn):
         yield from rows
 
 
+def _one_key(element):
+    return None, element
+
+
+class _Largest:
+    """(None, elements) → the n largest, largest first (as ``Top.Of(n)`` gives them)."""
+
+    def __init__(self, n: int):
+        self._n = n
+
+    def __call__(self, element):
+        import heapq
+        return heapq.nlargest(self._n, element[1])
+
+
+def _top(pipeline, n: int) -> beam.PTransform:
+    """``Top.Of(n)``; on a runner that drops ``finish_bundle`` outputs (Dask), where
+    ``Top.Of``'s per-bundle step would lose everything, GroupByKey under one key +
+    ``heapq.nlargest`` (the same list; no list at all for an empty input)."""
+    from beam_dpsu import runners
+    if runners.capabilities(pipeline).bundle_outputs:
+        return beam.combiners.Top.Of(n)
+    return ("OneKey" >> beam.Map(_one_key)) | ("Group" >> beam.GroupByKey()) | (
+        "Largest" >> beam.Map(_Largest(n)))
+
+
 class TopK(beam.PTransform):
     """``(user_id, item)`` occurrences → the private top k, ``(rank, item[, noisy_count])``.
 
@@ -438,5 +464,5 @@ class TopK(beam.PTransform):
         return (per_user
                 | "UsersPerItem" >> WeightedHistogram("count")
                 | "Rank" >> beam.ParDo(_RankDoFn(self._purpose), key)
-                | "TrueTop" >> beam.combiners.Top.Of(m.k_bar + 1)
+                | "TrueTop" >> _top(pcoll.pipeline, m.k_bar + 1)
                 | "Release" >> beam.ParDo(_ReleaseDoFn(m, self._purpose), key))

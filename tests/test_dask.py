@@ -1,0 +1,146 @@
+"""Every mechanism and top-k on Beam's Dask runner, on a real two-process cluster.
+
+A ``distributed.LocalCluster`` with two worker processes (one thread each) is
+started once for the module; every pipeline runs through the command line
+with ``--runner=DaskRunner --dask_client_address=ADDRESS`` and the same
+``--insecure-test-seed`` as on the DirectRunner, and the released sets must be
+identical. The workers import ``beam_dpsu`` through ``PYTHONPATH`` (set here to
+the repository root, inherited by the worker processes).
+
+Also: the capability-driven refusals (``beam_dpsu.runners.check_pipeline``)
+and the fresh run key, which must be the same in every dask partition.
+"""
+import glob
+import os
+import sys
+
+import pytest
+
+distributed = pytest.importorskip(
+    "distributed", reason="dask[distributed] is not installed (pip install '.[dask]')")
+
+import apache_beam as beam  # noqa: E402
+
+from beam_dpsu import runners  # noqa: E402
+from pipelines import select_partitions, top_k  # noqa: E402
+from tests.test_runners import CASES, FLAGS, data  # noqa: E402,F401
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = ROOT + (os.pathsep + old if old else "")
+    try:
+        with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                      dashboard_address=None) as c:
+            yield c.scheduler_address
+    finally:
+        if old is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = old
+
+
+def dask_flags(address):
+    return ["--runner=DaskRunner", f"--dask_client_address={address}"]
+
+
+def items_of(prefix):
+    assert glob.glob(prefix + "-items-*") == [prefix + "-items-00000-of-00001"]
+    with open(prefix + "-items-00000-of-00001", encoding="utf-8") as fh:
+        return fh.read().splitlines()
+
+
+def run_select(data, name, runner_flags, out):
+    path, public = data
+    mech = "weighted-gaussian" if name == "weighted-gaussian-zcdp" else name
+    extra = ["--public-counts", public] if name == "gw-kt" else []
+    summary = select_partitions.run(["--input", path, "--output", out, "--mechanism", mech,
+                                     "--insecure-test-seed", "17"] + FLAGS[name] + extra +
+                                    runner_flags)
+    return summary, items_of(out)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_dask_releases_what_the_direct_runner_releases(cluster, data, name, tmp_path):
+    direct, items = run_select(data, name, ["--runner=DirectRunner"], str(tmp_path / "d"))
+    assert items and items == sorted(items)
+    summary, other = run_select(data, name, dask_flags(cluster), str(tmp_path / "k"))
+    assert other == items
+    assert summary["num_released"] == len(items)
+    assert summary["threshold"] == direct["threshold"]
+    assert summary["PRIVATE_run_details"]["runner"] == "DaskRunner"
+
+
+@pytest.mark.parametrize("with_counts", [False, True])
+def test_top_k_on_dask(cluster, data, tmp_path, with_counts):
+    path, _ = data
+    flags = ["--input", path, "--k", "5", "--k-bar", "8", "--epsilon", "2", "--delta", "1e-6",
+             "--insecure-test-seed", "3"] + (
+                 ["--with-counts", "--max-items-per-user", "5"] if with_counts else [])
+    top_k.run(flags + ["--output", str(tmp_path / "d"), "--runner=DirectRunner"])
+    top_k.run(flags + ["--output", str(tmp_path / "k")] + dask_flags(cluster))
+    direct = items_of(str(tmp_path / "d"))
+    assert direct and items_of(str(tmp_path / "k")) == direct
+
+
+def test_dead_letter_and_release_both_written(cluster, tmp_path):
+    path = tmp_path / "in.tsv"
+    path.write_text("".join(f"u{i}\ti{i % 3}\n" for i in range(200)) + "no tab here\n")
+    out, dead = str(tmp_path / "o"), str(tmp_path / "dead")
+    select_partitions.run(["--input", str(path), "--output", out, "--mechanism",
+                           "weighted-gaussian", "--epsilon", "2", "--delta", "1e-5",
+                           "--max-items-per-user", "1", "--insecure-test-seed", "1",
+                           "--dead-letter", dead] + dask_flags(cluster))
+    assert items_of(out) == ["i0", "i1", "i2"]
+    assert open(dead + "-00000-of-00001").read() == "no tab here\n"
+
+
+class _Show(beam.DoFn):
+    def __init__(self, path):
+        self._path = path
+
+    def process(self, element, key):
+        with open(self._path, "a") as f:
+            f.write(key.hex() + "\n")
+        yield element
+
+
+def test_fresh_key_is_the_same_in_every_partition(cluster, tmp_path):
+    from beam_dpsu import keys
+    from beam_dpsu.noise import RunKey
+    log = str(tmp_path / "keys")
+    p = beam.Pipeline(argv=runners.resolve_runner_flag(dask_flags(cluster)))
+    run_key = RunKey.fresh()
+    (p | beam.Create(list(range(1000)))  # several dask partitions, each reads the key
+       | beam.ParDo(_Show(log), keys.key_side_input(p | "x" >> beam.Create([0]), run_key)))
+    result = p.run()
+    result.wait_until_finish()
+    keys.delete_shared_keys(p, result.client)
+    seen = set(open(log).read().split())
+    assert len(open(log).read().split()) == 1000 and len(seen) == 1
+
+
+def test_what_dask_would_mistranslate_is_refused(cluster, tmp_path):
+    p = beam.Pipeline(argv=runners.resolve_runner_flag(dask_flags(cluster)))
+    p | beam.Create([1, 2]) | beam.Map(str) | beam.io.WriteToText(str(tmp_path / "x"))
+    with pytest.raises(ValueError, match="file sink"):
+        runners.check_pipeline(p)
+    p = beam.Pipeline(argv=runners.resolve_runner_flag(dask_flags(cluster)))
+    p | beam.Create([1, 2]) | beam.combiners.Top.Of(1)
+    with pytest.raises(ValueError, match="finish_bundle"):
+        runners.check_pipeline(p)
+    from beam_dpsu.ordered import OrderedUserPolicy
+    from beam_dpsu.policies import L1DescentPolicy  # noqa: F401
+    assert runners.capabilities("DaskRunner").user_state is False
+    assert runners.capabilities("DirectRunner").ordered_list_state is True
+    assert OrderedUserPolicy  # state='bag' on Dask: see test_ordered_state_refused
+
+
+def test_dask_flag_is_accepted_by_the_command_line(cluster, data, tmp_path):
+    from pipelines import common
+    common.check_beam_args(dask_flags(cluster) + ["--dask_npartitions", "2"])
+    with pytest.raises(common.UsageError):
+        common.check_beam_args(["--dask_client_adress=x"])
