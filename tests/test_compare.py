@@ -71,7 +71,8 @@ def test_user_bins():
 @pytest.mark.parametrize("mechs,message", [
     ("nope", "unknown mechanism"), ("count-gaussian:foo=1", "bad setting"),
     ("count-gaussian:max_items=x", "bad value"), ("count-gaussian:max_items=0", "max-items"),
-    ("gw:max_items=3", "does not apply"),
+    ("gw:max_items=3:variant=published", "does not apply"),
+    ("gw:variant=published", "--allow-unproven"),
 ])
 def test_bad_mechanism_lists_exit_2(data, tmp_path, capsys, mechs, message):
     rc = compare.main(["--input", data, "--output", str(tmp_path / "o"), "--delta", "1e-6",
