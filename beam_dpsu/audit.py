@@ -59,9 +59,21 @@ the ``'order'`` subkey of the run key for one scenario (``PinnedOrderKey``)
 and picks user ids that put the canary where it wants. Every other subkey
 (sampling, noise, item order) is fresh OS randomness in every run. This is a
 valid test, and a stronger one than a random order: the privacy proofs of the
-sequential policies hold for every order that does not depend on the data, so
-the mechanism must be (ε, δ)-DP conditionally on each order; the histogram
-mechanisms do not use the order at all.
+sequential policies (ℓ1/ℓ2-descent, the cascade-free greedy) hold for every
+order that does not depend on the data — because these policies are also
+contractive and satisfy the support condition (only the added user's own kept
+items can become non-zero; ``docs/gw.md``), not because of the order alone —
+so the mechanism must be (ε, δ)-DP conditionally on each order; the histogram
+mechanisms do not use the order at all. The published GW (``variant=
+'published'``) lacks the support condition, and the ``cascade`` scenario shows
+it is not private:
+
+* ``cascade`` (sequential policies; not in the default plan): setup users,
+  then the canary, then "converter" users under a pinned order; with the
+  canary present the published greedy diverts the converters onto about 30
+  items the canary does not hold (``cascade_scenario``). ``cascade_configs``
+  gives the published and the cascade-free GW the same cutoff so both are
+  audited on the same pair: the first fails, the second passes.
 
 Deliberately broken variants (``BROKEN``, for the tests of the auditor's
 power; never use them for anything else) each differ from a real mechanism in
@@ -795,7 +807,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ratio", type=float)
     p.add_argument("--public-counts")
     p.add_argument("--tie-break", help="gw, gw-kt: item-hash (default) or first-occurrence")
-    p.add_argument("--eta", type=float, help="gw, gw-kt: step-1 budget η (default 0.05)")
+    p.add_argument("--eta", type=float, help="gw, gw-kt: step-1 budget η (default 0.01)")
     p.add_argument("--variant", help="gw, gw-kt: cascade-free (default) or published "
                    "(NOT proven private; needs --allow-unproven)")
     p.add_argument("--allow-unproven", action="store_true", default=None,

@@ -3,9 +3,11 @@
 ``OrderedUserPolicy`` runs a sequential update policy (``beam_dpsu.policies``)
 over a PCollection of ``(user_id, {item: count})`` and returns the finished
 histogram as ``(item, weight)`` for every item with weight > 0. The mechanisms
-``PolicyLaplace``, ``PolicyGaussian``, ``GW`` and ``GWKT`` (specification
-section 3) then add noise and apply the threshold ``T`` with
-``threshold.ApplyReleaseRule`` exactly as the histogram mechanisms do.
+``PolicyLaplace``, ``PolicyGaussian``, ``GW`` and ``GWKT`` then add noise and
+apply the threshold ``T`` with ``threshold.ApplyReleaseRule`` exactly as the
+histogram mechanisms do. ``GW`` and ``GWKT`` default to the cascade-free
+greedy (proven, ``docs/gw.md``); their ``variant='published'`` is not proven
+private.
 
 How the transform works
 -----------------------
@@ -333,9 +335,13 @@ class OrderedUserPolicy(beam.PTransform):
         smaller sorts and, with ordered-list state on a runner that pages
         state, less memory in the sequential worker.
 
-    Privacy: none by itself; the histogram has the per-user sensitivity of the
-    policy (ℓ1 ≤ 1 for ℓ1-descent and greedy, ℓ2 ≤ 1 for ℓ2-descent) given
-    that the order depends on no user's data.
+    Privacy: none by itself; given that the order depends on no user's data,
+    the histogram has the per-user sensitivity of the policy (ℓ1 ≤ 1 for
+    ℓ1-descent and the greedy policies, ℓ2 ≤ 1 for ℓ2-descent). That alone is
+    not a privacy proof: the mechanisms also need the support condition
+    (only the added user's kept items can be new in the histogram), which
+    ℓ1/ℓ2-descent and the cascade-free greedy have and the published greedy
+    does not (``docs/gw.md``).
     """
 
     def __init__(self, policy: policies.UserPolicy, run_key: RunKey, public_counts=None,
@@ -537,8 +543,9 @@ class PolicyGaussian(PolicyMechanism):
 VARIANTS = ("cascade-free", "published")
 #: Default Δ0 (K_i size) and η (step-1 budget) of the cascade-free GW and GW-KT.
 #: Chosen from the Δ0 × η sweep on the five shared datasets at ε = 3, δ = e^-10,
-#: α = 3 (``benchmarks/RESULTS-gw.md``): see the ``GW`` docstring.
+#: α = 3 (``benchmarks/RESULTS-gw.md``): see the ``GW`` and ``GWKT`` docstrings.
 DEFAULT_GW_MAX_ITEMS = 20
+DEFAULT_GWKT_MAX_ITEMS = 100
 DEFAULT_GW_ETA = 0.01
 
 
@@ -589,17 +596,20 @@ class GW(PolicyMechanism):
         first-occurrence`` is given) or ``core.per_user_counts``; see
         ``needs_record_order``.
       max_items: Δ0 ≥ 1, the size of K_i (cascade-free only; default
-        ``DEFAULT_GW_MAX_ITEMS`` = 100). Privacy: T grows with Δ0, by at most
-        ``log(1 + (Δ0 − 1)·e^(−ε))/ε`` over the published T (0.59 at ε = 3,
-        Δ0 = 100). Utility: users with more than Δ0 items rarely spend their
-        budget beyond their first 100 items, and the sweep shows releases
-        flat from Δ0 = 30 to 300.
+        ``DEFAULT_GW_MAX_ITEMS`` = 20). Privacy: the guarantee holds for any
+        Δ0 because T grows with it, by at most ``log(1 + (Δ0 − 1)·e^(−ε))/ε``
+        over the published T (at ε = 3: 0.22 for Δ0 = 20, 0.59 for 100).
+        Utility: a small Δ0 wastes the budget of users whose K_i is all at Γ,
+        a large one raises T and Γ; on the five shared datasets (ε = 3,
+        δ = e^-10, α = 3; ``benchmarks/RESULTS-gw.md``) releases peak at
+        Δ0 = 10-30 and fall by 5-10% at 100 and 15-20% at 300. 20 keeps GW at
+        ≥ 0.9× the published GW on commits-rails and reddit-titles.
       eta: η in (0, 1), the step-1 budget (cascade-free only; default
-        ``DEFAULT_GW_ETA`` = 0.05). Privacy: none on T; η > 0 is what makes the
-        support condition hold. Utility: budget spread evenly over K_i is
-        mostly wasted on items that are never released, so η should be small;
-        the sweep shows 0.01 and 0.05 within noise of each other and 0.2
-        clearly worse (``benchmarks/RESULTS-gw.md``).
+        ``DEFAULT_GW_ETA`` = 0.01). Privacy: none on T; η > 0 is what makes the
+        support condition hold (any η > 0 does; in floating point too).
+        Utility: budget spread evenly over K_i is mostly wasted on items that
+        are never released, so η should be small; the sweep shows 0.001, 0.01
+        and 0.05 within noise of each other and 0.2 clearly worse.
       variant: ``'cascade-free'`` (default) or ``'published'`` (unproven).
     """
 
@@ -618,7 +628,7 @@ class GW(PolicyMechanism):
             note = ("(ε, δ)-DP as claimed by Carvalho et al.; NOT PROVEN: the published δ "
                     "argument ignores cascades (docs/gw.md)")
         else:
-            max_items = DEFAULT_GW_MAX_ITEMS if max_items is None else max_items
+            max_items = self._default_max_items if max_items is None else max_items
             max_items = cal.check_max_items(max_items)
             self.eta = cal.check_eta(DEFAULT_GW_ETA if eta is None else eta)
             t = cal.gw_cascade_free_threshold(epsilon, delta, max_items)
@@ -630,6 +640,7 @@ class GW(PolicyMechanism):
 
     _policy_names = {"cascade-free": "cascade-free-greedy", "published": "greedy"}
     _public = False
+    _default_max_items = DEFAULT_GW_MAX_ITEMS
 
     @property
     def proven(self) -> bool:
@@ -677,8 +688,13 @@ class GWKT(GW):
       state: ``OrderedUserPolicy`` state choice (default ``'auto'``).
       tie_break: as for ``GW``; it orders items of equal public count and
         equal frequency. No privacy effect.
-      max_items, eta, variant: as for ``GW`` (defaults 100, 0.05,
-        ``'cascade-free'``).
+      max_items: Δ0, as for ``GW`` but default ``DEFAULT_GWKT_MAX_ITEMS`` =
+        100: every user walks the same public ranking, so its top items fill
+        up early and a user whose K_i is all at Γ wastes budget; on
+        commits-rails (public counts from commits-ansible) releases rise up to
+        Δ0 ≈ 100 and are flat to 150 (``benchmarks/RESULTS-gw.md``), where
+        GW-KT reaches about 0.85× the published GW-KT.
+      eta, variant: as for ``GW`` (defaults 0.01, ``'cascade-free'``).
     """
 
     def __init__(self, epsilon: float, delta: float, public_counts,
@@ -702,6 +718,7 @@ class GWKT(GW):
 
     _policy_names = {"cascade-free": "cascade-free-greedy-public", "published": "greedy-public"}
     _public = True
+    _default_max_items = DEFAULT_GWKT_MAX_ITEMS
 
     def _public_counts_local(self):
         if isinstance(self.public_counts, Mapping):

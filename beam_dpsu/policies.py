@@ -13,22 +13,38 @@ This module is pure Python and numpy (no Beam). It has three layers:
   ``greedy_fill``): the user's current values in, the new values out. They are
   written to read like the specification and are what the unit tests check;
 * the fast in-place updates on a ``{item: weight}`` dict (``apply_l1``,
-  ``apply_l2``, ``apply_greedy``) that the Beam transform and the Beam-free
+  ``apply_l2``, ``apply_greedy``, ``apply_cascade_free``) that the Beam transform and the Beam-free
   core both run (plain Python dict operations: measured faster per user than
   numpy for the item counts of real data, where a user has tens of items);
 * ``UserPolicy`` objects (``L1DescentPolicy``, ``L2DescentPolicy``,
-  ``GreedyPolicy``): ``prepare(user, counts)`` does everything that depends on
-  one user only (Δ0 sampling, the greedy item order) and can run in parallel;
+  ``CascadeFreeGreedyPolicy``, and the published ``GreedyPolicy``):
+  ``prepare(user, counts)`` does everything that depends on one user only
+  (Δ0 sampling, the greedy item order, K_i) and can run in parallel;
   ``update(hist, prepared)`` is the sequential step.
 
-Why these policies are private (section 3.4): a user's update depends on the
-histogram only through the cutoff. ℓ1-descent (water-filling) and ℓ2-descent
-are symmetric functions of the user's items: the result does not depend on
-any order of the items. The greedy policy walks the user's items in an order
-fixed by the user's own frequencies (or public counts) and a keyed item hash,
-never by the current histogram. A policy that ranks items by their current
-weight ("fill the items closest to Γ first") is NOT private; see
-``tests/test_policies.py`` for the counterexample.
+Why a sequential policy is private: a data-independent user order is NOT
+enough by itself. The proof (``docs/gw.md``) needs, besides an order that
+depends on no user's data and per-user choices (sampled items, walk order)
+that depend on the user's own data only, two properties of the update:
+
+(b) contractivity: each update is monotone (H ≤ H′ ⇒ f(H) ≤ f(H′)) and
+    non-expansive (ℓ1, or ℓ2 for ℓ2-descent) on ordered pairs, so the finished
+    histograms of neighbouring datasets stay within 1 of each other;
+(c) the support condition: only the added user's own kept items can be
+    non-zero in H′ and zero in H (at most Δ0 items, total weight ≤ 1, which
+    the threshold accounts for).
+
+ℓ1-descent (water-filling) and ℓ2-descent satisfy (c) because they raise
+*every* kept item below Γ by a positive amount; the cascade-free greedy
+satisfies it through its step 1 (ℓ1-descent with budget η over K_i). The
+published greedy (``GreedyPolicy``) satisfies (b) but NOT (c): with an added
+user x, a later user can find an item x filled to Γ, skip it and spend budget
+on an item it never reached without x (the "cascade"), so it is not proven
+private and is kept for research only. The walk orders never depend on the
+histogram. A policy that ranks items by their current weight ("fill the items
+closest to Γ first") is NOT private; see ``tests/test_policies.py`` for the
+counterexample, and ``tests/test_gw_cascade.py`` for (b) and (c) on fuzzed
+neighbouring pairs.
 
 Floating point: every raised value is clamped to ``Γ``, so no item ever
 exceeds the cutoff, and each user's change has norm at most ``1`` up to
@@ -448,7 +464,11 @@ _ID_MASK = (1 << 63) - 1
 
 
 class GreedyPolicy(UserPolicy):
-    """Greedy fill (GW) or greedy with public counts (GW-KT); no Δ0 sampling.
+    """The published greedy fill (GW) or greedy with public counts (GW-KT); no Δ0.
+
+    NOT PROVEN PRIVATE (it lacks the support condition; see the module
+    docstring and ``docs/gw.md``); the default GW and GW-KT use
+    ``CascadeFreeGreedyPolicy``.
 
     Every distinct item of the user takes part, walked in ``greedy_order``
     (frequency descending, ties by the keyed item id; with public counts,
@@ -470,9 +490,10 @@ class GreedyPolicy(UserPolicy):
         meaningful order (words of a title) it releases fewer items than the
         hash (see ``benchmarks/RESULTS-ordered.md``). Privacy: unchanged. The
         walk order is still a function of the user's own data only, never of
-        the histogram or of other users, which is all the proof of GW needs
-        (specification 3.4). It must not be an order Beam produced by
-        merging partial counts, which can depend on how the input was bundled.
+        the histogram or of other users, which is what the proof needs of
+        the walk order (condition (a′) of ``docs/gw.md``). It must not be an
+        order Beam produced by merging partial counts, which can depend on
+        how the input was bundled.
     """
 
     norm = "l1"

@@ -10,7 +10,8 @@ released items over ``--runs`` runs for:
 * the published GW (``variant='published'``, unproven; the baseline the
   cascade-free variant must stay within 0.9× of), both tie-breaks;
 * Policy Laplace and Policy Gaussian at Δ0 = 100 (same α);
-* on commits-rails only: GW-KT, cascade-free (default Δ0, η) and published,
+* on commits-rails only: GW-KT, cascade-free (default Δ0, η; and a Δ0 sweep
+  at the default η, ``--runs`` runs each) and published,
   with public counts = the number of distinct users per item in
   commits-ansible (as ``tests/test_ordered_reference_numbers.py`` builds them).
 
@@ -69,6 +70,8 @@ def main(argv=None):
     p.add_argument("--runs", type=int, default=3, help="runs per grid cell")
     p.add_argument("--check-runs", type=int, default=5,
                    help="runs of the defaults and the baselines (the 0.9x checks)")
+    p.add_argument("--kt-max-items", default="20,50,100,200",
+                   help="commits-rails: GW-KT (default η) at these Δ0")
     p.add_argument("--json")
     args = p.parse_args(argv)
     eps, delta, alpha = 3.0, E10, 3.0
@@ -100,6 +103,9 @@ def main(argv=None):
                 args.check_runs)[:2]
             res["baselines"]["gw-kt cascade-free default item-hash"] = released(
                 GWKT(eps, delta, public, alpha), per_user, args.check_runs)[:2]
+            for d0 in [int(x) for x in args.kt_max_items.split(",")]:
+                res["baselines"][f"gw-kt cascade-free Δ0={d0} (default η)"] = released(
+                    GWKT(eps, delta, public, alpha, max_items=d0), per_user, args.runs)[:2]
         for d0 in grid_d0:
             for eta in grid_eta:
                 res["grid"][f"{d0}/{eta:g}"] = released(
@@ -124,7 +130,8 @@ def markdown_one(name, res, grid_d0, grid_eta, args):
     for d0 in grid_d0:
         cells = [res["grid"][f"{d0}/{e:g}"] for e in grid_eta]
         lines.append(f"| {d0} | " + " | ".join(f"{m:.1f} ± {s:.1f}" for m, s in cells) + " |")
-    lines += ["", f"Baselines and defaults ({args.check_runs} runs):", "",
+    lines += ["", f"Baselines and defaults ({args.check_runs} runs; the GW-KT Δ0 sweep "
+              f"{args.runs}):", "",
               "| mechanism | released (mean ± sd) |", "|---|---|"]
     for k, (m, s) in res["baselines"].items():
         lines.append(f"| {k} | {m:.1f} ± {s:.1f} |")
