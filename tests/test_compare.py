@@ -108,3 +108,23 @@ def test_gw_tie_breaks_side_by_side_in_both_engines(data, tmp_path):
     assert compare._cli_flags("gw", compare.MechanismParams(
         epsilon=2.0, delta=1e-6, tie_break="first-occurrence"))[-2:] == [
             "--tie-break", "first-occurrence"]
+
+
+def test_published_and_cascade_free_gw_side_by_side_with_allow_unproven(data, tmp_path):
+    mechs = "gw,gw:variant=published,gw:max_items=5:eta=0.1"
+    s = compare.run(["--input", data, "--output", str(tmp_path / "o"), "--delta", "1e-6",
+                     "--epsilon", "2", "--trials", "1", "--mechanisms", mechs,
+                     "--allow-unproven"], progress=lambda m: None)
+    cal = [(r["calibration"]["variant"], r["calibration"]["proven"],
+            r["calibration"]["max_items_per_user"], r["calibration"]["eta"])
+           for r in s["results"]]
+    from beam_dpsu.ordered import DEFAULT_GW_ETA, DEFAULT_GW_MAX_ITEMS
+    assert cal == [("cascade-free", True, DEFAULT_GW_MAX_ITEMS, DEFAULT_GW_ETA),
+                   ("published", False, None, None), ("cascade-free", True, 5, 0.1)]
+    # The beam engine gets the same mechanism through the command-line flags.
+    flags = compare._cli_flags("gw", compare.MechanismParams(
+        epsilon=2.0, delta=1e-6, variant="published", eta=None, allow_unproven=True))
+    assert flags[-3:] == ["--variant", "published", "--allow-unproven"]
+    assert compare._cli_flags("gw", compare.MechanismParams(epsilon=2.0, delta=1e-6, eta=0.1,
+                                                            allow_unproven=None))[-2:] == \
+        ["--eta", "0.1"]
