@@ -807,7 +807,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ratio", type=float)
     p.add_argument("--public-counts")
     p.add_argument("--tie-break", help="gw, gw-kt: item-hash (default) or first-occurrence")
-    p.add_argument("--eta", type=float, help="gw, gw-kt: step-1 budget η (default 0.01)")
+    p.add_argument("--eta", type=float, help="gw, gw-kt: step-1 budget η (default 0.001)")
     p.add_argument("--variant", help="gw, gw-kt: cascade-free (default) or published "
                    "(NOT proven private; needs --allow-unproven)")
     p.add_argument("--allow-unproven", action="store_true", default=None,

@@ -203,6 +203,8 @@ class DenseRunner:
         if policy_name not in KINDS:
             raise ValueError(f"no compiled kernel for policy {policy_name!r}")
         self._kind = KINDS[policy_name]
+        if self._kind == 3 and not 0.0 < float(eta) < 1.0:
+            raise ValueError(f"the cascade-free greedy needs 0 < eta < 1, got {eta!r}")
         self._cutoff = float(cutoff)
         self._eta = float(eta)
         self._rest = 1.0 - self._eta

@@ -57,7 +57,7 @@ def build_parser() -> common.ArgumentParser:
                         "order, as the authors' code); no privacy effect")
     p.add_argument("--variant", help="gw, gw-kt: 'cascade-free' (default, proven) or "
                    "'published' (NOT proven private; needs --allow-unproven)")
-    p.add_argument("--eta", type=float, help="gw, gw-kt: step-1 budget η in (0, 1) (default 0.01)")
+    p.add_argument("--eta", type=float, help="gw, gw-kt: step-1 budget η in (0, 1) (default 0.001)")
     p.add_argument("--allow-unproven", action="store_true", default=None,
                    help="research only: allow a variant whose privacy is not proven")
     common.add_dead_letter_argument(p)

@@ -71,6 +71,8 @@ def test_run_sequential_cascade_free_is_the_same_with_and_without_numba(monkeypa
 def test_bad_policy_name():
     with pytest.raises(ValueError, match="no compiled kernel"):
         kernels.DenseRunner("l3-descent", 1.0)
+    with pytest.raises(ValueError, match="eta"):    # η = 0 would break the support condition
+        kernels.DenseRunner("cascade-free-greedy", 1.0)
 
 
 def test_a_policy_with_its_own_update_is_not_replaced_by_a_kernel():
