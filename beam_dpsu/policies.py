@@ -13,8 +13,8 @@ This module is pure Python and numpy (no Beam). It has three layers:
   ``greedy_fill``): the user's current values in, the new values out. They are
   written to read like the specification and are what the unit tests check;
 * the fast in-place updates on a ``{item: weight}`` dict (``apply_l1``,
-  ``apply_l2``, ``apply_greedy``, ``apply_cascade_free``) that the Beam transform and the Beam-free
-  core both run (plain Python dict operations: measured faster per user than
+  ``apply_l2``, ``apply_greedy``, ``apply_cascade_free``) that the Beam
+  transform and the Beam-free core both run (plain Python dict operations: measured faster per user than
   numpy for the item counts of real data, where a user has tens of items);
 * ``UserPolicy`` objects (``L1DescentPolicy``, ``L2DescentPolicy``,
   ``CascadeFreeGreedyPolicy``, and the published ``GreedyPolicy``):
@@ -31,8 +31,8 @@ that depend on the user's own data only, two properties of the update:
     non-expansive (ℓ1, or ℓ2 for ℓ2-descent) on ordered pairs, so the finished
     histograms of neighbouring datasets stay within 1 of each other;
 (c) the support condition: only the added user's own kept items can be
-    non-zero in H′ and zero in H (at most Δ0 items, total weight ≤ 1, which
-    the threshold accounts for).
+    non-zero in H′ and zero in H (at most Δ0 items whose weights have norm
+    ≤ 1, which the threshold accounts for).
 
 ℓ1-descent (water-filling) and ℓ2-descent satisfy (c) because they raise
 *every* kept item below Γ by a positive amount; the cascade-free greedy

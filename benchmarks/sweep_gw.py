@@ -144,7 +144,7 @@ def main(argv=None):
 
 def markdown_one(name, res, grid_d0, grid_eta, args):
     lines = [f"### {name} ({res['users']:,} users; {res['seconds']} s)", "",
-             f"Cascade-free GW (item-hash tie-break), released items, mean ± sd of "
+             f"Cascade-free GW (item-hash tie-break), {METRIC['name']} items, mean ± sd of "
              f"{args.runs} runs:", "",
              "| Δ0 \\ η | " + " | ".join(f"{e:g}" for e in grid_eta) + " |",
              "|---|" + "---|" * len(grid_eta)]
