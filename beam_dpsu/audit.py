@@ -4,8 +4,9 @@ Usage::
 
     python -m beam_dpsu.audit --mechanism NAME [--epsilon E] [--delta D] [--rho R]
         [--max-items-per-user N] [--alpha A] [--rounds I] [--ratio r]
-        [--public-counts PATH] [--trials N] [--confidence C]
-        [--scenarios unique,near-cutoff,pile] [--positions first,middle,last]
+        [--public-counts PATH] [--tie-break T] [--eta H]
+        [--variant cascade-free|published --allow-unproven] [--trials N] [--confidence C]
+        [--scenarios unique,near-cutoff,pile,cascade] [--positions first,middle,last]
         [--broken VARIANT]
 
 prints one JSON object with ``mechanism``, ``claimed_epsilon``,
@@ -58,9 +59,21 @@ the ``'order'`` subkey of the run key for one scenario (``PinnedOrderKey``)
 and picks user ids that put the canary where it wants. Every other subkey
 (sampling, noise, item order) is fresh OS randomness in every run. This is a
 valid test, and a stronger one than a random order: the privacy proofs of the
-sequential policies hold for every order that does not depend on the data, so
-the mechanism must be (ε, δ)-DP conditionally on each order; the histogram
-mechanisms do not use the order at all.
+sequential policies (ℓ1/ℓ2-descent, the cascade-free greedy) hold for every
+order that does not depend on the data — because these policies are also
+contractive and satisfy the support condition (only the added user's own kept
+items can become non-zero; ``docs/gw.md``), not because of the order alone —
+so the mechanism must be (ε, δ)-DP conditionally on each order; the histogram
+mechanisms do not use the order at all. The published GW (``variant=
+'published'``) lacks the support condition, and the ``cascade`` scenario shows
+it is not private:
+
+* ``cascade`` (sequential policies; not in the default plan): setup users,
+  then the canary, then "converter" users under a pinned order; with the
+  canary present the published greedy diverts the converters onto about 30
+  items the canary does not hold (``cascade_scenario``). ``cascade_configs``
+  gives the published and the cascade-free GW the same cutoff so both are
+  audited on the same pair: the first fails, the second passes.
 
 Deliberately broken variants (``BROKEN``, for the tests of the auditor's
 power; never use them for anything else) each differ from a real mechanism in
@@ -101,6 +114,10 @@ CI_CONFIDENCE = 1.0 - 1e-8
 FAST_TRIALS = 1000
 THOROUGH_TRIALS = 100_000
 SCENARIOS = ("unique", "near-cutoff", "pile")
+#: Every scenario ``build_scenario`` knows; ``cascade`` (sequential policies only)
+#: is not in the default plan: it needs a cutoff with a suitable fractional part,
+#: which ``cascade_configs`` arranges.
+ALL_SCENARIOS = SCENARIOS + ("cascade",)
 POSITIONS = ("first", "middle", "last")
 MAX_BACKGROUND_PER_ITEM = 200  # caps the users a scenario builds (tiny ε, huge Δ0)
 UNIQUE_ITEMS_WITHOUT_MAX = 64  # canary-only items for mechanisms without Δ0
@@ -310,11 +327,13 @@ def _count(x: float) -> int:
 def build_scenario(mechanism: Mechanism, name: str, position: str = "first",
                    order_key: Optional[bytes] = None) -> Scenario:
     """The neighbouring pair ``name`` for this mechanism, canary at ``position``."""
-    if name not in SCENARIOS:
-        raise ValueError(f"scenario must be one of {SCENARIOS}, got {name!r}")
+    if name not in ALL_SCENARIOS:
+        raise ValueError(f"scenario must be one of {ALL_SCENARIOS}, got {name!r}")
     if position not in POSITIONS:
         raise ValueError(f"position must be one of {POSITIONS}, got {position!r}")
     prof = profile(mechanism)
+    if name == "cascade":
+        return cascade_scenario(prof, order_key)
     background: Dict[Any, Dict[Any, int]] = {}
     if name == "unique":
         k = prof.max_items if prof.max_items else UNIQUE_ITEMS_WITHOUT_MAX
@@ -364,12 +383,101 @@ def build_scenario(mechanism: Mechanism, name: str, position: str = "first",
     return Scenario(name, position, background, canary_id, canary, events, order_key)
 
 
+#: The cascade scenario builds at most this many converter users.
+MAX_CASCADE_CONVERTERS = 200
+
+
+def cascade_scenario(prof: Profile, order_key: Optional[bytes] = None) -> Scenario:
+    """The cascade of the published GW as a neighbouring pair (specification 3.3).
+
+    With Γ = M − s (M = ⌈Γ⌉, 0 < s < 1), integer "setup" users (each holds one
+    item and adds exactly 1 to it) raise a private item ``f-j`` of every
+    converter j to M − 1 (gap 1 − s) and the shared item ``e`` to M − 2 (gap
+    1 + (1 − s)). Then the canary x (holding ``e`` only) and then N converters,
+    converter j holding ``{f-j: 3, e: 2, c-j: 1}`` (walk order f-j, e, c-j
+    under any tie-break). The user order is pinned: setup users, then x, then
+    the converters (user ids are assigned to roles by their rank under the
+    order key, so every key works).
+
+    Without x each converter closes f-j's gap (1 − s) and puts its remaining s
+    on ``e``, whose gap stays above s for all N converters: no ``c-j`` is ever
+    touched, so with the published greedy no ``c-j`` can be released. With x,
+    ``e`` has 1 less gap; after about 1/s converters it is full, and every later
+    converter skips it and puts s on its own ``c-j``: about (N − 1/s) items
+    that x does not hold become non-zero (total weight < 1, the ℓ1 bound holds).
+    The published threshold accounts for one such item, so the published GW
+    fails the audit when s is small (``cascade_configs``: s = 1/32, about 30
+    items). The cascade-free GW gives every ``c-j`` a positive weight in both
+    datasets (step 1, Δ0 ≥ 3) and must pass.
+
+    Events: "a cascade item c-j is released", "at least 2 are".
+    """
+    if not prof.sequential or prof.cutoff is None:
+        raise ValueError("the cascade scenario applies to the sequential policies only")
+    cutoff = prof.cutoff
+    m = math.ceil(cutoff)
+    s = m - cutoff                      # the spill per converter
+    if not (m >= 3 and 1.0 / MAX_CASCADE_CONVERTERS * 2 <= s < 0.5):
+        raise ValueError(f"the cascade scenario needs a cutoff >= 2 whose fractional part is "
+                         f"in (0.5, {1 - 2 / MAX_CASCADE_CONVERTERS:g}], got {cutoff!r}")
+    # Without x converter j sees e's gap (2 − s) − (j − 1)·s; it must stay above
+    # s (with a margin of s) for every j ≤ N: N = ⌊2/s − 1.5⌋.
+    n_conv = int(math.floor(2.0 / s - 1.5))
+    roles: List[Tuple[str, Dict[Any, int]]] = []
+    for j in range(n_conv):
+        roles += [("setup", {f"f-{j}": 1})] * (m - 1)
+    roles += [("setup", {"e": 1})] * (m - 2)
+    n_setup = len(roles)
+    roles.append(("canary", {"e": 1}))
+    roles += [("converter", {f"f-{j}": 3, "e": 2, f"c-{j}": 1}) for j in range(n_conv)]
+    if order_key is None:
+        order_key = secrets.token_bytes(32)
+    ids = sorted((f"cascade-u{i}" for i in range(len(roles))),
+                 key=lambda u: _sort_key(order_key, u))
+    background: Dict[Any, Dict[Any, int]] = {}
+    canary_id, canary = None, None
+    for uid, (role, counts) in zip(ids, roles):
+        if role == "canary":
+            canary_id, canary = uid, counts
+        else:
+            background[uid] = dict(counts)
+    assert ids.index(canary_id) == n_setup
+    cascade_items = frozenset(f"c-{j}" for j in range(n_conv))
+    events = [Event("a cascade item is released", cascade_items),
+              Event("at least 2 cascade items are released", cascade_items, 2)]
+    return Scenario("cascade", "middle", background, canary_id, canary, events, order_key)
+
+
+# The cascade audit (CI and benchmarks/audit_all.py): ε = 1, δ = 0.1, Γ = 4 − 1/32
+# for both GW variants (α chosen per variant), Δ0 = 4 for the cascade-free one.
+CASCADE_EPSILON, CASCADE_DELTA, CASCADE_MAX_ITEMS = 1.0, 0.1, 4
+CASCADE_CUTOFF = 4.0 - 1.0 / 32
+CASCADE_TRIALS = 400
+
+
+def cascade_configs() -> List[Tuple[str, Dict[str, Any]]]:
+    """``(name, params)`` of the published and the cascade-free GW with the same Γ.
+
+    Both get Γ = ``CASCADE_CUTOFF`` through their α (α = ε·(Γ − T)), so that
+    ``cascade_scenario`` builds the same neighbouring pair for both.
+    """
+    from beam_dpsu import calibration as _cal
+    e, d = CASCADE_EPSILON, CASCADE_DELTA
+    t_pub = _cal.gw_threshold(e, d)
+    t_cf = _cal.gw_cascade_free_threshold(e, d, CASCADE_MAX_ITEMS)
+    return [("gw", {"epsilon": e, "delta": d, "alpha": e * (CASCADE_CUTOFF - t_pub),
+                    "variant": "published", "allow_unproven": True}),
+            ("gw", {"epsilon": e, "delta": d, "alpha": e * (CASCADE_CUTOFF - t_cf),
+                    "max_items": CASCADE_MAX_ITEMS})]
+
+
 def default_plan(mechanism: Mechanism, scenarios: Sequence[str] = SCENARIOS,
                  positions: Optional[Sequence[str]] = None) -> List[Tuple[str, str]]:
     """(scenario, position) pairs: all positions for sequential policies, 'first' otherwise."""
     if positions is None:
         positions = POSITIONS if profile(mechanism).sequential else ("first",)
-    return [(s, p) for s in scenarios for p in positions]
+    return [(s, p) for s in scenarios
+            for p in (("middle",) if s == "cascade" else positions)]  # cascade: order built in
 
 
 # ---------------------------------------------------------------------------
@@ -633,9 +741,10 @@ def standard_configs(public_counts_path: Optional[str] = None) -> List[Tuple[str
 BROKEN_CONFIGS = [
     ("threshold-delta-x100", "weighted-laplace",
      {"epsilon": 1.0, "delta": 1e-3, "max_items": 8}, [("unique", "first")], 4000),
-    ("zero-weight-keys", "gw", {"epsilon": 1.0, "delta": 1e-2}, [("unique", "first")], 2000),
-    ("closest-to-cutoff-greedy", "gw", {"epsilon": 1.0, "delta": 1e-2},
-     [("pile", "first")], 1000),
+    ("zero-weight-keys", "gw", {"epsilon": 1.0, "delta": 1e-2, "variant": "published",
+                                "allow_unproven": True}, [("unique", "first")], 2000),
+    ("closest-to-cutoff-greedy", "gw", {"epsilon": 1.0, "delta": 1e-2, "variant": "published",
+                                        "allow_unproven": True}, [("pile", "first")], 1000),
 ]
 
 
@@ -691,12 +800,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ratio", type=float)
     p.add_argument("--public-counts")
     p.add_argument("--tie-break", help="gw, gw-kt: item-hash (default) or first-occurrence")
+    p.add_argument("--eta", type=float, help="gw, gw-kt: step-1 budget η (default 0.001)")
+    p.add_argument("--variant", help="gw, gw-kt: cascade-free (default) or published "
+                   "(NOT proven private; needs --allow-unproven)")
+    p.add_argument("--allow-unproven", action="store_true", default=None,
+                   help="research only: allow a variant whose privacy is not proven")
     p.add_argument("--trials", type=int, default=FAST_TRIALS,
                    help=f"runs per dataset and scenario (default {FAST_TRIALS}; thorough: "
                         f"{THOROUGH_TRIALS})")
     p.add_argument("--confidence", type=float, default=DEFAULT_CONFIDENCE,
                    help="joint confidence of all bounds (default 0.95)")
-    p.add_argument("--scenarios", type=_csv(SCENARIOS), default=list(SCENARIOS))
+    p.add_argument("--scenarios", type=_csv(ALL_SCENARIOS), default=list(SCENARIOS),
+                   help="default: " + ",".join(SCENARIOS) + " (cascade: sequential policies, "
+                        "Γ with fractional part in (0.5, 0.99])")
     p.add_argument("--positions", type=_csv(POSITIONS), default=None,
                    help="canary positions (default: all three for sequential policies)")
     p.add_argument("--broken", choices=sorted(BROKEN),

@@ -63,6 +63,14 @@ def check_max_items(max_items: int, name: str = "max_items_per_user") -> int:
     return int(max_items)
 
 
+def check_eta(eta: float, name: str = "eta") -> float:
+    """Returns η as a float, or raises ValueError unless 0 < η < 1 (cascade-free GW step 1)."""
+    if isinstance(eta, bool) or not isinstance(eta, (int, float, np.floating, np.integer)) \
+            or not (0.0 < float(eta) < 1.0):
+        raise ValueError(f"{name} must be a number in (0, 1), got {eta!r}")
+    return float(eta)
+
+
 def check_sensitivity(sensitivity: float, name: str = "sensitivity") -> float:
     """Returns a positive finite sensitivity as a float, or raises ValueError."""
     return check_epsilon(sensitivity, name)
@@ -244,6 +252,82 @@ def gw_threshold(epsilon: float, delta: float) -> float:
     epsilon = check_epsilon(epsilon)
     delta = check_delta(delta, upper=0.5)
     return 1.0 - math.log(2.0 * delta) / epsilon
+
+
+def _cascade_free_log_escape(epsilon: float, max_items: int, t: float) -> float:
+    """log P[no new item is released] at threshold ``t`` in the worst case of 3.3a.
+
+    ``log[(1 − ½·e^(−ε(t−1)))·(1 − ½·e^(−εt))^(Δ0−1)]``, each factor as
+    ``log1p(−½·exp(·))`` so that it keeps full precision when δ is tiny.
+    """
+    return (math.log1p(-0.5 * math.exp(-epsilon * (t - 1.0)))
+            + (max_items - 1) * math.log1p(-0.5 * math.exp(-epsilon * t)))
+
+
+def gw_cascade_free_delta(epsilon: float, max_items: int, threshold: float) -> float:
+    """The δ of the cascade-free GW (3.3a) at a given threshold T ≥ 1.
+
+    ``1 − (1 − ½·e^(−ε(T−1)))·(1 − ½·e^(−εT))^(Δ0−1)``: the largest chance that
+    at least one of the ≤ Δ0 items only the added user made non-zero is
+    released, when their weights sum to at most 1 (the worst case is one item
+    of weight 1 and Δ0 − 1 items of weight → 0; ``docs/gw.md``). Computed as
+    ``−expm1(log(...))`` (accurate for δ down to the smallest floats).
+    """
+    epsilon, max_items = check_epsilon(epsilon), check_max_items(max_items)
+    t = float(threshold)
+    if not (t >= 1.0 and math.isfinite(t)):
+        raise ValueError(f"threshold must be a finite number >= 1, got {threshold!r}")
+    return -math.expm1(_cascade_free_log_escape(epsilon, max_items, t))
+
+
+def gw_cascade_free_threshold_bound(epsilon: float, delta: float, max_items: int) -> float:
+    """Closed-form upper bound on the cascade-free GW threshold (union bound).
+
+    ``1 + (1/ε)·log((1 + (Δ0 − 1)·e^(−ε)) / (2δ))``: the threshold at which
+    ``½·e^(−ε(T−1)) + (Δ0 − 1)·½·e^(−εT) = δ``, which bounds the exact δ
+    expression from above (``1 − Π(1 − p_j) ≤ Σ p_j``). Equals the published
+    ``1 − log(2δ)/ε`` for Δ0 = 1.
+    """
+    epsilon = check_epsilon(epsilon)
+    delta = check_delta(delta, upper=0.5)
+    max_items = check_max_items(max_items)
+    return 1.0 + (math.log1p((max_items - 1) * math.exp(-epsilon)) - math.log(2.0 * delta)) \
+        / epsilon
+
+
+def gw_cascade_free_threshold(epsilon: float, delta: float, max_items: int) -> float:
+    """Threshold T of the cascade-free GW and GW-KT (specification 3.3a).
+
+    The smallest ``T`` with ``1 − (1 − ½·e^(−ε(T−1)))·(1 − ½·e^(−εT))^(Δ0−1) ≤ δ``
+    (``gw_cascade_free_delta``), found by bisection on
+    ``[1, gw_cascade_free_threshold_bound]``: the left side is decreasing in T,
+    is ≥ ½ > δ at T = 1, and is ≤ δ at the bound. The returned value
+    satisfies the inequality (the upper end of the final bracket, within
+    about 1e-15 relative of the exact root).
+
+    Args:
+      epsilon: ε > 0 (the Laplace scale is λ = 1/ε).
+      delta: 0 < δ < 1/2 (so that T ≥ 1 and the Laplace tail formula holds for
+        every new item, whose weight is ≤ 1). Smaller δ raises T.
+      max_items: Δ0 ≥ 1, the items a user keeps (K_i). Larger Δ0 raises T by
+        at most ``log(1 + (Δ0 − 1)·e^(−ε))/ε``.
+    """
+    epsilon = check_epsilon(epsilon)
+    delta = check_delta(delta, upper=0.5)
+    max_items = check_max_items(max_items)
+    log_target = math.log1p(-delta)       # need log P[no new item released] ≥ log(1 − δ)
+    lo, hi = 1.0, gw_cascade_free_threshold_bound(epsilon, delta, max_items)
+    while _cascade_free_log_escape(epsilon, max_items, hi) < log_target:
+        hi = hi * (1 + 1e-12) + 1e-12      # the closed form rounded below the exact root
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if mid <= lo or mid >= hi:
+            break
+        if _cascade_free_log_escape(epsilon, max_items, mid) >= log_target:
+            hi = mid
+        else:
+            lo = mid
+    return hi
 
 
 def policy_cutoff(threshold: float, noise_scale: float, alpha: float) -> float:

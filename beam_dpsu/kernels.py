@@ -3,10 +3,11 @@
 ``DenseRunner`` applies a policy to users one after another like
 ``policies.run_in_order``, but keeps the histogram as a float array indexed
 through an open-addressing hash table of item ids, and runs the per-user
-update (ℓ1-descent, ℓ2-descent, greedy fill) in code compiled by numba. The
-arithmetic is the same as in ``policies.apply_l1`` / ``apply_l2`` /
-``apply_greedy``, operation for operation and in the same order, so the
-histogram is bit-for-bit the same; the tests check this.
+update (ℓ1-descent, ℓ2-descent, greedy fill, cascade-free greedy) in code
+compiled by numba. The arithmetic is the same as in ``policies.apply_l1`` /
+``apply_l2`` / ``apply_greedy`` / ``apply_cascade_free``, operation for
+operation and in the same order, so the histogram is bit-for-bit the same;
+the tests check this.
 
 Users arrive in batches (the sequential stage's buckets); only the histogram
 and the id table are kept between batches, so memory is that of the
@@ -31,7 +32,8 @@ try:  # pragma: no cover - exercised when numba is installed
 except ImportError:  # pragma: no cover
     numba = None
 
-KINDS = {"l1-descent": 0, "l2-descent": 1, "greedy": 2, "greedy-public": 2}
+KINDS = {"l1-descent": 0, "l2-descent": 1, "greedy": 2, "greedy-public": 2,
+         "cascade-free-greedy": 3, "cascade-free-greedy-public": 3}
 _EMPTY = -1
 
 
@@ -78,7 +80,7 @@ if numba is not None:
                 H[idx[j]] = v if v < cutoff else cutoff
 
     @njit(cache=True)
-    def _l1(H, idx, cutoff):
+    def _l1(H, idx, cutoff, budget):
         m = 0
         for j in range(idx.size):
             if H[idx[j]] < cutoff:
@@ -97,7 +99,7 @@ if numba is not None:
                 where[k] = idx[j]
                 k += 1
         order = np.argsort(gaps, kind="mergesort")
-        remaining = 1.0
+        remaining = budget
         prev = 0.0
         for j in range(m):
             o = order[j]
@@ -116,8 +118,8 @@ if numba is not None:
             return
 
     @njit(cache=True)
-    def _greedy(H, idx, cutoff):
-        remaining = 1.0
+    def _greedy(H, idx, cutoff, budget):
+        remaining = budget
         for j in range(idx.size):
             i = idx[j]
             h = H[i]
@@ -135,7 +137,7 @@ if numba is not None:
                 return
 
     @njit(cache=True)
-    def _apply_batch(kind, cutoff, keys, slots, H, used, ids, lengths):
+    def _apply_batch(kind, cutoff, eta, rest, keys, slots, H, used, ids, lengths):
         pos = 0
         for u in range(lengths.size):
             n = lengths[u]
@@ -151,11 +153,14 @@ if numba is not None:
                 idx[j] = slots[s]
             pos += n
             if kind == 0:
-                _l1(H, idx, cutoff)
+                _l1(H, idx, cutoff, 1.0)
             elif kind == 1:
                 _l2(H, idx, cutoff)
+            elif kind == 2:
+                _greedy(H, idx, cutoff, 1.0)
             else:
-                _greedy(H, idx, cutoff)
+                _l1(H, idx, cutoff, eta)
+                _greedy(H, idx, cutoff, rest)
         return used
 
     @njit(cache=True)
@@ -175,8 +180,8 @@ def warm_up() -> None:
     """
     if not available():
         return
-    for name in ("l1-descent", "l2-descent", "greedy"):
-        DenseRunner(name, 1.0, initial_items=2).add_users(
+    for name in ("l1-descent", "l2-descent", "greedy", "cascade-free-greedy"):
+        DenseRunner(name, 1.0, initial_items=2, eta=0.5).add_users(
             np.array([3, 5], dtype=np.int64), np.array([2], dtype=np.int64))
 
 
@@ -184,18 +189,25 @@ class DenseRunner:
     """Runs one policy over users in order with the compiled kernels.
 
     Args:
-      policy_name: ``policy.name`` of an ``L1DescentPolicy``, ``L2DescentPolicy``
-        or ``GreedyPolicy``.
+      policy_name: ``policy.name`` of an ``L1DescentPolicy``, ``L2DescentPolicy``,
+        ``GreedyPolicy`` or ``CascadeFreeGreedyPolicy``.
       cutoff: the policy's Γ.
+      eta: the step-1 budget η of the cascade-free greedy (ignored otherwise);
+        step 2 gets ``1.0 - eta``, computed as the policy computes it.
     """
 
-    def __init__(self, policy_name: str, cutoff: float, initial_items: int = 1 << 16):
+    def __init__(self, policy_name: str, cutoff: float, initial_items: int = 1 << 16,
+                 eta: float = 0.0):
         if not available():
             raise RuntimeError("numba is not installed: pip install 'beam-dpsu[fast]'")
         if policy_name not in KINDS:
             raise ValueError(f"no compiled kernel for policy {policy_name!r}")
         self._kind = KINDS[policy_name]
+        if self._kind == 3 and not 0.0 < float(eta) < 1.0:
+            raise ValueError(f"the cascade-free greedy needs 0 < eta < 1, got {eta!r}")
         self._cutoff = float(cutoff)
+        self._eta = float(eta)
+        self._rest = 1.0 - self._eta
         cap = 1
         while cap < 2 * initial_items:
             cap <<= 1
@@ -227,7 +239,7 @@ class DenseRunner:
         if ids.size == 0:
             return
         self._reserve(int(ids.size))
-        self._used = int(_apply_batch(self._kind, self._cutoff, self._keys, self._slots,
+        self._used = int(_apply_batch(self._kind, self._cutoff, self._eta, self._rest, self._keys, self._slots,
                                       self._H, self._used, ids, lengths))
 
     def items(self) -> Iterator[Tuple[int, float]]:

@@ -3,9 +3,11 @@
 ``OrderedUserPolicy`` runs a sequential update policy (``beam_dpsu.policies``)
 over a PCollection of ``(user_id, {item: count})`` and returns the finished
 histogram as ``(item, weight)`` for every item with weight > 0. The mechanisms
-``PolicyLaplace``, ``PolicyGaussian``, ``GW`` and ``GWKT`` (specification
-section 3) then add noise and apply the threshold ``T`` with
-``threshold.ApplyReleaseRule`` exactly as the histogram mechanisms do.
+``PolicyLaplace``, ``PolicyGaussian``, ``GW`` and ``GWKT`` then add noise and
+apply the threshold ``T`` with ``threshold.ApplyReleaseRule`` exactly as the
+histogram mechanisms do. ``GW`` and ``GWKT`` default to the cascade-free
+greedy (proven, ``docs/gw.md``); their ``variant='published'`` is not proven
+private.
 
 How the transform works
 -----------------------
@@ -394,9 +396,13 @@ class OrderedUserPolicy(beam.PTransform):
         smaller sorts and, with ordered-list state on a runner that pages
         state, less memory in the sequential worker.
 
-    Privacy: none by itself; the histogram has the per-user sensitivity of the
-    policy (ℓ1 ≤ 1 for ℓ1-descent and greedy, ℓ2 ≤ 1 for ℓ2-descent) given
-    that the order depends on no user's data.
+    Privacy: none by itself; given that the order depends on no user's data,
+    the histogram has the per-user sensitivity of the policy (ℓ1 ≤ 1 for
+    ℓ1-descent and the greedy policies, ℓ2 ≤ 1 for ℓ2-descent). That alone is
+    not a privacy proof: the mechanisms also need the support condition
+    (only the added user's kept items can be new in the histogram), which
+    ℓ1/ℓ2-descent and the cascade-free greedy have and the published greedy
+    does not (``docs/gw.md``).
     """
 
     def __init__(self, make_policy, run_key: RunKey, public_counts=None,
@@ -627,16 +633,52 @@ class PolicyGaussian(PolicyMechanism):
                                         run_key.subkey("item-order"))
 
 
-class GW(PolicyMechanism):
-    """GW (Carvalho et al.): greedy fill by the user's item frequencies; no Δ0.
+VARIANTS = ("cascade-free", "published")
+#: Default Δ0 (K_i size) and η (step-1 budget) of the cascade-free GW and GW-KT.
+#: Chosen from the Δ0 × η sweep on the five shared datasets at ε = 3, δ = e^-10,
+#: α = 3 (``benchmarks/RESULTS-gw.md``): see the ``GW`` and ``GWKT`` docstrings.
+DEFAULT_GW_MAX_ITEMS = 20
+DEFAULT_GWKT_MAX_ITEMS = 100
+DEFAULT_GW_ETA = 0.001
 
-    Every distinct item of a user takes part. λ = 1/ε; T = 1 − λ·log(2δ);
-    Γ = T + α·λ. Guarantee: (ε, δ)-DP.
+
+def check_variant(variant) -> str:
+    """Validates GW's variant: ``'cascade-free'`` (proven) or ``'published'`` (unproven)."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    return variant
+
+
+class GW(PolicyMechanism):
+    """GW (greedy weighting, after Carvalho et al.): by default the cascade-free greedy.
+
+    ``variant='cascade-free'`` (default; specification 3.3a, proof in
+    ``docs/gw.md``). User i keeps K_i, the first Δ0 items of their walk order
+    (their item frequencies descending, ties by the tie-break), and spends a
+    budget of 1 on K_i in two steps: ℓ1-descent with budget η (every item of
+    K_i below Γ gains a strictly positive weight), then the greedy walk with
+    budget 1 − η. λ = 1/ε; T = the smallest T with
+    ``1 − (1 − ½e^(−ε(T−1)))·(1 − ½e^(−εT))^(Δ0−1) ≤ δ``
+    (``calibration.gw_cascade_free_threshold``); Γ = T + α·λ. Guarantee:
+    (ε, δ)-DP for a user order that depends on no user's data. The proof rests
+    on the support condition: only the added user's own K_i can become
+    non-zero, which step 1 guarantees.
+
+    ``variant='published'`` (research only, NOT PROVEN PRIVATE): the greedy of
+    Carvalho et al., no Δ0, every distinct item of a user takes part, T =
+    1 − λ·log(2δ). Its published δ argument is false: with an added user x, a
+    later user can find an item x filled to Γ, skip it and spend budget on an
+    item it never reached without x (a "cascade"), so items x does not hold
+    become non-zero and nothing bounds how many. ``describe()`` reports
+    ``"proven": false``; the command-line tools run it only with
+    ``--allow-unproven``.
 
     Args:
-      epsilon: ε > 0. delta: 0 < δ < 1/2 (so that T ≥ 1).
+      epsilon: ε > 0.
+      delta: 0 < δ < 1/2 (so that T ≥ 1).
       alpha: α ≥ 0 (default 3), Γ = T + α·λ; no privacy effect.
-      state: ``OrderedUserPolicy`` state choice (default ``'auto'``).
+      state: ``OrderedUserPolicy`` state choice (default ``'auto'``); no
+        privacy effect.
       tie_break: ``'item-hash'`` (default, the specification: items of equal
         frequency are walked in the order of a keyed hash) or
         ``'first-occurrence'`` (in the order they first occur in the user's
@@ -646,17 +688,57 @@ class GW(PolicyMechanism):
         (the command-line pipeline does this when ``--tie-break
         first-occurrence`` is given) or ``core.per_user_counts``; see
         ``needs_record_order``.
+      max_items: Δ0 ≥ 1, the size of K_i (cascade-free only; default
+        ``DEFAULT_GW_MAX_ITEMS`` = 20). Privacy: the guarantee holds for any
+        Δ0 because T grows with it, by at most ``log(1 + (Δ0 − 1)·e^(−ε))/ε``
+        over the published T (at ε = 3: 0.22 for Δ0 = 20, 0.59 for 100).
+        Utility: a small Δ0 wastes the budget of users whose K_i is all at Γ,
+        a large one raises T and Γ; on the five shared datasets (ε = 3,
+        δ = e^-10, α = 3; ``benchmarks/RESULTS-gw.md``) releases peak at
+        Δ0 = 10-30 and fall by 5-10% at 100 and 15-20% at 300. 20 keeps GW at
+        ≥ 0.9× the published GW on commits-rails and reddit-titles.
+      eta: η in (0, 1), the step-1 budget (cascade-free only; default
+        ``DEFAULT_GW_ETA`` = 0.001). Privacy: none on T; η > 0 is what makes the
+        support condition hold (any η > 0 does; in floating point too).
+        Utility: budget spread evenly over K_i is mostly wasted on items that
+        are never released, so η should be small; the sweep shows 0.2 clearly
+        worse everywhere and 0.001, 0.01 and 0.05 within noise of each other.
+      variant: ``'cascade-free'`` (default) or ``'published'`` (unproven).
     """
 
     def __init__(self, epsilon: float, delta: float, alpha: float = DEFAULT_ALPHA,
-                 state: str = "auto", tie_break: str = "item-hash", _name: str = "gw"):
+                 state: str = "auto", tie_break: str = "item-hash", *,
+                 max_items: Optional[int] = None, eta: Optional[float] = None,
+                 variant: str = "cascade-free", _name: str = "gw"):
+        self.variant = check_variant(variant)
         lam = cal.weighted_laplace_scale(epsilon)
-        t = cal.gw_threshold(epsilon, delta)
-        super().__init__(_name, PrivacyGuarantee(float(epsilon), float(delta), note="(ε, δ)-DP"),
-                         RoundCalibration(t, "laplace", lam, None, "l1"), alpha, state)
+        if self.variant == "published":
+            if max_items is not None or eta is not None:
+                raise ValueError("max_items and eta apply to the cascade-free GW only, "
+                                 "not to variant='published'")
+            self.eta = None
+            t = cal.gw_threshold(epsilon, delta)
+            note = ("(ε, δ)-DP as claimed by Carvalho et al.; NOT PROVEN: the published δ "
+                    "argument ignores cascades (docs/gw.md)")
+        else:
+            max_items = self._default_max_items if max_items is None else max_items
+            max_items = cal.check_max_items(max_items)
+            self.eta = cal.check_eta(DEFAULT_GW_ETA if eta is None else eta)
+            t = cal.gw_cascade_free_threshold(epsilon, delta, max_items)
+            note = "(ε, δ)-DP"
+        super().__init__(_name, PrivacyGuarantee(float(epsilon), float(delta), note=note),
+                         RoundCalibration(t, "laplace", lam, max_items, "l1"), alpha, state)
         self.tie_break = policies.check_tie_break(tie_break)
+        self.policy_name = self._policy_names[self.variant]
 
-    policy_name = "greedy"
+    _policy_names = {"cascade-free": "cascade-free-greedy", "published": "greedy"}
+    _public = False
+    _default_max_items = DEFAULT_GW_MAX_ITEMS
+
+    @property
+    def proven(self) -> bool:
+        """False for ``variant='published'``: its δ argument does not hold."""
+        return self.variant != "published"
 
     @property
     def needs_record_order(self) -> bool:
@@ -665,21 +747,30 @@ class GW(PolicyMechanism):
 
     def describe(self) -> Dict[str, Any]:
         d = super().describe()
-        d["tie_break"] = self.tie_break
+        d.update({"tie_break": self.tie_break, "variant": self.variant, "proven": self.proven,
+                  "eta": self.eta})
         return d
 
     def policy(self, run_key):
-        return policies.GreedyPolicy(self.cutoff, run_key.subkey("item-order"),
-                                     tie_break=self.tie_break)
+        if self.variant == "published":
+            return policies.GreedyPolicy(self.cutoff, run_key.subkey("item-order"),
+                                         use_public_counts=self._public,
+                                         tie_break=self.tie_break)
+        return policies.CascadeFreeGreedyPolicy(
+            self.cutoff, run_key.subkey("item-order"), self.max_items, self.eta,
+            use_public_counts=self._public, tie_break=self.tie_break)
 
 
 class GWKT(GW):
-    """GW-KT: greedy fill ordered by public item counts, then frequencies; no Δ0.
+    """GW-KT: GW whose walk order ranks items by public counts first.
 
-    As ``GW``, but a user walks their items by the public count descending
-    (1 for an item absent from the public data), then their own frequency,
-    then the keyed item hash. The public counts must not come from the
-    private input; they cost no privacy budget. Guarantee: (ε, δ)-DP.
+    As ``GW`` (same variants, same threshold, same proof), but a user walks
+    their items by the public count descending (1 for an item absent from the
+    public data), then their own frequency, then the tie-break; the
+    cascade-free variant keeps the first Δ0 items of that order as K_i. The
+    public counts must not come from the private input; they cost no privacy
+    budget. Guarantee: (ε, δ)-DP for the cascade-free variant (default); the
+    published variant is NOT PROVEN (see ``GW``).
 
     Args:
       epsilon: ε > 0. delta: 0 < δ < 1/2.
@@ -690,17 +781,26 @@ class GWKT(GW):
       state: ``OrderedUserPolicy`` state choice (default ``'auto'``).
       tie_break: as for ``GW``; it orders items of equal public count and
         equal frequency. No privacy effect.
+      max_items: Δ0, as for ``GW`` but default ``DEFAULT_GWKT_MAX_ITEMS`` =
+        100: every user walks the same public ranking, so its top items fill
+        up early and a user whose K_i is all at Γ wastes budget; on
+        commits-rails (public counts from commits-ansible) releases rise up to
+        Δ0 ≈ 100 and are flat to 150 (``benchmarks/RESULTS-gw.md``), where
+        GW-KT reaches about 0.85× the published GW-KT.
+      eta, variant: as for ``GW`` (defaults 0.001, ``'cascade-free'``).
     """
 
     def __init__(self, epsilon: float, delta: float, public_counts,
                  alpha: float = DEFAULT_ALPHA, state: str = "auto",
-                 tie_break: str = "item-hash"):
+                 tie_break: str = "item-hash", *, max_items: Optional[int] = None,
+                 eta: Optional[float] = None, variant: str = "cascade-free"):
         if isinstance(public_counts, str):
             if not public_counts:
                 raise ValueError("public_counts must be a non-empty path or a mapping")
         elif not isinstance(public_counts, Mapping):
             raise ValueError(f"public_counts must be a path or a mapping, got {public_counts!r}")
-        super().__init__(epsilon, delta, alpha, state, tie_break, _name="gw-kt")
+        super().__init__(epsilon, delta, alpha, state, tie_break, max_items=max_items, eta=eta,
+                         variant=variant, _name="gw-kt")
         self.public_counts = public_counts
         self._loaded = None
 
@@ -709,11 +809,9 @@ class GWKT(GW):
         state["_loaded"] = None
         return state
 
-    policy_name = "greedy-public"
-
-    def policy(self, run_key):
-        return policies.GreedyPolicy(self.cutoff, run_key.subkey("item-order"),
-                                     use_public_counts=True, tie_break=self.tie_break)
+    _policy_names = {"cascade-free": "cascade-free-greedy-public", "published": "greedy-public"}
+    _public = True
+    _default_max_items = DEFAULT_GWKT_MAX_ITEMS
 
     def _public_counts_local(self):
         if isinstance(self.public_counts, Mapping):

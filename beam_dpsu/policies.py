@@ -13,22 +13,38 @@ This module is pure Python and numpy (no Beam). It has three layers:
   ``greedy_fill``): the user's current values in, the new values out. They are
   written to read like the specification and are what the unit tests check;
 * the fast in-place updates on a ``{item: weight}`` dict (``apply_l1``,
-  ``apply_l2``, ``apply_greedy``) that the Beam transform and the Beam-free
-  core both run (plain Python dict operations: measured faster per user than
+  ``apply_l2``, ``apply_greedy``, ``apply_cascade_free``) that the Beam
+  transform and the Beam-free core both run (plain Python dict operations: measured faster per user than
   numpy for the item counts of real data, where a user has tens of items);
 * ``UserPolicy`` objects (``L1DescentPolicy``, ``L2DescentPolicy``,
-  ``GreedyPolicy``): ``prepare(user, counts)`` does everything that depends on
-  one user only (Δ0 sampling, the greedy item order) and can run in parallel;
+  ``CascadeFreeGreedyPolicy``, and the published ``GreedyPolicy``):
+  ``prepare(user, counts)`` does everything that depends on one user only
+  (Δ0 sampling, the greedy item order, K_i) and can run in parallel;
   ``update(hist, prepared)`` is the sequential step.
 
-Why these policies are private (section 3.4): a user's update depends on the
-histogram only through the cutoff. ℓ1-descent (water-filling) and ℓ2-descent
-are symmetric functions of the user's items: the result does not depend on
-any order of the items. The greedy policy walks the user's items in an order
-fixed by the user's own frequencies (or public counts) and a keyed item hash,
-never by the current histogram. A policy that ranks items by their current
-weight ("fill the items closest to Γ first") is NOT private; see
-``tests/test_policies.py`` for the counterexample.
+Why a sequential policy is private: a data-independent user order is NOT
+enough by itself. The proof (``docs/gw.md``) needs, besides an order that
+depends on no user's data and per-user choices (sampled items, walk order)
+that depend on the user's own data only, two properties of the update:
+
+(b) contractivity: each update is monotone (H ≤ H′ ⇒ f(H) ≤ f(H′)) and
+    non-expansive (ℓ1, or ℓ2 for ℓ2-descent) on ordered pairs, so the finished
+    histograms of neighbouring datasets stay within 1 of each other;
+(c) the support condition: only the added user's own kept items can be
+    non-zero in H′ and zero in H (at most Δ0 items whose weights have norm
+    ≤ 1, which the threshold accounts for).
+
+ℓ1-descent (water-filling) and ℓ2-descent satisfy (c) because they raise
+*every* kept item below Γ by a positive amount; the cascade-free greedy
+satisfies it through its step 1 (ℓ1-descent with budget η over K_i). The
+published greedy (``GreedyPolicy``) satisfies (b) but NOT (c): with an added
+user x, a later user can find an item x filled to Γ, skip it and spend budget
+on an item it never reached without x (the "cascade"), so it is not proven
+private and is kept for research only. The walk orders never depend on the
+histogram. A policy that ranks items by their current weight ("fill the items
+closest to Γ first") is NOT private; see ``tests/test_policies.py`` for the
+counterexample, and ``tests/test_gw_cascade.py`` for (b) and (c) on fuzzed
+neighbouring pairs.
 
 Floating point: every raised value is clamped to ``Γ``, so no item ever
 exceeds the cutoff, and each user's change has norm at most ``1`` up to
@@ -45,7 +61,7 @@ from typing import Any, Callable, Dict, Hashable, Iterable, List, Mapping, Optio
 import numpy as np
 
 from beam_dpsu.bounding import ItemCounts, sample_items
-from beam_dpsu.calibration import check_max_items
+from beam_dpsu.calibration import check_eta, check_max_items
 from beam_dpsu.noise import RunKey, encode_value, keyed_hash64
 
 Histogram = Dict[Hashable, float]
@@ -206,8 +222,14 @@ _first_three = itemgetter(0, 1, 2)
 _by_gap = itemgetter(0)
 
 
-def apply_l1(hist: Histogram, items: Sequence[Hashable], cutoff: float) -> None:
-    """ℓ1-descent of one user's ``items`` applied to ``hist`` in place (see ``l1_descent``)."""
+def apply_l1(hist: Histogram, items: Sequence[Hashable], cutoff: float,
+             budget: float = 1.0) -> None:
+    """ℓ1-descent of one user's ``items`` applied to ``hist`` in place (see ``l1_descent``).
+
+    ``budget``: the ℓ1 budget (1 for Policy Laplace; η for step 1 of the
+    cascade-free greedy). Every item below the cutoff is raised by a strictly
+    positive amount when ``budget > 0``.
+    """
     get = hist.get
     below = []
     for u in items:
@@ -219,10 +241,14 @@ def apply_l1(hist: Histogram, items: Sequence[Hashable], cutoff: float) -> None:
         return
     if m == 1:
         g, h, u = below[0]
-        hist[u] = cutoff if g <= 1.0 else h + 1.0
+        if g <= budget:
+            hist[u] = cutoff
+        else:
+            v = h + budget
+            hist[u] = v if v < cutoff else cutoff
         return
     below.sort(key=_by_gap)
-    remaining = 1.0
+    remaining = budget
     prev = 0.0
     for j in range(m):
         g, h, u = below[j]
@@ -262,10 +288,15 @@ def apply_l2(hist: Histogram, items: Sequence[Hashable], cutoff: float) -> None:
         hist[u] = v if v < cutoff else cutoff
 
 
-def apply_greedy(hist: Histogram, ordered_items: Sequence[Hashable], cutoff: float) -> None:
-    """Greedy fill of one user's items (in ``greedy_order``) applied to ``hist`` in place."""
+def apply_greedy(hist: Histogram, ordered_items: Sequence[Hashable], cutoff: float,
+                 budget: float = 1.0) -> None:
+    """Greedy fill of one user's items (in ``greedy_order``) applied to ``hist`` in place.
+
+    ``budget``: the ℓ1 budget (1 for the published GW; 1 − η for step 2 of the
+    cascade-free greedy).
+    """
     get = hist.get
-    remaining = 1.0
+    remaining = budget
     for u in ordered_items:
         h = get(u, 0.0)
         if h >= cutoff:
@@ -280,6 +311,27 @@ def apply_greedy(hist: Histogram, ordered_items: Sequence[Hashable], cutoff: flo
             v = h + remaining
             hist[u] = v if v < cutoff else cutoff
             return
+
+
+def cascade_free_fill(current_in_order, cutoff: float, eta: float) -> np.ndarray:
+    """Cascade-free greedy (specification 3.3a) on one user's kept items K_i, in walk order.
+
+    Step 1: ℓ1-descent with budget ``eta`` over the items below Γ (each of them
+    gains a strictly positive amount). Step 2: the greedy walk, in the given
+    order, with the remaining budget ``1 − eta``. Total change ≤ 1.
+    """
+    return greedy_fill(l1_descent(current_in_order, cutoff, eta), cutoff, 1.0 - eta)
+
+
+def apply_cascade_free(hist: Histogram, ordered_items: Sequence[Hashable], cutoff: float,
+                       eta: float, rest: float) -> None:
+    """Cascade-free greedy of one user's kept items (walk order) applied to ``hist`` in place.
+
+    ``apply_l1`` with budget ``eta``, then ``apply_greedy`` with budget
+    ``rest`` (the policy passes ``rest = 1 − eta``, computed once).
+    """
+    apply_l1(hist, ordered_items, cutoff, eta)
+    apply_greedy(hist, ordered_items, cutoff, rest)
 
 
 # ---------------------------------------------------------------------------
@@ -412,7 +464,11 @@ _ID_MASK = (1 << 63) - 1
 
 
 class GreedyPolicy(UserPolicy):
-    """Greedy fill (GW) or greedy with public counts (GW-KT); no Δ0 sampling.
+    """The published greedy fill (GW) or greedy with public counts (GW-KT); no Δ0.
+
+    NOT PROVEN PRIVATE (it lacks the support condition; see the module
+    docstring and ``docs/gw.md``); the default GW and GW-KT use
+    ``CascadeFreeGreedyPolicy``.
 
     Every distinct item of the user takes part, walked in ``greedy_order``
     (frequency descending, ties by the keyed item id; with public counts,
@@ -434,9 +490,10 @@ class GreedyPolicy(UserPolicy):
         meaningful order (words of a title) it releases fewer items than the
         hash (see ``benchmarks/RESULTS-ordered.md``). Privacy: unchanged. The
         walk order is still a function of the user's own data only, never of
-        the histogram or of other users, which is all the proof of GW needs
-        (specification 3.4). It must not be an order Beam produced by
-        merging partial counts, which can depend on how the input was bundled.
+        the histogram or of other users, which is what the proof needs of
+        the walk order (condition (a′) of ``docs/gw.md``). It must not be an
+        order Beam produced by merging partial counts, which can depend on
+        how the input was bundled.
     """
 
     norm = "l1"
@@ -480,11 +537,61 @@ class GreedyPolicy(UserPolicy):
 _POSITION_MASK = (1 << 32) - 1
 
 
+class CascadeFreeGreedyPolicy(GreedyPolicy):
+    """Cascade-free greedy (the default GW and GW-KT policy, specification 3.3a).
+
+    ``prepare`` keeps ``K_i``: the first Δ0 items of the user's walk order
+    (``greedy_order``: the user's frequencies, or public counts first, then
+    the tie-break); it depends on the user's own data, the public counts and
+    the key only. ``update`` then spends the budget of 1 in two steps over
+    ``K_i``: ℓ1-descent with budget η (every item of K_i below Γ gains a
+    strictly positive weight), then the greedy walk with budget 1 − η.
+
+    Why (``docs/gw.md``): with step 1, after each user the histogram's support
+    is exactly the union of the processed users' K_i, in both neighbouring
+    datasets, so the only items the added user x can make non-zero are its
+    own ≤ Δ0 kept items (the support condition); the published greedy, where
+    a later user can be diverted by x onto items it never reached without x,
+    does not have this property. Both steps are monotone and ℓ1-non-expansive,
+    so the finished histograms still differ by at most 1 in ℓ1.
+
+    Args:
+      cutoff: Γ = T + α·λ.
+      item_key: ``run_key.subkey('item-order')`` (item ids and hash tie-break).
+      max_items: Δ0 ≥ 1, the size of K_i. Privacy: the threshold grows with
+        Δ0 (``calibration.gw_cascade_free_threshold``).
+      eta: η in (0, 1), the step-1 budget. Privacy: none on the threshold, but
+        η > 0 is what makes the support condition hold.
+      use_public_counts, tie_break: as for ``GreedyPolicy``.
+    """
+
+    def __init__(self, cutoff: float, item_key: bytes, max_items: int, eta: float,
+                 use_public_counts: bool = False, tie_break: str = "item-hash"):
+        super().__init__(cutoff, item_key, use_public_counts, tie_break)
+        self.max_items = check_max_items(max_items)
+        self.eta = check_eta(eta)
+        self.rest = 1.0 - self.eta
+        self.name = "cascade-free-greedy-public" if use_public_counts else "cascade-free-greedy"
+
+    def prepare(self, user, counts, public_counts=None):
+        ids, items = super().prepare(user, counts, public_counts)
+        if len(ids) <= self.max_items:
+            return ids, items
+        ids = ids[:self.max_items]
+        kept = set(ids)
+        iid = self.item_ids
+        return ids, [u for u in items if iid(u) in kept]
+
+    def update(self, hist, prepared):
+        apply_cascade_free(hist, prepared, self.cutoff, self.eta, self.rest)
+
+
 # The compiled kernel that mirrors each built-in update, operation for operation.
 _KERNEL_OF_UPDATE = {
     L1DescentPolicy.update: "l1-descent",
     L2DescentPolicy.update: "l2-descent",
     GreedyPolicy.update: "greedy",
+    CascadeFreeGreedyPolicy.update: "cascade-free-greedy",
 }
 
 
@@ -516,7 +623,7 @@ def run_packed(batches: Iterable[Tuple[np.ndarray, np.ndarray]], policy: UserPol
     from beam_dpsu import kernels
     kernel = _KERNEL_OF_UPDATE.get(type(policy).update)
     if kernel is not None and kernels.available():
-        runner = kernels.DenseRunner(kernel, policy.cutoff)
+        runner = kernels.DenseRunner(kernel, policy.cutoff, eta=getattr(policy, "eta", 0.0))
         for lengths, ids in batches:
             runner.add_users(ids, lengths)
         return runner.items()

@@ -26,6 +26,11 @@ class MechanismParams:
     ratio: Optional[float] = None
     public_counts: Optional[str] = None
     tie_break: Optional[str] = None
+    eta: Optional[float] = None
+    variant: Optional[str] = None
+    #: Permission, not a parameter: build a mechanism whose privacy is NOT proven
+    #: (``gw``/``gw-kt`` with ``variant='published'``). Accepted by every mechanism.
+    allow_unproven: Optional[bool] = None
 
     @classmethod
     def from_namespace(cls, namespace) -> "MechanismParams":
@@ -64,12 +69,16 @@ def make_mechanism(name: str, params: Optional[MechanismParams] = None, **kwargs
     entry = REGISTRY.get(name)
     if entry is None:
         raise ValueError(f"unknown mechanism {name!r}; choose one of: {', '.join(sorted(REGISTRY))}")
-    extra = [p for p in params.given() if p not in entry.accepts]
+    extra = [p for p in params.given() if p not in entry.accepts and p != "allow_unproven"]
     if extra:
         flags = ", ".join("--" + p.replace("_", "-").replace("max-items", "max-items-per-user")
                           for p in extra)
         raise ValueError(f"{flags} does not apply to mechanism {name!r}")
-    return entry.build(params)
+    mechanism = entry.build(params)
+    if not getattr(mechanism, "proven", True) and not params.allow_unproven:
+        raise ValueError(f"{name} variant {getattr(mechanism, 'variant', '')!r} is not proven "
+                         "private; pass --allow-unproven to run it for research")
+    return mechanism
 
 
 def _require(params: MechanismParams, name: str, *fields: str) -> None:
@@ -148,11 +157,24 @@ def _tie_break(params: MechanismParams) -> str:
     return "item-hash" if params.tie_break is None else params.tie_break
 
 
+def _gw_options(params: MechanismParams, name: str) -> dict:
+    """Keyword arguments of GW/GWKT: Δ0 and η apply to the cascade-free variant only."""
+    variant = "cascade-free" if params.variant is None else params.variant
+    if variant == "published":
+        bad = [f for f in ("max_items", "eta") if getattr(params, f) is not None]
+        if bad:
+            flags = ", ".join("--" + f.replace("_", "-").replace("max-items", "max-items-per-user")
+                              for f in bad)
+            raise ValueError(f"{flags} does not apply to mechanism {name!r} variant 'published'")
+    return {"tie_break": _tie_break(params), "variant": variant,
+            "max_items": params.max_items, "eta": params.eta}
+
+
 def _gw(params: MechanismParams) -> Mechanism:
     _require(params, "gw", "epsilon", "delta")
     return _ordered.GW(params.epsilon, params.delta,
                        _ordered.DEFAULT_ALPHA if params.alpha is None else params.alpha,
-                       tie_break=_tie_break(params))
+                       **_gw_options(params, "gw"))
 
 
 def _gw_kt(params: MechanismParams) -> Mechanism:
@@ -162,7 +184,7 @@ def _gw_kt(params: MechanismParams) -> Mechanism:
         raise ValueError(f"--public-counts file not found: {params.public_counts!r}")
     return _ordered.GWKT(params.epsilon, params.delta, params.public_counts,
                          _ordered.DEFAULT_ALPHA if params.alpha is None else params.alpha,
-                         tie_break=_tie_break(params))
+                         **_gw_options(params, "gw-kt"))
 
 
 register("policy-laplace", _policy_builder(_ordered.PolicyLaplace, "policy-laplace"),
@@ -171,7 +193,10 @@ register("policy-laplace", _policy_builder(_ordered.PolicyLaplace, "policy-lapla
 register("policy-gaussian", _policy_builder(_ordered.PolicyGaussian, "policy-gaussian"),
          {"epsilon", "delta", "max_items", "alpha"},
          "sequential ℓ2-descent to the cutoff (Gopi et al.); Gaussian noise")
-register("gw", _gw, {"epsilon", "delta", "alpha", "tie_break"},
-         "greedy fill by item frequency, no Δ0 (Carvalho et al.); Laplace noise")
-register("gw-kt", _gw_kt, {"epsilon", "delta", "alpha", "public_counts", "tie_break"},
-         "greedy fill by public counts, then frequency (Carvalho et al.); Laplace noise")
+_GW_PARAMS = {"epsilon", "delta", "alpha", "tie_break", "max_items", "eta", "variant"}
+register("gw", _gw, _GW_PARAMS,
+         "cascade-free greedy by item frequency over Δ0 kept items (after Carvalho et al.); "
+         "Laplace noise; variant=published (unproven) needs --allow-unproven")
+register("gw-kt", _gw_kt, _GW_PARAMS | {"public_counts"},
+         "cascade-free greedy by public counts, then frequency; Laplace noise; "
+         "variant=published (unproven) needs --allow-unproven")

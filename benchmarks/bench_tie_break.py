@@ -32,7 +32,7 @@ from beam_dpsu.textio import ReadUserItems
 
 
 def run(path: str, tie_break: str) -> float:
-    m = GW(3, math.exp(-10), tie_break=tie_break)
+    m = GW(3, math.exp(-10), tie_break=tie_break, variant="published")
     start = time.perf_counter()
     p = beam.Pipeline(runner=fn_runner.FnApiRunner(), options=PipelineOptions([]))
     _ = (p | ReadUserItems(path, keep_order=m.needs_record_order)

@@ -13,7 +13,8 @@ parameters after colons, e.g.
 A per-mechanism parameter overrides the shared flag of the same name
 (``max_items``, ``alpha``, ``rounds``, ``ratio``, ``public_counts``);
 ``tie_break`` (``gw``, ``gw-kt``) is per mechanism only, e.g.
-``gw,gw:tie_break=first-occurrence``.
+``gw,gw:tie_break=first-occurrence``; likewise ``eta`` and ``variant``
+(``gw:variant=published`` is not proven private and needs ``--allow-unproven``).
 
 Every mechanism is run ``--trials`` times (default 5) with fresh OS randomness at
 each ε of ``--epsilons`` (default: just ``--epsilon``); the mean and standard
@@ -57,7 +58,7 @@ from pipelines.common import UsageError
 
 PROG = "compare"
 SPEC_KEYS = {"max_items": int, "alpha": float, "rounds": int, "ratio": float,
-             "public_counts": str, "tie_break": str}
+             "public_counts": str, "tie_break": str, "variant": str, "eta": float}
 
 
 def parse_mechanisms(text: str) -> List[Tuple[str, Dict[str, Any]]]:
@@ -108,6 +109,8 @@ def build_parser() -> common.ArgumentParser:
     p.add_argument("--public-counts")
     p.add_argument("--trials", type=int, default=5, help="runs per mechanism and ε (default 5)")
     p.add_argument("--engine", choices=("core", "beam"), default="core")
+    p.add_argument("--allow-unproven", action="store_true", default=None,
+                   help="research only: allow gw/gw-kt:variant=published (not proven private)")
     return p
 
 
@@ -116,7 +119,7 @@ def mechanism_params(name: str, own: Dict[str, Any], args, epsilon: float) -> Me
     shared = {"max_items": args.max_items, "alpha": args.alpha, "rounds": args.rounds,
               "ratio": args.ratio, "public_counts": args.public_counts}
     values = {k: v for k, v in shared.items() if v is not None and k in accepts}
-    values.update(own)
+    values.update(own, allow_unproven=args.allow_unproven)
     return MechanismParams(epsilon=epsilon, delta=args.delta, **values)
 
 
@@ -222,9 +225,13 @@ def _cli_flags(name: str, params: MechanismParams) -> List[str]:
     for field, flag in (("epsilon", "--epsilon"), ("delta", "--delta"),
                         ("max_items", "--max-items-per-user"), ("alpha", "--alpha"),
                         ("rounds", "--rounds"), ("ratio", "--ratio"),
-                        ("public_counts", "--public-counts"), ("tie_break", "--tie-break")):
+                        ("public_counts", "--public-counts"), ("tie_break", "--tie-break"),
+                        ("eta", "--eta"), ("variant", "--variant"),
+                        ("allow_unproven", "--allow-unproven")):
         value = getattr(params, field)
-        if value is not None:
+        if value is True:
+            flags.append(flag)
+        elif value is not None:
             flags += [flag, repr(value) if isinstance(value, float) else str(value)]
     return flags
 

@@ -4,7 +4,8 @@ Usage::
 
     python -m pipelines.select_partitions --input PATH --output PREFIX --mechanism NAME
         [--epsilon E] [--delta D] [--rho R] [--max-items-per-user N] [--alpha A]
-        [--rounds I] [--ratio r] [--public-counts PATH] [--tie-break T] [--overwrite]
+        [--rounds I] [--ratio r] [--public-counts PATH] [--tie-break T] [--eta H]
+        [--variant cascade-free|published --allow-unproven] [--overwrite]
         [--dead-letter PATH] [--insecure-test-seed N]
         [any Beam pipeline option, e.g. --runner=DirectRunner]
 
@@ -66,6 +67,11 @@ def build_parser() -> common.ArgumentParser:
                    help="gw, gw-kt: order of a user's items of equal frequency, 'item-hash' "
                         "(default, keyed hash) or 'first-occurrence' (the user's record "
                         "order, as the authors' code); no privacy effect")
+    p.add_argument("--variant", help="gw, gw-kt: 'cascade-free' (default, proven) or "
+                   "'published' (NOT proven private; needs --allow-unproven)")
+    p.add_argument("--eta", type=float, help="gw, gw-kt: step-1 budget η in (0, 1) (default 0.001)")
+    p.add_argument("--allow-unproven", action="store_true", default=None,
+                   help="research only: allow a variant whose privacy is not proven")
     common.add_dead_letter_argument(p)
     return p
 

@@ -14,6 +14,19 @@ well under half its mean (threshold-delta-x100: ≈ 400 expected hits of 4000,
 ≈ 117 needed), a deviation of about 15 standard deviations: the chance of a
 missed detection is far below 1e-6 (about 3e-68).
 
+The cascade (``test_cascade_scenario_*``, specification 3.3): the same
+neighbouring pair (same order key, same users: both variants get the same
+cutoff Γ = 4 − 1/32 through α) is audited for the published and the
+cascade-free GW with ``audit.CASCADE_TRIALS`` = 400 runs per side.
+Size: the cascade-free GW is (ε, δ)-DP (docs/gw.md), so it fails falsely with
+probability ≤ 1e-8 (the audit's confidence). Power: on D no cascade item can be
+released (weight 0, checked deterministically below), so the Clopper–Pearson
+upper bound on D is ≈ 21/400 for 0 hits; on D′ about 30 items of weight 1/32
+are each released w.p. ½e^(−(T−1/32)) ≈ 0.038, so "a cascade item is released"
+has p ≈ 0.69 (measured 0.72). The bound stays ≤ ε = 1 only if fewer than about
+37% of the 400 runs on D′ release one, 14 standard deviations below the mean:
+the chance of missing the published GW's failure is below 1e-40.
+
 Run time: fast mode (``CI_TRIALS`` runs per dataset and scenario), about a
 minute in total on a 2-core machine.
 """
@@ -215,6 +228,67 @@ def test_sequential_policies_are_audited_in_every_position():
 
 
 # ---------------------------------------------------------------------------
+# The cascade: the published GW fails, the cascade-free GW passes, same trials.
+# ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def cascade():
+    (n1, published), (n2, cascade_free) = audit.cascade_configs()
+    pub = make_mechanism(n1, **published)
+    free = make_mechanism(n2, **cascade_free)
+    assert pub.variant == "published" and not pub.proven and free.proven
+    assert pub.cutoff == pytest.approx(audit.CASCADE_CUTOFF, abs=1e-12)
+    assert free.cutoff == pytest.approx(audit.CASCADE_CUTOFF, abs=1e-12)
+    sc = audit.build_scenario(pub, "cascade")
+    # The same pair for both variants (same users, same pinned order).
+    again = audit.build_scenario(free, "cascade", order_key=sc.order_key)
+    assert again.datasets() == sc.datasets() and again.canary_id == sc.canary_id
+    return pub, free, sc
+
+
+def test_cascade_scenario_makes_items_x_does_not_hold_non_zero(cascade):
+    pub, free, sc = cascade
+    d, d_prime = sc.datasets()
+    key = audit.PinnedOrderKey(sc.order_key)
+    order = sorted(d_prime, key=lambda u: audit._sort_key(sc.order_key, u))
+    conv = [u for u in order if "e" in d_prime[u] and len(d_prime[u]) == 3]
+    # Pinned order: every setup user, then x, then every converter.
+    assert order.index(sc.canary_id) == len(order) - len(conv) - 1
+    cascade_items = set().union(*(ev.items for ev in sc.events))
+    h = pub.histogram_local(d, key)
+    hp = pub.histogram_local(d_prime, key)
+    assert not cascade_items & set(h)                       # none touched without x
+    new = {u: w for u, w in hp.items() if u in cascade_items}
+    assert len(new) >= 29 and sum(new.values()) <= 1.0      # ~30 new items, ℓ1 bound holds
+    assert sum(abs(hp.get(u, 0.0) - h.get(u, 0.0)) for u in set(h) | set(hp)) <= 1 + 1e-9
+    # The cascade-free GW: every c-j has positive weight in both (step 1), no new item.
+    hf, hfp = free.histogram_local(d, key), free.histogram_local(d_prime, key)
+    assert cascade_items <= set(hf) and set(hfp) - set(hf) <= set(sc.canary)
+
+
+def test_cascade_scenario_fails_the_published_gw_and_passes_the_cascade_free_gw(cascade):
+    pub, free, sc = cascade
+    r_pub = audit.audit(pub, audit.CASCADE_TRIALS, audit.CI_CONFIDENCE, scenarios=[sc])
+    r_free = audit.audit(free, audit.CASCADE_TRIALS, audit.CI_CONFIDENCE, scenarios=[sc])
+    assert r_pub["epsilon_lower_bound"] > r_pub["claimed_epsilon"] and not r_pub["passed"], r_pub
+    assert r_pub["p_d"] == 0.0 and r_pub["scenario"] == "cascade"
+    assert r_free["epsilon_lower_bound"] <= r_free["claimed_epsilon"] and r_free["passed"], \
+        r_free
+
+
+def test_cli_runs_the_published_variant_only_with_allow_unproven(capsys):
+    base = ["--mechanism", "gw", "--epsilon", "1", "--delta", "0.1", "--variant", "published",
+            "--trials", "20", "--scenarios", "cascade"]
+    assert audit.main(base) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--allow-unproven" in err and len(err.splitlines()) == 1
+    alpha = audit.cascade_configs()[0][1]["alpha"]
+    assert audit.main(base + ["--alpha", repr(alpha), "--allow-unproven"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["scenario"] == "cascade" and report["runs"] == 40
+
+
+# ---------------------------------------------------------------------------
 # Every deliberately broken variant is caught (fast mode).
 # ---------------------------------------------------------------------------
 
@@ -244,7 +318,8 @@ def test_broken_variants_differ_from_the_real_mechanism_only_by_the_bug():
     assert audit.ZeroWeightKeys(real).run_local(per_user, key) == core.run_local(
         per_user, real, key)
     if "gw" in REGISTRY:
-        gw = make_mechanism("gw", epsilon=1.0, delta=1e-2)
+        gw = make_mechanism("gw", epsilon=1.0, delta=1e-2, variant="published",
+                            allow_unproven=True)
         closest = audit.closest_to_cutoff_greedy(gw)
         # One item per user: the walk order cannot matter, so the releases agree.
         assert closest.run_local(per_user, key) == core.run_local(per_user, gw, key)

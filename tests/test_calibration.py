@@ -170,3 +170,74 @@ def test_bad_max_items_rejected(bad):
 
 def test_integral_float_max_items_accepted():
     assert cal.check_max_items(10.0) == 10
+
+
+# ---------------------------------------------------------------------------
+# Cascade-free GW threshold (specification 3.3a).
+# ---------------------------------------------------------------------------
+
+def _cascade_free_delta_direct(eps, d0, t):
+    # Independent evaluation: the product form with plain floats (fine for δ ≳ 1e-6).
+    return 1 - (1 - 0.5 * math.exp(-eps * (t - 1))) * (1 - 0.5 * math.exp(-eps * t)) ** (d0 - 1)
+
+
+@pytest.mark.parametrize("eps,delta", [(3, E10), (1, 1e-3), (0.5, 1e-6), (8, 1e-9), (1, 0.4)])
+@pytest.mark.parametrize("d0", [1, 2, 10, 100, 1000])
+def test_gw_cascade_free_threshold_is_the_smallest_t_meeting_delta(eps, delta, d0):
+    t = cal.gw_cascade_free_threshold(eps, delta, d0)
+    bound = cal.gw_cascade_free_threshold_bound(eps, delta, d0)
+    assert 1 <= t <= bound * (1 + 1e-12)   # equal for Δ0 = 1, up to rounding
+    # At T the δ expression is at most δ; slightly below T it exceeds δ.
+    assert cal.gw_cascade_free_delta(eps, d0, t) <= delta
+    assert cal.gw_cascade_free_delta(eps, d0, t - 1e-9 * t) > delta
+    if delta >= 1e-6:   # the direct form's rounding error is ≲ Δ0·1e-16, ≤ 1e-7 relative
+        assert _cascade_free_delta_direct(eps, d0, t) <= delta * (1 + 1e-7)
+        assert _cascade_free_delta_direct(eps, d0, t - 1e-6 * t) > delta
+    # The closed form is the union bound: it is tight to within the product's
+    # second-order terms, at most (Δ0 p)² with p ≤ δ.
+    assert bound - t <= (1 / eps) * 2 * delta * d0 + 1e-12 * bound
+    # Independent root finder (scipy's brentq on the direct formula).
+    if delta >= 1e-6:
+        from scipy.optimize import brentq
+        root = brentq(lambda x: _cascade_free_delta_direct(eps, d0, x) - delta, 1.0, bound + 1,
+                      xtol=1e-14, rtol=1e-14)
+        assert t == pytest.approx(root, rel=1e-9)
+
+
+def test_gw_cascade_free_threshold_with_one_item_is_the_published_threshold():
+    # Δ0 = 1: 1 − (1 − ½e^(−ε(T−1))) = ½e^(−ε(T−1)) ≤ δ  ⇔  T ≥ 1 − log(2δ)/ε.
+    for eps, delta in [(3, E10), (1, 1e-3), (0.1, 0.2)]:
+        assert cal.gw_cascade_free_threshold(eps, delta, 1) == pytest.approx(
+            cal.gw_threshold(eps, delta), rel=1e-13)
+        assert cal.gw_cascade_free_threshold_bound(eps, delta, 1) == pytest.approx(
+            cal.gw_threshold(eps, delta), rel=1e-15)
+
+
+def test_gw_cascade_free_threshold_grows_with_max_items_and_matches_spec_numbers():
+    ts = [cal.gw_cascade_free_threshold(3, E10, d0) for d0 in (1, 10, 30, 100, 300)]
+    assert ts == sorted(ts) and ts[0] < ts[-1]
+    # ε = 3, δ = e^-10: the published T is 1 + (10 − log 2)/3 = 4.1023; the
+    # extra is at most log(1 + (Δ0 − 1)e^-3)/3 (0.5949 for Δ0 = 100).
+    assert ts[0] == pytest.approx(1 + (10 - math.log(2)) / 3, rel=1e-12)
+    extra = math.log(1 + 99 * math.exp(-3)) / 3
+    assert ts[3] - ts[0] == pytest.approx(extra, abs=1e-5) and ts[3] - ts[0] <= extra
+
+
+def test_gw_cascade_free_threshold_tiny_delta_and_validation():
+    # δ = 1e-300: the log1p/expm1 forms keep full precision (the direct form gives 0).
+    t = cal.gw_cascade_free_threshold(1, 1e-300, 5)
+    assert math.isfinite(t) and cal.gw_cascade_free_delta(1, 5, t) <= 1e-300
+    assert cal.gw_cascade_free_delta(1, 5, t * (1 - 1e-9)) > 1e-300
+    with pytest.raises(ValueError, match="delta"):
+        cal.gw_cascade_free_threshold(1, 0.5, 3)
+    with pytest.raises(ValueError, match="max_items"):
+        cal.gw_cascade_free_threshold(1, 1e-3, 0)
+    with pytest.raises(ValueError, match="epsilon"):
+        cal.gw_cascade_free_threshold(0, 1e-3, 3)
+    with pytest.raises(ValueError, match="threshold"):
+        cal.gw_cascade_free_delta(1, 3, 0.5)
+    with pytest.raises(ValueError, match="eta"):
+        cal.check_eta(0.0)
+    with pytest.raises(ValueError, match="eta"):
+        cal.check_eta(1.0)
+    assert cal.check_eta(0.05) == 0.05

@@ -125,6 +125,15 @@ def test_empty_input_is_an_error_and_releases_nothing(tmp_path, tmp_prefix, caps
      "--tie-break must be one of"),
     (["--mechanism", "weighted-gaussian", "--epsilon", "1", "--delta", "1e-5",
       "--tie-break", "first-occurrence"], "--tie-break does not apply"),
+    # The published GW is not proven private: only with --allow-unproven.
+    (["--mechanism", "gw", "--epsilon", "1", "--delta", "1e-5", "--variant", "published"],
+     "not proven private; pass --allow-unproven"),
+    (["--mechanism", "gw", "--epsilon", "1", "--delta", "1e-5", "--variant", "published",
+      "--allow-unproven", "--max-items-per-user", "5"], "--max-items-per-user does not apply"),
+    (["--mechanism", "gw", "--epsilon", "1", "--delta", "1e-5", "--eta", "1"], "eta"),
+    (["--mechanism", "gw", "--epsilon", "1", "--delta", "1e-5", "--variant", "x"], "variant"),
+    (["--mechanism", "policy-laplace", "--epsilon", "1", "--delta", "1e-5", "--eta", "0.1"],
+     "--eta does not apply"),
 ])
 def test_bad_parameters_exit_2_with_one_line_before_reading(argv, message, capsys, tmp_prefix):
     # The input does not exist: the parameter error must be reported first.
@@ -188,3 +197,24 @@ def test_unwritable_output_is_a_usage_error_without_traceback(tmp_path, capsys):
     assert rc == 2 and "cannot write to" in err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert sorted(os.listdir(tmp_path)) == ["file", "in.tsv"]
+
+
+def test_published_gw_runs_with_allow_unproven_and_is_marked_unproven(tmp_path):
+    data = tmp_path / "in.tsv"
+    data.write_text("".join(f"u{i}\tw{j}\n" for i in range(40) for j in range(i % 3 + 1)))
+    prefix = str(tmp_path / "out")
+    assert select_partitions.main(["--input", str(data), "--output", prefix, "--mechanism", "gw",
+                                   "--epsilon", "1", "--delta", "1e-5", "--variant", "published",
+                                   "--allow-unproven", "--insecure-test-seed", "3",
+                                   "--runner=DirectRunner"]) == 0
+    summary = json.loads((tmp_path / "out.json").read_text())
+    assert summary["variant"] == "published" and summary["proven"] is False
+    assert summary["max_items_per_user"] is None
+    prefix2 = str(tmp_path / "out2")
+    assert select_partitions.main(["--input", str(data), "--output", prefix2, "--mechanism", "gw",
+                                   "--epsilon", "1", "--delta", "1e-5", "--max-items-per-user",
+                                   "2", "--eta", "0.2", "--insecure-test-seed", "3",
+                                   "--runner=DirectRunner"]) == 0
+    summary = json.loads((tmp_path / "out2.json").read_text())
+    assert (summary["variant"], summary["proven"], summary["max_items_per_user"],
+            summary["eta"]) == ("cascade-free", True, 2, 0.2)

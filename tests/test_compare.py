@@ -71,7 +71,8 @@ def test_user_bins():
 @pytest.mark.parametrize("mechs,message", [
     ("nope", "unknown mechanism"), ("count-gaussian:foo=1", "bad setting"),
     ("count-gaussian:max_items=x", "bad value"), ("count-gaussian:max_items=0", "max-items"),
-    ("gw:max_items=3", "does not apply"),
+    ("gw:max_items=3:variant=published", "does not apply"),
+    ("gw:variant=published", "--allow-unproven"),
 ])
 def test_bad_mechanism_lists_exit_2(data, tmp_path, capsys, mechs, message):
     rc = compare.main(["--input", data, "--output", str(tmp_path / "o"), "--delta", "1e-6",
@@ -128,3 +129,23 @@ def test_a_directory_as_input_exits_2(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "is a directory" in err[0], err
     assert sorted(os.listdir(tmp_path)) == ["data"]
+
+
+def test_published_and_cascade_free_gw_side_by_side_with_allow_unproven(data, tmp_path):
+    mechs = "gw,gw:variant=published,gw:max_items=5:eta=0.1"
+    s = compare.run(["--input", data, "--output", str(tmp_path / "o"), "--delta", "1e-6",
+                     "--epsilon", "2", "--trials", "1", "--mechanisms", mechs,
+                     "--allow-unproven"], progress=lambda m: None)
+    cal = [(r["calibration"]["variant"], r["calibration"]["proven"],
+            r["calibration"]["max_items_per_user"], r["calibration"]["eta"])
+           for r in s["results"]]
+    from beam_dpsu.ordered import DEFAULT_GW_ETA, DEFAULT_GW_MAX_ITEMS
+    assert cal == [("cascade-free", True, DEFAULT_GW_MAX_ITEMS, DEFAULT_GW_ETA),
+                   ("published", False, None, None), ("cascade-free", True, 5, 0.1)]
+    # The beam engine gets the same mechanism through the command-line flags.
+    flags = compare._cli_flags("gw", compare.MechanismParams(
+        epsilon=2.0, delta=1e-6, variant="published", eta=None, allow_unproven=True))
+    assert flags[-3:] == ["--variant", "published", "--allow-unproven"]
+    assert compare._cli_flags("gw", compare.MechanismParams(epsilon=2.0, delta=1e-6, eta=0.1,
+                                                            allow_unproven=None))[-2:] == \
+        ["--eta", "0.1"]

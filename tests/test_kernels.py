@@ -9,8 +9,11 @@ from beam_dpsu.noise import RunKey
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="numba is not installed")
 
+ETA = 0.05
 UPDATES = {"l1-descent": policies.apply_l1, "l2-descent": policies.apply_l2,
-           "greedy": policies.apply_greedy}
+           "greedy": policies.apply_greedy,
+           "cascade-free-greedy": lambda h, u, c: policies.apply_cascade_free(h, u, c, ETA,
+                                                                              1.0 - ETA)}
 
 
 def random_users(seed, n_users, n_items):
@@ -30,7 +33,7 @@ def test_dense_runner_equals_the_dict_policy_bit_for_bit(name, cutoff):
     hist = {}
     for u in users:
         UPDATES[name](hist, u, cutoff)
-    runner = kernels.DenseRunner(name, cutoff, initial_items=4)     # forces rehashing
+    runner = kernels.DenseRunner(name, cutoff, initial_items=4, eta=ETA)  # forces rehashing
     lengths = np.array([len(u) for u in users])
     ids = np.array([i for u in users for i in u], dtype=np.int64)
     cuts = [0, 1, 700, 701, 2500, 3000]                              # uneven batches
@@ -51,9 +54,25 @@ def test_run_sequential_is_the_same_with_and_without_numba(monkeypatch):
     assert fast == slow and fast
 
 
+@pytest.mark.parametrize("public", [False, True])
+def test_run_sequential_cascade_free_is_the_same_with_and_without_numba(monkeypatch, public):
+    rk = RunKey.from_test_seed(4)
+    per_user = {f"u{i}": {f"i{(i * 7 + j) % 300}": 1 + (i * j) % 4 for j in range(i % 40 + 1)}
+                for i in range(800)}
+    pub = {f"i{j}": j % 5 for j in range(0, 300, 3)} if public else None
+    policy = policies.CascadeFreeGreedyPolicy(3.0, rk.subkey("item-order"), 12, 0.02,
+                                              use_public_counts=public)
+    fast = policies.run_sequential(per_user, policy, rk, pub)
+    monkeypatch.setattr(kernels, "available", lambda: False)
+    slow = policies.run_sequential(per_user, policy, rk, pub)
+    assert fast == slow and len(fast) > 100
+
+
 def test_bad_policy_name():
     with pytest.raises(ValueError, match="no compiled kernel"):
         kernels.DenseRunner("l3-descent", 1.0)
+    with pytest.raises(ValueError, match="eta"):    # η = 0 would break the support condition
+        kernels.DenseRunner("cascade-free-greedy", 1.0)
 
 
 def test_a_policy_with_its_own_update_is_not_replaced_by_a_kernel():

@@ -11,11 +11,13 @@ import numpy as np
 import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
+from beam_dpsu import calibration as cal
 from beam_dpsu import core, ordered
 from beam_dpsu import policies as P
 from beam_dpsu.mechanisms import SelectPartitions
 from beam_dpsu.noise import RunKey
-from beam_dpsu.ordered import GW, GWKT, OrderedUserPolicy, PolicyGaussian, PolicyLaplace
+from beam_dpsu.ordered import (DEFAULT_GW_ETA, DEFAULT_GW_MAX_ITEMS, GW, GWKT,
+                               OrderedUserPolicy, PolicyGaussian, PolicyLaplace)
 from beam_dpsu.registry import make_mechanism
 
 from conftest import beam_options
@@ -67,7 +69,8 @@ def test_public_counts_from_a_file_and_the_command_line(tmp_path):
         released |= set(path.read_text().split())
     assert released == from_map
     summary = json.loads((tmp_path / "out.json").read_text())
-    assert summary["mechanism"] == "gw-kt" and summary["policy"] == "greedy-public"
+    assert summary["mechanism"] == "gw-kt" and summary["policy"] == "cascade-free-greedy-public"
+    assert summary["variant"] == "cascade-free" and summary["proven"] is True
     assert summary["num_released"] == len(from_map)
 
 
@@ -174,9 +177,22 @@ def test_describe_and_calibration():
     d = m.describe()
     assert d["mechanism"] == "policy-gaussian" and d["policy"] == "l2-descent"
     assert d["cutoff"] == pytest.approx(d["threshold"][0] + 5 * d["noise_scale"], rel=1e-15)
-    g = GW(3, math.exp(-10))
+    g = GW(3, math.exp(-10), variant="published")
     assert g.calibration.threshold == pytest.approx(1 + (10 - math.log(2)) / 3, rel=1e-12)
     assert g.max_items is None and g.cutoff == pytest.approx(g.calibration.threshold + 1.0)
+    d = g.describe()
+    assert d["variant"] == "published" and d["proven"] is False and "NOT PROVEN" in d["guarantee"]
+    assert d["policy"] == "greedy" and d["eta"] is None
+    c = GW(3, math.exp(-10))      # the default: cascade-free, Δ0 and η from the sweep
+    assert c.max_items == DEFAULT_GW_MAX_ITEMS and c.eta == DEFAULT_GW_ETA
+    assert c.calibration.threshold == cal.gw_cascade_free_threshold(3, math.exp(-10),
+                                                                     DEFAULT_GW_MAX_ITEMS)
+    assert c.cutoff == pytest.approx(c.calibration.threshold + 1.0)
+    d = c.describe()
+    assert (d["variant"], d["proven"], d["policy"], d["eta"], d["max_items_per_user"]) == \
+        ("cascade-free", True, "cascade-free-greedy", DEFAULT_GW_ETA, DEFAULT_GW_MAX_ITEMS)
+    assert make_mechanism("gw", epsilon=3, delta=1e-6, max_items=7, eta=0.2).describe()[
+        "max_items_per_user"] == 7
     assert make_mechanism("policy-laplace", epsilon=1, delta=1e-6).alpha == 3.0
     assert make_mechanism("gw", epsilon=1, delta=1e-6, alpha=0).cutoff == \
         pytest.approx(make_mechanism("gw", epsilon=1, delta=1e-6).calibration.threshold)
@@ -196,7 +212,26 @@ def test_validation():
     with pytest.raises(ValueError, match="does not use public_counts"):
         OrderedUserPolicy(GW(1, 1e-5).policy, RK, public_counts=PUBLIC)
     with pytest.raises(ValueError, match="--max-items-per-user does not apply"):
-        make_mechanism("gw", epsilon=1, delta=1e-5, max_items=3)
+        make_mechanism("gw", epsilon=1, delta=1e-5, max_items=3, variant="published",
+                       allow_unproven=True)
+    with pytest.raises(ValueError, match="--eta does not apply"):
+        make_mechanism("gw", epsilon=1, delta=1e-5, eta=0.1, variant="published",
+                       allow_unproven=True)
+    with pytest.raises(ValueError, match="not proven private; pass --allow-unproven"):
+        make_mechanism("gw", epsilon=1, delta=1e-5, variant="published")
+    with pytest.raises(ValueError, match="variant"):
+        make_mechanism("gw", epsilon=1, delta=1e-5, variant="fast")
+    with pytest.raises(ValueError, match="eta"):
+        GW(1, 1e-5, eta=0)
+    with pytest.raises(ValueError, match="max_items"):
+        GW(1, 1e-5, max_items=0)
+    with pytest.raises(ValueError, match="apply to the cascade-free GW only"):
+        GW(1, 1e-5, max_items=3, variant="published")
+    with pytest.raises(ValueError, match="--variant does not apply"):
+        make_mechanism("policy-laplace", epsilon=1, delta=1e-5, variant="published")
+    assert make_mechanism("gw", epsilon=1, delta=1e-5, variant="published",
+                          allow_unproven=True).proven is False
+    assert make_mechanism("policy-laplace", epsilon=1, delta=1e-5, allow_unproven=True)
     with pytest.raises(ValueError, match="needs --delta and --public-counts"):
         make_mechanism("gw-kt", epsilon=1)
     with pytest.raises(ValueError, match="not found"):
