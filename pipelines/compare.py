@@ -19,10 +19,15 @@ A per-mechanism parameter overrides the shared flag of the same name
 Every mechanism is run ``--trials`` times (default 5) with fresh OS randomness at
 each ε of ``--epsilons`` (default: just ``--epsilon``); the mean and standard
 deviation of the number of released items go to ``DIR/results.json`` and
-``DIR/results.md``. With matplotlib installed (``pip install beam-dpsu[plots]``)
-it also writes ``DIR/released_vs_epsilon.png`` (released items against ε, one
-line per mechanism) and ``DIR/released_by_users.png`` (released items by how
-many users hold them). Progress goes to stderr.
+``DIR/results.md``, with each trial's *occurrence coverage*: the share of all
+input lines (user, item occurrences) whose item was released
+(``beam_dpsu.utility``; its complement, the missing mass, is the share of the
+data a vocabulary built from the release would not cover). With matplotlib
+installed (``pip install beam-dpsu[plots]``) it also writes
+``DIR/released_vs_epsilon.png`` (released items against ε, one line per
+mechanism), ``DIR/coverage_vs_epsilon.png`` (occurrence coverage, likewise) and
+``DIR/released_by_users.png`` (released items by how many users hold them),
+one distinct colour per mechanism. Progress goes to stderr.
 
 Common footing: all mechanisms are calibrated to the same (ε, δ)-DP target.
 Mechanisms calibrated in zCDP (``sips``) get the largest ρ whose conversion
@@ -50,7 +55,7 @@ import tempfile
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from beam_dpsu import core, textio
+from beam_dpsu import core, textio, utility
 from beam_dpsu.noise import RunKey
 from beam_dpsu.registry import REGISTRY, MechanismParams, make_mechanism
 from pipelines import common
@@ -174,7 +179,35 @@ def user_bins(max_users: int) -> List[Tuple[int, int]]:
     return bins
 
 
-def run_trials(args, beam_args, specs, epsilons, built, per_user, tmp, progress):
+def occurrences_of_files(pattern: str) -> Dict[Any, int]:
+    """``{item: occurrences}`` of the input files, streamed (no per-user data kept)."""
+    out: Dict[Any, int] = {}
+    get = out.get
+    for path in textio.match_files(pattern):
+        for kind, value in textio.read_user_items(path):
+            if kind == "user":
+                for item, c in value[1].items():
+                    out[item] = get(item, 0) + c
+    return out
+
+
+def _released_items(prefix: str) -> set:
+    """The items of a release file written by select_partitions (one per line)."""
+    path = prefix + common.ITEMS_SUFFIX
+    if not os.path.exists(path):
+        return set()
+    with open(path, encoding="utf-8") as f:
+        return {line.rstrip("\n") for line in f if line.rstrip("\n")}
+
+
+def run_trials(args, beam_args, specs, epsilons, built, per_user, tmp, progress,
+               occurrences=None):
+    """Runs every (mechanism, ε, trial); returns one result row per (mechanism, ε).
+
+    ``occurrences`` (``utility.item_occurrences`` of the input) adds each
+    trial's occurrence coverage (the share of input lines whose item was
+    released) to the rows.
+    """
     results = []
     total = len(specs) * len(epsilons) * args.trials
     step = 0
@@ -183,7 +216,7 @@ def run_trials(args, beam_args, specs, epsilons, built, per_user, tmp, progress)
         lab = label(name, own)
         for eps in epsilons:
             mech = built[(lab, eps)]
-            counts, seconds, last = [], [], None
+            counts, seconds, last, coverage = [], [], None, []
             for t in range(args.trials):
                 step += 1
                 start = time.time()
@@ -196,8 +229,12 @@ def run_trials(args, beam_args, specs, epsilons, built, per_user, tmp, progress)
                     s = _select_partitions().run(["--input", args.input, "--output", prefix] +
                                                  flags + list(beam_args))
                     n = s["num_released"]
+                    if occurrences is not None:
+                        last = _released_items(prefix)
                 seconds.append(time.time() - start)
                 counts.append(n)
+                if occurrences is not None:
+                    coverage.append(utility.occurrence_coverage(last, occurrences))
                 progress(f"[{step}/{total}] {lab} ε={eps:g} trial {t + 1}/{args.trials}: "
                          f"{n} items ({seconds[-1]:.1f} s)")
             row = {
@@ -209,6 +246,13 @@ def run_trials(args, beam_args, specs, epsilons, built, per_user, tmp, progress)
                 "calibration": mech.describe(),
                 "footing": _footing(mech),
             }
+            if coverage:
+                row.update({
+                    "occurrence_coverage": coverage,
+                    "coverage_mean": statistics.mean(coverage),
+                    "coverage_sd": statistics.stdev(coverage) if len(coverage) > 1 else 0.0,
+                    "missing_mass_mean": 1.0 - statistics.mean(coverage),
+                })
             if holders is not None and last is not None:
                 row["released_by_users"] = _by_users(last, holders)
             results.append(row)
@@ -263,11 +307,18 @@ def markdown(results, args, epsilons, command: str) -> str:
              "", f"Command: `{command}`", "",
              "All mechanisms are compared at the same (ε, δ)-DP guarantee; zCDP mechanisms are "
              "calibrated to it with the library's conversion, as the last column says.", "",
-             "| mechanism | ε | released (mean) | sd | runs | s/trial | calibration |",
-             "|---|---|---|---|---|---|---|"]
+             "Occurrence coverage is the share of all input lines (user, item occurrences) "
+             "whose item was released; the missing mass is its complement.", "",
+             "| mechanism | ε | released (mean) | sd | runs | occurrence coverage (mean ± sd) "
+             "| missing mass | s/trial | calibration |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(results, key=lambda r: (r["epsilon"], -r["mean"])):
+        cov = (f"{100 * r['coverage_mean']:.2f}% ± {100 * r['coverage_sd']:.2f}"
+               if "coverage_mean" in r else "–")
+        miss = f"{100 * r['missing_mass_mean']:.2f}%" if "coverage_mean" in r else "–"
         lines.append(f"| {r['label']} | {r['epsilon']:g} | {r['mean']:.1f} | {r['sd']:.1f} | "
-                     f"{r['released']} | {r['seconds_per_trial']:.2f} | {r['footing']} |")
+                     f"{r['released']} | {cov} | {miss} | {r['seconds_per_trial']:.2f} | "
+                     f"{r['footing']} |")
     if any("released_by_users" in r for r in results):
         eps = epsilons[-1]
         rows = [r for r in results if r["epsilon"] == eps and "released_by_users" in r]
@@ -285,6 +336,53 @@ def markdown(results, args, epsilons, command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def distinct_colors(n: int) -> List[Tuple[float, float, float]]:
+    """``n`` colours of clearly different hue, one per mechanism.
+
+    The ten of matplotlib's ``tab10`` for n ≤ 10 (no light/dark pairs, which
+    would suggest pairings that do not exist), else ``n`` hues evenly spaced
+    around the colour wheel.
+    """
+    import colorsys
+    if n <= 10:
+        tab10 = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
+                 "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
+        return [tuple(int(h[i:i + 2], 16) / 255 for i in (1, 3, 5)) for h in tab10[:n]]
+    return [colorsys.hsv_to_rgb(k / n, 0.75, 0.85 if k % 2 else 0.65) for k in range(n)]
+
+
+def _plot_metric(plt, results, epsilons, labels, colors, out_dir, key, sd_key, scale, ylabel,
+                 title, filename) -> str:
+    """One figure of ``key`` (mean ± ``sd_key``) per mechanism: against ε, or bars at one ε."""
+    rows_with = [r for r in results if key in r]
+    if len(epsilons) > 1:
+        fig, ax = plt.subplots(figsize=(8, 5))
+        for k, lab in enumerate(labels):
+            rows = sorted((r for r in rows_with if r["label"] == lab), key=lambda r: r["epsilon"])
+            ax.errorbar([r["epsilon"] for r in rows], [scale * r[key] for r in rows],
+                        yerr=[scale * r[sd_key] for r in rows], marker="os^vD<>ph*"[k % 10],
+                        capsize=3, color=colors[k], label=lab)
+        ax.set_xlabel("ε")
+        ax.set_title(f"{title} against ε")
+        ax.legend(fontsize=7)
+        ax.set_ylabel(ylabel)
+    else:
+        rows = sorted(rows_with, key=lambda r: r[key])
+        fig, ax = plt.subplots(figsize=(8, 0.4 * len(rows) + 1.5))
+        ax.barh([r["label"] for r in rows], [scale * r[key] for r in rows],
+                xerr=[scale * r[sd_key] for r in rows], capsize=3,
+                color=[colors[labels.index(r["label"])] for r in rows])
+        ax.set_xlabel(ylabel)
+        ax.set_title(f"{title} at ε = {epsilons[0]:g}")
+        ax.tick_params(axis="y", labelsize=8)
+    ax.grid(alpha=0.3)
+    path = os.path.join(out_dir, filename)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot(results, epsilons, out_dir) -> List[str]:
     """Writes the PNG plots; returns their paths ([] without matplotlib)."""
     try:
@@ -295,14 +393,19 @@ def plot(results, epsilons, out_dir) -> List[str]:
         return []
     written = []
     labels = list(dict.fromkeys(r["label"] for r in results))
-    colors = plt.get_cmap("tab20").colors
+    colors = distinct_colors(len(labels))
+    if any("coverage_mean" in r for r in results):
+        written.append(_plot_metric(plt, results, epsilons, labels, colors, out_dir,
+                                    "coverage_mean", "coverage_sd", 100.0,
+                                    "share of input lines whose item was released (%)",
+                                    "Occurrence coverage", "coverage_vs_epsilon.png"))
     if len(epsilons) > 1:
         fig, ax = plt.subplots(figsize=(8, 5))
         for k, lab in enumerate(labels):
             rows = sorted((r for r in results if r["label"] == lab), key=lambda r: r["epsilon"])
             ax.errorbar([r["epsilon"] for r in rows], [r["mean"] for r in rows],
                         yerr=[r["sd"] for r in rows], marker="os^vD<>ph*"[k % 10], capsize=3,
-                        color=colors[k % len(colors)], label=lab)
+                        color=colors[k], label=lab)
         ax.set_xlabel("ε")
         ax.set_ylabel("released items (mean over trials)")
         ax.set_title("Released items against ε")
@@ -313,7 +416,7 @@ def plot(results, epsilons, out_dir) -> List[str]:
         fig, ax = plt.subplots(figsize=(8, 0.4 * len(rows) + 1.5))
         ax.barh([r["label"] for r in rows], [r["mean"] for r in rows],
                 xerr=[r["sd"] for r in rows], capsize=3,
-                color=[colors[labels.index(r["label"]) % len(colors)] for r in rows])
+                color=[colors[labels.index(r["label"])] for r in rows])
         ax.set_xlabel("released items (mean over trials, ± sd)")
         ax.set_title(f"Released items at ε = {epsilons[0]:g}")
         ax.grid(alpha=0.3, axis="x")
@@ -332,7 +435,7 @@ def plot(results, epsilons, out_dir) -> List[str]:
         for j, r in enumerate(rows):
             ax.bar([i + j * width for i in range(len(bins))],
                    [r["released_by_users"][b] for b in bins], width=width, label=r["label"],
-                   color=colors[labels.index(r["label"]) % len(colors)])
+                   color=colors[labels.index(r["label"])])
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(bins))])
         ax.set_xticklabels(bins, rotation=45)
         ax.set_xlabel("number of users holding the item")
@@ -365,8 +468,13 @@ def run(argv: Optional[Sequence[str]] = None, progress=None) -> Dict[str, Any]:
             raise common.NoWellFormedInput(f"no well-formed user<TAB>item line in "
                                            f"{args.input!r}: nothing to compare")
         progress(f"{len(per_user)} users")
+        occurrences = utility.item_occurrences(per_user)
+    else:
+        progress(f"counting item occurrences of {args.input} (for the coverage figure) ...")
+        occurrences = occurrences_of_files(args.input)
     with tempfile.TemporaryDirectory() as tmp:
-        results = run_trials(args, beam_args, specs, epsilons, built, per_user, tmp, progress)
+        results = run_trials(args, beam_args, specs, epsilons, built, per_user, tmp, progress,
+                             occurrences)
     command = "python -m pipelines.compare " + " ".join(
         a if " " not in a else repr(a) for a in argv)
     with open(os.path.join(args.output, "results.md"), "w", encoding="utf-8") as f:

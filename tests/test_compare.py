@@ -149,3 +149,51 @@ def test_published_and_cascade_free_gw_side_by_side_with_allow_unproven(data, tm
     assert compare._cli_flags("gw", compare.MechanismParams(epsilon=2.0, delta=1e-6, eta=0.1,
                                                             allow_unproven=None))[-2:] == \
         ["--eta", "0.1"]
+
+
+def test_occurrence_coverage_and_missing_mass_by_hand():
+    from beam_dpsu import utility
+    per_user = {"u1": {"a": 3, "b": 1}, "u2": {"a": 1, "c": 2}, "u3": {"d": 1}}
+    occ = utility.item_occurrences(per_user)
+    assert occ == {"a": 4, "b": 1, "c": 2, "d": 1}
+    # 8 lines; a and c released: 6 of them covered.
+    assert utility.occurrence_coverage(["a", "c", "c"], occ) == 6 / 8
+    assert utility.missing_mass({"a", "c"}, occ) == 2 / 8
+    assert utility.occurrence_coverage(["zzz"], occ) == 0.0        # never held: no mass
+    assert utility.occurrence_coverage([], {}) == 0.0
+    assert utility.occurrence_coverage(occ, occ) == 1.0
+
+
+@pytest.mark.parametrize("engine", ["core", "beam"])
+def test_compare_reports_the_coverage_of_each_trial(tmp_path, engine):
+    # 300 users, each with "common" twice, "mid" once and a rare item of their own:
+    # 1,200 lines, of which common and mid are 900. Weighted Gaussian (ε = 4,
+    # δ = 1e-10, Δ0 = 3) gives common and mid weight 300/√3 ≈ 173 against T ≈ 11 with
+    # σ ≈ 1.5 (never missed), and releases each rare item (weight 1/√3) with
+    # probability ≤ δ'_3 < 2e-11, so the coverage is exactly 900/1200 unless one of
+    # 300 rare items escapes: false failure < 2 trials × 300 × 2e-11 < 1.2e-8.
+    data = tmp_path / "in.tsv"
+    data.write_text("".join(f"u{u}\tcommon\nu{u}\tcommon\nu{u}\tmid\nu{u}\trare{u}\n"
+                            for u in range(300)))
+    out = str(tmp_path / "cmp")
+    s = compare.run(["--input", str(data), "--output", out, "--delta", "1e-10",
+                     "--epsilon", "4", "--trials", "2", "--engine", engine,
+                     "--mechanisms", "weighted-gaussian:max_items=3"], progress=lambda m: None)
+    (row,) = s["results"]
+    assert row["released"] == [2, 2]
+    assert row["occurrence_coverage"] == [0.75, 0.75]
+    assert row["coverage_mean"] == 0.75 and row["missing_mass_mean"] == 0.25
+    md = open(os.path.join(out, "results.md"), encoding="utf-8").read()
+    assert "| 75.00% ± 0.00 | 25.00% |" in md
+    with open(os.path.join(out, "coverage_vs_epsilon.png"), "rb") as f:
+        assert f.read(8) == PNG
+
+
+def test_plot_colours_are_distinct_hues_not_pairs():
+    import colorsys
+    for n in (2, 5, 10, 14):
+        colors = compare.distinct_colors(n)
+        assert len(set(colors)) == n
+        hues = sorted(colorsys.rgb_to_hsv(*c)[0] for c in colors if max(c) - min(c) > 0.1)
+        # No two chromatic colours share a hue (a light/dark pair would).
+        assert all(b - a > 0.02 for a, b in zip(hues, hues[1:])), (n, hues)
