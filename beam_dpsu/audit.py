@@ -104,7 +104,7 @@ from scipy.stats import beta as _beta
 
 from beam_dpsu import calibration as cal
 from beam_dpsu import core
-from beam_dpsu.mechanisms import HistogramMechanism, Mechanism
+from beam_dpsu.mechanisms import Mechanism, params
 from beam_dpsu.noise import RunKey, encode_value, keyed_hash64
 from beam_dpsu.threshold import NoisyThresholdRule
 
@@ -617,8 +617,8 @@ def threshold_delta_x100(mechanism: Mechanism) -> Mechanism:
 class ZeroWeightKeys(Mechanism):
     """BROKEN ON PURPOSE: keeps every item a user holds as a key, even with weight 0.
 
-    The histogram is computed by the real code (``core.histogram_local`` or
-    the policy's ``histogram_local``); the bug is that every item of every
+    The histogram is computed by the real code (the mechanism's
+    ``histogram_local``); the bug is that every item of every
     user then becomes a key (weight 0 if it received none: not sampled, or
     the user's budget ran out) and a zero-weight key is noised and released
     when its noise alone passes T, as in one public GW implementation. Each
@@ -635,10 +635,7 @@ class ZeroWeightKeys(Mechanism):
 
     def run_local(self, per_user, run_key):
         inner = self.inner
-        if isinstance(inner, HistogramMechanism):
-            hist = core.histogram_local(per_user, inner, run_key)
-        else:
-            hist = inner.histogram_local(per_user, run_key)
+        hist = inner.histogram_local(per_user, run_key)
         for counts in per_user.values():  # THE BUG: zero-weight keys are kept
             for item in counts:
                 hist.setdefault(item, 0.0)
@@ -791,20 +788,7 @@ def build_parser() -> argparse.ArgumentParser:
     from beam_dpsu.registry import REGISTRY
     p = _Parser(prog=PROG, description=__doc__.split("\n")[0], allow_abbrev=False)
     p.add_argument("--mechanism", required=True, help="one of: " + ", ".join(sorted(REGISTRY)))
-    p.add_argument("--epsilon", type=float)
-    p.add_argument("--delta", type=float)
-    p.add_argument("--rho", type=float)
-    p.add_argument("--max-items-per-user", dest="max_items", type=int)
-    p.add_argument("--alpha", type=float)
-    p.add_argument("--rounds", type=int)
-    p.add_argument("--ratio", type=float)
-    p.add_argument("--public-counts")
-    p.add_argument("--tie-break", help="gw, gw-kt: item-hash (default) or first-occurrence")
-    p.add_argument("--eta", type=float, help="gw, gw-kt: step-1 budget η (default 0.001)")
-    p.add_argument("--variant", help="gw, gw-kt: cascade-free (default) or published "
-                   "(NOT proven private; needs --allow-unproven)")
-    p.add_argument("--allow-unproven", action="store_true", default=None,
-                   help="research only: allow a variant whose privacy is not proven")
+    params.add_arguments(p, list(params.MECHANISM_PARAMS))
     p.add_argument("--trials", type=int, default=FAST_TRIALS,
                    help=f"runs per dataset and scenario (default {FAST_TRIALS}; thorough: "
                         f"{THOROUGH_TRIALS})")
@@ -827,13 +811,12 @@ def parse_args(argv: Sequence[str]):
         raise UsageError(f"--trials must be an integer >= 1, got {args.trials}")
     if not (0 < args.confidence < 1):
         raise UsageError(f"--confidence must be in (0, 1), got {args.confidence}")
-    params = MechanismParams.from_namespace(args)
     try:
-        mechanism = make_mechanism(args.mechanism, params)
+        mechanism = make_mechanism(args.mechanism, MechanismParams.from_namespace(args))
         if args.broken:
             mechanism = BROKEN[args.broken](mechanism)
     except ValueError as e:
-        raise UsageError(str(e).splitlines()[0]) from None
+        raise UsageError(params.as_flags(str(e).splitlines()[0])) from None
     return args, mechanism
 
 

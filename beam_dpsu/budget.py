@@ -531,8 +531,8 @@ class _ReleaseRuleOf:
     def __init__(self, mechanism: Mechanism):
         self.mechanism = mechanism
 
-    def __call__(self, run_key, purpose: str = "noise/0"):
-        return self.mechanism.release_rule(run_key, purpose)
+    def __call__(self, run_key, round_index: int = 0):
+        return self.mechanism.release_rule(run_key, round_index)
 
 
 class DeferredMechanism(Mechanism):
@@ -601,8 +601,12 @@ class DeferredMechanism(Mechanism):
     def describe(self) -> Dict[str, Any]:
         return self.calibrate().describe()
 
-    def release_rule(self, run_key, purpose: str = "noise/0"):
-        return self.calibrate().release_rule(run_key, purpose)
+    def release_rule(self, run_key, round_index: int = 0):
+        return self.calibrate().release_rule(run_key, round_index)
+
+    def run_local(self, per_user, run_key):
+        """The calibrated mechanism's Beam-free run (raises while the share is unknown)."""
+        return self.calibrate().run_local(per_user, run_key)
 
     def expand_per_user(self, per_user, run_key):
         from beam_dpsu.bounding import SampleItems

@@ -29,7 +29,6 @@ import argparse
 import json
 import logging
 import os
-import re
 import shutil
 import sys
 import time
@@ -161,15 +160,6 @@ def check_beam_args(beam_args: Sequence[str]) -> None:
     _, unknown = _beam_option_parser().parse_known_args(list(beam_args))
     if unknown:
         raise UsageError(f"unrecognized arguments: {' '.join(unknown)}")
-
-
-def flag_names(message: str, names: Sequence[str] = ()) -> str:
-    """Names parameters in a validation message as command-line flags."""
-    message = message.replace("max_items_per_user", "--max-items-per-user")
-    message = re.sub(r"^tie_break ", "--tie-break ", message)
-    for name in names:
-        message = re.sub(rf"(?<![-\w]){name}\b", "--" + name.replace("_", "-"), message)
-    return re.sub(r"^(epsilon|delta|rho|alpha|rounds|ratio|k) ", r"--\1 ", message)
 
 
 # -- locations ----------------------------------------------------------------

@@ -39,6 +39,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import apache_beam as beam
 
+from beam_dpsu.mechanisms import params
 from beam_dpsu.noise import RunKey
 from beam_dpsu.textio import ReadUserItems
 from beam_dpsu.topk import TopK, TopKMechanism, format_line
@@ -51,18 +52,14 @@ PROG = "top_k"
 def build_parser():
     p = common.ArgumentParser(PROG, __doc__.split("\n")[0])
     common.add_io_arguments(p)
-    p.add_argument("--k", type=int, required=True, help="the most items to release (>= 1)")
-    p.add_argument("--k-bar", dest="k_bar", type=int,
-                   help="candidates k̄ >= k (the true top k̄ are noised; default k)")
-    p.add_argument("--epsilon", type=float, required=True,
-                   help="ε > 0: per selection (Gumbel), or of the query (--with-counts)")
-    p.add_argument("--delta", type=float, required=True, help="δ of the query (0 < δ < 1)")
-    p.add_argument("--max-items-per-user", dest="max_items", type=int,
-                   help="Δ, distinct items kept per user (integer >= 1); required by "
-                        "--with-counts; default: unrestricted (Gumbel only)")
+    params.add_arguments(p, ["k", "k_bar", "epsilon", "delta", "max_items"],
+                         required=("k", "epsilon", "delta"), help={
+        "epsilon": "ε > 0: per selection (Gumbel), or of the query (--with-counts)",
+        "delta": "δ of the query (0 < δ < 1)",
+        "max_items": "Δ, distinct items kept per user (integer >= 1); required by "
+                     "--with-counts; default: unrestricted (Gumbel only)"})
     common.add_dead_letter_argument(p)
-    p.add_argument("--with-counts", action="store_true",
-                   help="Algorithm 1 (Laplace): also release noisy counts")
+    params.add_arguments(p, ["with_counts"])
     return p
 
 
@@ -74,7 +71,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> Tuple[object, TopKMechanism, Li
                                   delta=args.delta, max_items=args.max_items,
                                   with_counts=args.with_counts)
     except ValueError as e:
-        raise UsageError(common.flag_names(str(e), ("k_bar", "with_counts"))) from None
+        raise UsageError(params.as_flags(str(e))) from None
     return args, mechanism, beam_args
 
 
