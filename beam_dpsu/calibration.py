@@ -1,7 +1,7 @@
 """Privacy calibration: thresholds and noise scales as small pure functions.
 
 Every function here is deterministic, has no Beam dependency and is unit-tested
-against the numbers in the specification (``MECHANISMS.md`` sections 1 and 2)
+against the numbers of ``docs/mechanisms.md`` (sections 2 and 3)
 and against independent computations. Logs are natural.
 
 Neighbouring datasets differ by adding or removing one user with all of their
@@ -80,6 +80,30 @@ def check_sensitivity(sensitivity: float, name: str = "sensitivity") -> float:
 # Section 1: calibration primitives.
 # --------------------------------------------------------------------------
 
+def bisect(below: Callable[[float], bool], lo: float, hi: float, iterations: int = 200,
+           rel_tol: float = 0.0):
+    """Narrows ``[lo, hi]`` around the point where a monotone predicate changes.
+
+    ``below(x)`` must be True on the ``lo`` side of the point and False on the
+    ``hi`` side (it is not evaluated at the ends). Each step evaluates the
+    midpoint and moves the end on its side there; it stops after
+    ``iterations`` steps, when no float lies strictly between the ends, or
+    when ``hi − lo ≤ rel_tol·hi``. Returns ``(lo, hi)``: a calibration that
+    must satisfy its condition returns the end on the satisfying side.
+    """
+    for _ in range(iterations):
+        mid = 0.5 * (lo + hi)
+        if mid <= lo or mid >= hi:
+            break
+        if below(mid):
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= rel_tol * hi:
+            break
+    return lo, hi
+
+
 def per_item_delta(delta: float, t):
     """The per-item delta δ_t = 1 − (1 − δ)^(1/t).
 
@@ -146,14 +170,7 @@ def analytic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1
         hi += 2.0
         if hi > 700:
             raise ValueError("analytic Gaussian calibration failed: σ would exceed 1e300")
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        if mid in (lo, hi):
-            break
-        if ok(mid):
-            hi = mid
-        else:
-            lo = mid
+    _, hi = bisect(lambda x: not ok(x), lo, hi)
     return math.exp(hi) * sensitivity
 
 
@@ -296,7 +313,7 @@ def gw_cascade_free_threshold_bound(epsilon: float, delta: float, max_items: int
 
 
 def gw_cascade_free_threshold(epsilon: float, delta: float, max_items: int) -> float:
-    """Threshold T of the cascade-free GW and GW-KT (specification 3.3a).
+    """Threshold T of the cascade-free GW and GW-KT (``docs/gw.md`` section 1.2).
 
     The smallest ``T`` with ``1 − (1 − ½·e^(−ε(T−1)))·(1 − ½·e^(−εT))^(Δ0−1) ≤ δ``
     (``gw_cascade_free_delta``), found by bisection on
@@ -319,14 +336,8 @@ def gw_cascade_free_threshold(epsilon: float, delta: float, max_items: int) -> f
     lo, hi = 1.0, gw_cascade_free_threshold_bound(epsilon, delta, max_items)
     while _cascade_free_log_escape(epsilon, max_items, hi) < log_target:
         hi = hi * (1 + 1e-12) + 1e-12      # the closed form rounded below the exact root
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        if mid <= lo or mid >= hi:
-            break
-        if _cascade_free_log_escape(epsilon, max_items, mid) >= log_target:
-            hi = mid
-        else:
-            lo = mid
+    _, hi = bisect(lambda t: _cascade_free_log_escape(epsilon, max_items, t) < log_target,
+                   lo, hi)
     return hi
 
 
@@ -485,14 +496,7 @@ def laplace_tail_offset(scale: float, delta: float, max_items: int) -> float:
     lo, hi = 0.0, max(1.0, -target)
     while log_tail(hi) > target:
         lo, hi = hi, 2.0 * hi
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        if log_tail(mid) > target:
-            lo = mid
-        else:
-            hi = mid
-        if hi - lo <= 1e-14 * hi:
-            break
+    _, hi = bisect(lambda x: log_tail(x) > target, lo, hi, rel_tol=1e-14)
     return hi * scale
 
 

@@ -146,7 +146,7 @@ register("sips", _sips, {"epsilon", "delta", "rho", "max_items", "rounds", "rati
          "DP-SIPS: I rounds of zCDP Weighted Gaussian on what is not yet released")
 
 
-# Sequential policy mechanisms (beam_dpsu.ordered, specification section 3).
+# Sequential policy mechanisms (beam_dpsu.mechanisms.policy, docs/mechanisms.md section 4).
 from beam_dpsu.mechanisms import policy as _ordered  # noqa: E402
 
 

@@ -42,6 +42,7 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
 from beam_dpsu import __version__, keys, runners
+from beam_dpsu.cli import UsageError, last_line as _last_line, run_main
 from beam_dpsu.noise import RunKey
 from beam_dpsu.textio import match_files
 
@@ -65,12 +66,10 @@ INSECURE_SEED_WARNING = (
     "its output is NOT private and must never be published")
 
 
-class UsageError(Exception):
-    """A user mistake: reported as one line, exit status 2."""
-
-
 class NoWellFormedInput(Exception):
     """The input has no well-formed line: reported as one line, exit status 1."""
+
+    exit_status = 1
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -524,11 +523,6 @@ def run_release(args, beam_args: Sequence[str],
     return dict(public, PRIVATE_run_details=details)
 
 
-def _last_line(e: BaseException) -> str:
-    lines = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {lines[-1] if lines else ''}"
-
-
 def main_wrapper(prog: str, run: Callable[[Optional[Sequence[str]]], Dict[str, Any]],
                  argv: Optional[Sequence[str]], echo: Sequence[str]) -> int:
     """Runs ``run(argv)`` with the exit-status conventions; prints ``echo`` keys as JSON.
@@ -542,26 +536,16 @@ def main_wrapper(prog: str, run: Callable[[Optional[Sequence[str]]], Dict[str, A
     if not debug:  # Beam logs worker failures with tracebacks; we print one line instead
         logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
         logging.getLogger().setLevel(logging.ERROR)
-    try:
+
+    def body() -> int:
         summary = run(argv)
-    except UsageError as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
-        return 2
-    except NoWellFormedInput as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
-        return 130
-    except Exception as e:  # a failure while running: one line (details with BEAM_DPSU_DEBUG)
-        logging.debug("pipeline failed", exc_info=True)
-        print(f"{prog}: failed: {_last_line(e)}", file=sys.stderr)
-        return 1
-    printed = {k: summary.get(k) for k in echo}
-    if summary.get("insecure_test_seed") is not None:
-        printed["insecure_test_seed"] = summary["insecure_test_seed"]
-    print(json.dumps(printed, ensure_ascii=False))
-    return 0
+        printed = {k: summary.get(k) for k in echo}
+        if summary.get("insecure_test_seed") is not None:
+            printed["insecure_test_seed"] = summary["insecure_test_seed"]
+        print(json.dumps(printed, ensure_ascii=False))
+        return 0
+
+    return run_main(prog, body)
 
 
 def parse_known(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]]

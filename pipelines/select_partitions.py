@@ -77,11 +77,10 @@ def build_pipeline(p: beam.Pipeline, input_pattern: str, output_prefix: str,
                    mechanism: Mechanism, run_key: RunKey,
                    dead_letter: Optional[str] = None) -> None:
     """Adds the read → select → write graph to ``p`` (one sorted items file)."""
-    reader = ReadUserItems(input_pattern, keep_order=mechanism.needs_record_order)
-    per_user = (p
-                | "ReadUserItems" >> reader
-                | "CountUsers" >> beam.ParDo(common.CountUsers()))
-    common.write_dead_letter(reader.malformed, dead_letter)
+    users, malformed = p | "ReadUserItems" >> ReadUserItems(
+        input_pattern, keep_order=mechanism.needs_record_order, with_malformed=True)
+    per_user = users | "CountUsers" >> beam.ParDo(common.CountUsers())
+    common.write_dead_letter(malformed, dead_letter)
     items = per_user | "SelectPartitions" >> SelectPartitions(mechanism, run_key, per_user=True)
     common.write_items(items | "ToLine" >> beam.Map(_to_line), output_prefix)
 

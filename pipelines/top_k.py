@@ -84,9 +84,9 @@ def build_pipeline(p: beam.Pipeline, input_pattern: str, output_prefix: str,
                    mechanism: TopKMechanism, run_key: RunKey,
                    dead_letter: Optional[str] = None) -> None:
     """Adds the read → top-k → write graph to ``p`` (one output file, rank order)."""
-    reader = ReadUserItems(input_pattern)
-    per_user = p | "ReadUserItems" >> reader
-    common.write_dead_letter(reader.malformed, dead_letter)
+    per_user, malformed = p | "ReadUserItems" >> ReadUserItems(input_pattern,
+                                                                with_malformed=True)
+    common.write_dead_letter(malformed, dead_letter)
     ranked = (per_user
               | "CountUsers" >> beam.ParDo(common.CountUsers())
               | "TopK" >> TopK(mechanism, run_key, per_user=True))

@@ -115,6 +115,14 @@ class Mechanism:
             "max_items_per_user": self.max_items,
         }
 
+    def threshold_for(self, epsilon: float, delta: float) -> float:
+        """The threshold T this mechanism's calibration gives for another (ε, δ),
+        every other parameter equal (the auditor's broken variants use it).
+
+        Raises ValueError for a mechanism not calibrated from one (ε, δ).
+        """
+        raise ValueError(f"{self.name} is not calibrated from one (ε, δ)")
+
     def release_rule(self, run_key: RunKey, round_index: int = 0) -> Callable[[Any, float], bool]:
         """The keyed rule ``rule(item, weight) -> bool`` of round ``round_index``.
 

@@ -121,6 +121,9 @@ class _EpsilonDeltaHistogram(HistogramMechanism):
     def __init__(self, epsilon: float, delta: float, max_items: int = DEFAULT_MAX_ITEMS):
         super().__init__(self._name, *self.calibrate(epsilon, delta, max_items))
 
+    def threshold_for(self, epsilon: float, delta: float) -> float:
+        return self._threshold(epsilon, delta, self.max_items)
+
 
 class TruncatedGeometric(HistogramMechanism):
     """Truncated geometric ("magic") partition selection (Desfontaines, Voss, Gipson).

@@ -43,6 +43,8 @@ class PolicyMechanism(ThresholdMechanism):
 
     public_counts = None
     policy_name = ""
+    #: The histogram mechanism whose calibration (T, noise) this policy shares.
+    _calibrated_as = None
 
     def __init__(self, name: str, guarantee: PrivacyGuarantee, round_: RoundCalibration,
                  alpha: float, state: str):
@@ -63,6 +65,11 @@ class PolicyMechanism(ThresholdMechanism):
         d = super().describe()
         d.update({"alpha": self.alpha, "cutoff": self.cutoff, "policy": self.policy_name})
         return d
+
+    def threshold_for(self, epsilon: float, delta: float) -> float:
+        if self._calibrated_as is None:
+            return super().threshold_for(epsilon, delta)
+        return self._calibrated_as.calibrate(epsilon, delta, self.max_items)[1].threshold
 
     def _public_counts_local(self):
         return None
@@ -85,7 +92,27 @@ def _check_alpha(alpha) -> float:
     return float(alpha)
 
 
-class PolicyLaplace(PolicyMechanism):
+class _DescentMechanism(PolicyMechanism):
+    """Δ0 sampling, a descent policy to Γ, then the noise and T of a weighted mechanism.
+
+    Declared by ``_name``, ``policy_name``, ``_calibrated_as`` (the weighted
+    histogram mechanism whose calibration it shares) and ``_policy_class``.
+    """
+
+    _name = ""
+    _policy_class = None
+
+    def __init__(self, epsilon: float, delta: float, max_items: int = 100,
+                 alpha: float = DEFAULT_ALPHA, state: str = "auto"):
+        super().__init__(self._name, *self._calibrated_as.calibrate(epsilon, delta, max_items),
+                         alpha, state)
+
+    def policy(self, run_key):
+        return self._policy_class(self.cutoff, self.max_items, run_key.subkey("sample/0"),
+                                  run_key.subkey("item-order"))
+
+
+class PolicyLaplace(_DescentMechanism):
     """Policy Laplace (Gopi et al.): Δ0 sampling, ℓ1-descent to Γ, Laplace noise.
 
     λ = 1/ε; T as Weighted Laplace, ``max_t [1/t + λ·log(1/(2δ_t))]``;
@@ -101,19 +128,11 @@ class PolicyLaplace(PolicyMechanism):
       state: ``OrderedUserPolicy`` state choice (default ``'auto'``).
     """
 
-    def __init__(self, epsilon: float, delta: float, max_items: int = 100,
-                 alpha: float = DEFAULT_ALPHA, state: str = "auto"):
-        super().__init__("policy-laplace", *WeightedLaplace.calibrate(epsilon, delta, max_items),
-                         alpha, state)
-
-    policy_name = "l1-descent"
-
-    def policy(self, run_key):
-        return policies.L1DescentPolicy(self.cutoff, self.max_items, run_key.subkey("sample/0"),
-                                        run_key.subkey("item-order"))
+    _name, policy_name = "policy-laplace", "l1-descent"
+    _calibrated_as, _policy_class = WeightedLaplace, policies.L1DescentPolicy
 
 
-class PolicyGaussian(PolicyMechanism):
+class PolicyGaussian(_DescentMechanism):
     """Policy Gaussian (Gopi et al.): Δ0 sampling, ℓ2-descent to Γ, Gaussian noise.
 
     σ = AGM(ε, δ/2, 1); T as Weighted Gaussian,
@@ -126,16 +145,8 @@ class PolicyGaussian(PolicyMechanism):
       state: ``OrderedUserPolicy`` state choice (default ``'auto'``).
     """
 
-    def __init__(self, epsilon: float, delta: float, max_items: int = 100,
-                 alpha: float = DEFAULT_ALPHA, state: str = "auto"):
-        super().__init__("policy-gaussian",
-                         *WeightedGaussian.calibrate(epsilon, delta, max_items), alpha, state)
-
-    policy_name = "l2-descent"
-
-    def policy(self, run_key):
-        return policies.L2DescentPolicy(self.cutoff, self.max_items, run_key.subkey("sample/0"),
-                                        run_key.subkey("item-order"))
+    _name, policy_name = "policy-gaussian", "l2-descent"
+    _calibrated_as, _policy_class = WeightedGaussian, policies.L2DescentPolicy
 
 
 VARIANTS = ("cascade-free", "published")
@@ -239,6 +250,11 @@ class GW(PolicyMechanism):
     _policy_names = {"cascade-free": "cascade-free-greedy", "published": "greedy"}
     _public = False
     _default_max_items = DEFAULT_GW_MAX_ITEMS
+
+    def threshold_for(self, epsilon: float, delta: float) -> float:
+        if self.variant == "published":
+            return cal.gw_threshold(epsilon, delta)
+        return cal.gw_cascade_free_threshold(epsilon, delta, self.max_items)
 
     @property
     def proven(self) -> bool:
