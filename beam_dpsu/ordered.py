@@ -1,13 +1,12 @@
-"""The ordered-user transform and the sequential policy mechanisms.
+"""The ordered-user transform of the sequential policy mechanisms.
 
 ``OrderedUserPolicy`` runs a sequential update policy (``beam_dpsu.policies``)
 over a PCollection of ``(user_id, {item: count})`` and returns the finished
 histogram as ``(item, weight)`` for every item with weight > 0. The mechanisms
-``PolicyLaplace``, ``PolicyGaussian``, ``GW`` and ``GWKT`` then add noise and
-apply the threshold ``T`` with ``threshold.ApplyReleaseRule`` exactly as the
-histogram mechanisms do. ``GW`` and ``GWKT`` default to the cascade-free
-greedy (proven, ``docs/gw.md``); their ``variant='published'`` is not proven
-private.
+``PolicyLaplace``, ``PolicyGaussian``, ``GW`` and ``GWKT``
+(``beam_dpsu.mechanisms.policy``, still importable from here) then add noise
+and apply the threshold ``T`` with ``threshold.ApplyReleaseRule`` exactly as
+the histogram mechanisms do (``docs/mechanisms.md`` section 4).
 
 How the transform works
 -----------------------

@@ -13,6 +13,7 @@ from typing import Callable, Dict, List, Optional
 
 from beam_dpsu.mechanisms import (CountGaussian, CountLaplace, Mechanism, TruncatedGeometric,
                                   WeightedGaussian, WeightedGaussianZcdp, WeightedLaplace)
+from beam_dpsu.mechanisms import policy as _policy
 from beam_dpsu.mechanisms.params import MECHANISM_PARAMS, flag, flags
 
 
@@ -147,13 +148,12 @@ register("sips", _sips, {"epsilon", "delta", "rho", "max_items", "rounds", "rati
 
 
 # Sequential policy mechanisms (beam_dpsu.mechanisms.policy, docs/mechanisms.md section 4).
-from beam_dpsu.mechanisms import policy as _ordered  # noqa: E402
 
 
 def _policy_builder(cls, name):
     def build(params: MechanismParams) -> Mechanism:
         _require(params, name, "epsilon", "delta")
-        alpha = _ordered.DEFAULT_ALPHA if params.alpha is None else params.alpha
+        alpha = _policy.DEFAULT_ALPHA if params.alpha is None else params.alpha
         return cls(params.epsilon, params.delta, _max_items(params), alpha)
     return build
 
@@ -176,9 +176,9 @@ def _gw_options(params: MechanismParams, name: str) -> dict:
 
 def _gw(params: MechanismParams) -> Mechanism:
     _require(params, "gw", "epsilon", "delta")
-    return _ordered.GW(params.epsilon, params.delta,
-                       _ordered.DEFAULT_ALPHA if params.alpha is None else params.alpha,
-                       **_gw_options(params, "gw"))
+    return _policy.GW(params.epsilon, params.delta,
+                      _policy.DEFAULT_ALPHA if params.alpha is None else params.alpha,
+                      **_gw_options(params, "gw"))
 
 
 def _gw_kt(params: MechanismParams) -> Mechanism:
@@ -186,15 +186,15 @@ def _gw_kt(params: MechanismParams) -> Mechanism:
     from apache_beam.io.filesystems import FileSystems
     if not FileSystems.exists(params.public_counts):
         raise ValueError(f"{flag('public_counts')} file not found: {params.public_counts!r}")
-    return _ordered.GWKT(params.epsilon, params.delta, params.public_counts,
-                         _ordered.DEFAULT_ALPHA if params.alpha is None else params.alpha,
-                         **_gw_options(params, "gw-kt"))
+    return _policy.GWKT(params.epsilon, params.delta, params.public_counts,
+                        _policy.DEFAULT_ALPHA if params.alpha is None else params.alpha,
+                        **_gw_options(params, "gw-kt"))
 
 
-register("policy-laplace", _policy_builder(_ordered.PolicyLaplace, "policy-laplace"),
+register("policy-laplace", _policy_builder(_policy.PolicyLaplace, "policy-laplace"),
          {"epsilon", "delta", "max_items", "alpha"},
          "sequential ℓ1-descent to the cutoff (Gopi et al.); Laplace noise")
-register("policy-gaussian", _policy_builder(_ordered.PolicyGaussian, "policy-gaussian"),
+register("policy-gaussian", _policy_builder(_policy.PolicyGaussian, "policy-gaussian"),
          {"epsilon", "delta", "max_items", "alpha"},
          "sequential ℓ2-descent to the cutoff (Gopi et al.); Gaussian noise")
 _GW_PARAMS = {"epsilon", "delta", "alpha", "tie_break", "max_items", "eta", "variant"}

@@ -136,8 +136,8 @@ public counts that rank some scenario items first.
 
 ## Deliberately broken variants (must be caught: lower bound > claimed ε)
 
-Each differs from the real mechanism by one bug (`benchmarks/audit_variants.py`); trials as in the CI's
-fast mode unless stated.
+Each differs from the real mechanism by one bug (`benchmarks/audit_variants.py`); trials as
+in the CI's fast mode unless stated.
 
 {HEADER}
 {chr(10).join(broken_rows)}

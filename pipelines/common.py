@@ -523,6 +523,23 @@ def run_release(args, beam_args: Sequence[str],
     return dict(public, PRIVATE_run_details=details)
 
 
+def run_query(argv: Optional[Sequence[str]], parse_args, build_pipeline,
+              public_fields: Callable[[Any, Any, int], Dict[str, Any]]) -> Dict[str, Any]:
+    """The ``run`` of a release pipeline: parse, then ``run_release`` its graph.
+
+    ``parse_args(argv) -> (args, mechanism, beam_args)`` validates everything;
+    ``build_pipeline(p, input, output, mechanism, run_key, dead_letter)`` adds
+    the graph; ``public_fields(mechanism, result, num_released)`` gives the
+    mechanism's publishable fields.
+    """
+    args, mechanism, beam_args = parse_args(argv)
+    return run_release(
+        args, beam_args,
+        lambda p, run_key: build_pipeline(p, args.input, args.output, mechanism, run_key,
+                                          args.dead_letter),
+        lambda result, released: public_fields(mechanism, result, released))
+
+
 def main_wrapper(prog: str, run: Callable[[Optional[Sequence[str]]], Dict[str, Any]],
                  argv: Optional[Sequence[str]], echo: Sequence[str]) -> int:
     """Runs ``run(argv)`` with the exit-status conventions; prints ``echo`` keys as JSON.

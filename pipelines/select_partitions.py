@@ -85,22 +85,19 @@ def build_pipeline(p: beam.Pipeline, input_pattern: str, output_prefix: str,
     common.write_items(items | "ToLine" >> beam.Map(_to_line), output_prefix)
 
 
+def public_fields(mechanism: Mechanism, result, released: int) -> dict:
+    """The publishable summary: the mechanism's ``describe()`` with, for DP-SIPS,
+    the number released by each round."""
+    fields = dict(mechanism.describe())
+    for i, entry in enumerate(fields.get("per_round") or []):
+        entry["released"] = common.counter(result, f"released_round_{i}")
+    return fields
+
+
 def run(argv: Optional[Sequence[str]] = None) -> dict:
     """Runs the pipeline; returns the public summary (also written to PREFIX.json) with
     the owner-only details (PREFIX.PRIVATE-run-details.json) under "PRIVATE_run_details"."""
-    args, mechanism, beam_args = parse_args(argv)
-
-    def public_fields(result, released):
-        fields = dict(mechanism.describe())
-        for i, entry in enumerate(fields.get("per_round") or []):
-            entry["released"] = common.counter(result, f"released_round_{i}")
-        return fields
-
-    return common.run_release(
-        args, beam_args,
-        lambda p, run_key: build_pipeline(p, args.input, args.output, mechanism, run_key,
-                                          args.dead_letter),
-        public_fields)
+    return common.run_query(argv, parse_args, build_pipeline, public_fields)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

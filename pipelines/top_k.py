@@ -111,12 +111,8 @@ def public_fields(mechanism: TopKMechanism, released: int) -> dict:
 def run(argv: Optional[Sequence[str]] = None) -> dict:
     """Runs the pipeline; returns the public summary (also written to PREFIX.json) with
     the owner-only details (PREFIX.PRIVATE-run-details.json) under "PRIVATE_run_details"."""
-    args, mechanism, beam_args = parse_args(argv)
-    return common.run_release(
-        args, beam_args,
-        lambda p, run_key: build_pipeline(p, args.input, args.output, mechanism, run_key,
-                                          args.dead_letter),
-        lambda result, released: public_fields(mechanism, released))
+    return common.run_query(argv, parse_args, build_pipeline,
+                            lambda mechanism, result, released: public_fields(mechanism, released))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

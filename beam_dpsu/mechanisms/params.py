@@ -112,7 +112,10 @@ ALL_PARAMS: Dict[str, Param] = dict(MECHANISM_PARAMS, **TOPK_PARAMS)
 
 
 def flag(name: str) -> str:
-    """The command-line flag of a declared parameter (``'max_items'`` → ``'--max-items-per-user'``)."""
+    """The command-line flag of a declared parameter.
+
+    ``'max_items'`` → ``'--max-items-per-user'``.
+    """
     return ALL_PARAMS[name].cli_flag
 
 

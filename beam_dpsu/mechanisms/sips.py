@@ -35,10 +35,11 @@ from beam_dpsu import keys
 from beam_dpsu.accounting import PrivacyGuarantee, dp_to_zcdp_rho, zcdp_guarantee
 from beam_dpsu import runners
 from beam_dpsu.bounding import MergeItemCountsFn, SampleItems
-from beam_dpsu.calibration import check_ratio, check_rounds, round_budgets, round_fractions  # noqa: F401
+from beam_dpsu.calibration import (check_ratio, check_rounds, round_budgets,  # noqa: F401
+                                   round_fractions)
 from beam_dpsu.histogram import ShardedHistogram
-from beam_dpsu.mechanisms.base import Mechanism, RoundCalibration, noise_purpose
-from beam_dpsu.mechanisms.histogram import remove_items, round_histogram
+from beam_dpsu.mechanisms.base import Mechanism, noise_purpose
+from beam_dpsu.mechanisms.histogram import WeightedGaussianZcdp, remove_items, round_histogram
 from beam_dpsu.noise import RunKey
 from beam_dpsu.threshold import ApplyReleaseRule, NoisyThresholdRule
 
@@ -78,12 +79,9 @@ class Sips(Mechanism):
         self.name = "sips"
         self.ratio = ratio
         self.removal = removal
-        self.rounds = []
-        for rho_i, delta_i in round_budgets(rho, delta, rounds, ratio):
-            self.rounds.append(RoundCalibration(
-                threshold=cal.zcdp_weighted_gaussian_threshold(rho_i, delta_i, max_items),
-                noise="gaussian", noise_scale=cal.zcdp_weighted_gaussian_sigma(rho_i),
-                max_items=max_items, weighting="l2", rho=rho_i, delta=delta_i))
+        # Each round is the zCDP Weighted Gaussian of its share (docs/mechanisms.md section 5).
+        self.rounds = [WeightedGaussianZcdp(rho_i, delta_i, max_items).calibration
+                       for rho_i, delta_i in round_budgets(rho, delta, rounds, ratio)]
         self.guarantee = guarantee or zcdp_guarantee(rho, delta)
         self.rho, self.delta = rho, delta
 
