@@ -14,7 +14,8 @@ from typing import Iterable, Optional, Tuple
 
 from scipy.optimize import minimize_scalar
 
-from beam_dpsu.calibration import check_delta, check_epsilon, check_rho
+from beam_dpsu.calibration import (bisect, check_delta, check_epsilon, check_positive_int,
+                                   check_rho)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,14 +114,8 @@ def zcdp_to_dp_epsilon(rho: float, delta: float, target_delta: float) -> float:
     lo, hi = 0.0, max(1.0, rho + 2.0 * math.sqrt(rho * math.log(1.0 / (target_delta - delta))))
     while zcdp_to_dp_delta(rho, delta, hi) > target_delta:
         hi *= 2.0
-    for _ in range(100):
-        mid = 0.5 * (lo + hi)
-        if zcdp_to_dp_delta(rho, delta, mid) <= target_delta:
-            hi = mid
-        else:
-            lo = mid
-        if hi - lo <= 1e-13 * hi:
-            break
+    _, hi = bisect(lambda e: zcdp_to_dp_delta(rho, delta, e) > target_delta, lo, hi,
+                   iterations=100, rel_tol=1e-13)
     return hi
 
 
@@ -139,16 +134,8 @@ def dp_to_zcdp_rho(epsilon: float, target_delta: float, zcdp_delta: float) -> fl
         lo, hi = hi, hi * 2.0
         if hi > 1e12:
             raise ValueError("no finite rho: the conversion never reaches the target")
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        if mid <= 0:
-            break
-        if zcdp_to_dp_delta(mid, zcdp_delta, epsilon) <= target_delta:
-            lo = mid
-        else:
-            hi = mid
-        if hi - lo <= 1e-13 * hi:
-            break
+    lo, hi = bisect(lambda r: zcdp_to_dp_delta(r, zcdp_delta, epsilon) <= target_delta,
+                    lo, hi, rel_tol=1e-13)
     if lo <= 0:
         raise ValueError(
             f"(epsilon={epsilon!r}, delta={target_delta!r}) is too small for any rho > 0")
@@ -174,7 +161,7 @@ def zcdp_guarantee(rho: float, zcdp_delta: float, note: str = "") -> PrivacyGuar
 
 # --------------------------------------------------------------------------
 # Pay-what-you-get composition of top-k queries (Durfee and Rogers),
-# specification section 5.
+# docs/mechanisms.md section 6.
 # --------------------------------------------------------------------------
 
 def selections_charged(k: int, num_released: int) -> int:
@@ -183,8 +170,7 @@ def selections_charged(k: int, num_released: int) -> int:
     Each released item and the stop at ⊥ is one ε-bounded-range selection:
     ``ℓ + 1`` for ℓ < k released, and ``k`` when all k were released (no stop).
     """
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"k must be an integer >= 1, got {k!r}")
+    check_positive_int(k, "k")
     if (isinstance(num_released, bool) or not isinstance(num_released, int)
             or not 0 <= num_released <= k):
         raise ValueError(f"num_released must be an integer in [0, k={k}], got {num_released!r}")
@@ -262,9 +248,8 @@ class PayWhatYouGetAccountant:
                  conversion_delta: Optional[float] = None):
         self.epsilon = check_epsilon(epsilon)
         self.delta = check_delta(delta)
-        for name, v in (("max_selections", max_selections), ("max_queries", max_queries)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        check_positive_int(max_selections, "max_selections")
+        check_positive_int(max_queries, "max_queries")
         self.conversion_delta = check_delta(
             self.delta if conversion_delta is None else conversion_delta, "conversion_delta")
         self.max_selections = max_selections
@@ -287,8 +272,7 @@ class PayWhatYouGetAccountant:
         The charge is known only after the query, and is at most ``k``; a
         query runs only if ``k ≤`` the remaining selections and a query is left.
         """
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ValueError(f"k must be an integer >= 1, got {k!r}")
+        check_positive_int(k, "k")
         if self.remaining_queries < 1:
             raise ValueError(f"query refused: the budget of {self.max_queries} queries is spent")
         if k > self.remaining_selections:

@@ -7,7 +7,9 @@ Usage::
         [--public-counts PATH] [--tie-break T] [--eta H]
         [--variant cascade-free|published --allow-unproven] [--trials N] [--confidence C]
         [--scenarios unique,near-cutoff,pile,cascade] [--positions first,middle,last]
-        [--broken VARIANT]
+
+(``python benchmarks/audit_variants.py ... --broken VARIANT`` audits a
+deliberately broken variant.)
 
 prints one JSON object with ``mechanism``, ``claimed_epsilon``,
 ``claimed_delta``, ``epsilon_lower_bound``, ``trials``, ``event`` and the
@@ -15,8 +17,8 @@ details. Bad parameters exit with status 2 and a one-line message.
 
 How it works
 ------------
-For a neighbouring pair ``D`` and ``D' = D + one canary user`` (section 0 of
-the specification: add/remove one user), the mechanism is run ``trials``
+For a neighbouring pair ``D`` and ``D' = D + one canary user``
+(``docs/mechanisms.md`` section 1: add/remove one user), the mechanism is run ``trials``
 times on each dataset with ``core.run_local``: the same sampling, histogram,
 sequential-policy and release functions the Beam transforms call, not a copy.
 Every run gets fresh OS randomness (``RunKey.fresh`` material). For each
@@ -75,23 +77,21 @@ it is not private:
   gives the published and the cascade-free GW the same cutoff so both are
   audited on the same pair: the first fails, the second passes.
 
-Deliberately broken variants (``BROKEN``, for the tests of the auditor's
-power; never use them for anything else) each differ from a real mechanism in
-one bug only: ``threshold-delta-x100`` (T calibrated with 100·δ),
-``zero-weight-keys`` (items of a user that received weight 0 are kept as keys
-and noised), ``closest-to-cutoff-greedy`` (GW whose users fill the items
-closest to Γ first, the non-private policy of Gopi et al.).
+Deliberately broken variants (``benchmarks/audit_variants.py``, for the tests
+of the auditor's power; never use them for anything else) each differ from a
+real mechanism in one bug only; ``main(argv, broken=...)`` accepts
+``--broken VARIANT`` only when given them.
 
 Modes: the CI tests use a fast mode (``FAST_TRIALS`` runs per dataset and
-scenario for the real mechanisms, the counts of ``BROKEN_CONFIGS`` for the
-broken ones, confidence ``1 − 1e-8`` per audit); ``benchmarks/audit_all.py``
+scenario for the real mechanisms, the counts of
+``audit_variants.BROKEN_CONFIGS`` for the broken ones, confidence ``1 − 1e-8``
+per audit); ``benchmarks/audit_all.py``
 runs the thorough mode (``THOROUGH_TRIALS``) and writes ``docs/audit.md``.
 """
 from __future__ import annotations
 
 import argparse
 import bisect
-import copy
 import dataclasses
 import json
 import math
@@ -104,9 +104,9 @@ from scipy.stats import beta as _beta
 
 from beam_dpsu import calibration as cal
 from beam_dpsu import core
-from beam_dpsu.mechanisms import HistogramMechanism, Mechanism
+from beam_dpsu.cli import UsageError, run_main
+from beam_dpsu.mechanisms import Mechanism, params
 from beam_dpsu.noise import RunKey, encode_value, keyed_hash64
-from beam_dpsu.threshold import NoisyThresholdRule
 
 PROG = "beam_dpsu.audit"
 DEFAULT_CONFIDENCE = 0.95
@@ -388,7 +388,7 @@ MAX_CASCADE_CONVERTERS = 200
 
 
 def cascade_scenario(prof: Profile, order_key: Optional[bytes] = None) -> Scenario:
-    """The cascade of the published GW as a neighbouring pair (specification 3.3).
+    """The cascade of the published GW as a neighbouring pair (``docs/gw.md`` section 2).
 
     With Γ = M − s (M = ⌈Γ⌉, 0 < s < 1), integer "setup" users (each holds one
     item and adds exactly 1 to it) raise a private item ``f-j`` of every
@@ -461,10 +461,9 @@ def cascade_configs() -> List[Tuple[str, Dict[str, Any]]]:
     Both get Γ = ``CASCADE_CUTOFF`` through their α (α = ε·(Γ − T)), so that
     ``cascade_scenario`` builds the same neighbouring pair for both.
     """
-    from beam_dpsu import calibration as _cal
     e, d = CASCADE_EPSILON, CASCADE_DELTA
-    t_pub = _cal.gw_threshold(e, d)
-    t_cf = _cal.gw_cascade_free_threshold(e, d, CASCADE_MAX_ITEMS)
+    t_pub = cal.gw_threshold(e, d)
+    t_cf = cal.gw_cascade_free_threshold(e, d, CASCADE_MAX_ITEMS)
     return [("gw", {"epsilon": e, "delta": d, "alpha": e * (CASCADE_CUTOFF - t_pub),
                     "variant": "published", "allow_unproven": True}),
             ("gw", {"epsilon": e, "delta": d, "alpha": e * (CASCADE_CUTOFF - t_cf),
@@ -518,8 +517,7 @@ def audit(mechanism: Mechanism, trials: int = FAST_TRIALS,
       position, direction, empirical probabilities), ``passed`` and the result
       of every scenario.
     """
-    if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
-        raise ValueError(f"trials must be an integer >= 1, got {trials!r}")
+    cal.check_positive_int(trials, "trials")
     if not (0 < confidence < 1):
         raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
     if scenarios is None:
@@ -570,206 +568,8 @@ def audit(mechanism: Mechanism, trials: int = FAST_TRIALS,
 
 
 # ---------------------------------------------------------------------------
-# Deliberately broken variants (to show the auditor has power). NOT PRIVATE.
-# ---------------------------------------------------------------------------
-
-def _threshold_fn(mechanism: Mechanism) -> Callable[[float, float], float]:
-    """The mechanism's threshold as a function of (ε, δ), by its name."""
-    name, d0 = mechanism.name, mechanism.max_items
-    if mechanism.rounds[0].rho is not None or len(mechanism.rounds) != 1:
-        raise ValueError("threshold-delta-x100 applies to one-round (ε, δ) mechanisms")
-    fns = {
-        "count-laplace": lambda e, d: cal.count_laplace_threshold(e, d, d0),
-        "count-gaussian": lambda e, d: cal.count_gaussian_threshold(e, d, d0),
-        "weighted-laplace": lambda e, d: cal.weighted_laplace_threshold(e, d, d0),
-        "weighted-gaussian": lambda e, d: cal.weighted_gaussian_threshold(e, d, d0),
-        "policy-laplace": lambda e, d: cal.weighted_laplace_threshold(e, d, d0),
-        "policy-gaussian": lambda e, d: cal.weighted_gaussian_threshold(e, d, d0),
-        "gw": cal.gw_threshold,
-        "gw-kt": cal.gw_threshold,
-    }
-    if name not in fns:
-        raise ValueError(f"threshold-delta-x100 does not apply to mechanism {name!r}")
-    return fns[name]
-
-
-def threshold_delta_x100(mechanism: Mechanism) -> Mechanism:
-    """BROKEN ON PURPOSE: the threshold T is computed with 100·δ (the claim keeps δ).
-
-    A copy of ``mechanism`` whose only change is the threshold (and, for a
-    sequential policy, the cutoff Γ = T + α·scale that follows from it).
-    """
-    fn = _threshold_fn(mechanism)
-    g = mechanism.guarantee
-    bad_delta = 100.0 * g.delta
-    if not bad_delta < (0.5 if mechanism.name.startswith("gw") else 1.0):
-        raise ValueError("threshold-delta-x100 needs --delta below 0.01 (0.005 for gw)")
-    broken = copy.copy(mechanism)
-    r = mechanism.rounds[0]
-    broken.rounds = [dataclasses.replace(r, threshold=fn(g.epsilon, bad_delta))]
-    if hasattr(mechanism, "cutoff"):
-        broken.cutoff = cal.policy_cutoff(broken.rounds[0].threshold, r.noise_scale,
-                                          mechanism.alpha)
-    broken.name = mechanism.name + "+threshold-delta-x100"
-    return broken
-
-
-class ZeroWeightKeys(Mechanism):
-    """BROKEN ON PURPOSE: keeps every item a user holds as a key, even with weight 0.
-
-    The histogram is computed by the real code (``core.histogram_local`` or
-    the policy's ``histogram_local``); the bug is that every item of every
-    user then becomes a key (weight 0 if it received none: not sampled, or
-    the user's budget ran out) and a zero-weight key is noised and released
-    when its noise alone passes T, as in one public GW implementation. Each
-    item only the canary holds then leaks with probability about δ·e^(−ε).
-    """
-
-    def __init__(self, inner: Mechanism):
-        if len(inner.rounds) != 1 or inner.rounds[0].noise not in ("laplace", "gaussian"):
-            raise ValueError("zero-weight-keys applies to one-round noisy-threshold mechanisms")
-        self.inner = inner
-        self.name = inner.name + "+zero-weight-keys"
-        self.guarantee = inner.guarantee
-        self.rounds = inner.rounds
-
-    def run_local(self, per_user, run_key):
-        inner = self.inner
-        if isinstance(inner, HistogramMechanism):
-            hist = core.histogram_local(per_user, inner, run_key)
-        else:
-            hist = inner.histogram_local(per_user, run_key)
-        for counts in per_user.values():  # THE BUG: zero-weight keys are kept
-            for item in counts:
-                hist.setdefault(item, 0.0)
-        rule: NoisyThresholdRule = inner.release_rule(run_key)
-        return {item for item, w in hist.items()
-                if (rule(item, w) if w > 0 else  # THE BUG: noise the zero-weight keys
-                    w + rule._noise(encode_value(item)) > rule.threshold)}
-
-
-def _closest_policy_class():
-    from beam_dpsu import policies
-
-    class ClosestToCutoffGreedyPolicy(policies.GreedyPolicy):
-        """BROKEN ON PURPOSE: the greedy walk visits the items closest to Γ first.
-
-        Identical to ``policies.GreedyPolicy`` except that each user re-sorts
-        their items by the current gap ``Γ − H[u]`` (ties in the real walk
-        order) before the greedy fill: the choice ranks items by the histogram,
-        which Gopi et al. show is not private (specification 3.4).
-        """
-
-        def update(self, hist, prepared):
-            get, cutoff = hist.get, self.cutoff
-            policies.apply_greedy(hist, sorted(prepared, key=lambda i: cutoff - get(i, 0.0)),
-                                  cutoff)
-
-    return ClosestToCutoffGreedyPolicy
-
-
-def closest_to_cutoff_greedy(mechanism: Mechanism) -> Mechanism:
-    """BROKEN ON PURPOSE: GW (or GW-KT) with the closest-to-cutoff greedy policy."""
-    if getattr(mechanism, "policy_name", "") not in ("greedy", "greedy-public"):
-        raise ValueError("closest-to-cutoff-greedy applies to the greedy policies (gw, gw-kt)")
-    cls = _closest_policy_class()
-    real_policy = mechanism.policy
-    broken = copy.copy(mechanism)
-
-    def policy(run_key):
-        p = real_policy(run_key)
-        return cls(p.cutoff, run_key.subkey("item-order"), p.needs_public_counts)
-
-    broken.policy = policy
-    broken.name = mechanism.name + "+closest-to-cutoff-greedy"
-    return broken
-
-
-BROKEN: Dict[str, Callable[[Mechanism], Mechanism]] = {
-    "threshold-delta-x100": threshold_delta_x100,
-    "zero-weight-keys": ZeroWeightKeys,
-    "closest-to-cutoff-greedy": closest_to_cutoff_greedy,
-}
-
-
-# ---------------------------------------------------------------------------
-# The configurations of the CI tests and of benchmarks/audit_all.py.
-# ---------------------------------------------------------------------------
-
-STANDARD_EPSILON, STANDARD_DELTA, STANDARD_RHO, STANDARD_MAX_ITEMS = 1.0, 1e-3, 0.1, 8
-# Public counts for gw-kt that rank some scenario items first (public data may be anything).
-STANDARD_PUBLIC_COUNTS = {"pile-a": 3, "near-1": 2, "canary-item-3": 5, "bg-b": 4}
-
-
-def standard_configs(public_counts_path: Optional[str] = None) -> List[Tuple[str, Dict]]:
-    """``(name, params)`` for every registered mechanism: ε = 1, δ = 1e-3, Δ0 = 8
-    where they apply, plus the zCDP form (ρ = 0.1) of those that have one and
-    the ``tie_break='first-occurrence'`` form of those that take it.
-
-    Mechanisms that need public counts are included when ``public_counts_path``
-    is given (write ``STANDARD_PUBLIC_COUNTS`` there). Small Δ0 and moderate δ
-    keep the scenarios small (tens of users) so that thousands of runs are cheap.
-    """
-    from beam_dpsu.registry import REGISTRY, make_mechanism
-    out = []
-    for name in sorted(REGISTRY):
-        accepts = REGISTRY[name].accepts
-        base = {"delta": STANDARD_DELTA}
-        if "max_items" in accepts:
-            base["max_items"] = STANDARD_MAX_ITEMS
-        if "public_counts" in accepts:
-            if public_counts_path is None:
-                continue
-            base["public_counts"] = public_counts_path
-        out.append((name, dict(base, epsilon=STANDARD_EPSILON)))
-        if "tie_break" in accepts:
-            out.append((name, dict(base, epsilon=STANDARD_EPSILON,
-                                   tie_break="first-occurrence")))
-        if "rho" in accepts:
-            try:
-                make_mechanism(name, **dict(base, rho=STANDARD_RHO))
-            except ValueError:
-                continue
-            out.append((name, dict(base, rho=STANDARD_RHO)))
-    return out
-
-
-# (variant, mechanism name, params, plan, trials): each broken variant with the
-# neighbouring pair that exposes it. The δ's are chosen so that δ matters: with
-# δ = 1e-3 the threshold for 100·δ lets a canary-only item out w.p. ≈ 0.09;
-# with δ = 1e-2 each zero-weight key leaks w.p. δ·e^(−ε) ≈ 0.0037 (63 of them).
-BROKEN_CONFIGS = [
-    ("threshold-delta-x100", "weighted-laplace",
-     {"epsilon": 1.0, "delta": 1e-3, "max_items": 8}, [("unique", "first")], 4000),
-    ("zero-weight-keys", "gw", {"epsilon": 1.0, "delta": 1e-2, "variant": "published",
-                                "allow_unproven": True}, [("unique", "first")], 2000),
-    ("closest-to-cutoff-greedy", "gw", {"epsilon": 1.0, "delta": 1e-2, "variant": "published",
-                                        "allow_unproven": True}, [("pile", "first")], 1000),
-]
-
-
-def write_public_counts(path: str) -> str:
-    with open(path, "w", encoding="utf-8") as f:
-        for item, count in STANDARD_PUBLIC_COUNTS.items():
-            f.write(f"{item}\t{count}\n")
-    return path
-
-
-def describe_params(params: Mapping[str, Any]) -> str:
-    order = ("epsilon", "rho", "delta", "max_items", "alpha", "rounds", "ratio")
-    keys = sorted((k for k in params if k != "public_counts"),
-                  key=lambda k: order.index(k) if k in order else len(order))
-    return ", ".join(f"{k}={params[k]:g}" if isinstance(params[k], float) else f"{k}={params[k]}"
-                     for k in keys)
-
-
-# ---------------------------------------------------------------------------
 # Command line.
 # ---------------------------------------------------------------------------
-
-class UsageError(Exception):
-    """A user mistake: reported as one line, exit status 2."""
-
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):
@@ -787,24 +587,12 @@ def _csv(choices):
     return parse
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(broken: Optional[Mapping[str, Callable]] = None) -> argparse.ArgumentParser:
+    """The auditor's parser; ``--broken`` exists only when ``broken`` variants are given."""
     from beam_dpsu.registry import REGISTRY
     p = _Parser(prog=PROG, description=__doc__.split("\n")[0], allow_abbrev=False)
     p.add_argument("--mechanism", required=True, help="one of: " + ", ".join(sorted(REGISTRY)))
-    p.add_argument("--epsilon", type=float)
-    p.add_argument("--delta", type=float)
-    p.add_argument("--rho", type=float)
-    p.add_argument("--max-items-per-user", dest="max_items", type=int)
-    p.add_argument("--alpha", type=float)
-    p.add_argument("--rounds", type=int)
-    p.add_argument("--ratio", type=float)
-    p.add_argument("--public-counts")
-    p.add_argument("--tie-break", help="gw, gw-kt: item-hash (default) or first-occurrence")
-    p.add_argument("--eta", type=float, help="gw, gw-kt: step-1 budget η (default 0.001)")
-    p.add_argument("--variant", help="gw, gw-kt: cascade-free (default) or published "
-                   "(NOT proven private; needs --allow-unproven)")
-    p.add_argument("--allow-unproven", action="store_true", default=None,
-                   help="research only: allow a variant whose privacy is not proven")
+    params.add_arguments(p, list(params.MECHANISM_PARAMS))
     p.add_argument("--trials", type=int, default=FAST_TRIALS,
                    help=f"runs per dataset and scenario (default {FAST_TRIALS}; thorough: "
                         f"{THOROUGH_TRIALS})")
@@ -815,47 +603,48 @@ def build_parser() -> argparse.ArgumentParser:
                         "Γ with fractional part in (0.5, 0.99])")
     p.add_argument("--positions", type=_csv(POSITIONS), default=None,
                    help="canary positions (default: all three for sequential policies)")
-    p.add_argument("--broken", choices=sorted(BROKEN),
-                   help="TEST ONLY: audit a deliberately broken (non-private) variant")
+    if broken:
+        p.add_argument("--broken", choices=sorted(broken),
+                       help="TEST ONLY: audit a deliberately broken (non-private) variant")
     return p
 
 
-def parse_args(argv: Sequence[str]):
+def parse_args(argv: Sequence[str], broken: Optional[Mapping[str, Callable]] = None):
     from beam_dpsu.registry import MechanismParams, make_mechanism
-    args = build_parser().parse_args(argv)
+    args = build_parser(broken).parse_args(argv)
     if args.trials < 1:
         raise UsageError(f"--trials must be an integer >= 1, got {args.trials}")
     if not (0 < args.confidence < 1):
         raise UsageError(f"--confidence must be in (0, 1), got {args.confidence}")
-    params = MechanismParams.from_namespace(args)
     try:
-        mechanism = make_mechanism(args.mechanism, params)
-        if args.broken:
-            mechanism = BROKEN[args.broken](mechanism)
+        mechanism = make_mechanism(args.mechanism, MechanismParams.from_namespace(args))
+        if getattr(args, "broken", None):
+            mechanism = broken[args.broken](mechanism)
     except ValueError as e:
-        raise UsageError(str(e).splitlines()[0]) from None
+        raise UsageError(params.as_flags(str(e).splitlines()[0])) from None
     return args, mechanism
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    try:
-        args, mechanism = parse_args(list(sys.argv[1:] if argv is None else argv))
+def main(argv: Optional[Sequence[str]] = None,
+         broken: Optional[Mapping[str, Callable[[Mechanism], Mechanism]]] = None) -> int:
+    """The auditor's command line; prints one JSON report.
+
+    Args:
+      argv: the arguments (default ``sys.argv[1:]``).
+      broken: TEST ONLY: deliberately broken variants ``{name: wrap(mechanism)}``
+        selectable with ``--broken`` (``benchmarks/audit_variants.BROKEN``);
+        default None: no ``--broken`` flag.
+    """
+    def body() -> int:
+        args, mechanism = parse_args(list(sys.argv[1:] if argv is None else argv), broken)
         plan = default_plan(mechanism, args.scenarios, args.positions)
         report = audit(mechanism, args.trials, args.confidence, plan=plan,
                        name=mechanism.name)
-    except UsageError as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return 130
-    except Exception as e:  # one line
-        msg = str(e).strip().splitlines()
-        print(f"{PROG}: failed: {type(e).__name__}: {msg[-1] if msg else ''}", file=sys.stderr)
-        return 1
-    report["broken"] = args.broken
-    print(json.dumps(report, ensure_ascii=False))
-    return 0
+        report["broken"] = getattr(args, "broken", None)
+        print(json.dumps(report, ensure_ascii=False))
+        return 0
+
+    return run_main(PROG, body)
 
 
 if __name__ == "__main__":

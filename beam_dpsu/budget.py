@@ -137,9 +137,8 @@ def pay_what_you_get_epsilon(epsilon: float, delta: float, max_selections: int,
     ``br_composition_guarantee(...)`` is at most (``epsilon``, ``delta``).
     """
     epsilon, delta = cal.check_epsilon(epsilon), cal.check_delta(delta)
-    for name, v in (("max_selections", max_selections), ("max_queries", max_queries)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+    max_selections = cal.check_positive_int(max_selections, "max_selections")
+    max_queries = cal.check_positive_int(max_queries, "max_queries")
     conversion_delta = delta / 2.0
     delta_per_query = delta / 2.0 / max_queries
 
@@ -152,14 +151,7 @@ def pay_what_you_get_epsilon(epsilon: float, delta: float, max_selections: int,
     lo, hi = 0.0, epsilon
     while total(hi).epsilon <= epsilon:
         lo, hi = hi, hi * 2.0
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        if mid > 0 and total(mid).epsilon <= epsilon:
-            lo = mid
-        else:
-            hi = mid
-        if hi - lo <= 1e-13 * hi:
-            break
+    lo, hi = cal.bisect(lambda e: total(e).epsilon <= epsilon, lo, hi, rel_tol=1e-13)
     if lo <= 0:
         raise ValueError(f"(epsilon={epsilon!r}, delta={delta!r}) is too small for "
                          f"{max_selections} selections")
@@ -442,9 +434,8 @@ class PrivacyBudget:
         each Algorithm 2 query with ``TopKMechanism(k, acc.epsilon, acc.delta)``
         through ``acc.run`` (or ``check``/``record``).
         """
-        for n, v in (("max_selections", max_selections), ("max_queries", max_queries)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{n} must be an integer >= 1, got {v!r}")
+        cal.check_positive_int(max_selections, "max_selections")
+        cal.check_positive_int(max_queries, "max_queries")
         share = self._share(name, fraction, epsilon, delta)
         eps_sel, delta_q, delta_1 = pay_what_you_get_epsilon(share.epsilon, share.delta,
                                                              max_selections, max_queries)
@@ -531,8 +522,8 @@ class _ReleaseRuleOf:
     def __init__(self, mechanism: Mechanism):
         self.mechanism = mechanism
 
-    def __call__(self, run_key, purpose: str = "noise/0"):
-        return self.mechanism.release_rule(run_key, purpose)
+    def __call__(self, run_key, round_index: int = 0):
+        return self.mechanism.release_rule(run_key, round_index)
 
 
 class DeferredMechanism(Mechanism):
@@ -601,8 +592,12 @@ class DeferredMechanism(Mechanism):
     def describe(self) -> Dict[str, Any]:
         return self.calibrate().describe()
 
-    def release_rule(self, run_key, purpose: str = "noise/0"):
-        return self.calibrate().release_rule(run_key, purpose)
+    def release_rule(self, run_key, round_index: int = 0):
+        return self.calibrate().release_rule(run_key, round_index)
+
+    def run_local(self, per_user, run_key):
+        """The calibrated mechanism's Beam-free run (raises while the share is unknown)."""
+        return self.calibrate().run_local(per_user, run_key)
 
     def expand_per_user(self, per_user, run_key):
         from beam_dpsu.bounding import SampleItems

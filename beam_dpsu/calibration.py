@@ -1,7 +1,7 @@
 """Privacy calibration: thresholds and noise scales as small pure functions.
 
 Every function here is deterministic, has no Beam dependency and is unit-tested
-against the numbers in the specification (``MECHANISMS.md`` sections 1 and 2)
+against the numbers of ``docs/mechanisms.md`` (sections 2 and 3)
 and against independent computations. Logs are natural.
 
 Neighbouring datasets differ by adding or removing one user with all of their
@@ -80,6 +80,30 @@ def check_sensitivity(sensitivity: float, name: str = "sensitivity") -> float:
 # Section 1: calibration primitives.
 # --------------------------------------------------------------------------
 
+def bisect(below: Callable[[float], bool], lo: float, hi: float, iterations: int = 200,
+           rel_tol: float = 0.0):
+    """Narrows ``[lo, hi]`` around the point where a monotone predicate changes.
+
+    ``below(x)`` must be True on the ``lo`` side of the point and False on the
+    ``hi`` side (it is not evaluated at the ends). Each step evaluates the
+    midpoint and moves the end on its side there; it stops after
+    ``iterations`` steps, when no float lies strictly between the ends, or
+    when ``hi − lo ≤ rel_tol·hi``. Returns ``(lo, hi)``: a calibration that
+    must satisfy its condition returns the end on the satisfying side.
+    """
+    for _ in range(iterations):
+        mid = 0.5 * (lo + hi)
+        if mid <= lo or mid >= hi:
+            break
+        if below(mid):
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= rel_tol * hi:
+            break
+    return lo, hi
+
+
 def per_item_delta(delta: float, t):
     """The per-item delta δ_t = 1 − (1 − δ)^(1/t).
 
@@ -146,14 +170,7 @@ def analytic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1
         hi += 2.0
         if hi > 700:
             raise ValueError("analytic Gaussian calibration failed: σ would exceed 1e300")
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        if mid in (lo, hi):
-            break
-        if ok(mid):
-            hi = mid
-        else:
-            lo = mid
+    _, hi = bisect(lambda x: not ok(x), lo, hi)
     return math.exp(hi) * sensitivity
 
 
@@ -296,7 +313,7 @@ def gw_cascade_free_threshold_bound(epsilon: float, delta: float, max_items: int
 
 
 def gw_cascade_free_threshold(epsilon: float, delta: float, max_items: int) -> float:
-    """Threshold T of the cascade-free GW and GW-KT (specification 3.3a).
+    """Threshold T of the cascade-free GW and GW-KT (``docs/gw.md`` section 1.2).
 
     The smallest ``T`` with ``1 − (1 − ½·e^(−ε(T−1)))·(1 − ½·e^(−εT))^(Δ0−1) ≤ δ``
     (``gw_cascade_free_delta``), found by bisection on
@@ -319,14 +336,8 @@ def gw_cascade_free_threshold(epsilon: float, delta: float, max_items: int) -> f
     lo, hi = 1.0, gw_cascade_free_threshold_bound(epsilon, delta, max_items)
     while _cascade_free_log_escape(epsilon, max_items, hi) < log_target:
         hi = hi * (1 + 1e-12) + 1e-12      # the closed form rounded below the exact root
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        if mid <= lo or mid >= hi:
-            break
-        if _cascade_free_log_escape(epsilon, max_items, mid) >= log_target:
-            hi = mid
-        else:
-            lo = mid
+    _, hi = bisect(lambda t: _cascade_free_log_escape(epsilon, max_items, t) < log_target,
+                   lo, hi)
     return hi
 
 
@@ -377,3 +388,118 @@ def truncated_geometric_keep_probability(epsilon: float, delta: float, max_items
                                          n: int) -> float:
     """p(n) for a single user count n (see truncated_geometric_keep_probabilities)."""
     return float(truncated_geometric_keep_probabilities(epsilon, delta, max_items, n)[n])
+
+
+# --------------------------------------------------------------------------
+# Integer parameters.
+# --------------------------------------------------------------------------
+
+def check_positive_int(value, name: str) -> int:
+    """``value`` as an int; ValueError unless it is an integer ≥ 1 (bool refused)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
+# --------------------------------------------------------------------------
+# DP-SIPS: the split of (ρ, δ) over the rounds (docs/mechanisms.md section 5).
+# --------------------------------------------------------------------------
+
+def check_rounds(rounds: int) -> int:
+    """The number of DP-SIPS rounds I: an integer ≥ 1."""
+    return check_positive_int(rounds, "rounds")
+
+
+def check_ratio(ratio: float) -> float:
+    """The DP-SIPS budget ratio r: a finite number > 0."""
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) \
+            or not (ratio > 0 and math.isfinite(ratio)):
+        raise ValueError(f"ratio must be a finite number > 0, got {ratio!r}")
+    return float(ratio)
+
+
+def round_fractions(rounds: int, ratio: float) -> list:
+    """f_i = r^(I−1−i)·(1 − r)/(1 − r^I) for i = 0..I−1 (1/I each when r = 1).
+
+    The fractions are positive and sum to 1; with r < 1 they increase.
+    """
+    rounds, ratio = check_rounds(rounds), check_ratio(ratio)
+    if ratio == 1.0:
+        return [1.0 / rounds] * rounds
+    # (1 − r)/(1 − r^I) computed stably for r near 1 and for r > 1.
+    norm = math.expm1(math.log(ratio)) / math.expm1(rounds * math.log(ratio))
+    return [ratio ** (rounds - 1 - i) * norm for i in range(rounds)]
+
+
+def round_budgets(rho: float, delta: float, rounds: int, ratio: float) -> list:
+    """[(ρ_i, δ_i)] of each DP-SIPS round: the fractions f_i of (ρ, δ).
+
+    By zCDP composition the rounds together are δ-approximate ρ-zCDP.
+    """
+    rho, delta = check_rho(rho), check_delta(delta)
+    return [(rho * f, delta * f) for f in round_fractions(rounds, ratio)]
+
+
+# --------------------------------------------------------------------------
+# Top-k over an unknown domain (Durfee and Rogers; docs/mechanisms.md section 6).
+# --------------------------------------------------------------------------
+
+def gumbel_threshold_offset(epsilon: float, delta: float, k_bar: int,
+                            max_items=None) -> float:
+    """Algorithm 2's offset ``1 + log(m/δ)/ε``, m = k̄ or min(Δ, k̄).
+
+    Args:
+      epsilon: ε > 0 per selection (the Gumbel scale is 1/ε).
+      delta: 0 < δ < 1, the query's δ.
+      k_bar: k̄ ≥ 1, the number of candidates.
+      max_items: Δ (each user bounded to Δ distinct items), or None for
+        unrestricted sensitivity.
+    """
+    epsilon, delta = check_epsilon(epsilon), check_delta(delta)
+    k_bar = check_positive_int(k_bar, "k_bar")
+    m = k_bar if max_items is None else min(check_max_items(max_items), k_bar)
+    return 1.0 + math.log(m / delta) / epsilon
+
+
+def topk_laplace_scale(epsilon: float, max_items: int) -> float:
+    """Algorithm 1's Laplace scale ``b = (Δ + 1)/ε``.
+
+    The released vector (noisy counts and the threshold) has ℓ1-sensitivity at
+    most Δ + 1 on the items both neighbours rank in their top k̄.
+    """
+    return (check_max_items(max_items) + 1) / check_epsilon(epsilon)
+
+
+def laplace_difference_tail(s: float, scale: float) -> float:
+    """P(X − Y > s) for X, Y independent Lap(scale), s ≥ 0: ``½·e^(−s/b)·(1 + s/(2b))``."""
+    x = s / scale
+    return 0.5 * math.exp(-x) * (1.0 + 0.5 * x)
+
+
+def laplace_tail_offset(scale: float, delta: float, max_items: int) -> float:
+    """The s ≥ 0 solving ``½·e^(−s/b)·(1 + s/(2b)) = δ/Δ`` (0 when δ/Δ ≥ 1/2).
+
+    Solved by bisection on x = s/b in log space to a relative 1e-14; the upper
+    end of the bracket is returned, so the tail at s is never above δ/Δ (up to
+    rounding).
+    """
+    scale = check_sensitivity(scale, "scale")
+    delta = check_delta(delta)
+    max_items = check_max_items(max_items)
+    target = math.log(delta / max_items)
+
+    def log_tail(x):
+        return math.log(0.5) - x + math.log1p(0.5 * x)
+
+    if log_tail(0.0) <= target:
+        return 0.0
+    lo, hi = 0.0, max(1.0, -target)
+    while log_tail(hi) > target:
+        lo, hi = hi, 2.0 * hi
+    _, hi = bisect(lambda x: log_tail(x) > target, lo, hi, rel_tol=1e-14)
+    return hi * scale
+
+
+def laplace_threshold_offset(epsilon: float, delta: float, max_items: int) -> float:
+    """Algorithm 1's offset ``c = 1 + s``, s = ``laplace_tail_offset((Δ+1)/ε, δ, Δ)``."""
+    return 1.0 + laplace_tail_offset(topk_laplace_scale(epsilon, max_items), delta, max_items)

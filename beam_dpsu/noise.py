@@ -205,9 +205,10 @@ def _detached_key(seeded: bool) -> "RunKey":
 def keyed_hash64(key: bytes, message: bytes) -> int:
     """A 64-bit pseudo-random function of ``message`` under ``key``.
 
-    Keyed BLAKE2b (RFC 7693's MAC mode), which plays the role the
-    specification gives to HMAC: a PRF whose outputs are independent uniform
-    bits for distinct messages and unpredictable without the key. It is used
+    Keyed BLAKE2b (RFC 7693's MAC mode), which plays the role of HMAC in the
+    design (``docs/mechanisms.md`` section 1): a PRF whose outputs are
+    independent uniform bits for distinct messages and unpredictable without
+    the key. It is used
     instead of HMAC-SHA256 because it costs a third as much per call in CPython,
     and this function runs once per released candidate item.
     """
@@ -299,7 +300,7 @@ class KeyedNoise:
 
 
 # --------------------------------------------------------------------------
-# Released numbers: noise on a discrete grid (specification section 6).
+# Released numbers: noise on a discrete grid (docs/mechanisms.md section 7).
 # --------------------------------------------------------------------------
 #
 # A released number (a noisy count or weight) must not carry the low bits of a

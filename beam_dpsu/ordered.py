@@ -1,13 +1,12 @@
-"""The ordered-user transform and the sequential policy mechanisms.
+"""The ordered-user transform of the sequential policy mechanisms.
 
 ``OrderedUserPolicy`` runs a sequential update policy (``beam_dpsu.policies``)
 over a PCollection of ``(user_id, {item: count})`` and returns the finished
 histogram as ``(item, weight)`` for every item with weight > 0. The mechanisms
-``PolicyLaplace``, ``PolicyGaussian``, ``GW`` and ``GWKT`` then add noise and
-apply the threshold ``T`` with ``threshold.ApplyReleaseRule`` exactly as the
-histogram mechanisms do. ``GW`` and ``GWKT`` default to the cascade-free
-greedy (proven, ``docs/gw.md``); their ``variant='published'`` is not proven
-private.
+``PolicyLaplace``, ``PolicyGaussian``, ``GW`` and ``GWKT``
+(``beam_dpsu.mechanisms.policy``, still importable from here) then add noise
+and apply the threshold ``T`` with ``threshold.ApplyReleaseRule`` exactly as
+the histogram mechanisms do (``docs/mechanisms.md`` section 4).
 
 How the transform works
 -----------------------
@@ -87,7 +86,6 @@ from beam_dpsu import runners
 from beam_dpsu import policies
 from beam_dpsu.accounting import PrivacyGuarantee
 from beam_dpsu.bounding import check_global_window
-from beam_dpsu.mechanisms import Mechanism, RoundCalibration
 from beam_dpsu.noise import RunKey
 from beam_dpsu.threshold import ApplyReleaseRule, NoisyThresholdRule
 
@@ -499,323 +497,17 @@ class OrderedUserPolicy(beam.PTransform):
 
 
 # ---------------------------------------------------------------------------
-# Mechanisms.
+# The policy mechanisms live in beam_dpsu.mechanisms.policy; these names stay
+# importable from here (imported lazily: that module imports this one).
 # ---------------------------------------------------------------------------
 
-DEFAULT_ALPHA = 3.0
+_MECHANISM_NAMES = ("PolicyMechanism", "PolicyLaplace", "PolicyGaussian", "GW", "GWKT",
+                    "DEFAULT_ALPHA", "VARIANTS", "DEFAULT_GW_MAX_ITEMS",
+                    "DEFAULT_GWKT_MAX_ITEMS", "DEFAULT_GW_ETA", "check_variant")
 
 
-class PolicyMechanism(Mechanism):
-    """A sequential policy followed by noise and the threshold T (specification 3).
-
-    Subclasses set the calibration and build the policy; this class runs it
-    with ``OrderedUserPolicy`` in Beam and with ``policies.run_sequential`` in
-    the Beam-free core (``core.run_local``), with the same functions and order.
-
-    Attributes (besides those of ``Mechanism``):
-      alpha: α, the cutoff multiplier.
-      cutoff: Γ = T + α·(λ or σ).
-      state: the ``OrderedUserPolicy`` state choice (no privacy effect).
-    """
-
-    public_counts = None
-    policy_name = ""
-
-    def __init__(self, name: str, guarantee: PrivacyGuarantee, round_: RoundCalibration,
-                 alpha: float, state: str):
-        self.name = name
-        self.guarantee = guarantee
-        self.rounds = [round_]
-        self.alpha = _check_alpha(alpha)
-        self.cutoff = cal.policy_cutoff(round_.threshold, round_.noise_scale, self.alpha)
-        if state not in STATES:
-            raise ValueError(f"state must be one of {STATES}, got {state!r}")
-        self.state = state
-
-    def policy(self, run_key: RunKey) -> policies.UserPolicy:
-        """The update policy of this run (its keys derive from ``run_key``)."""
-        raise NotImplementedError
-
-    def release_rule(self, run_key: RunKey, purpose: str = "noise/0"):
-        r = self.calibration
-        return NoisyThresholdRule(r.noise, r.noise_scale, r.threshold, run_key, purpose)
-
-    def describe(self) -> Dict[str, Any]:
-        d = super().describe()
-        d.update({"alpha": self.alpha, "cutoff": self.cutoff, "policy": self.policy_name})
-        return d
-
-    def _public_counts_local(self):
-        return None
-
-    def histogram_local(self, per_user, run_key: RunKey) -> Dict[Hashable, float]:
-        """The finished policy histogram ``{item: weight > 0}`` (not private)."""
-        return policies.run_sequential(per_user, self.policy(run_key), run_key,
-                                       self._public_counts_local())
-
-    def run_local(self, per_user, run_key: RunKey):
-        """The released set on in-memory data (called by ``core.run_local``)."""
-        run_key = RunKey.resolve(run_key)
-        rule = self.release_rule(run_key)
-        return {item for item, w in self.histogram_local(per_user, run_key).items()
-                if rule(item, w)}
-
-    def expand_per_user(self, per_user, run_key):
-        hist = per_user | "OrderedPolicy" >> OrderedUserPolicy(
-            self.policy, run_key, self.public_counts, state=self.state)
-        return hist | "Release" >> ApplyReleaseRule(self.release_rule, run_key)
-
-
-def _check_alpha(alpha) -> float:
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.integer, np.floating)) \
-            or not (float(alpha) >= 0 and math.isfinite(float(alpha))):
-        raise ValueError(f"alpha must be a finite number >= 0, got {alpha!r}")
-    return float(alpha)
-
-
-class PolicyLaplace(PolicyMechanism):
-    """Policy Laplace (Gopi et al.): Δ0 sampling, ℓ1-descent to Γ, Laplace noise.
-
-    λ = 1/ε; T as Weighted Laplace, ``max_t [1/t + λ·log(1/(2δ_t))]``;
-    Γ = T + α·λ. Guarantee: (ε, δ)-DP.
-
-    Args:
-      epsilon: ε > 0. delta: 0 < δ < 1.
-      max_items: Δ0 ≥ 1, distinct items kept per user (default 100). A larger
-        Δ0 raises T slightly (δ_t for more t) and lets users reach more items.
-      alpha: α ≥ 0 (default 3): the cutoff Γ = T + α·λ. Larger α wastes less
-        budget on items that would be released anyway only when it is small;
-        no privacy effect.
-      state: ``OrderedUserPolicy`` state choice (default ``'auto'``).
-    """
-
-    def __init__(self, epsilon: float, delta: float, max_items: int = 100,
-                 alpha: float = DEFAULT_ALPHA, state: str = "auto"):
-        lam = cal.weighted_laplace_scale(epsilon)
-        t = cal.weighted_laplace_threshold(epsilon, delta, max_items)
-        super().__init__("policy-laplace",
-                         PrivacyGuarantee(float(epsilon), float(delta), note="(ε, δ)-DP"),
-                         RoundCalibration(t, "laplace", lam, int(max_items), "l1"), alpha, state)
-
-    policy_name = "l1-descent"
-
-    def policy(self, run_key):
-        return policies.L1DescentPolicy(self.cutoff, self.max_items, run_key.subkey("sample/0"),
-                                        run_key.subkey("item-order"))
-
-
-class PolicyGaussian(PolicyMechanism):
-    """Policy Gaussian (Gopi et al.): Δ0 sampling, ℓ2-descent to Γ, Gaussian noise.
-
-    σ = AGM(ε, δ/2, 1); T as Weighted Gaussian,
-    ``max_t [1/√t + σ·Φ⁻¹(1 − δ'_t)]`` with δ' from δ/2; Γ = T + α·σ.
-    Guarantee: (ε, δ)-DP.
-
-    Args:
-      epsilon: ε > 0. delta: 0 < δ < 1. max_items: Δ0 ≥ 1 (default 100).
-      alpha: α ≥ 0 (default 3), Γ = T + α·σ; no privacy effect.
-      state: ``OrderedUserPolicy`` state choice (default ``'auto'``).
-    """
-
-    def __init__(self, epsilon: float, delta: float, max_items: int = 100,
-                 alpha: float = DEFAULT_ALPHA, state: str = "auto"):
-        sigma = cal.weighted_gaussian_sigma(epsilon, delta)
-        t = cal.weighted_gaussian_threshold(epsilon, delta, max_items)
-        super().__init__("policy-gaussian",
-                         PrivacyGuarantee(float(epsilon), float(delta), note="(ε, δ)-DP"),
-                         RoundCalibration(t, "gaussian", sigma, int(max_items), "l2"), alpha,
-                         state)
-
-    policy_name = "l2-descent"
-
-    def policy(self, run_key):
-        return policies.L2DescentPolicy(self.cutoff, self.max_items, run_key.subkey("sample/0"),
-                                        run_key.subkey("item-order"))
-
-
-VARIANTS = ("cascade-free", "published")
-#: Default Δ0 (K_i size) and η (step-1 budget) of the cascade-free GW and GW-KT.
-#: Chosen from the Δ0 × η sweep on the five shared datasets at ε = 3, δ = e^-10,
-#: α = 3 (``benchmarks/RESULTS-gw.md``): see the ``GW`` and ``GWKT`` docstrings.
-DEFAULT_GW_MAX_ITEMS = 20
-DEFAULT_GWKT_MAX_ITEMS = 100
-DEFAULT_GW_ETA = 0.001
-
-
-def check_variant(variant) -> str:
-    """Validates GW's variant: ``'cascade-free'`` (proven) or ``'published'`` (unproven)."""
-    if variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
-    return variant
-
-
-class GW(PolicyMechanism):
-    """GW (greedy weighting, after Carvalho et al.): by default the cascade-free greedy.
-
-    ``variant='cascade-free'`` (default; specification 3.3a, proof in
-    ``docs/gw.md``). User i keeps K_i, the first Δ0 items of their walk order
-    (their item frequencies descending, ties by the tie-break), and spends a
-    budget of 1 on K_i in two steps: ℓ1-descent with budget η (every item of
-    K_i below Γ gains a strictly positive weight), then the greedy walk with
-    budget 1 − η. λ = 1/ε; T = the smallest T with
-    ``1 − (1 − ½e^(−ε(T−1)))·(1 − ½e^(−εT))^(Δ0−1) ≤ δ``
-    (``calibration.gw_cascade_free_threshold``); Γ = T + α·λ. Guarantee:
-    (ε, δ)-DP for a user order that depends on no user's data. The proof rests
-    on the support condition: only the added user's own K_i can become
-    non-zero, which step 1 guarantees.
-
-    ``variant='published'`` (research only, NOT PROVEN PRIVATE): the greedy of
-    Carvalho et al., no Δ0, every distinct item of a user takes part, T =
-    1 − λ·log(2δ). Its published δ argument is false: with an added user x, a
-    later user can find an item x filled to Γ, skip it and spend budget on an
-    item it never reached without x (a "cascade"), so items x does not hold
-    become non-zero and nothing bounds how many. ``describe()`` reports
-    ``"proven": false``; the command-line tools run it only with
-    ``--allow-unproven``.
-
-    Args:
-      epsilon: ε > 0.
-      delta: 0 < δ < 1/2 (so that T ≥ 1).
-      alpha: α ≥ 0 (default 3), Γ = T + α·λ; no privacy effect.
-      state: ``OrderedUserPolicy`` state choice (default ``'auto'``); no
-        privacy effect.
-      tie_break: ``'item-hash'`` (default, the specification: items of equal
-        frequency are walked in the order of a keyed hash) or
-        ``'first-occurrence'`` (in the order they first occur in the user's
-        records, as the authors' reference code does). No privacy effect: both
-        orders depend on the user's own data only. ``'first-occurrence'``
-        needs per-user counts in record order: ``ReadUserItems(keep_order=True)``
-        (the command-line pipeline does this when ``--tie-break
-        first-occurrence`` is given) or ``core.per_user_counts``; see
-        ``needs_record_order``.
-      max_items: Δ0 ≥ 1, the size of K_i (cascade-free only; default
-        ``DEFAULT_GW_MAX_ITEMS`` = 20). Privacy: the guarantee holds for any
-        Δ0 because T grows with it, by at most ``log(1 + (Δ0 − 1)·e^(−ε))/ε``
-        over the published T (at ε = 3: 0.22 for Δ0 = 20, 0.59 for 100).
-        Utility: a small Δ0 wastes the budget of users whose K_i is all at Γ,
-        a large one raises T and Γ; on the five shared datasets (ε = 3,
-        δ = e^-10, α = 3; ``benchmarks/RESULTS-gw.md``) releases peak at
-        Δ0 = 10-30 and fall by 5-10% at 100 and 15-20% at 300. 20 keeps GW at
-        ≥ 0.9× the published GW on commits-rails and reddit-titles.
-      eta: η in (0, 1), the step-1 budget (cascade-free only; default
-        ``DEFAULT_GW_ETA`` = 0.001). Privacy: none on T; η > 0 is what makes the
-        support condition hold (any η > 0 does; in floating point too).
-        Utility: budget spread evenly over K_i is mostly wasted on items that
-        are never released, so η should be small; the sweep shows 0.2 clearly
-        worse everywhere and 0.001, 0.01 and 0.05 within noise of each other.
-      variant: ``'cascade-free'`` (default) or ``'published'`` (unproven).
-    """
-
-    def __init__(self, epsilon: float, delta: float, alpha: float = DEFAULT_ALPHA,
-                 state: str = "auto", tie_break: str = "item-hash", *,
-                 max_items: Optional[int] = None, eta: Optional[float] = None,
-                 variant: str = "cascade-free", _name: str = "gw"):
-        self.variant = check_variant(variant)
-        lam = cal.weighted_laplace_scale(epsilon)
-        if self.variant == "published":
-            if max_items is not None or eta is not None:
-                raise ValueError("max_items and eta apply to the cascade-free GW only, "
-                                 "not to variant='published'")
-            self.eta = None
-            t = cal.gw_threshold(epsilon, delta)
-            note = ("(ε, δ)-DP as claimed by Carvalho et al.; NOT PROVEN: the published δ "
-                    "argument ignores cascades (docs/gw.md)")
-        else:
-            max_items = self._default_max_items if max_items is None else max_items
-            max_items = cal.check_max_items(max_items)
-            self.eta = cal.check_eta(DEFAULT_GW_ETA if eta is None else eta)
-            t = cal.gw_cascade_free_threshold(epsilon, delta, max_items)
-            note = "(ε, δ)-DP"
-        super().__init__(_name, PrivacyGuarantee(float(epsilon), float(delta), note=note),
-                         RoundCalibration(t, "laplace", lam, max_items, "l1"), alpha, state)
-        self.tie_break = policies.check_tie_break(tie_break)
-        self.policy_name = self._policy_names[self.variant]
-
-    _policy_names = {"cascade-free": "cascade-free-greedy", "published": "greedy"}
-    _public = False
-    _default_max_items = DEFAULT_GW_MAX_ITEMS
-
-    @property
-    def proven(self) -> bool:
-        """False for ``variant='published'``: its δ argument does not hold."""
-        return self.variant != "published"
-
-    @property
-    def needs_record_order(self) -> bool:
-        """True when the per-user counts must iterate in the users' record order."""
-        return self.tie_break == "first-occurrence"
-
-    def describe(self) -> Dict[str, Any]:
-        d = super().describe()
-        d.update({"tie_break": self.tie_break, "variant": self.variant, "proven": self.proven,
-                  "eta": self.eta})
-        return d
-
-    def policy(self, run_key):
-        if self.variant == "published":
-            return policies.GreedyPolicy(self.cutoff, run_key.subkey("item-order"),
-                                         use_public_counts=self._public,
-                                         tie_break=self.tie_break)
-        return policies.CascadeFreeGreedyPolicy(
-            self.cutoff, run_key.subkey("item-order"), self.max_items, self.eta,
-            use_public_counts=self._public, tie_break=self.tie_break)
-
-
-class GWKT(GW):
-    """GW-KT: GW whose walk order ranks items by public counts first.
-
-    As ``GW`` (same variants, same threshold, same proof), but a user walks
-    their items by the public count descending (1 for an item absent from the
-    public data), then their own frequency, then the tie-break; the
-    cascade-free variant keeps the first Δ0 items of that order as K_i. The
-    public counts must not come from the private input; they cost no privacy
-    budget. Guarantee: (ε, δ)-DP for the cascade-free variant (default); the
-    published variant is NOT PROVEN (see ``GW``).
-
-    Args:
-      epsilon: ε > 0. delta: 0 < δ < 1/2.
-      public_counts: a path to an ``item<TAB>count`` file (any Beam
-        filesystem; ``.gz`` read by suffix; duplicates summed) or a
-        ``{item: count}`` mapping.
-      alpha: α ≥ 0 (default 3); no privacy effect.
-      state: ``OrderedUserPolicy`` state choice (default ``'auto'``).
-      tie_break: as for ``GW``; it orders items of equal public count and
-        equal frequency. No privacy effect.
-      max_items: Δ0, as for ``GW`` but default ``DEFAULT_GWKT_MAX_ITEMS`` =
-        100: every user walks the same public ranking, so its top items fill
-        up early and a user whose K_i is all at Γ wastes budget; on
-        commits-rails (public counts from commits-ansible) releases rise up to
-        Δ0 ≈ 100 and are flat to 150 (``benchmarks/RESULTS-gw.md``), where
-        GW-KT reaches about 0.85× the published GW-KT.
-      eta, variant: as for ``GW`` (defaults 0.001, ``'cascade-free'``).
-    """
-
-    def __init__(self, epsilon: float, delta: float, public_counts,
-                 alpha: float = DEFAULT_ALPHA, state: str = "auto",
-                 tie_break: str = "item-hash", *, max_items: Optional[int] = None,
-                 eta: Optional[float] = None, variant: str = "cascade-free"):
-        if isinstance(public_counts, str):
-            if not public_counts:
-                raise ValueError("public_counts must be a non-empty path or a mapping")
-        elif not isinstance(public_counts, Mapping):
-            raise ValueError(f"public_counts must be a path or a mapping, got {public_counts!r}")
-        super().__init__(epsilon, delta, alpha, state, tie_break, max_items=max_items, eta=eta,
-                         variant=variant, _name="gw-kt")
-        self.public_counts = public_counts
-        self._loaded = None
-
-    def __getstate__(self):
-        state = dict(self.__dict__)
-        state["_loaded"] = None
-        return state
-
-    _policy_names = {"cascade-free": "cascade-free-greedy-public", "published": "greedy-public"}
-    _public = True
-    _default_max_items = DEFAULT_GWKT_MAX_ITEMS
-
-    def _public_counts_local(self):
-        if isinstance(self.public_counts, Mapping):
-            return self.public_counts
-        if self._loaded is None:
-            self._loaded = policies.read_public_counts(self.public_counts)
-        return self._loaded
+def __getattr__(name):
+    if name in _MECHANISM_NAMES:
+        from beam_dpsu.mechanisms import policy
+        return getattr(policy, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,6 +1,6 @@
 """Sequential update policies: one user at a time, in a fixed keyed order.
 
-The policy mechanisms of the specification (``MECHANISMS.md`` section 3) build
+The policy mechanisms (``docs/mechanisms.md`` section 4) build
 the histogram ``H`` by visiting the users in the order of a keyed hash of the
 user id; each user spends a budget of 1 (in the ℓ1 or ℓ2 norm) raising their
 items towards the cutoff ``Γ = T + α·(λ or σ)``, and no item is ever raised
@@ -11,7 +11,7 @@ This module is pure Python and numpy (no Beam). It has three layers:
 
 * reference functions on numpy arrays (``l1_descent``, ``l2_descent``,
   ``greedy_fill``): the user's current values in, the new values out. They are
-  written to read like the specification and are what the unit tests check;
+  written to read like ``docs/mechanisms.md`` and are what the unit tests check;
 * the fast in-place updates on a ``{item: weight}`` dict (``apply_l1``,
   ``apply_l2``, ``apply_greedy``, ``apply_cascade_free``) that the Beam
   transform and the Beam-free core both run (plain Python dict operations: measured faster per user than
@@ -79,7 +79,7 @@ def _check_cutoff(cutoff: float) -> float:
 
 
 def l1_descent(current, cutoff: float, budget: float = 1.0) -> np.ndarray:
-    """ℓ1-descent (Policy Laplace, specification 3.1) on one user's items.
+    """ℓ1-descent (Policy Laplace, ``docs/mechanisms.md`` section 4) on one user's items.
 
     Water-filling: the items below the cutoff are raised by the same amount
     until the smallest gap closes, that item is dropped, and so on until the
@@ -121,7 +121,7 @@ def l1_descent(current, cutoff: float, budget: float = 1.0) -> np.ndarray:
 
 
 def l2_descent(current, cutoff: float, budget: float = 1.0) -> np.ndarray:
-    """ℓ2-descent (Policy Gaussian, specification 3.2) on one user's items.
+    """ℓ2-descent (Policy Gaussian, ``docs/mechanisms.md`` section 4) on one user's items.
 
     With ``d_u = Γ − H[u]`` for the items below the cutoff and ``Z = ‖d‖₂``:
     if ``Z ≤ budget`` every such item is set to Γ, else each is raised by
@@ -143,7 +143,7 @@ def l2_descent(current, cutoff: float, budget: float = 1.0) -> np.ndarray:
 
 
 def greedy_fill(current_in_order, cutoff: float, budget: float = 1.0) -> np.ndarray:
-    """Greedy (GW, specification 3.3) on one user's items, already in walk order.
+    """Greedy (GW, ``docs/gw.md`` section 1.1) on one user's items, already in walk order.
 
     Walks the items in the given order, skipping those at or above Γ: an item
     whose gap ``Γ − H[u]`` fits in the remaining budget is set to Γ; the first
@@ -194,7 +194,7 @@ def greedy_order(counts: Mapping[Hashable, int], item_hash: Callable[[Hashable],
       counts: ``{item: C_i[u]}`` of the user.
       item_hash: ``item -> int``, a keyed hash (``GreedyPolicy.item_hash``).
       public_counts: ``{item: public count}`` for GW-KT, or None for GW.
-      tie_break: ``'item-hash'`` (the specification) or ``'first-occurrence'``:
+      tie_break: ``'item-hash'`` (the default, ``docs/gw.md``) or ``'first-occurrence'``:
         the last tie-break is then the item's position in ``counts`` (its
         iteration order, which must be the order of the user's own records,
         as ``ReadUserItems(keep_order=True)`` builds it) instead of the hash.
@@ -314,7 +314,7 @@ def apply_greedy(hist: Histogram, ordered_items: Sequence[Hashable], cutoff: flo
 
 
 def cascade_free_fill(current_in_order, cutoff: float, eta: float) -> np.ndarray:
-    """Cascade-free greedy (specification 3.3a) on one user's kept items K_i, in walk order.
+    """Cascade-free greedy (``docs/gw.md`` section 1.2) on one user's kept items K_i, in walk order.
 
     Step 1: ℓ1-descent with budget ``eta`` over the items below Γ (each of them
     gains a strictly positive amount). Step 2: the greedy walk, in the given
@@ -481,7 +481,7 @@ class GreedyPolicy(UserPolicy):
       use_public_counts: True for GW-KT: ``prepare`` then needs the public
         counts (``{item: count}``; items absent count as 1).
       tie_break: how items of equal frequency (and public count) are ordered.
-        ``'item-hash'`` (default, the specification): by the keyed item id.
+        ``'item-hash'`` (default, ``docs/gw.md``): by the keyed item id.
         ``'first-occurrence'``: by the order of the user's ``counts`` mapping,
         which must be the order in which the items first occur in the user's
         own records (``ReadUserItems(keep_order=True)`` and
@@ -538,7 +538,7 @@ _POSITION_MASK = (1 << 32) - 1
 
 
 class CascadeFreeGreedyPolicy(GreedyPolicy):
-    """Cascade-free greedy (the default GW and GW-KT policy, specification 3.3a).
+    """Cascade-free greedy (the default GW and GW-KT policy, ``docs/gw.md`` section 1.2).
 
     ``prepare`` keeps ``K_i``: the first Δ0 items of the user's walk order
     (``greedy_order``: the user's frequencies, or public counts first, then

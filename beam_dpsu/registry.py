@@ -13,33 +13,30 @@ from typing import Callable, Dict, List, Optional
 
 from beam_dpsu.mechanisms import (CountGaussian, CountLaplace, Mechanism, TruncatedGeometric,
                                   WeightedGaussian, WeightedGaussianZcdp, WeightedLaplace)
+from beam_dpsu.mechanisms import policy as _policy
+from beam_dpsu.mechanisms.params import MECHANISM_PARAMS, flag, flags
 
-@dataclasses.dataclass
-class MechanismParams:
-    """Parameters a user gave for a named mechanism (None = not given)."""
-    epsilon: Optional[float] = None
-    delta: Optional[float] = None
-    rho: Optional[float] = None
-    max_items: Optional[int] = None
-    alpha: Optional[float] = None
-    rounds: Optional[int] = None
-    ratio: Optional[float] = None
-    public_counts: Optional[str] = None
-    tie_break: Optional[str] = None
-    eta: Optional[float] = None
-    variant: Optional[str] = None
-    #: Permission, not a parameter: build a mechanism whose privacy is NOT proven
-    #: (``gw``/``gw-kt`` with ``variant='published'``). Accepted by every mechanism.
-    allow_unproven: Optional[bool] = None
 
-    @classmethod
-    def from_namespace(cls, namespace) -> "MechanismParams":
-        """The parameters of a command line's parsed arguments (absent ones are None)."""
-        return cls(**{f.name: getattr(namespace, f.name, None)
-                      for f in dataclasses.fields(cls)})
+def _from_namespace(cls, namespace) -> "MechanismParams":
+    """The parameters of a command line's parsed arguments (absent ones are None)."""
+    return cls(**{f.name: getattr(namespace, f.name, None) for f in dataclasses.fields(cls)})
 
-    def given(self) -> List[str]:
-        return [f.name for f in dataclasses.fields(self) if getattr(self, f.name) is not None]
+
+def _given(self) -> List[str]:
+    """The names of the parameters that were given (not None)."""
+    return [f.name for f in dataclasses.fields(self) if getattr(self, f.name) is not None]
+
+
+#: Parameters a user gave for a named mechanism (None = not given): one field
+#: per parameter declared in ``mechanisms.params.MECHANISM_PARAMS``.
+#: ``allow_unproven`` is a permission, not a parameter: it lets ``gw``/``gw-kt``
+#: build ``variant='published'`` (NOT proven private); every mechanism accepts it.
+MechanismParams = dataclasses.make_dataclass(
+    "MechanismParams",
+    [(p.name, Optional[p.type], dataclasses.field(default=None))
+     for p in MECHANISM_PARAMS.values()],
+    namespace={"from_namespace": classmethod(_from_namespace), "given": _given,
+               "__module__": __name__})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +52,18 @@ DEFAULT_MAX_ITEMS = 100
 
 
 def register(name: str, build: Callable[[MechanismParams], Mechanism], accepts, summary: str):
-    """Adds a named mechanism (used by the command line, comparisons and the auditor)."""
+    """Adds a named mechanism (used by the command line, comparisons and the auditor).
+
+    Args:
+      name: the ``--mechanism`` name.
+      build: ``build(params) -> Mechanism`` from a ``MechanismParams``.
+      accepts: the names of the declared parameters (``mechanisms.params``) it takes.
+      summary: one line for listings.
+    """
+    unknown = set(accepts) - set(MECHANISM_PARAMS)
+    if unknown:
+        raise ValueError(f"{name}: undeclared parameters {sorted(unknown)} (declare them in "
+                         "beam_dpsu.mechanisms.params)")
     REGISTRY[name] = RegisteredMechanism(name, build, frozenset(accepts), summary)
 
 
@@ -71,9 +79,7 @@ def make_mechanism(name: str, params: Optional[MechanismParams] = None, **kwargs
         raise ValueError(f"unknown mechanism {name!r}; choose one of: {', '.join(sorted(REGISTRY))}")
     extra = [p for p in params.given() if p not in entry.accepts and p != "allow_unproven"]
     if extra:
-        flags = ", ".join("--" + p.replace("_", "-").replace("max-items", "max-items-per-user")
-                          for p in extra)
-        raise ValueError(f"{flags} does not apply to mechanism {name!r}")
+        raise ValueError(f"{flags(extra)} does not apply to mechanism {name!r}")
     mechanism = entry.build(params)
     if not getattr(mechanism, "proven", True) and not params.allow_unproven:
         raise ValueError(f"{name} variant {getattr(mechanism, 'variant', '')!r} is not proven "
@@ -84,8 +90,7 @@ def make_mechanism(name: str, params: Optional[MechanismParams] = None, **kwargs
 def _require(params: MechanismParams, name: str, *fields: str) -> None:
     missing = [f for f in fields if getattr(params, f) is None]
     if missing:
-        raise ValueError(f"mechanism {name!r} needs " + " and ".join(
-            "--" + f.replace("_", "-") for f in missing))
+        raise ValueError(f"mechanism {name!r} needs " + " and ".join(flag(f) for f in missing))
 
 
 def _max_items(params: MechanismParams) -> int:
@@ -95,7 +100,8 @@ def _max_items(params: MechanismParams) -> int:
 def _eps_delta_builder(cls, name):
     def build(params: MechanismParams) -> Mechanism:
         if params.rho is not None:
-            raise ValueError(f"--rho does not apply to mechanism {name!r} (it takes --epsilon --delta)")
+            raise ValueError(f"{flag('rho')} does not apply to mechanism {name!r} (it takes "
+                             f"{flag('epsilon')} {flag('delta')})")
         _require(params, name, "epsilon", "delta")
         return cls(params.epsilon, params.delta, _max_items(params))
     return build
@@ -141,14 +147,13 @@ register("sips", _sips, {"epsilon", "delta", "rho", "max_items", "rounds", "rati
          "DP-SIPS: I rounds of zCDP Weighted Gaussian on what is not yet released")
 
 
-# Sequential policy mechanisms (beam_dpsu.ordered, specification section 3).
-from beam_dpsu import ordered as _ordered  # noqa: E402  (registry imports ordered, not back)
+# Sequential policy mechanisms (beam_dpsu.mechanisms.policy, docs/mechanisms.md section 4).
 
 
 def _policy_builder(cls, name):
     def build(params: MechanismParams) -> Mechanism:
         _require(params, name, "epsilon", "delta")
-        alpha = _ordered.DEFAULT_ALPHA if params.alpha is None else params.alpha
+        alpha = _policy.DEFAULT_ALPHA if params.alpha is None else params.alpha
         return cls(params.epsilon, params.delta, _max_items(params), alpha)
     return build
 
@@ -163,34 +168,33 @@ def _gw_options(params: MechanismParams, name: str) -> dict:
     if variant == "published":
         bad = [f for f in ("max_items", "eta") if getattr(params, f) is not None]
         if bad:
-            flags = ", ".join("--" + f.replace("_", "-").replace("max-items", "max-items-per-user")
-                              for f in bad)
-            raise ValueError(f"{flags} does not apply to mechanism {name!r} variant 'published'")
+            raise ValueError(f"{flags(bad)} does not apply to mechanism {name!r} "
+                             "variant 'published'")
     return {"tie_break": _tie_break(params), "variant": variant,
             "max_items": params.max_items, "eta": params.eta}
 
 
 def _gw(params: MechanismParams) -> Mechanism:
     _require(params, "gw", "epsilon", "delta")
-    return _ordered.GW(params.epsilon, params.delta,
-                       _ordered.DEFAULT_ALPHA if params.alpha is None else params.alpha,
-                       **_gw_options(params, "gw"))
+    return _policy.GW(params.epsilon, params.delta,
+                      _policy.DEFAULT_ALPHA if params.alpha is None else params.alpha,
+                      **_gw_options(params, "gw"))
 
 
 def _gw_kt(params: MechanismParams) -> Mechanism:
     _require(params, "gw-kt", "epsilon", "delta", "public_counts")
     from apache_beam.io.filesystems import FileSystems
     if not FileSystems.exists(params.public_counts):
-        raise ValueError(f"--public-counts file not found: {params.public_counts!r}")
-    return _ordered.GWKT(params.epsilon, params.delta, params.public_counts,
-                         _ordered.DEFAULT_ALPHA if params.alpha is None else params.alpha,
-                         **_gw_options(params, "gw-kt"))
+        raise ValueError(f"{flag('public_counts')} file not found: {params.public_counts!r}")
+    return _policy.GWKT(params.epsilon, params.delta, params.public_counts,
+                        _policy.DEFAULT_ALPHA if params.alpha is None else params.alpha,
+                        **_gw_options(params, "gw-kt"))
 
 
-register("policy-laplace", _policy_builder(_ordered.PolicyLaplace, "policy-laplace"),
+register("policy-laplace", _policy_builder(_policy.PolicyLaplace, "policy-laplace"),
          {"epsilon", "delta", "max_items", "alpha"},
          "sequential ℓ1-descent to the cutoff (Gopi et al.); Laplace noise")
-register("policy-gaussian", _policy_builder(_ordered.PolicyGaussian, "policy-gaussian"),
+register("policy-gaussian", _policy_builder(_policy.PolicyGaussian, "policy-gaussian"),
          {"epsilon", "delta", "max_items", "alpha"},
          "sequential ℓ2-descent to the cutoff (Gopi et al.); Gaussian noise")
 _GW_PARAMS = {"epsilon", "delta", "alpha", "tie_break", "max_items", "eta", "variant"}

@@ -253,8 +253,10 @@ class ReadUserItems(beam.PTransform):
     """Text files of ``user_id<TAB>item`` lines → ``(user_id, {item: count})``.
 
     One output element per user, merging the user's lines across all files.
-    Malformed lines are counted in the metric ``beam_dpsu/malformed_lines`` and
-    are available as the tagged output ``malformed`` of ``read_with_malformed``.
+    Malformed lines are counted in the metric ``beam_dpsu/malformed_lines``;
+    with ``with_malformed=True`` they are also returned::
+
+        users, malformed = p | ReadUserItems(pattern, with_malformed=True)
 
     Args:
       file_pattern: a path or glob on any Beam filesystem (local, gs://, ...);
@@ -267,13 +269,19 @@ class ReadUserItems(beam.PTransform):
         what GW's ``tie_break='first-occurrence'`` reads. Costs a second
         per-user dict through the merge. Default False (the order of a
         user's dict is then unspecified). No privacy effect by itself.
+      with_malformed: when True, the transform returns the pair ``(users,
+        malformed)``, where ``malformed`` is a PCollection of ``(raw line
+        bytes, number of occurrences)`` (e.g. for a dead-letter file). Default
+        False: only ``users``. Privacy: the malformed lines are private input,
+        never a release.
 
     Scaling: files are read in parallel, one file per DoFn call; split a large
     input into many files (as Beam's text sinks write it) to use many workers.
     """
 
     def __init__(self, file_pattern: str, flush_pairs: int = DEFAULT_FLUSH_PAIRS,
-                 keep_order: bool = False, label: Optional[str] = None):
+                 keep_order: bool = False, with_malformed: bool = False,
+                 label: Optional[str] = None):
         super().__init__(label)
         if not isinstance(file_pattern, str) or not file_pattern:
             raise ValueError(f"file_pattern must be a non-empty string, got {file_pattern!r}")
@@ -282,7 +290,7 @@ class ReadUserItems(beam.PTransform):
         self._pattern = file_pattern
         self._flush_pairs = flush_pairs
         self._keep_order = bool(keep_order)
-        self.malformed = None
+        self._with_malformed = bool(with_malformed)
 
     def expand(self, pbegin):
         files = (pbegin
@@ -295,11 +303,12 @@ class ReadUserItems(beam.PTransform):
             outputs = files | "ReadFiles" >> beam.ParDo(
                 _ReadFileDoFn(self._flush_pairs)).with_outputs(_ReadFileDoFn.MALFORMED,
                                                                main="users")
-            users, self.malformed = outputs.users, outputs[_ReadFileDoFn.MALFORMED]
+            users, malformed = outputs.users, outputs[_ReadFileDoFn.MALFORMED]
         else:  # the runner mixes tagged outputs (Dask): one output of (tag, value)
             split = runners.split_envelopes(
                 files | "ReadFiles" >> beam.ParDo(_ReadFileDoFn(self._flush_pairs, True)),
                 "SplitOutputs", (None, _ReadFileDoFn.MALFORMED))
-            users, self.malformed = split[None], split[_ReadFileDoFn.MALFORMED]
+            users, malformed = split[None], split[_ReadFileDoFn.MALFORMED]
         merge = MergeOrderedItemCountsFn() if self._keep_order else MergeItemCountsFn()
-        return users | "MergePerUser" >> beam.CombinePerKey(merge)
+        users = users | "MergePerUser" >> beam.CombinePerKey(merge)
+        return (users, malformed) if self._with_malformed else users

@@ -9,7 +9,7 @@ shared by the Beam transforms and the Beam-free core (``beam_dpsu.core``):
   truncated geometric probability ``p(n)``.
 
 An item with weight ≤ 0 is never noised and never released: a key that no
-user gave weight to must not leak (specification section 2).
+user gave weight to must not leak (``docs/mechanisms.md`` section 3).
 """
 from __future__ import annotations
 
@@ -24,11 +24,6 @@ from beam_dpsu import calibration, keys
 from beam_dpsu.noise import KeyedNoise, RunKey, encode_value
 
 NOISE_KINDS = ("laplace", "gaussian")
-
-
-def released(weight: float, noise: float, threshold: float) -> bool:
-    """The release predicate: weight > 0 and weight + noise > threshold (strict)."""
-    return weight > 0 and weight + noise > threshold
 
 
 def check_noisy_threshold(noise: str, scale: float, threshold: float) -> None:

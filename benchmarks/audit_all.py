@@ -1,9 +1,9 @@
 """Thorough privacy audit of every registered mechanism and of the broken variants.
 
 Runs ``beam_dpsu.audit`` (the Beam-free core, fresh OS randomness per run) on
-the standard configurations (``audit.standard_configs``: ε = 1, δ = 1e-3,
+the standard configurations (``audit_variants.standard_configs``: ε = 1, δ = 1e-3,
 Δ0 = 8, plus the zCDP forms) and on the deliberately broken variants
-(``audit.BROKEN_CONFIGS``), and writes a Markdown table to ``--output``
+(``audit_variants.BROKEN_CONFIGS``), and writes a Markdown table to ``--output``
 (default ``docs/audit.md``).
 
     python benchmarks/audit_all.py [--trials 100000] [--confidence 0.95]
@@ -26,6 +26,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from beam_dpsu import audit  # noqa: E402
+from benchmarks import audit_variants as variants  # noqa: E402
 from beam_dpsu.registry import make_mechanism  # noqa: E402
 
 
@@ -34,7 +35,7 @@ def _fmt(x, digits=3):
 
 
 def _row(label, params, r, broken=None):
-    return (f"| {label} | {audit.describe_params(params)} | {_fmt(r['claimed_epsilon'])} | "
+    return (f"| {label} | {variants.describe_params(params)} | {_fmt(r['claimed_epsilon'])} | "
             f"{r['claimed_delta']:.3g} | **{_fmt(r['epsilon_lower_bound'])}** | {r['trials']:,} | "
             f"{len(r['per_scenario'])} | {r['scenario']}/{r['position']}: {r['event']} "
             f"({r['direction']}; p_D={_fmt(r['p_d'], 4)}, p_D'={_fmt(r['p_d_prime'], 4)}) | "
@@ -64,10 +65,10 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     tmp = tempfile.mkdtemp(prefix="audit-")
-    pub = audit.write_public_counts(str(pathlib.Path(tmp) / "public.tsv"))
+    pub = variants.write_public_counts(str(pathlib.Path(tmp) / "public.tsv"))
     real_rows, broken_rows = [], []
     start = time.time()
-    for name, params in audit.standard_configs(pub):
+    for name, params in variants.standard_configs(pub):
         if args.only and name not in args.only:
             continue
         m = make_mechanism(name, **params)
@@ -76,10 +77,10 @@ def main(argv=None) -> int:
         r = audit.audit(m, args.trials, args.confidence, name=label)
         print(json.dumps(r, ensure_ascii=False), flush=True)
         real_rows.append(_row(label, params, r))
-    for variant, name, params, plan, trials in audit.BROKEN_CONFIGS:
+    for variant, name, params, plan, trials in variants.BROKEN_CONFIGS:
         if args.only and name not in args.only:
             continue
-        m = audit.BROKEN[variant](make_mechanism(name, **params))
+        m = variants.BROKEN[variant](make_mechanism(name, **params))
         r = audit.audit(m, args.broken_trials or trials, args.confidence, plan=plan,
                         name=m.name)
         print(json.dumps(r, ensure_ascii=False), flush=True)
@@ -123,8 +124,8 @@ with more trials their bound approaches the claimed ε from below. The Gaussian 
 mechanisms are further from tight in these scenarios (their worst case is a different
 event), so their bounds are lower.
 
-Standard parameters: ε = {audit.STANDARD_EPSILON}, δ = {audit.STANDARD_DELTA},
-Δ0 = {audit.STANDARD_MAX_ITEMS} where it applies, ρ = {audit.STANDARD_RHO} for the zCDP
+Standard parameters: ε = {variants.STANDARD_EPSILON}, δ = {variants.STANDARD_DELTA},
+Δ0 = {variants.STANDARD_MAX_ITEMS} where it applies, ρ = {variants.STANDARD_RHO} for the zCDP
 forms (their claimed ε, δ are the (ε, δ)-DP conversion the mechanism states). gw-kt uses
 public counts that rank some scenario items first.
 
@@ -135,8 +136,8 @@ public counts that rank some scenario items first.
 
 ## Deliberately broken variants (must be caught: lower bound > claimed ε)
 
-Each differs from the real mechanism by one bug (`audit.BROKEN`); trials as in the CI's
-fast mode unless stated.
+Each differs from the real mechanism by one bug (`benchmarks/audit_variants.py`); trials as
+in the CI's fast mode unless stated.
 
 {HEADER}
 {chr(10).join(broken_rows)}

@@ -29,7 +29,6 @@ import argparse
 import json
 import logging
 import os
-import re
 import shutil
 import sys
 import time
@@ -43,6 +42,7 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
 from beam_dpsu import __version__, keys, runners
+from beam_dpsu.cli import UsageError, last_line as _last_line, run_main
 from beam_dpsu.noise import RunKey
 from beam_dpsu.textio import match_files
 
@@ -66,12 +66,10 @@ INSECURE_SEED_WARNING = (
     "its output is NOT private and must never be published")
 
 
-class UsageError(Exception):
-    """A user mistake: reported as one line, exit status 2."""
-
-
 class NoWellFormedInput(Exception):
     """The input has no well-formed line: reported as one line, exit status 1."""
+
+    exit_status = 1
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -161,15 +159,6 @@ def check_beam_args(beam_args: Sequence[str]) -> None:
     _, unknown = _beam_option_parser().parse_known_args(list(beam_args))
     if unknown:
         raise UsageError(f"unrecognized arguments: {' '.join(unknown)}")
-
-
-def flag_names(message: str, names: Sequence[str] = ()) -> str:
-    """Names parameters in a validation message as command-line flags."""
-    message = message.replace("max_items_per_user", "--max-items-per-user")
-    message = re.sub(r"^tie_break ", "--tie-break ", message)
-    for name in names:
-        message = re.sub(rf"(?<![-\w]){name}\b", "--" + name.replace("_", "-"), message)
-    return re.sub(r"^(epsilon|delta|rho|alpha|rounds|ratio|k) ", r"--\1 ", message)
 
 
 # -- locations ----------------------------------------------------------------
@@ -534,9 +523,21 @@ def run_release(args, beam_args: Sequence[str],
     return dict(public, PRIVATE_run_details=details)
 
 
-def _last_line(e: BaseException) -> str:
-    lines = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {lines[-1] if lines else ''}"
+def run_query(argv: Optional[Sequence[str]], parse_args, build_pipeline,
+              public_fields: Callable[[Any, Any, int], Dict[str, Any]]) -> Dict[str, Any]:
+    """The ``run`` of a release pipeline: parse, then ``run_release`` its graph.
+
+    ``parse_args(argv) -> (args, mechanism, beam_args)`` validates everything;
+    ``build_pipeline(p, input, output, mechanism, run_key, dead_letter)`` adds
+    the graph; ``public_fields(mechanism, result, num_released)`` gives the
+    mechanism's publishable fields.
+    """
+    args, mechanism, beam_args = parse_args(argv)
+    return run_release(
+        args, beam_args,
+        lambda p, run_key: build_pipeline(p, args.input, args.output, mechanism, run_key,
+                                          args.dead_letter),
+        lambda result, released: public_fields(mechanism, result, released))
 
 
 def main_wrapper(prog: str, run: Callable[[Optional[Sequence[str]]], Dict[str, Any]],
@@ -552,26 +553,16 @@ def main_wrapper(prog: str, run: Callable[[Optional[Sequence[str]]], Dict[str, A
     if not debug:  # Beam logs worker failures with tracebacks; we print one line instead
         logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
         logging.getLogger().setLevel(logging.ERROR)
-    try:
+
+    def body() -> int:
         summary = run(argv)
-    except UsageError as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
-        return 2
-    except NoWellFormedInput as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
-        return 130
-    except Exception as e:  # a failure while running: one line (details with BEAM_DPSU_DEBUG)
-        logging.debug("pipeline failed", exc_info=True)
-        print(f"{prog}: failed: {_last_line(e)}", file=sys.stderr)
-        return 1
-    printed = {k: summary.get(k) for k in echo}
-    if summary.get("insecure_test_seed") is not None:
-        printed["insecure_test_seed"] = summary["insecure_test_seed"]
-    print(json.dumps(printed, ensure_ascii=False))
-    return 0
+        printed = {k: summary.get(k) for k in echo}
+        if summary.get("insecure_test_seed") is not None:
+            printed["insecure_test_seed"] = summary["insecure_test_seed"]
+        print(json.dumps(printed, ensure_ascii=False))
+        return 0
+
+    return run_main(prog, body)
 
 
 def parse_known(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]]

@@ -46,6 +46,7 @@ differentially private. Use it to choose a mechanism, then release once.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -56,14 +57,17 @@ import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from beam_dpsu import core, textio, utility
+from beam_dpsu.mechanisms import params
 from beam_dpsu.noise import RunKey
 from beam_dpsu.registry import REGISTRY, MechanismParams, make_mechanism
 from pipelines import common
 from pipelines.common import UsageError
 
 PROG = "compare"
-SPEC_KEYS = {"max_items": int, "alpha": float, "rounds": int, "ratio": float,
-             "public_counts": str, "tie_break": str, "variant": str, "eta": float}
+#: The per-mechanism settings of ``NAME:KEY=VALUE`` (from the parameter declaration).
+SPEC_PARAMS = params.spec_types()
+#: Settings that may also be given once for every mechanism, as flags.
+SHARED = ("max_items", "alpha", "rounds", "ratio", "public_counts")
 
 
 def parse_mechanisms(text: str) -> List[Tuple[str, Dict[str, Any]]]:
@@ -76,27 +80,26 @@ def parse_mechanisms(text: str) -> List[Tuple[str, Dict[str, Any]]]:
         if name not in REGISTRY:
             raise UsageError(f"unknown mechanism {name!r}; choose from: "
                              f"{', '.join(sorted(REGISTRY))}")
-        params: Dict[str, Any] = {}
+        own: Dict[str, Any] = {}
         for setting in settings:
             key, eq, value = setting.partition("=")
             key = key.strip().replace("-", "_")
-            if key == "max_items_per_user":
-                key = "max_items"
-            if not eq or key not in SPEC_KEYS:
+            if not eq or key not in SPEC_PARAMS:
                 raise UsageError(f"bad setting {setting!r} for {name}; use KEY=VALUE with KEY in "
-                                 f"{', '.join(sorted(SPEC_KEYS))}")
+                                 f"{', '.join(sorted(SPEC_PARAMS))}")
+            declared = SPEC_PARAMS[key]
             try:
-                params[key] = SPEC_KEYS[key](value)
+                own[declared.name] = declared.type(value)
             except ValueError:
                 raise UsageError(f"bad value in {setting!r} for {name}") from None
-        out.append((name, params))
+        out.append((name, own))
     if not out:
         raise UsageError("--mechanisms lists no mechanism")
     return out
 
 
-def label(name: str, params: Dict[str, Any]) -> str:
-    return name + "".join(f" {k}={v}" for k, v in sorted(params.items()))
+def label(name: str, own: Dict[str, Any]) -> str:
+    return name + "".join(f" {k}={v}" for k, v in sorted(own.items()))
 
 
 def build_parser() -> common.ArgumentParser:
@@ -104,25 +107,19 @@ def build_parser() -> common.ArgumentParser:
     p.add_argument("--input", required=True, help="input file or glob of user<TAB>item lines")
     p.add_argument("--output", required=True, help="directory for results and plots")
     p.add_argument("--mechanisms", required=True, help="comma-separated NAME[:KEY=VALUE...]")
-    p.add_argument("--epsilon", type=float, help="ε of the common (ε, δ)-DP target")
-    p.add_argument("--delta", type=float, required=True, help="δ of the common target")
+    params.add_arguments(p, ["epsilon", "delta"], required=("delta",), help={
+        "epsilon": "ε of the common (ε, δ)-DP target", "delta": "δ of the common target"})
     p.add_argument("--epsilons", help="comma-separated ε values to sweep")
-    p.add_argument("--max-items-per-user", dest="max_items", type=int)
-    p.add_argument("--alpha", type=float)
-    p.add_argument("--rounds", type=int)
-    p.add_argument("--ratio", type=float)
-    p.add_argument("--public-counts")
+    params.add_arguments(p, SHARED)
     p.add_argument("--trials", type=int, default=5, help="runs per mechanism and ε (default 5)")
     p.add_argument("--engine", choices=("core", "beam"), default="core")
-    p.add_argument("--allow-unproven", action="store_true", default=None,
-                   help="research only: allow gw/gw-kt:variant=published (not proven private)")
+    params.add_arguments(p, ["allow_unproven"])
     return p
 
 
 def mechanism_params(name: str, own: Dict[str, Any], args, epsilon: float) -> MechanismParams:
     accepts = REGISTRY[name].accepts
-    shared = {"max_items": args.max_items, "alpha": args.alpha, "rounds": args.rounds,
-              "ratio": args.ratio, "public_counts": args.public_counts}
+    shared = {k: getattr(args, k) for k in SHARED}
     values = {k: v for k, v in shared.items() if v is not None and k in accepts}
     values.update(own, allow_unproven=args.allow_unproven)
     return MechanismParams(epsilon=epsilon, delta=args.delta, **values)
@@ -152,7 +149,7 @@ def parse_args(argv):
                     name, mechanism_params(name, own, args, eps))
             except ValueError as e:
                 raise UsageError(f"{label(name, own)} at ε={eps:g}: "
-                                 f"{common.flag_names(str(e))}") from None
+                                 f"{params.as_flags(str(e))}") from None
     return args, beam_args, specs, epsilons, built
 
 
@@ -264,20 +261,9 @@ def _select_partitions():
     return select_partitions
 
 
-def _cli_flags(name: str, params: MechanismParams) -> List[str]:
-    flags = ["--mechanism", name]
-    for field, flag in (("epsilon", "--epsilon"), ("delta", "--delta"),
-                        ("max_items", "--max-items-per-user"), ("alpha", "--alpha"),
-                        ("rounds", "--rounds"), ("ratio", "--ratio"),
-                        ("public_counts", "--public-counts"), ("tie_break", "--tie-break"),
-                        ("eta", "--eta"), ("variant", "--variant"),
-                        ("allow_unproven", "--allow-unproven")):
-        value = getattr(params, field)
-        if value is True:
-            flags.append(flag)
-        elif value is not None:
-            flags += [flag, repr(value) if isinstance(value, float) else str(value)]
-    return flags
+def _cli_flags(name: str, values: MechanismParams) -> List[str]:
+    """The ``select_partitions`` arguments that build mechanism ``name`` with ``values``."""
+    return ["--mechanism", name] + params.cli_arguments(dataclasses.asdict(values))
 
 
 def _footing(mech) -> str:

@@ -17,6 +17,7 @@ import sys
 import time
 
 from beam_dpsu import synthetic
+from beam_dpsu.cli import UsageError, run_main
 
 
 def main(argv=None) -> int:
@@ -28,18 +29,19 @@ def main(argv=None) -> int:
     p.add_argument("--max-occurrences", type=int, default=None,
                    help="cap on one user's lines (default: no cap)")
     args = p.parse_args(argv)
-    start = time.time()
-    try:
-        lines = synthetic.write_tsv(args.output, args.users, args.seed, args.max_occurrences)
-    except ValueError as e:
-        print(f"generate: error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:
-        print(f"generate: failed: {e}", file=sys.stderr)
-        return 1
-    print(json.dumps({"output": args.output, "users": args.users, "lines": lines,
-                      "seed": args.seed, "seconds": round(time.time() - start, 2)}))
-    return 0
+
+    def body() -> int:
+        start = time.time()
+        try:
+            lines = synthetic.write_tsv(args.output, args.users, args.seed,
+                                        args.max_occurrences)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        print(json.dumps({"output": args.output, "users": args.users, "lines": lines,
+                          "seed": args.seed, "seconds": round(time.time() - start, 2)}))
+        return 0
+
+    return run_main("generate", body)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import apache_beam as beam
 
-from beam_dpsu.mechanisms import Mechanism, SelectPartitions
+from beam_dpsu.mechanisms import Mechanism, SelectPartitions, params
 from beam_dpsu.noise import RunKey
 from beam_dpsu.registry import REGISTRY, MechanismParams, make_mechanism
 from beam_dpsu.textio import ReadUserItems
@@ -54,24 +54,7 @@ def build_parser() -> common.ArgumentParser:
     common.add_io_arguments(p)
     p.add_argument("--mechanism", required=True,
                    help="one of: " + ", ".join(sorted(REGISTRY)))
-    p.add_argument("--epsilon", type=float, help="ε of the (ε, δ)-DP guarantee (> 0)")
-    p.add_argument("--delta", type=float, help="δ (0 < δ < 1); for zCDP, the approximate-zCDP δ")
-    p.add_argument("--rho", type=float, help="ρ of ρ-zCDP (> 0), for zCDP mechanisms")
-    p.add_argument("--max-items-per-user", dest="max_items", type=int,
-                   help="Δ0, distinct items kept per user (integer >= 1; default 100)")
-    p.add_argument("--alpha", type=float, help="cutoff multiplier α of the sequential policies")
-    p.add_argument("--rounds", type=int, help="number of DP-SIPS rounds I (>= 1)")
-    p.add_argument("--ratio", type=float, help="DP-SIPS budget ratio r (> 0)")
-    p.add_argument("--public-counts", help="file of item<TAB>count lines (gw-kt)")
-    p.add_argument("--tie-break", dest="tie_break",
-                   help="gw, gw-kt: order of a user's items of equal frequency, 'item-hash' "
-                        "(default, keyed hash) or 'first-occurrence' (the user's record "
-                        "order, as the authors' code); no privacy effect")
-    p.add_argument("--variant", help="gw, gw-kt: 'cascade-free' (default, proven) or "
-                   "'published' (NOT proven private; needs --allow-unproven)")
-    p.add_argument("--eta", type=float, help="gw, gw-kt: step-1 budget η in (0, 1) (default 0.001)")
-    p.add_argument("--allow-unproven", action="store_true", default=None,
-                   help="research only: allow a variant whose privacy is not proven")
+    params.add_arguments(p, list(params.MECHANISM_PARAMS))
     common.add_dead_letter_argument(p)
     return p
 
@@ -79,11 +62,10 @@ def build_parser() -> common.ArgumentParser:
 def parse_args(argv: Optional[Sequence[str]]) -> Tuple[object, Mechanism, List[str]]:
     """Parses and validates everything; raises UsageError for any user mistake."""
     args, beam_args = common.parse_known(build_parser(), argv)
-    params = MechanismParams.from_namespace(args)
     try:
-        mechanism = make_mechanism(args.mechanism, params)
+        mechanism = make_mechanism(args.mechanism, MechanismParams.from_namespace(args))
     except ValueError as e:
-        raise UsageError(common.flag_names(str(e))) from None
+        raise UsageError(params.as_flags(str(e))) from None
     return args, mechanism, beam_args
 
 
@@ -95,31 +77,27 @@ def build_pipeline(p: beam.Pipeline, input_pattern: str, output_prefix: str,
                    mechanism: Mechanism, run_key: RunKey,
                    dead_letter: Optional[str] = None) -> None:
     """Adds the read → select → write graph to ``p`` (one sorted items file)."""
-    reader = ReadUserItems(input_pattern, keep_order=mechanism.needs_record_order)
-    per_user = (p
-                | "ReadUserItems" >> reader
-                | "CountUsers" >> beam.ParDo(common.CountUsers()))
-    common.write_dead_letter(reader.malformed, dead_letter)
+    users, malformed = p | "ReadUserItems" >> ReadUserItems(
+        input_pattern, keep_order=mechanism.needs_record_order, with_malformed=True)
+    per_user = users | "CountUsers" >> beam.ParDo(common.CountUsers())
+    common.write_dead_letter(malformed, dead_letter)
     items = per_user | "SelectPartitions" >> SelectPartitions(mechanism, run_key, per_user=True)
     common.write_items(items | "ToLine" >> beam.Map(_to_line), output_prefix)
+
+
+def public_fields(mechanism: Mechanism, result, released: int) -> dict:
+    """The publishable summary: the mechanism's ``describe()`` with, for DP-SIPS,
+    the number released by each round."""
+    fields = dict(mechanism.describe())
+    for i, entry in enumerate(fields.get("per_round") or []):
+        entry["released"] = common.counter(result, f"released_round_{i}")
+    return fields
 
 
 def run(argv: Optional[Sequence[str]] = None) -> dict:
     """Runs the pipeline; returns the public summary (also written to PREFIX.json) with
     the owner-only details (PREFIX.PRIVATE-run-details.json) under "PRIVATE_run_details"."""
-    args, mechanism, beam_args = parse_args(argv)
-
-    def public_fields(result, released):
-        fields = dict(mechanism.describe())
-        for i, entry in enumerate(fields.get("per_round") or []):
-            entry["released"] = common.counter(result, f"released_round_{i}")
-        return fields
-
-    return common.run_release(
-        args, beam_args,
-        lambda p, run_key: build_pipeline(p, args.input, args.output, mechanism, run_key,
-                                          args.dead_letter),
-        public_fields)
+    return common.run_query(argv, parse_args, build_pipeline, public_fields)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

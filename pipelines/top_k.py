@@ -39,6 +39,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import apache_beam as beam
 
+from beam_dpsu.mechanisms import params
 from beam_dpsu.noise import RunKey
 from beam_dpsu.textio import ReadUserItems
 from beam_dpsu.topk import TopK, TopKMechanism, format_line
@@ -51,18 +52,14 @@ PROG = "top_k"
 def build_parser():
     p = common.ArgumentParser(PROG, __doc__.split("\n")[0])
     common.add_io_arguments(p)
-    p.add_argument("--k", type=int, required=True, help="the most items to release (>= 1)")
-    p.add_argument("--k-bar", dest="k_bar", type=int,
-                   help="candidates k̄ >= k (the true top k̄ are noised; default k)")
-    p.add_argument("--epsilon", type=float, required=True,
-                   help="ε > 0: per selection (Gumbel), or of the query (--with-counts)")
-    p.add_argument("--delta", type=float, required=True, help="δ of the query (0 < δ < 1)")
-    p.add_argument("--max-items-per-user", dest="max_items", type=int,
-                   help="Δ, distinct items kept per user (integer >= 1); required by "
-                        "--with-counts; default: unrestricted (Gumbel only)")
+    params.add_arguments(p, ["k", "k_bar", "epsilon", "delta", "max_items"],
+                         required=("k", "epsilon", "delta"), help={
+        "epsilon": "ε > 0: per selection (Gumbel), or of the query (--with-counts)",
+        "delta": "δ of the query (0 < δ < 1)",
+        "max_items": "Δ, distinct items kept per user (integer >= 1); required by "
+                     "--with-counts; default: unrestricted (Gumbel only)"})
     common.add_dead_letter_argument(p)
-    p.add_argument("--with-counts", action="store_true",
-                   help="Algorithm 1 (Laplace): also release noisy counts")
+    params.add_arguments(p, ["with_counts"])
     return p
 
 
@@ -74,7 +71,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> Tuple[object, TopKMechanism, Li
                                   delta=args.delta, max_items=args.max_items,
                                   with_counts=args.with_counts)
     except ValueError as e:
-        raise UsageError(common.flag_names(str(e), ("k_bar", "with_counts"))) from None
+        raise UsageError(params.as_flags(str(e))) from None
     return args, mechanism, beam_args
 
 
@@ -87,9 +84,9 @@ def build_pipeline(p: beam.Pipeline, input_pattern: str, output_prefix: str,
                    mechanism: TopKMechanism, run_key: RunKey,
                    dead_letter: Optional[str] = None) -> None:
     """Adds the read → top-k → write graph to ``p`` (one output file, rank order)."""
-    reader = ReadUserItems(input_pattern)
-    per_user = p | "ReadUserItems" >> reader
-    common.write_dead_letter(reader.malformed, dead_letter)
+    per_user, malformed = p | "ReadUserItems" >> ReadUserItems(input_pattern,
+                                                                with_malformed=True)
+    common.write_dead_letter(malformed, dead_letter)
     ranked = (per_user
               | "CountUsers" >> beam.ParDo(common.CountUsers())
               | "TopK" >> TopK(mechanism, run_key, per_user=True))
@@ -114,12 +111,8 @@ def public_fields(mechanism: TopKMechanism, released: int) -> dict:
 def run(argv: Optional[Sequence[str]] = None) -> dict:
     """Runs the pipeline; returns the public summary (also written to PREFIX.json) with
     the owner-only details (PREFIX.PRIVATE-run-details.json) under "PRIVATE_run_details"."""
-    args, mechanism, beam_args = parse_args(argv)
-    return common.run_release(
-        args, beam_args,
-        lambda p, run_key: build_pipeline(p, args.input, args.output, mechanism, run_key,
-                                          args.dead_letter),
-        lambda result, released: public_fields(mechanism, released))
+    return common.run_query(argv, parse_args, build_pipeline,
+                            lambda mechanism, result, released: public_fields(mechanism, released))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -7,14 +7,14 @@ bound exceeds ε only when some bound fails, so each "real mechanism passes"
 test fails falsely with probability ≤ 1e-8; this file runs fewer than 30
 audits, so the aggregate false-failure probability is below 3e-7 ≤ 1e-6.
 
-Power. The broken variants' parameters (``audit.BROKEN_CONFIGS``) put the
+Power. The broken variants' parameters (``variants.BROKEN_CONFIGS``) put the
 lower bound well above ε = 1 (measured 2.7, 2.7 and 2.6 at this confidence).
 For it to fall to 1 the distinguishing event's count would have to drop to
 well under half its mean (threshold-delta-x100: ≈ 400 expected hits of 4000,
 ≈ 117 needed), a deviation of about 15 standard deviations: the chance of a
 missed detection is far below 1e-6 (about 3e-68).
 
-The cascade (``test_cascade_scenario_*``, specification 3.3): the same
+The cascade (``test_cascade_scenario_*``, ``docs/gw.md`` section 2): the same
 neighbouring pair (same order key, same users: both variants get the same
 cutoff Γ = 4 − 1/32 through α) is audited for the published and the
 cascade-free GW with ``audit.CASCADE_TRIALS`` = 400 runs per side.
@@ -36,6 +36,7 @@ import math
 import pytest
 
 from beam_dpsu import audit, core
+from benchmarks import audit_variants as variants
 from beam_dpsu.mechanisms import WeightedLaplace
 from beam_dpsu.noise import RunKey
 from beam_dpsu.registry import REGISTRY, make_mechanism
@@ -45,12 +46,12 @@ CI_TRIALS = audit.FAST_TRIALS
 
 @pytest.fixture(scope="module")
 def public_counts(tmp_path_factory):
-    return audit.write_public_counts(str(tmp_path_factory.mktemp("pub") / "public.tsv"))
+    return variants.write_public_counts(str(tmp_path_factory.mktemp("pub") / "public.tsv"))
 
 
 def _configs():
     # Resolved at collection time without the public-counts file; gw-kt is added below.
-    return [(name, params) for name, params in audit.standard_configs()]
+    return [(name, params) for name, params in variants.standard_configs()]
 
 
 def _id(config):
@@ -208,8 +209,6 @@ def test_every_registered_mechanism_passes(config):
 
 @pytest.mark.parametrize("tie_break", ["item-hash", "first-occurrence"])
 def test_gw_kt_passes(public_counts, tie_break):
-    if "gw-kt" not in REGISTRY:
-        pytest.skip("gw-kt is not registered")
     m = make_mechanism("gw-kt", epsilon=1.0, delta=1e-3, public_counts=public_counts,
                        tie_break=tie_break)
     r = audit.audit(m, CI_TRIALS, audit.CI_CONFIDENCE)
@@ -217,13 +216,11 @@ def test_gw_kt_passes(public_counts, tie_break):
 
 
 def test_sequential_policies_are_audited_in_every_position():
-    missing = {"policy-laplace", "policy-gaussian", "gw", "gw-kt"} - set(REGISTRY)
-    if missing:
-        pytest.skip(f"not registered: {sorted(missing)}")
+    assert {"policy-laplace", "policy-gaussian", "gw", "gw-kt"} <= set(REGISTRY)
     plan = audit.default_plan(make_mechanism("gw", epsilon=1.0, delta=1e-3))
     assert {p for _, p in plan} == set(audit.POSITIONS)
     assert {s for s, _ in plan} == set(audit.SCENARIOS)
-    names = {name for name, _ in audit.standard_configs()}
+    names = {name for name, _ in variants.standard_configs()}
     assert {"policy-laplace", "policy-gaussian", "gw"} <= names
 
 
@@ -292,13 +289,12 @@ def test_cli_runs_the_published_variant_only_with_allow_unproven(capsys):
 # Every deliberately broken variant is caught (fast mode).
 # ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("config", audit.BROKEN_CONFIGS, ids=lambda c: c[0])
+@pytest.mark.parametrize("config", variants.BROKEN_CONFIGS, ids=lambda c: c[0])
 def test_broken_variant_is_caught(config):
     variant, name, params, plan, trials = config
-    if name not in REGISTRY:
-        pytest.skip(f"{name} is not registered")
+    assert name in REGISTRY
     real = make_mechanism(name, **params)
-    broken = audit.BROKEN[variant](real)
+    broken = variants.BROKEN[variant](real)
     assert broken.guarantee.epsilon == real.guarantee.epsilon  # same claim, one bug
     r = audit.audit(broken, trials, audit.CI_CONFIDENCE, plan=plan)
     assert r["epsilon_lower_bound"] > r["claimed_epsilon"], r
@@ -307,7 +303,7 @@ def test_broken_variant_is_caught(config):
 
 def test_broken_variants_differ_from_the_real_mechanism_only_by_the_bug():
     real = make_mechanism("weighted-laplace", epsilon=1.0, delta=1e-3, max_items=8)
-    bad = audit.threshold_delta_x100(real)
+    bad = variants.threshold_delta_x100(real)
     assert bad.calibration.noise_scale == real.calibration.noise_scale
     assert bad.calibration.threshold < real.calibration.threshold
     assert real.calibration.threshold == make_mechanism(
@@ -315,16 +311,15 @@ def test_broken_variants_differ_from_the_real_mechanism_only_by_the_bug():
     # Zero-weight keys: same release as the real mechanism when every key has weight.
     per_user = {f"u{i}": {"a": 1} for i in range(30)}
     key = RunKey.from_test_seed(3)
-    assert audit.ZeroWeightKeys(real).run_local(per_user, key) == core.run_local(
+    assert variants.ZeroWeightKeys(real).run_local(per_user, key) == core.run_local(
         per_user, real, key)
-    if "gw" in REGISTRY:
-        gw = make_mechanism("gw", epsilon=1.0, delta=1e-2, variant="published",
-                            allow_unproven=True)
-        closest = audit.closest_to_cutoff_greedy(gw)
-        # One item per user: the walk order cannot matter, so the releases agree.
-        assert closest.run_local(per_user, key) == core.run_local(per_user, gw, key)
-        with pytest.raises(ValueError):
-            audit.closest_to_cutoff_greedy(real)
+    gw = make_mechanism("gw", epsilon=1.0, delta=1e-2, variant="published",
+                        allow_unproven=True)
+    closest = variants.closest_to_cutoff_greedy(gw)
+    # One item per user: the walk order cannot matter, so the releases agree.
+    assert closest.run_local(per_user, key) == core.run_local(per_user, gw, key)
+    with pytest.raises(ValueError):
+        variants.closest_to_cutoff_greedy(real)
 
 
 # ---------------------------------------------------------------------------
@@ -348,7 +343,7 @@ def test_cli_prints_one_json_object(capsys):
 def test_cli_broken_variant(capsys):
     rc = audit.main(["--mechanism", "weighted-laplace", "--epsilon", "1", "--delta", "1e-3",
                      "--max-items-per-user", "8", "--trials", "3000", "--scenarios", "unique",
-                     "--broken", "threshold-delta-x100"])
+                     "--broken", "threshold-delta-x100"], broken=variants.BROKEN)
     assert rc == 0
     report = json.loads(capsys.readouterr().out)
     assert report["broken"] == "threshold-delta-x100"
@@ -371,6 +366,6 @@ def test_cli_broken_variant(capsys):
     ["--mechanism", "weighted-laplace", "--epsilon", "1", "--delta", "1e-3", "--bogus"],
 ])
 def test_cli_bad_parameters_exit_2_with_one_line(argv, capsys):
-    assert audit.main(argv) == 2
+    assert audit.main(argv, broken=variants.BROKEN) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("beam_dpsu.audit: error:") and len(err.splitlines()) == 1

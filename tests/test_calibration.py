@@ -1,4 +1,4 @@
-"""Calibration against the specification's numbers and independent computations."""
+"""Calibration against the numbers of docs/mechanisms.md and independent computations."""
 import math
 
 import numpy as np
@@ -173,7 +173,7 @@ def test_integral_float_max_items_accepted():
 
 
 # ---------------------------------------------------------------------------
-# Cascade-free GW threshold (specification 3.3a).
+# Cascade-free GW threshold (docs/gw.md section 1.2).
 # ---------------------------------------------------------------------------
 
 def _cascade_free_delta_direct(eps, d0, t):

@@ -1,4 +1,6 @@
-"""The support condition and contractivity of every sequential policy (specification 3.4).
+"""The support condition and contractivity of every sequential policy.
+
+See docs/mechanisms.md section 4 and docs/gw.md section 3.
 
 For fuzzed neighbouring pairs (D, D ∪ {x}) under pinned user orders (x at
 every position), the finished histograms H (of D) and H′ (of D ∪ {x}) must

@@ -11,8 +11,7 @@ from scipy import stats
 from beam_dpsu import calibration as cal
 from beam_dpsu.histogram import WeightedHistogram, add_user_to_histogram, user_weight
 from beam_dpsu.noise import RunKey
-from beam_dpsu.threshold import (NoisyThreshold, NoisyThresholdRule, TruncatedGeometricRule,
-                                 released)
+from beam_dpsu.threshold import NoisyThreshold, NoisyThresholdRule, TruncatedGeometricRule
 
 from conftest import beam_options, bernstein_radius
 
@@ -52,6 +51,13 @@ def test_weighted_histogram_in_beam(weighting):
             for k, v in expected.items():
                 assert math.isclose(got[k], v, rel_tol=1e-12)
         assert_that(out, close)
+
+
+def released(weight: float, noise: float, threshold: float) -> bool:
+    """The release rule's decision for one item whose noise is fixed to ``noise``."""
+    rule = NoisyThresholdRule("laplace", 1.0, threshold, RunKey.from_test_seed(0))
+    rule._noise = lambda encoded: noise
+    return rule("item", weight)
 
 
 def test_release_predicate_is_strict_and_ignores_zero_weight():

@@ -19,7 +19,7 @@ GW's tie-break. The authors' code breaks ties in C_i[u] by each user's record
 order; ``tie_break='first-occurrence'`` does the same and is checked two-sided
 on both datasets (measured expected-count sd per run: rails 6.0, 8 runs,
 margin 7.9 sd of the mean; reddit 5.1, 5 runs, margin 8.6). The
-specification's default, a keyed item hash shared by all users, gives about
+library's default (docs/gw.md), a keyed item hash shared by all users, gives about
 795-815 on reddit-titles (sd 20-23 per run), 6-8% above the authors: on
 reddit almost every count is 1, so that one ranking decides every walk. The
 default is checked only for not being more than 3% *below* the authors there

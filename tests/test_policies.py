@@ -19,7 +19,7 @@ TOL = 1e-12
 
 
 # ---------------------------------------------------------------------------
-# Exact values of the reference functions (hand-computed from MECHANISMS.md 3).
+# Exact values of the reference functions (hand-computed from docs/mechanisms.md section 4).
 # ---------------------------------------------------------------------------
 
 def test_l1_descent_water_fills_exactly():

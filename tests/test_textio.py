@@ -54,6 +54,14 @@ def test_read_user_items_transform_merges_across_files(tmp_path):
         assert_that(out, equal_to([("u1", {"x": 2, "z": 1}), ("u2", {"y": 1})]))
 
 
+def test_read_user_items_with_malformed_returns_both(tmp_path):
+    (tmp_path / "a.tsv").write_bytes(b"u1\tx\nbad\nu2\ty\nbad\n\tnouser\n")
+    with beam.Pipeline(options=beam_options()) as p:
+        users, malformed = p | ReadUserItems(str(tmp_path / "*"), with_malformed=True)
+        assert_that(users, equal_to([("u1", {"x": 1}), ("u2", {"y": 1})]), label="Users")
+        assert_that(malformed, equal_to([(b"bad", 2), (b"\tnouser", 1)]), label="Malformed")
+
+
 def test_empty_file(tmp_path):
     (tmp_path / "empty.tsv").write_bytes(b"")
     with beam.Pipeline(options=beam_options()) as p:

@@ -63,7 +63,7 @@ def test_laplace_tail_offset_is_zero_when_delta_over_max_items_is_large():
 
 
 # --------------------------------------------------------------------------
-# Discrete-grid noise (specification section 6).
+# Discrete-grid noise (docs/mechanisms.md section 7).
 # --------------------------------------------------------------------------
 
 @pytest.mark.parametrize("scale", [1e-3, 0.3, 1.0, 2.0, 3.0, 11.0, 2.0 ** 40, 1e300])

@@ -1,0 +1,93 @@
+"""The mechanism contract and the one parameter declaration (issue #15)."""
+import dataclasses
+import inspect
+
+import pytest
+
+from beam_dpsu import core
+from beam_dpsu.mechanisms import Mechanism, params
+from beam_dpsu.mechanisms.base import ThresholdMechanism
+from beam_dpsu.noise import RunKey
+from beam_dpsu.registry import REGISTRY, MechanismParams, make_mechanism
+from beam_dpsu.topk import TopKMechanism
+from pipelines import compare, select_partitions, top_k
+
+
+def _built():
+    out = []
+    for name, entry in sorted(REGISTRY.items()):
+        kwargs = {"epsilon": 1.0, "delta": 1e-5}
+        if "public_counts" in entry.accepts:
+            continue  # needs a file; GWKT is covered by test_pinned_releases
+        out.append(make_mechanism(name, **kwargs))
+    return out + [TopKMechanism(3, 1.0, 1e-5)]
+
+
+@pytest.mark.parametrize("mechanism", _built(), ids=lambda m: m.name)
+def test_every_mechanism_fulfils_the_contract(mechanism):
+    assert isinstance(mechanism, Mechanism)
+    for method in ("expand_per_user", "run_local", "describe"):
+        assert getattr(type(mechanism), method) is not getattr(Mechanism, method) or \
+            method == "describe", method
+    rule = inspect.signature(type(mechanism).release_rule)
+    assert list(rule.parameters) == ["self", "run_key", "round_index"]
+    assert rule.parameters["round_index"].default == 0
+    mechanism.describe()
+    per_user = {f"u{i}": {"a": 1, f"own{i}": 1} for i in range(50)}
+    key = RunKey.from_test_seed(4)
+    assert core.run_local(per_user, mechanism, key) == mechanism.run_local(per_user, key)
+
+
+def test_threshold_mechanisms_release_what_their_rule_keeps():
+    m = make_mechanism("weighted-laplace", epsilon=1.0, delta=1e-5)
+    assert isinstance(m, ThresholdMechanism)
+    per_user = {f"u{i}": {"a": 1, "b": 1} for i in range(40)}
+    key = RunKey.from_test_seed(5)
+    rule = m.release_rule(key)
+    assert m.run_local(per_user, key) == {
+        item for item, w in m.histogram_local(per_user, key).items() if rule(item, w)}
+
+
+def test_core_run_local_dispatches_by_method_only():
+    source = inspect.getsource(core.run_local)
+    assert "isinstance" not in source and "getattr" not in source
+
+
+def test_mechanism_params_are_the_declared_parameters():
+    assert [f.name for f in dataclasses.fields(MechanismParams)] == list(params.MECHANISM_PARAMS)
+    for entry in REGISTRY.values():
+        assert entry.accepts <= set(params.MECHANISM_PARAMS), entry.name
+    with pytest.raises(ValueError, match="undeclared"):
+        from beam_dpsu.registry import register
+        register("bogus", lambda p: None, {"nope"}, "")
+    assert "bogus" not in REGISTRY
+
+
+def _flags(parser):
+    return {a.dest: a.option_strings[0] for a in parser._actions if a.option_strings}
+
+
+def test_every_tool_builds_its_flags_from_the_declaration():
+    declared = {n: p.cli_flag for n, p in params.ALL_PARAMS.items()}
+    for parser, names in [
+            (select_partitions.build_parser(), list(params.MECHANISM_PARAMS)),
+            (top_k.build_parser(), ["k", "k_bar", "epsilon", "delta", "max_items",
+                                    "with_counts"]),
+            (compare.build_parser(), ["epsilon", "delta"] + list(compare.SHARED)
+             + ["allow_unproven"])]:
+        got = _flags(parser)
+        for name in names:
+            assert got[name] == declared[name], name
+    from beam_dpsu import audit
+    got = _flags(audit.build_parser())
+    assert all(got[n] == declared[n] for n in params.MECHANISM_PARAMS)
+
+
+def test_messages_name_declared_parameters_as_flags():
+    assert params.as_flags("max_items_per_user must be an integer >= 1, got 0") == \
+        "--max-items-per-user must be an integer >= 1, got 0"
+    assert params.as_flags("k_bar must be >= k=5, got 3") == "--k-bar must be >= k=5, got 3"
+    assert params.as_flags("epsilon must be > 0") == "--epsilon must be > 0"
+    assert params.as_flags("with_counts (Algorithm 1) needs max_items_per_user (Δ)") == \
+        "--with-counts (Algorithm 1) needs --max-items-per-user (Δ)"
+    assert params.as_flags("the delta is too small") == "the delta is too small"

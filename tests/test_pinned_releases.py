@@ -1,0 +1,121 @@
+"""Pinned releases: the exact sets every mechanism releases under a test seed.
+
+A refactoring must not change what any mechanism releases. These digests were
+computed on the code before the mechanism families were reorganised (issue
+#15); the Beam-free run (``core.run_local`` / ``topk.top_k_local``) and the
+Beam run (``SelectPartitions`` / ``TopK``) must both reproduce them.
+"""
+import hashlib
+
+import apache_beam as beam
+import pytest
+from apache_beam.testing.util import assert_that, equal_to
+
+from beam_dpsu import core, synthetic
+from beam_dpsu.mechanisms import (CountGaussian, CountLaplace, SelectPartitions,
+                                  TruncatedGeometric, WeightedGaussian, WeightedGaussianZcdp,
+                                  WeightedLaplace)
+from beam_dpsu.noise import RunKey
+from beam_dpsu.ordered import GW, GWKT, PolicyGaussian, PolicyLaplace
+from beam_dpsu.sips import Sips
+from beam_dpsu.topk import TopK, TopKMechanism, top_k_local
+
+from conftest import beam_options
+
+SEED = 1515
+EPS, DELTA = 3.0, 1e-5
+
+
+def _public_counts():
+    return {f"i{j}": 1000 // j for j in range(1, 60)}
+
+
+def mechanisms():
+    return {
+        "truncated-geometric": TruncatedGeometric(EPS, DELTA, 5),
+        "count-laplace": CountLaplace(EPS, DELTA, 5),
+        "count-gaussian": CountGaussian(EPS, DELTA, 5),
+        "weighted-laplace": WeightedLaplace(EPS, DELTA, 5),
+        "weighted-gaussian": WeightedGaussian(EPS, DELTA, 5),
+        "weighted-gaussian-zcdp": WeightedGaussianZcdp(0.2, DELTA, 5),
+        "sips": Sips(0.2, DELTA, 5, rounds=3),
+        "sips-from-dp": Sips.from_dp(EPS, DELTA, 5, rounds=2, ratio=0.5),
+        "policy-laplace": PolicyLaplace(EPS, DELTA, 5),
+        "policy-gaussian": PolicyGaussian(EPS, DELTA, 5),
+        "gw": GW(EPS, DELTA),
+        "gw-first-occurrence": GW(EPS, DELTA, tie_break="first-occurrence", max_items=7),
+        "gw-published": GW(EPS, DELTA, variant="published"),
+        "gw-kt": GWKT(EPS, DELTA, _public_counts()),
+    }
+
+
+def topk_mechanisms():
+    return {
+        "top-k-gumbel": TopKMechanism(10, EPS, DELTA, k_bar=15),
+        "top-k-gumbel-restricted": TopKMechanism(10, EPS, DELTA, max_items=5),
+        "top-k-laplace": TopKMechanism(8, EPS, DELTA, max_items=5, with_counts=True),
+    }
+
+
+EXPECTED = {
+    "truncated-geometric": "fcfaf88ac58c4751",
+    "count-laplace": "c9045f7cac9bf2a4",
+    "count-gaussian": "6d2a6245e94c9c34",
+    "weighted-laplace": "c7093c72ab96e233",
+    "weighted-gaussian": "6d2a6245e94c9c34",
+    "weighted-gaussian-zcdp": "6ee9c587e3be09aa",
+    "sips": "730ed0ad7c098715",
+    "sips-from-dp": "d82221f38a5aa29e",
+    "policy-laplace": "f8e15cfce79f4052",
+    "policy-gaussian": "6ee9c587e3be09aa",
+    "gw": "04c4d9995e5625cf",
+    "gw-first-occurrence": "fb7db5c056927e49",
+    "gw-published": "1e085111193f4598",
+    "gw-kt": "a2ad943e48df7ee7",
+    "top-k-gumbel": "2cf081473ae7310a",
+    "top-k-gumbel-restricted": "7bbd681d4b6affd4",
+    "top-k-laplace": "c3ad5f3145d05322",
+}
+
+
+def _per_user():
+    return core.per_user_counts(synthetic.occurrences(3000, seed=3, max_occurrences=40))
+
+
+def digest(released) -> str:
+    return hashlib.sha256(repr(sorted(map(repr, released))).encode()).hexdigest()[:16]
+
+
+def local_digests():
+    per_user, key = _per_user(), RunKey.from_test_seed(SEED)
+    out = {name: digest(core.run_local(per_user, m, key)) for name, m in mechanisms().items()}
+    out.update({name: digest(top_k_local(per_user, m, key))
+                for name, m in topk_mechanisms().items()})
+    return out
+
+
+def test_local_releases_are_pinned():
+    assert local_digests() == EXPECTED
+
+
+def _digest_of_list(name):
+    def f(released):
+        return name, digest(released)
+    return f
+
+
+def test_beam_releases_are_pinned():
+    per_user = list(_per_user().items())
+    with beam.Pipeline(options=beam_options()) as p:
+        users = p | beam.Create(per_user, reshuffle=False)
+        results = []
+        for name, m in list(mechanisms().items()) + list(topk_mechanisms().items()):
+            key = RunKey.from_test_seed(SEED)
+            if isinstance(m, TopKMechanism):
+                released = users | f"T_{name}" >> TopK(m, key, per_user=True)
+            else:
+                released = users | f"S_{name}" >> SelectPartitions(m, key, per_user=True)
+            results.append(released
+                           | f"L_{name}" >> beam.combiners.ToList()
+                           | f"D_{name}" >> beam.Map(_digest_of_list(name)))
+        assert_that(tuple(results) | beam.Flatten(), equal_to(sorted(EXPECTED.items())))
