@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any, Dict, Hashable, Iterable, Optional, Tuple
 
 import apache_beam as beam
+from apache_beam import typehints
 from apache_beam.transforms import window
 from apache_beam.utils.windowed_value import WindowedValue
 
@@ -24,6 +25,7 @@ from beam_dpsu.calibration import check_max_items
 from beam_dpsu.noise import RunKey, encode_value, keyed_generator
 
 ItemCounts = Dict[Hashable, int]
+KV_ANY = typehints.Tuple[Any, Any]
 
 # Where outputs of finish_bundle go: the library aggregates in the global window.
 GLOBAL_WINDOWS = (window.GlobalWindow(),)
@@ -265,6 +267,9 @@ class PerUserItemCounts(beam.PTransform):
             return (occurrences
                     | "AggregateInBundle" >> beam.ParDo(self._aggregate_fn(occurrences))
                     | "MergePerUser" >> beam.CombinePerKey(MergeItemCountsFn()))
+        if not typehints.typehints.is_consistent_with(occurrences.element_type, KV_ANY):
+            # e.g. typed only as ``tuple``: Beam's key-value type check would refuse it.
+            occurrences = occurrences | "AsPairs" >> beam.Map(tuple).with_output_types(KV_ANY)
         return (occurrences
                 | "CountPerUser" >> beam.CombinePerKey(_CountItemsFn())
                 | "DropRejected" >> beam.ParDo(_DropRejectedDoFn()))
