@@ -63,19 +63,30 @@ def add_user_to_histogram(histogram: Dict[Any, float], items, weighting: str) ->
         histogram[item] = get(item, 0.0) + w
 
 
+# CRC32 of the type tag of a string's canonical bytes (``encode_value``): the
+# CRC of ``b"s" + utf8`` is ``crc32(utf8, _CRC_STR_TAG)``.
+_CRC_STR_TAG = zlib.crc32(b"s")
+
+
 def item_shard(item: Any, num_shards: int) -> int:
     """A deterministic shard in [0, num_shards) of an item (CRC32 of its canonical bytes).
 
     Sharding only groups items for efficiency; it has no privacy role.
     """
+    if type(item) is str:
+        return zlib.crc32(item.encode("utf-8", "surrogatepass"), _CRC_STR_TAG) % num_shards
     return zlib.crc32(encode_value(item)) % num_shards
 
 
 def shard_histogram(hist: Dict[Any, float], num_shards: int) -> Dict[int, Dict[Any, float]]:
-    """Splits ``{item: weight}`` into ``{shard: {item: weight}}``."""
+    """Splits ``{item: weight}`` into ``{shard: {item: weight}}`` (shards by ``item_shard``)."""
     out: Dict[int, Dict[Any, float]] = {}
+    crc, tag = zlib.crc32, _CRC_STR_TAG
     for item, w in hist.items():
-        s = item_shard(item, num_shards)
+        if type(item) is str:
+            s = crc(item.encode("utf-8", "surrogatepass"), tag) % num_shards
+        else:
+            s = crc(encode_value(item)) % num_shards
         part = out.get(s)
         if part is None:
             out[s] = {item: w}

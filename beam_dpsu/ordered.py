@@ -16,8 +16,9 @@ How the transform works
    user gets the sort key ``keyed_hash64(run_key.subkey('order'),
    encode_value(user))``. Users are grouped per bundle into 2^bucket_bits
    buckets by the top bits of that hash (paying Beam's per-element cost once
-   per bucket and bundle), and ``(id, item)`` pairs are sent to a side output
-   (once per bundle and item).
+   per bucket and bundle), and the bundle's ``{id: item}`` map goes to a side
+   output in ``ID_SHARDS`` shards by the low bits of the id (one element per
+   shard and bundle; the shards are merged per shard with ``CombinePerKey``).
 2. ``SortBuckets`` (parallel): each bucket is grouped and sorted by (sort hash,
    canonical bytes of the user id), then packed into two byte strings (the
    users' id counts and their ids). Bucket b precedes bucket b + 1 in the
@@ -26,12 +27,14 @@ How the transform works
    bucket and, when the event-time timer at the end of the global window fires
    (all users have arrived), reads the buckets in order, applies
    ``policy.update`` user by user to an in-memory ``{item id: weight}``
-   histogram and emits ``(id, weight)`` for the ids with weight > 0. Reading
-   a few packed buckets instead of one state entry per user is what makes
-   this stage fast.
-4. ``ToItems`` (parallel): ids are mapped back to items with the side input
-   built from step 1 (distinct items that share an id make the pipeline fail
-   with ``policies.ItemIdCollision``; probability about n²/2^64).
+   histogram and emits the ids with weight > 0 as ``(shard, {id: weight})``.
+   Reading a few packed buckets instead of one state entry per user is what
+   makes this stage fast.
+4. ``JoinShards``/``ToItems`` (parallel): each shard's weights are joined with
+   the same shard's id map from step 1 (``CoGroupByKey``) and emitted as
+   ``(item, weight)`` (distinct items that share an id make the pipeline fail
+   with ``policies.ItemIdCollision``; probability about n²/2^64). No worker
+   holds the whole id map, and nothing is a per-item shuffle or side input.
 
 State and runners (``state`` argument)
 --------------------------------------
@@ -114,13 +117,40 @@ def decode_ids(blob: bytes) -> List[int]:
 # Step 1: prepare users (parallel) and sort them by bucket (parallel).
 # ---------------------------------------------------------------------------
 
+#: Item ids are grouped into this many shards (by their low bits) wherever the
+#: transform ships per-item data (the id → item map, the finished histogram), so
+#: that Beam's per-element cost is paid per shard and bundle, not per item.
+ID_SHARDS = 1024
+_ID_SHARD_MASK = ID_SHARDS - 1
+
+
+def shard_ids(id_to_value: Mapping[int, Any]) -> Dict[int, Dict[int, Any]]:
+    """``{id: value}`` → ``{shard: {id: value}}`` with shard = ``id % ID_SHARDS``."""
+    out: Dict[int, Dict[int, Any]] = {}
+    for i, v in id_to_value.items():
+        part = out.get(i & _ID_SHARD_MASK)
+        if part is None:
+            out[i & _ID_SHARD_MASK] = {i: v}
+        else:
+            part[i] = v
+    return out
+
+
+def _collision():
+    return policies.ItemIdCollision(
+        "two distinct items share a 63-bit item id; rerun with a fresh run key")
+
+
 @beam.typehints.with_output_types(Tuple[int, Any])
 class _PrepareDoFn(beam.DoFn):
-    """(user, counts) → (bucket, [(sort hash, user bytes, encoded ids)]); side output (id, item).
+    """(user, counts) → (bucket, [(sort hash, user bytes, encoded ids)]); side output
+    (shard, {id: item}).
 
     The bucket is the top ``bucket_bits`` bits of the user's sort hash, so
     buckets in increasing order hold the users in increasing hash order.
-    Users are grouped per bucket inside a bundle before they are emitted.
+    Users are grouped per bucket inside a bundle before they are emitted, and
+    the bundle's items are collected into one ``{id: item}`` map, emitted in
+    ``ID_SHARDS`` shards (one element per shard and bundle, not per item).
     """
 
     IDS = "ids"
@@ -144,9 +174,24 @@ class _PrepareDoFn(beam.DoFn):
     def start_bundle(self):
         self._buckets: Dict[int, list] = {}
         self._pending_pairs = 0
-        self._seen = set()
+        self._item_ids: Dict[Any, int] = {}  # this bundle's items → ids
         self._n_users = self._n_pairs = 0
         self._elapsed = 0.0
+
+    def _id_shards(self):
+        """The bundle's ``{id: item}`` map in shards (fails on an id collision)."""
+        id_to_item = {i: item for item, i in self._item_ids.items()}
+        if len(id_to_item) != len(self._item_ids):
+            raise _collision()
+        self._item_ids = {}
+        return shard_ids(id_to_item).items()
+
+    def _flush(self):
+        for entry in self._buckets.items():
+            yield runners.main_output(entry, self._envelope)
+        for part in self._id_shards():
+            yield runners.tag(part, self.IDS, self._envelope)
+        self._buckets, self._pending_pairs = {}, 0
 
     def process(self, element, key_bytes, public_counts=None):
         t0 = time.perf_counter()
@@ -165,26 +210,28 @@ class _PrepareDoFn(beam.DoFn):
         self._n_users += 1
         self._n_pairs += len(ids)
         self._pending_pairs += len(ids)
-        seen = self._seen
-        item_id = policy.item_ids
-        for item in items:
-            i = item_id(item)
-            if i not in seen:
-                seen.add(i)
-                yield runners.tag((i, item), self.IDS, self._envelope)
-        if self._pending_pairs >= self.FLUSH_PAIRS:
-            for entry in self._buckets.items():
-                yield runners.main_output(entry, self._envelope)
-            self._buckets, self._pending_pairs = {}, 0
+        known = self._item_ids
+        if getattr(policy, "ids_follow_items", False):  # ids[k] is the id of the k-th item
+            for item, i in zip(items, ids):
+                if item not in known:
+                    known[item] = i
+        else:
+            item_id = policy.item_ids
+            for item in items:
+                if item not in known:
+                    known[item] = item_id(item)
         self._elapsed += time.perf_counter() - t0
+        if self._pending_pairs >= self.FLUSH_PAIRS:
+            yield from self._flush()
 
     def finish_bundle(self):
         gw = window.GlobalWindow()
         ts = gw.max_timestamp()
         for bucket, users in self._buckets.items():
             yield WindowedValue((bucket, users), ts, [gw])
+        for part in self._id_shards():
+            yield beam.pvalue.TaggedOutput(self.IDS, WindowedValue(part, ts, [gw]))
         self._buckets, self._pending_pairs = {}, 0
-        self._seen = set()
         self._users.inc(self._n_users)
         self._pairs.inc(self._n_pairs)
         self._micros.inc(int(self._elapsed * 1e6))
@@ -223,7 +270,7 @@ def sort_bucket(element) -> Tuple[int, Tuple[int, bytes, bytes]]:
 # ---------------------------------------------------------------------------
 
 class _SequentialBase(beam.DoFn):
-    """Shared policy loop: sorted buckets of users → histogram → (id, weight > 0)."""
+    """Shared policy loop: sorted buckets of users → histogram → (shard, {id: weight > 0})."""
 
     def setup(self):
         from beam_dpsu import kernels
@@ -243,9 +290,16 @@ class _SequentialBase(beam.DoFn):
              for lengths, ids in packed_buckets), self._policy)
 
     def _emit(self, hist):
+        """``(shard, {id: weight})`` for the ids with weight > 0, ``ID_SHARDS`` shards."""
+        out: Dict[int, Dict[int, float]] = {}
         for i, w in hist:
             if w > 0:
-                yield i, w
+                part = out.get(i & _ID_SHARD_MASK)
+                if part is None:
+                    out[i & _ID_SHARD_MASK] = {i: w}
+                else:
+                    part[i] = w
+        yield from out.items()
 
 
 _BUCKET_CODER = coders.TupleCoder([coders.BytesCoder(), coders.BytesCoder()])
@@ -316,32 +370,44 @@ class _GbkSequentialDoFn(_SequentialBase):
 # Step 3: ids back to items.
 # ---------------------------------------------------------------------------
 
-class _SameItemFn(beam.CombineFn):
-    """Combines the items seen for one id; fails if two distinct items share it."""
-
-    _EMPTY = ("__beam_dpsu_no_item__",)
+class _MergeIdMapsFn(beam.CombineFn):
+    """Merges ``{id: item}`` maps of one shard; fails if two distinct items share an id."""
 
     def create_accumulator(self):
-        return self._EMPTY
+        return {}
 
-    def add_input(self, acc, item):
-        if acc is self._EMPTY or acc == self._EMPTY:
-            return item
-        if acc != item:
-            raise policies.ItemIdCollision(
-                "two distinct items share a 63-bit item id; rerun with a fresh run key")
+    def add_input(self, acc, id_to_item):
+        if not acc:
+            return dict(id_to_item)
+        get = acc.get
+        for i, item in id_to_item.items():
+            old = get(i)
+            if old is None:
+                acc[i] = item
+            elif old != item:
+                raise _collision()
         return acc
 
     def merge_accumulators(self, accs):
-        out = self._EMPTY
-        for a in accs:
-            if a == self._EMPTY:
-                continue
-            out = self.add_input(out, a)
-        return out
+        merged = {}
+        for acc in accs:
+            if len(acc) > len(merged):
+                merged, acc = dict(acc), merged
+            merged = self.add_input(merged, acc) if merged else dict(acc)
+        return merged
 
     def extract_output(self, acc):
         return acc
+
+
+def _join_shard(element):
+    """``(shard, {'w': [{id: weight}...], 'ids': [{id: item}...]})`` → ``(item, weight)``."""
+    _, grouped = element
+    maps = list(grouped["ids"])
+    id_to_item = maps[0] if len(maps) == 1 else _MergeIdMapsFn().merge_accumulators(maps)
+    for weights in grouped["w"]:
+        for i, w in weights.items():
+            yield id_to_item[i], w
 
 
 def _read_text_lines(pattern):
@@ -350,11 +416,6 @@ def _read_text_lines(pattern):
         with FileSystems.open(path) as f:
             for line in f:
                 yield line.decode("utf-8").rstrip("\r\n")
-
-
-def _to_item(element, id_to_item):
-    i, w = element
-    return id_to_item[i], w
 
 
 # The sequential stage needs a policy object only for its cutoff and update
@@ -492,8 +553,10 @@ class OrderedUserPolicy(beam.PTransform):
             seq_fn = (_OrderedListDoFn if state == "ordered_list" else _BagDoFn)(
                 self._update_policy)
             weights = sorted_buckets | "Sequential" >> beam.ParDo(seq_fn)
-        id_to_item = ids | "ItemPerId" >> beam.CombinePerKey(_SameItemFn())
-        return weights | "ToItems" >> beam.Map(_to_item, beam.pvalue.AsDict(id_to_item))
+        id_maps = ids | "ItemPerId" >> beam.CombinePerKey(_MergeIdMapsFn())
+        return ({"w": weights, "ids": id_maps}
+                | "JoinShards" >> beam.CoGroupByKey()
+                | "ToItems" >> beam.FlatMap(_join_shard))
 
 
 # ---------------------------------------------------------------------------

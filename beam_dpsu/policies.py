@@ -388,6 +388,9 @@ class UserPolicy:
 class _SampledPolicy(UserPolicy):
     """A policy over a uniformly random Δ0-subset of each user's distinct items."""
 
+    #: ``prepare`` returns ``(ids, items)`` with ``ids[k]`` the id of the k-th item.
+    ids_follow_items = True
+
     def __init__(self, cutoff: float, max_items: int, sample_key: bytes, item_key: bytes):
         super().__init__(cutoff, item_key)
         self.max_items = check_max_items(max_items)
@@ -397,7 +400,7 @@ class _SampledPolicy(UserPolicy):
         if not counts:
             return [], ()
         kept = sample_items(user, counts, self.max_items, self._sample_key)
-        return list(map(self.item_ids, kept)), kept
+        return self.item_ids.many(kept), kept
 
 
 class L1DescentPolicy(_SampledPolicy):
@@ -458,6 +461,16 @@ class ItemIds:
                 self._cache.clear()
             i = self._cache[item] = keyed_hash64(self._key, encode_value(item)) >> 1
         return i
+
+    def many(self, items: Iterable[Hashable]) -> List[int]:
+        """``[self(item) for item in items]``, with the cache lookups done in C."""
+        items = items if isinstance(items, (list, tuple)) else list(items)
+        ids = list(map(self._cache.get, items))
+        if None in ids:
+            for k, i in enumerate(ids):
+                if i is None:
+                    ids[k] = self(items[k])
+        return ids
 
 
 _ID_MASK = (1 << 63) - 1

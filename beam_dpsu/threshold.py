@@ -21,9 +21,10 @@ import apache_beam as beam
 import numpy as np
 
 from beam_dpsu import calibration, keys
-from beam_dpsu.noise import KeyedNoise, RunKey, encode_value
+from beam_dpsu.noise import KeyedNoise, RunKey, encode_value, keyed_hash64
 
 NOISE_KINDS = ("laplace", "gaussian")
+_SIGN_BIT = 1 << 63
 
 
 def check_noisy_threshold(noise: str, scale: float, threshold: float) -> None:
@@ -51,11 +52,27 @@ class NoisyThresholdRule:
         check_noisy_threshold(noise, scale, threshold)
         self.threshold = float(threshold)
         self._noise = KeyedNoise(run_key, noise, scale, purpose)
+        self._key = self._noise._key
 
     def __call__(self, item: Any, weight: float) -> bool:
         if not weight > 0:
             return False
-        return weight + self._noise(encode_value(item)) > self.threshold
+        # The same decision as ``weight + noise(item) > threshold``, with the
+        # noise's inverse CDF skipped where its sign alone decides: the noise
+        # is ``-m`` or ``+m`` with magnitude m >= 0 by the top bit of the item's
+        # keyed hash (``noise._sign_and_tail``), so a negative draw can never lift
+        # a weight <= T above T, and a positive one always keeps a weight > T.
+        # Both shortcuts are exact (no rounding is involved); everything else
+        # is the full computation.
+        encoded = (b"s" + item.encode("utf-8", "surrogatepass") if type(item) is str
+                   else encode_value(item))
+        bits = keyed_hash64(self._key, encoded)
+        if weight <= self.threshold:
+            if bits & _SIGN_BIT:
+                return False
+        elif not bits & _SIGN_BIT:
+            return True
+        return weight + self._noise._sampler(bits, self._noise.scale) > self.threshold
 
 
 class TruncatedGeometricRule:

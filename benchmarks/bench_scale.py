@@ -1,14 +1,29 @@
-"""Wall time and peak memory of select_partitions on synthetic data at scale.
+"""Wall time, CPU time and peak memory of select_partitions at scale, alternated.
 
-Generates N synthetic users (Synthetic_80M recipe, ``pipelines.generate``) once,
-then runs each requested mechanism in its own child process (so each peak RSS
-is that pipeline's alone) on the DirectRunner, and prints one JSON line per run
-plus a Markdown table.
+Generates N synthetic users (Synthetic_80M recipe, ``pipelines.generate``) once
+(or reuses ``--keep PATH``), then runs, alternating round by round, each
+requested configuration in its own child process (so each peak RSS is that
+run's alone) on the DirectRunner:
 
-    python benchmarks/bench_scale.py [--users 100000] [--mechanisms weighted-gaussian sips]
-        [--max-items-per-user 100] [--keep PATH]
+* ``cli:<mechanism>``: ``pipelines.select_partitions`` on the input, one worker;
+* ``cli2:<mechanism>``: the same with ``--direct_num_workers=2
+  --direct_running_mode=multi_processing``;
+* ``plain:<mechanism>``: ``benchmarks/plain_inmemory.py``, the same mechanism
+  in plain in-memory Python + numpy (the floor);
 
-Peak memory is the child's maximum resident set size (``ru_maxrss``).
+and prints one line per run, then per configuration the median wall time
+(min–max), the median CPU time (the child's and its workers'), the median
+peak RSS and the ratio of medians to the named ``--baseline``.
+
+    python benchmarks/bench_scale.py --keep /tmp/syn100k.tsv.gz --repeats 3 \\
+        --configs plain:weighted-gaussian cli:weighted-gaussian
+    python benchmarks/bench_scale.py --input '/tmp/syn8/part-*' --repeats 3 \\
+        --configs cli:weighted-gaussian cli2:weighted-gaussian
+
+``--input`` reuses existing files (a glob); ``benchmarks/split_input.py`` splits a
+file into N files by user. Peak memory is the child's maximum resident set
+(``ru_maxrss``; with two workers, the largest of the child and its workers).
+The mechanisms use ε = 3, δ = 1e-5 (sips: ρ = 0.1) and Δ0 = 100 unless given.
 """
 from __future__ import annotations
 
@@ -16,6 +31,8 @@ import argparse
 import json
 import os
 import pathlib
+import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -24,13 +41,10 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 FLAGS = {
-    "weighted-gaussian": ["--epsilon", "1", "--delta", "1e-6"],
-    "count-gaussian": ["--epsilon", "1", "--delta", "1e-6"],
-    "weighted-laplace": ["--epsilon", "1", "--delta", "1e-6"],
     "sips": ["--rho", "0.1", "--delta", "1e-5"],
-    "policy-gaussian": ["--epsilon", "1", "--delta", "1e-6"],
-    "gw": ["--epsilon", "1", "--delta", "1e-6"],
 }
+DEFAULT_FLAGS = ["--epsilon", "3", "--delta", "1e-5"]
+TWO_WORKERS = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
 
 CHILD = r"""
 import json, resource, sys, time
@@ -38,19 +52,43 @@ from pipelines import select_partitions
 start = time.time()
 summary = select_partitions.run(sys.argv[1:])
 summary["child_wall_seconds"] = time.time() - start
-summary["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+summary["peak_rss_mib"] = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+                              resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024
 print("RESULT " + json.dumps(summary))
 """
 
 
-def run_child(args):
+def _children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def run_child(cmd):
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, "-c", CHILD] + args, capture_output=True, text=True,
-                          env=env, cwd=str(ROOT))
+    c0, t0 = _children_cpu(), time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=str(ROOT))
+    wall, cpu = time.perf_counter() - t0, _children_cpu() - c0
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    raise RuntimeError(f"child failed: {proc.stderr[-2000:]}")
+            return json.loads(line[len("RESULT "):]), wall, cpu
+    raise RuntimeError(f"child failed: {proc.stderr[-3000:]}")
+
+
+def run_config(config, data, tmp, max_items):
+    kind, name = config.split(":", 1)
+    flags = FLAGS.get(name, DEFAULT_FLAGS) + ["--max-items-per-user", str(max_items)]
+    if kind == "plain":
+        s, wall, cpu = run_child([sys.executable, str(ROOT / "benchmarks" / "plain_inmemory.py"),
+                                  "--input", data, "--mechanism", name] + flags)
+        return {"released": s["released"], "users": s["users"], "inner_s": s["wall_seconds"],
+                "peak_rss_mib": s["peak_rss_mib"]}, wall, cpu
+    out = os.path.join(tmp, f"{name}-{time.time_ns()}")
+    cmd = [sys.executable, "-c", CHILD, "--input", data, "--output", out,
+           "--mechanism", name] + flags + (TWO_WORKERS if kind == "cli2" else [])
+    s, wall, cpu = run_child(cmd)
+    details = s["PRIVATE_run_details"]  # exact counts and timings: owner-only
+    return {"released": s["num_released"], "users": details["num_users"],
+            "inner_s": details["wall_seconds"], "peak_rss_mib": s["peak_rss_mib"]}, wall, cpu
 
 
 def main(argv=None) -> int:
@@ -58,34 +96,46 @@ def main(argv=None) -> int:
     p.add_argument("--users", type=int, default=100_000)
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic DATA (not of a "
                    "release: every pipeline run draws a fresh key)")
-    p.add_argument("--mechanisms", nargs="+", default=["weighted-gaussian", "sips"])
-    p.add_argument("--max-items-per-user", type=int, default=100)
+    p.add_argument("--input", help="existing input file or glob (skips generation)")
     p.add_argument("--keep", help="reuse/keep the generated data at this path")
+    p.add_argument("--configs", nargs="+",
+                   default=["plain:weighted-gaussian", "cli:weighted-gaussian"],
+                   help="KIND:MECHANISM with KIND in cli, cli2, plain")
+    p.add_argument("--baseline", help="the configuration ratios are taken against "
+                   "(default: the first)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--max-items-per-user", type=int, default=100)
     args = p.parse_args(argv)
+    for c in args.configs:
+        if c.split(":", 1)[0] not in ("cli", "cli2", "plain") or ":" not in c:
+            p.error(f"bad configuration {c!r}")
+    baseline = args.baseline or args.configs[0]
+    runs = {c: [] for c in args.configs}
     with tempfile.TemporaryDirectory() as tmp:
-        data = args.keep or os.path.join(tmp, "synthetic.tsv.gz")
-        if not os.path.exists(data):
+        data = args.input or args.keep or os.path.join(tmp, "synthetic.tsv.gz")
+        if not args.input and not os.path.exists(data):
             start = time.time()
             from beam_dpsu import synthetic
             lines = synthetic.write_tsv(data, args.users, args.seed)
             print(json.dumps({"generated": data, "users": args.users, "lines": lines,
                               "seconds": round(time.time() - start, 1)}), flush=True)
-        rows = []
-        for name in args.mechanisms:
-            flags = ["--mechanism", name] + FLAGS.get(name, []) + (
-                ["--max-items-per-user", str(args.max_items_per_user)]
-                if name not in ("gw", "gw-kt") else [])
-            s = run_child(["--input", data, "--output", os.path.join(tmp, name)] + flags)
-            details = s["PRIVATE_run_details"]  # exact counts and timings: owner-only
-            row = {"mechanism": name, "users": details["num_users"],
-                   "released": s["num_released"], "pipeline_seconds": details["wall_seconds"],
-                   "peak_rss_mib": round(s["peak_rss_mib"], 1)}
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-    print("\n| mechanism | users | released | pipeline s | peak RSS MiB |\n|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['mechanism']} | {r['users']} | {r['released']} | {r['pipeline_seconds']} | "
-              f"{r['peak_rss_mib']} |")
+        for r in range(args.repeats):
+            for c in args.configs:
+                row, wall, cpu = run_config(c, data, tmp, args.max_items_per_user)
+                runs[c].append((wall, cpu, row))
+                print(json.dumps({"round": r, "config": c, "wall_s": round(wall, 2),
+                                  "cpu_s": round(cpu, 2), **row}), flush=True)
+    base = statistics.median(w for w, _, _ in runs[baseline])
+    print(f"\n| configuration | median wall s (min–max) | median CPU s | peak RSS MiB | "
+          f"released | ratio to {baseline} |\n|---|---|---|---|---|---|")
+    for c in args.configs:
+        walls = [w for w, _, _ in runs[c]]
+        m = statistics.median(walls)
+        cpu = statistics.median(x for _, x, _ in runs[c])
+        rss = statistics.median(row["peak_rss_mib"] for _, _, row in runs[c])
+        rel = ", ".join(str(row["released"]) for _, _, row in runs[c])
+        print(f"| {c} | {m:.2f} ({min(walls):.2f}–{max(walls):.2f}) | {cpu:.2f} | {rss:.0f} | "
+              f"{rel} | {m / base:.2f} |")
     return 0
 
 

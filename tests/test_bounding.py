@@ -95,3 +95,18 @@ def test_windowed_input_is_rejected_at_construction():
                 | beam.WindowInto(beam.window.FixedWindows(10)))
     with pytest.raises(ValueError, match="global window"):
         _ = windowed | PerUserItemCounts()
+
+
+def test_per_user_item_counts_designs_agree():
+    occ = [("u1", "a"), ("u1", "a"), ("u1", "b"), ("u2", "a"), (None, "x"), ("u3", None),
+           (None, None), ("u2", "é"), ("u2", "é"), (7, 8)]
+    for design in ("combine", "bundle-dofn"):
+        with beam.Pipeline(options=beam_options()) as p:
+            out = p | beam.Create(occ) | PerUserItemCounts(design=design)
+            assert_that(out, equal_to([("u1", {"a": 2, "b": 1}), ("u2", {"a": 1, "é": 2}),
+                                       (7, {8: 1})]))
+        rejected = p.result.metrics().query(
+            beam.metrics.MetricsFilter().with_name("rejected_none"))["counters"]
+        assert sum(c.committed for c in rejected) == 3
+    with pytest.raises(ValueError, match="design"):
+        PerUserItemCounts(design="other")

@@ -153,3 +153,20 @@ def test_sharded_release_equals_per_item_release():
     with beam.Pipeline(options=beam_options()) as p:
         out = p | beam.Create(shards) | ApplyReleaseRule(make_rule, rk, sharded=True)
         assert_that(out, equal_to(expected))
+
+
+def test_release_rule_shortcut_decides_as_the_full_formula():
+    # The rule skips the inverse CDF where the sign of the noise decides; every
+    # decision must equal weight > 0 and weight + noise(item) > T, computed in full.
+    from beam_dpsu.noise import KeyedNoise, RunKey, encode_value
+    from beam_dpsu.threshold import NoisyThresholdRule
+    rk = RunKey.from_test_seed(11)
+    items = [f"i{k}" for k in range(3000)] + list(range(200)) + [b"\xff", ("t", 1), 2.5]
+    for kind in ("gaussian", "laplace"):
+        for threshold in (-1.0, 0.5, 4.0, 9.0):
+            rule = NoisyThresholdRule(kind, 2.0, threshold, rk)
+            noise = KeyedNoise(rk, kind, 2.0, "noise/0")
+            for k, item in enumerate(items):
+                for weight in (0.0, -1.0, 0.3, threshold, threshold + 1e-9, 4.0 + k % 7, 12.0):
+                    full = weight > 0 and weight + noise(encode_value(item)) > threshold
+                    assert rule(item, weight) == full, (kind, threshold, item, weight)

@@ -311,3 +311,11 @@ def test_policies_validate():
         P.L2DescentPolicy(1.0, 0, b"k" * 32, ITEM_KEY)
     with pytest.raises(ValueError, match="public counts"):
         P.GreedyPolicy(1.0, ITEM_KEY, use_public_counts=True).prepare("u", {"a": 1})
+
+
+def test_item_ids_many_equals_one_by_one():
+    from beam_dpsu.policies import ItemIds
+    ids = ItemIds(b"k" * 32, max_cache=5)
+    items = [f"i{k % 9}" for k in range(40)] + [3, b"x"]
+    assert ids.many(items) == [ItemIds(b"k" * 32)(u) for u in items]
+    assert ids.many({"a": 1, "b": 2}) == [ids("a"), ids("b")]

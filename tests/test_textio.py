@@ -131,3 +131,28 @@ def test_merge_ordered_item_counts_takes_the_earliest_position_whatever_the_merg
 def test_read_per_user_without_a_match(tmp_path):
     with pytest.raises(ValueError, match="no input file matches"):
         textio.read_per_user(str(tmp_path / "nothing-*"))
+
+
+def test_split_files_reads_the_same_users_in_the_same_order(tmp_path):
+    # Blocks of a few bytes: every file is parsed in many blocks on any worker;
+    # the per-user counts and (keep_order) their order equal the one-call reader.
+    import gzip
+    lines = [f"u{i % 7}\titem{(i * 13) % 11}\n" for i in range(300)] + ["bad line\n", "\tx\n"]
+    for k in range(3):
+        with gzip.open(tmp_path / f"part-{k}.tsv.gz", "wt") as f:
+            f.writelines(lines[k::3])
+    pattern = str(tmp_path / "part-*")
+    expected = textio.read_per_user(pattern)
+    for keep_order in (False, True):
+        with beam.Pipeline(options=beam_options()) as p:
+            reader = ReadUserItems(pattern, keep_order=keep_order, split_files=True,
+                                   block_bytes=64, with_malformed=True)
+            users, malformed = p | reader
+            out = users | beam.Map(lambda kv: (kv[0], list(kv[1].items())))
+            want = [(u, list(c.items()) if keep_order else sorted(c.items()))
+                    for u, c in expected.items()]
+            if not keep_order:
+                out = out | beam.Map(lambda kv: (kv[0], sorted(kv[1])))
+            assert_that(out, equal_to(want))
+            assert_that(malformed | beam.Map(lambda kv: kv[1]) | beam.CombineGlobally(sum),
+                        equal_to([2]), label="malformed")
