@@ -54,10 +54,19 @@ def test_weighted_histogram_in_beam(weighting):
 
 
 def released(weight: float, noise: float, threshold: float) -> bool:
-    """The release rule's decision for one item whose noise is fixed to ``noise``."""
+    """The release rule's decision for one item whose noise is fixed to ``noise``.
+
+    The rule reads the noise's sign from the top bit of the item's keyed hash and
+    its value from the sampler (it skips the sampler where the sign decides), so
+    both are fixed here consistently.
+    """
+    from unittest import mock
+    from beam_dpsu import threshold as threshold_module
     rule = NoisyThresholdRule("laplace", 1.0, threshold, RunKey.from_test_seed(0))
-    rule._noise = lambda encoded: noise
-    return rule("item", weight)
+    rule._noise = mock.Mock(scale=1.0, _sampler=lambda bits, scale: noise)
+    sign_bits = (1 << 63) if noise < 0 or (noise == 0 and math.copysign(1, noise) < 0) else 0
+    with mock.patch.object(threshold_module, "keyed_hash64", lambda key, message: sign_bits):
+        return rule("item", weight)
 
 
 def test_release_predicate_is_strict_and_ignores_zero_weight():
