@@ -187,7 +187,7 @@ class SelectPartitions(beam.PTransform):
     shard an item lands in) can follow the input order and reveal which items
     the first users hold. To write a release, collect it (it is small next to
     the data), sort it (e.g. ``bounding.canonical_items``) and write ONE file,
-    as ``pipelines.common.write_items`` does; never write this PCollection
+    as ``beam_dpsu.pipelines.common.write_items`` does; never write this PCollection
     straight to a sharded sink.
 
     Args:

@@ -3,8 +3,8 @@
 Each ``Param`` states a parameter's name (the keyword of the mechanism
 constructors and of ``registry.MechanismParams``), its type, its command-line
 flag and aliases, its help text, its default and its privacy effect. The
-command-line pipelines (``pipelines/select_partitions.py``,
-``pipelines/top_k.py``), the comparison tool (``pipelines/compare.py``) and
+command-line pipelines (``beam_dpsu/pipelines/select_partitions.py``,
+``beam_dpsu/pipelines/top_k.py``), the comparison tool (``beam_dpsu/pipelines/compare.py``) and
 the auditor's command line (``beam_dpsu.audit``) build their flags from it
 (``add_arguments``), and ``as_flags`` names the parameters of a validation
 message as the flags the user typed. A new parameter is declared here once.
