@@ -11,7 +11,9 @@ Usage::
 parameters after colons, e.g.
 ``weighted-gaussian:max_items=300,policy-gaussian:max_items=300:alpha=5,gw,gw-kt``.
 A per-mechanism parameter overrides the shared flag of the same name
-(``max_items``, ``alpha``, ``rounds``, ``ratio``, ``public_counts``);
+(``max_items``, ``alpha``, ``rounds``, ``ratio``, ``public_counts``; Δ0 may
+also be spelled ``max_items_per_user`` or, as PipelineDP calls it,
+``max_partitions_contributed``);
 ``tie_break`` (``gw``, ``gw-kt``) is per mechanism only, e.g.
 ``gw,gw:tie_break=first-occurrence``; likewise ``eta`` and ``variant``
 (``gw:variant=published`` is not proven private and needs ``--allow-unproven``).
