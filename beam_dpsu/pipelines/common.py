@@ -68,6 +68,17 @@ INSECURE_SEED_WARNING = (
     "its output is NOT private and must never be published")
 
 
+#: The meaning of the fields every release's PREFIX.json has besides the
+#: mechanism's own (``describe()["units"]`` explains those).
+RELEASE_UNITS = {
+    "num_released": "number of items in the items file",
+    "items_file": "the file of released items, next to this summary",
+    "seeded": "true when the run used --insecure-test-seed (then NOT private)",
+    "insecure_test_seed": "the insecure test seed, or null (a private run)",
+    "beam_dpsu_version": "version of the library that made the release",
+}
+
+
 class NoWellFormedInput(Exception):
     """The input has no well-formed line: reported as one line, exit status 1."""
 
@@ -598,6 +609,7 @@ def run_release(args, beam_args: Sequence[str],
             " A run with an insecure test seed is NOT private."
             if args.insecure_test_seed is not None else ""),
     })
+    public["units"] = dict(public.get("units") or {}, **RELEASE_UNITS)
     details = {
         "NEVER_PUBLISH": NEVER_PUBLISH_NOTE.replace("PREFIX", os.path.basename(args.output)),
         "num_users": users,
