@@ -11,7 +11,9 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=find_packages(include=["beam_dpsu", "beam_dpsu.*", "pipelines", "pipelines.*"]),
+    # Only beam_dpsu: the checkout's top-level ``pipelines/`` shims are not installed.
+    packages=find_packages(include=["beam_dpsu", "beam_dpsu.*"]),
+    entry_points={"console_scripts": ["beam-dpsu=beam_dpsu.cli:main"]},
     install_requires=[
         "apache-beam>=2.60",
         "numpy>=1.24",

@@ -104,6 +104,7 @@ from scipy.stats import beta as _beta
 
 from beam_dpsu import calibration as cal
 from beam_dpsu import core
+from beam_dpsu import cli
 from beam_dpsu.cli import UsageError, run_main
 from beam_dpsu.mechanisms import Mechanism, params
 from beam_dpsu.noise import RunKey, encode_value, keyed_hash64
@@ -590,7 +591,9 @@ def _csv(choices):
 def build_parser(broken: Optional[Mapping[str, Callable]] = None) -> argparse.ArgumentParser:
     """The auditor's parser; ``--broken`` exists only when ``broken`` variants are given."""
     from beam_dpsu.registry import REGISTRY
-    p = _Parser(prog=PROG, description=__doc__.split("\n")[0], allow_abbrev=False)
+    p = _Parser(prog=cli.command_prog(PROG), description=__doc__.split("\n")[0],
+                allow_abbrev=False)
+    cli.add_output_flags(p)
     p.add_argument("--mechanism", required=True, help="one of: " + ", ".join(sorted(REGISTRY)))
     params.add_arguments(p, list(params.MECHANISM_PARAMS))
     p.add_argument("--trials", type=int, default=FAST_TRIALS,
@@ -638,9 +641,12 @@ def main(argv: Optional[Sequence[str]] = None,
     def body() -> int:
         args, mechanism = parse_args(list(sys.argv[1:] if argv is None else argv), broken)
         plan = default_plan(mechanism, args.scenarios, args.positions)
+        progress = cli.Progress(cli.command_prog(PROG), args.quiet)
+        progress(f"auditing {mechanism.name}: {args.trials} trials per dataset and scenario")
         report = audit(mechanism, args.trials, args.confidence, plan=plan,
                        name=mechanism.name)
         report["broken"] = getattr(args, "broken", None)
+        progress("audit finished")
         print(json.dumps(report, ensure_ascii=False))
         return 0
 

@@ -14,7 +14,7 @@ from typing import Callable, Dict, List, Optional
 from beam_dpsu.mechanisms import (CountGaussian, CountLaplace, Mechanism, TruncatedGeometric,
                                   WeightedGaussian, WeightedGaussianZcdp, WeightedLaplace)
 from beam_dpsu.mechanisms import policy as _policy
-from beam_dpsu.mechanisms.params import MECHANISM_PARAMS, flag, flags
+from beam_dpsu.mechanisms.params import MECHANISM_PARAMS, canonical_keywords, flag, flags
 
 
 def _from_namespace(cls, namespace) -> "MechanismParams":
@@ -70,10 +70,13 @@ def register(name: str, build: Callable[[MechanismParams], Mechanism], accepts, 
 def make_mechanism(name: str, params: Optional[MechanismParams] = None, **kwargs) -> Mechanism:
     """Builds a registered mechanism by name, validating which parameters apply.
 
+    Keywords may use any declared spelling (``max_items``,
+    ``max_items_per_user`` or PipelineDP's ``max_partitions_contributed``).
     Raises ValueError with a one-line message for an unknown name, a parameter
-    that does not apply, a missing one, or a value out of range.
+    that does not apply, a missing one, a parameter given twice, or a value out
+    of range.
     """
-    params = params or MechanismParams(**kwargs)
+    params = params or MechanismParams(**canonical_keywords(kwargs))
     entry = REGISTRY.get(name)
     if entry is None:
         raise ValueError(f"unknown mechanism {name!r}; choose one of: {', '.join(sorted(REGISTRY))}")

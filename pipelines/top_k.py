@@ -1,125 +1,15 @@
-"""Differentially private top-k items of a text file of user-keyed items (Durfee and Rogers).
+"""Checkout shim: the code lives in ``beam_dpsu.pipelines.top_k``.
 
-Usage::
-
-    python -m pipelines.top_k --input PATH --output PREFIX --k K [--k-bar KBAR]
-        --epsilon E --delta D [--max-items-per-user N] [--with-counts] [--overwrite]
-        [--dead-letter PATH] [--insecure-test-seed N]
-        [any Beam pipeline option, e.g. --runner=DirectRunner]
-
-Input: text files (glob allowed, ``.gz``/``.bz2`` decompressed), one
-``user_id<TAB>item`` line per occurrence. Malformed lines are counted and
-skipped, with a one-line warning; input without a well-formed line exits with
-status 1 and releases nothing.
-
-Without ``--with-counts`` this is Algorithm 2 (Gumbel): ``--epsilon`` is the ε
-of each bounded-range selection, and the query is charged ``ℓ + 1`` selections
-(``k`` when it released ``ℓ = k`` items) and δ ("pay what you get", see
-``beam_dpsu.accounting.PayWhatYouGetAccountant``); ``--max-items-per-user`` is
-optional (Δ-restricted sensitivity). The summary's and stdout's ``epsilon`` is
-the stand-alone guarantee of the whole query (k selections); the flag's value
-is ``epsilon_per_selection``. With ``--with-counts`` it is Algorithm 1
-(Laplace, needs ``--max-items-per-user``): ``--epsilon`` is the ε of the whole
-query and noisy counts (on a discrete grid) are released.
-
-Output: ``PREFIX-items-00000-of-00001`` with lines ``rank<TAB>item`` (or
-``rank<TAB>item<TAB>noisy_count``), rank 1 first (the rank order is part of
-the private output); ``PREFIX.json``, publishable, with the calibration, the
-query's guarantee and its charge; ``PREFIX.PRIVATE-run-details.json`` (mode
-0600), the exact counts, input and timings for the data owner, NEVER to be
-published. Outputs of an earlier run are refused unless ``--overwrite``.
-
-Bad parameters exit with status 2 and a one-line message before any data is
-read; other failures exit with status 1 and a one-line message.
+Kept so that ``python -m pipelines.top_k`` and ``from pipelines import top_k``
+work from a checkout; installs use the ``beam-dpsu`` console command.
 """
-from __future__ import annotations
-
 import sys
-from typing import List, Optional, Sequence, Tuple
-
-import apache_beam as beam
-
-from beam_dpsu.mechanisms import params
-from beam_dpsu.noise import RunKey
-from beam_dpsu.textio import ReadUserItems
-from beam_dpsu.topk import TopK, TopKMechanism, format_line
-from pipelines import common
-from pipelines.common import UsageError  # noqa: F401  (re-exported for callers)
-
-PROG = "top_k"
-
-
-def build_parser():
-    p = common.ArgumentParser(PROG, __doc__.split("\n")[0])
-    common.add_io_arguments(p)
-    params.add_arguments(p, ["k", "k_bar", "epsilon", "delta", "max_items"],
-                         required=("k", "epsilon", "delta"), help={
-        "epsilon": "ε > 0: per selection (Gumbel), or of the query (--with-counts)",
-        "delta": "δ of the query (0 < δ < 1)",
-        "max_items": "Δ, distinct items kept per user (integer >= 1); required by "
-                     "--with-counts; default: unrestricted (Gumbel only)"})
-    common.add_dead_letter_argument(p)
-    params.add_arguments(p, ["with_counts"])
-    return p
-
-
-def parse_args(argv: Optional[Sequence[str]]) -> Tuple[object, TopKMechanism, List[str]]:
-    """Parses and validates everything; raises UsageError for any user mistake."""
-    args, beam_args = common.parse_known(build_parser(), argv)
-    try:
-        mechanism = TopKMechanism(k=args.k, k_bar=args.k_bar, epsilon=args.epsilon,
-                                  delta=args.delta, max_items=args.max_items,
-                                  with_counts=args.with_counts)
-    except ValueError as e:
-        raise UsageError(params.as_flags(str(e))) from None
-    return args, mechanism, beam_args
-
-
-def _ranked_text(rows) -> List[str]:
-    rows = sorted(rows, key=lambda r: r[0])
-    return ["\n".join(format_line(r) for r in rows)] if rows else []
-
-
-def build_pipeline(p: beam.Pipeline, input_pattern: str, output_prefix: str,
-                   mechanism: TopKMechanism, run_key: RunKey,
-                   dead_letter: Optional[str] = None) -> None:
-    """Adds the read → top-k → write graph to ``p`` (one output file, rank order)."""
-    per_user, malformed = p | "ReadUserItems" >> ReadUserItems(input_pattern,
-                                                                with_malformed=True)
-    common.write_dead_letter(malformed, dead_letter)
-    ranked = (per_user
-              | "CountUsers" >> beam.ParDo(common.CountUsers())
-              | "TopK" >> TopK(mechanism, run_key, per_user=True))
-    common.write_items(ranked, output_prefix, arrange=_ranked_text)
-
-
-def public_fields(mechanism: TopKMechanism, released: int) -> dict:
-    """The publishable summary: ``epsilon``/``delta`` are the whole query's guarantee."""
-    fields = dict(mechanism.describe())
-    query = fields["query_guarantee"]
-    fields["epsilon_per_selection"] = None if mechanism.with_counts else mechanism.epsilon
-    fields["epsilon"], fields["delta"] = query["epsilon"], query["delta"]
-    fields["epsilon_meaning"] = (
-        "the stand-alone guarantee of the whole query" +
-        ("" if mechanism.with_counts else
-         f" ({mechanism.k} selections of epsilon_per_selection each); its pay-what-you-get "
-         f"charge is in 'charge'"))
-    fields["charge"] = mechanism.charge(released)
-    return fields
-
-
-def run(argv: Optional[Sequence[str]] = None) -> dict:
-    """Runs the pipeline; returns the public summary (also written to PREFIX.json) with
-    the owner-only details (PREFIX.PRIVATE-run-details.json) under "PRIVATE_run_details"."""
-    return common.run_query(argv, parse_args, build_pipeline,
-                            lambda mechanism, result, released: public_fields(mechanism, released))
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    return common.main_wrapper(PROG, run, argv, ("mechanism", "epsilon", "delta",
-                                                 "epsilon_per_selection", "num_released",
-                                                 "charge"))
-
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from beam_dpsu import cli
+
+    sys.exit(cli.run_module("top_k", sys.argv[1:]))
+else:
+    from beam_dpsu.pipelines import top_k as _module
+
+    sys.modules[__name__] = _module  # one module object: patches and imports agree

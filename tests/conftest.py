@@ -6,6 +6,7 @@ is at most 1e-6 (most are 1e-7 or below).
 import math
 import os
 import pathlib
+import re
 
 import pytest
 
@@ -45,3 +46,12 @@ def beam_options(*extra):
 # workers); this process's own str hashing was seeded at start-up. No test
 # may rely on str hash values (test_kernels seeds its data with crc32).
 os.environ.setdefault("PYTHONHASHSEED", "0")
+
+
+#: A progress line of a command (``PROG: [12.3 s] ...``, see ``beam_dpsu.cli.Progress``).
+PROGRESS_LINE = re.compile(r"^[\w -]+: \[\d+\.\d s\] ")
+
+
+def without_progress(err: str) -> list:
+    """The stderr lines of a command that are not progress lines (errors, warnings)."""
+    return [l for l in err.strip().splitlines() if not PROGRESS_LINE.match(l)]

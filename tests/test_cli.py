@@ -9,6 +9,7 @@ import pytest
 
 from beam_dpsu import synthetic
 from pipelines import generate, select_partitions
+from conftest import without_progress
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -100,7 +101,7 @@ def test_empty_input_is_an_error_and_releases_nothing(tmp_path, tmp_prefix, caps
     path.write_bytes(b"")
     assert select_partitions.main(["--input", str(path), "--output", tmp_prefix, "--mechanism",
                                    "weighted-laplace", "--epsilon", "1", "--delta", "1e-6"]) == 1
-    err = capsys.readouterr().err.strip().splitlines()
+    err = without_progress(capsys.readouterr().err)
     assert err == [f"select_partitions: error: no well-formed user<TAB>item line in "
                    f"{str(path)!r} (0 malformed line(s)): nothing released"]
     assert sorted(os.listdir(tmp_path)) == ["empty.tsv"]

@@ -7,6 +7,7 @@ import pytest
 
 from beam_dpsu import synthetic
 from pipelines import compare
+from conftest import without_progress
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -40,7 +41,7 @@ def test_comparison_writes_tables_and_plots(data, tmp_path):
         assert json.load(f)["trials"] == 2
     md = open(os.path.join(out, "results.md"), encoding="utf-8").read()
     assert "| sips rounds=2 | 4 |" in md and "zCDP, converted" in md
-    assert "python -m pipelines.compare" in md
+    assert "beam-dpsu compare" in md
     for name in ("released_vs_epsilon.png", "released_by_users.png"):
         with open(os.path.join(out, name), "rb") as f:
             assert f.read(8) == PNG
@@ -117,7 +118,7 @@ def test_input_without_a_well_formed_line_exits_1(tmp_path, capsys, engine):
     rc = compare.main(["--input", str(path), "--output", str(tmp_path / "o"), "--delta", "1e-6",
                        "--epsilon", "1", "--trials", "1", "--engine", engine,
                        "--mechanisms", "count-gaussian"])
-    err = [l for l in capsys.readouterr().err.splitlines() if l.startswith("compare")]
+    err = [l for l in without_progress(capsys.readouterr().err) if l.startswith("compare")]
     assert rc == 1 and len(err) == 1 and "no well-formed" in err[0], err
     assert not os.path.exists(tmp_path / "o" / "results.json")
 
@@ -126,7 +127,7 @@ def test_a_directory_as_input_exits_2(tmp_path, capsys):
     (tmp_path / "data").mkdir()
     rc = compare.main(["--input", str(tmp_path / "data"), "--output", str(tmp_path / "o"),
                        "--delta", "1e-6", "--epsilon", "1", "--mechanisms", "count-gaussian"])
-    err = capsys.readouterr().err.strip().splitlines()
+    err = without_progress(capsys.readouterr().err)
     assert rc == 2 and len(err) == 1 and "is a directory" in err[0], err
     assert sorted(os.listdir(tmp_path)) == ["data"]
 

@@ -22,6 +22,7 @@ import pytest
 from beam_dpsu import kernels
 from beam_dpsu.registry import REGISTRY
 from pipelines import select_partitions, top_k
+from conftest import without_progress
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ITEMS = "-items-00000-of-00001"
@@ -146,7 +147,7 @@ def test_a_second_run_is_refused_then_overwrite_replaces_the_first(tmp_path, cap
     capsys.readouterr()
     for extra in ([], ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]):
         assert select_partitions.main(sp_args(data, prefix, *extra)) == 2
-        err = capsys.readouterr().err.strip().splitlines()
+        err = without_progress(capsys.readouterr().err)
         assert len(err) == 1 and "earlier run" in err[0] and "--overwrite" in err[0], err
         assert {p: open(p, "rb").read() for p in glob.glob(prefix + "*")} == before
     # Dead-letter files of an earlier run block a new run too.
@@ -219,7 +220,7 @@ def test_a_file_without_a_tab_is_an_error_and_leaves_nothing(tmp_path, capsys):
     path.write_text("".join(f"user {u} item\n" for u in range(50)))
     dest = tmp_path / "new" / "dir"
     rc = select_partitions.main(sp_args(str(path), str(dest / "out")))
-    err = capsys.readouterr().err.strip().splitlines()
+    err = without_progress(capsys.readouterr().err)
     assert rc == 1 and len(err) == 1, err
     assert "no well-formed" in err[0] and "50 malformed" in err[0]
     assert sorted(os.listdir(tmp_path)) == ["notab.txt"]  # no release, no dirs, no temp
@@ -229,20 +230,20 @@ def test_malformed_lines_give_a_one_line_warning_with_the_count(tmp_path, capsys
     data = small_input(tmp_path)  # 600 good lines
     (tmp_path / "in.tsv").write_text(open(data).read() + "bad\n" * 600)
     assert select_partitions.main(sp_args(data, str(tmp_path / "out"))) == 0
-    err = capsys.readouterr().err.strip().splitlines()
+    err = without_progress(capsys.readouterr().err)
     assert len(err) == 1 and err[0].startswith("WARNING: 600 malformed input line"), err
 
 
 def test_clean_input_gives_no_warning(tmp_path, capsys):
     data = small_input(tmp_path)
     assert select_partitions.main(sp_args(data, str(tmp_path / "out"))) == 0
-    assert capsys.readouterr().err == ""
+    assert without_progress(capsys.readouterr().err) == []
 
 
 def check_refused(tmp_path, capsys, argv, message, main=select_partitions.main):
     before = sorted(os.listdir(tmp_path))
     rc = main(argv)
-    err = capsys.readouterr().err.strip().splitlines()
+    err = without_progress(capsys.readouterr().err)
     assert rc == 2 and len(err) == 1 and message in err[0], err
     assert sorted(os.listdir(tmp_path)) == before  # nothing created: no dirs, temp or probe
 
@@ -330,7 +331,7 @@ def test_a_failed_run_leaves_no_temporary_directory(tmp_path, capsys, monkeypatc
 
     monkeypatch.setattr(textio._TextSink, "write_encoded_record", failing_write)
     rc = select_partitions.main(sp_args(data, str(tmp_path / "new" / "out")))
-    err = capsys.readouterr().err.strip().splitlines()
+    err = without_progress(capsys.readouterr().err)
     assert rc == 1 and len(err) == 1 and "injected failure" in err[0], err
     assert seen  # the sink's temporary directory existed when the run failed
     assert sorted(os.listdir(tmp_path)) == ["in.tsv"]
@@ -379,7 +380,7 @@ def test_insecure_test_seed_warns_is_recorded_and_reproduces(tmp_path, capsys):
         prefix = str(tmp_path / name)
         assert select_partitions.main(sp_args(data, prefix, "--insecure-test-seed", "77")) == 0
         captured = capsys.readouterr()
-        err = captured.err.strip().splitlines()
+        err = without_progress(captured.err)
         assert len(err) == 1 and "--insecure-test-seed" in err[0] and "NOT private" in err[0]
         assert json.loads(captured.out)["insecure_test_seed"] == 77
         public = json.load(open(prefix + ".json"))
@@ -389,6 +390,6 @@ def test_insecure_test_seed_warns_is_recorded_and_reproduces(tmp_path, capsys):
     assert outs[0] == outs[1]
     assert select_partitions.main(sp_args(data, str(tmp_path / "c"))) == 0
     captured = capsys.readouterr()
-    assert captured.err == "" and "insecure_test_seed" not in json.loads(captured.out)
+    assert without_progress(captured.err) == [] and "insecure_test_seed" not in json.loads(captured.out)
     public = json.load(open(str(tmp_path / "c") + ".json"))
     assert public["insecure_test_seed"] is None and public["seeded"] is False

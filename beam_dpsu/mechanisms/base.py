@@ -39,6 +39,7 @@ from beam_dpsu.accounting import PrivacyGuarantee
 from beam_dpsu.bounding import ItemCounts, PerUserItemCounts
 from beam_dpsu.noise import RunKey
 from beam_dpsu.threshold import NoisyThresholdRule
+from beam_dpsu.mechanisms import units
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +88,9 @@ class Mechanism:
     #: False for a research variant whose privacy is NOT proven (the command
     #: line builds it only with ``--allow-unproven``).
     proven: bool = True
+    #: True for the policy mechanisms: a user's weight goes to its items still
+    #: below the cutoff (``units.threshold_meaning`` words the threshold so).
+    _policy_weights: bool = False
 
     @property
     def calibration(self) -> RoundCalibration:
@@ -113,6 +117,8 @@ class Mechanism:
             "noise_scale": (self.rounds[0].noise_scale if len(self.rounds) == 1
                             else [r.noise_scale for r in self.rounds]),
             "max_items_per_user": self.max_items,
+            "threshold_meaning": units.threshold_meaning(self.rounds, self._policy_weights),
+            "units": units.set_union_units(self.rounds, self._policy_weights),
         }
 
     def threshold_for(self, epsilon: float, delta: float) -> float:
@@ -187,7 +193,7 @@ class SelectPartitions(beam.PTransform):
     shard an item lands in) can follow the input order and reveal which items
     the first users hold. To write a release, collect it (it is small next to
     the data), sort it (e.g. ``bounding.canonical_items``) and write ONE file,
-    as ``pipelines.common.write_items`` does; never write this PCollection
+    as ``beam_dpsu.pipelines.common.write_items`` does; never write this PCollection
     straight to a sharded sink.
 
     Args:

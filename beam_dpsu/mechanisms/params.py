@@ -3,8 +3,8 @@
 Each ``Param`` states a parameter's name (the keyword of the mechanism
 constructors and of ``registry.MechanismParams``), its type, its command-line
 flag and aliases, its help text, its default and its privacy effect. The
-command-line pipelines (``pipelines/select_partitions.py``,
-``pipelines/top_k.py``), the comparison tool (``pipelines/compare.py``) and
+command-line pipelines (``beam_dpsu/pipelines/select_partitions.py``,
+``beam_dpsu/pipelines/top_k.py``), the comparison tool (``beam_dpsu/pipelines/compare.py``) and
 the auditor's command line (``beam_dpsu.audit``) build their flags from it
 (``add_arguments``), and ``as_flags`` names the parameters of a validation
 message as the flags the user typed. A new parameter is declared here once.
@@ -29,8 +29,12 @@ class Param:
         has no default.
       privacy: its effect on the guarantee, as text.
       flag: the command-line flag (default ``--`` + name with dashes).
-      aliases: other spellings accepted for it (in messages and in
-        ``compare``'s ``NAME:KEY=VALUE`` settings).
+      aliases: other spellings accepted for it everywhere a user types a name:
+        as flags (``--`` + the alias with dashes, e.g.
+        ``--max-partitions-contributed``), in ``compare``'s ``NAME:KEY=VALUE``
+        settings, as keywords of ``registry.make_mechanism`` and in messages.
+        The first alias, when given, is the public name: the JSON summaries'
+        key (``max_items_per_user``).
     """
     name: str
     type: type
@@ -43,6 +47,21 @@ class Param:
     @property
     def cli_flag(self) -> str:
         return self.flag or "--" + self.name.replace("_", "-")
+
+    @property
+    def public_name(self) -> str:
+        """The name in JSON summaries and help: the first alias, else the name."""
+        return self.aliases[0] if self.aliases else self.name
+
+    @property
+    def alias_flags(self) -> Tuple[str, ...]:
+        """The other flags accepted for it (one per alias and for the name), in order."""
+        out = []
+        for spelling in (self.name,) + self.aliases:
+            f = "--" + spelling.replace("_", "-")
+            if f != self.cli_flag and f not in out:
+                out.append(f)
+        return tuple(out)
 
     def full_help(self) -> str:
         text = self.help
@@ -58,7 +77,7 @@ class Param:
             kwargs.update(action="store_true", default=default)
         else:
             kwargs.update(type=self.type, default=default, required=required)
-        parser.add_argument(self.cli_flag, **kwargs)
+        parser.add_argument(self.cli_flag, *self.alias_flags, **kwargs)
 
 
 _NO_EFFECT = "none"
@@ -74,7 +93,9 @@ MECHANISM_PARAMS: Dict[str, Param] = {p.name: p for p in [
     Param("max_items", int, "Δ0, distinct items kept per user (integer >= 1)",
           "100; gw 20, gw-kt 100",
           "none: the calibration accounts for Δ0 (a larger Δ0 raises the threshold)",
-          flag="--max-items-per-user", aliases=("max_items_per_user",)),
+          flag="--max-items-per-user",
+          # PipelineDP calls it max_partitions_contributed
+          aliases=("max_items_per_user", "max_partitions_contributed")),
     Param("alpha", float, "cutoff multiplier α >= 0 of the sequential policies "
           "(Γ = T + α·noise scale)", "3", _NO_EFFECT),
     Param("rounds", int, "number of DP-SIPS rounds I (integer >= 1)", "3",
@@ -184,6 +205,24 @@ def canonical(spelling: str) -> str:
         if spelling == p.name or spelling in p.aliases:
             return p.name
     raise KeyError(spelling)
+
+
+def canonical_keywords(values: Mapping[str, Any]) -> Dict[str, Any]:
+    """``values`` with every alias renamed to its declared name (unknown keys kept).
+
+    Raises ValueError when two spellings of one parameter are given
+    (``max_items`` and ``max_partitions_contributed``).
+    """
+    out: Dict[str, Any] = {}
+    for key, value in values.items():
+        try:
+            name = canonical(key)
+        except KeyError:
+            name = key
+        if name in out:
+            raise ValueError(f"{flag(name)} is given twice (as {name!r} and an alias)")
+        out[name] = value
+    return out
 
 
 def cli_arguments(values: Mapping[str, Any]) -> list:

@@ -61,6 +61,8 @@ class PolicyMechanism(ThresholdMechanism):
         """The update policy of this run (its keys derive from ``run_key``)."""
         raise NotImplementedError
 
+    _policy_weights = True  # units.threshold_meaning: weights go to items below the cutoff
+
     def describe(self) -> Dict[str, Any]:
         d = super().describe()
         d.update({"alpha": self.alpha, "cutoff": self.cutoff, "policy": self.policy_name})
@@ -270,6 +272,8 @@ class GW(PolicyMechanism):
         d = super().describe()
         d.update({"tie_break": self.tie_break, "variant": self.variant, "proven": self.proven,
                   "eta": self.eta})
+        d["units"]["eta"] = ("η: the step-1 budget of the cascade-free "
+                             "greedy policy, in (0, 1) (dimensionless)")
         return d
 
     def policy(self, run_key):

@@ -108,6 +108,9 @@ class Sips(Mechanism):
             "per_round": [{"round": i, "rho": r.rho, "delta": r.delta, "sigma": r.noise_scale,
                            "threshold": r.threshold} for i, r in enumerate(self.rounds)],
         })
+        d["units"].update({"rounds": "number of rounds I",
+                           "ratio": "budget ratio r: round i gets r^(I−1−i) of the last "
+                                    "round's share (dimensionless)"})
         return d
 
     def release_rule(self, run_key: RunKey, round_index: int = 0) -> NoisyThresholdRule:

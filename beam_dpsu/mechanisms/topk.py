@@ -59,6 +59,7 @@ from beam_dpsu.bounding import sample_items
 from beam_dpsu.calibration import (gumbel_threshold_offset, laplace_difference_tail,  # noqa: F401
                                    laplace_tail_offset, laplace_threshold_offset)
 from beam_dpsu.histogram import WeightedHistogram
+from beam_dpsu.mechanisms import units
 from beam_dpsu.mechanisms.base import Mechanism, RoundCalibration
 from beam_dpsu.noise import KeyedGridLaplace, KeyedNoise, RunKey, encode_value, keyed_hash64
 
@@ -226,6 +227,7 @@ class TopKMechanism(Mechanism):
             "noise": self.noise, "noise_scale": self.noise_scale,
             "threshold_offset": self.threshold_offset,
             "query_guarantee": {"epsilon": g.epsilon, "delta": g.delta, "note": g.note},
+            "units": units.topk_units(self.with_counts),
         }
 
     def __repr__(self) -> str:

@@ -1,0 +1,489 @@
+"""Compare set-union mechanisms on your data: released items, tables and plots.
+
+Usage::
+
+    beam-dpsu compare --input PATH --mechanisms LIST --epsilon E --delta D
+        [--max-items-per-user N] [--alpha A] [--rounds I] [--ratio r]
+        [--public-counts PATH] [--trials N] [--epsilons LIST] [--engine core|beam]
+        --output DIR [any Beam pipeline option, with --engine beam]
+
+``LIST`` is comma-separated mechanism names, each optionally with its own
+parameters after colons, e.g.
+``weighted-gaussian:max_items=300,policy-gaussian:max_items=300:alpha=5,gw,gw-kt``.
+A per-mechanism parameter overrides the shared flag of the same name
+(``max_items``, ``alpha``, ``rounds``, ``ratio``, ``public_counts``; Δ0 may
+also be spelled ``max_items_per_user`` or, as PipelineDP calls it,
+``max_partitions_contributed``);
+``tie_break`` (``gw``, ``gw-kt``) is per mechanism only, e.g.
+``gw,gw:tie_break=first-occurrence``; likewise ``eta`` and ``variant``
+(``gw:variant=published`` is not proven private and needs ``--allow-unproven``).
+
+Every mechanism is run ``--trials`` times (default 5) with fresh OS randomness at
+each ε of ``--epsilons`` (default: just ``--epsilon``); the mean and standard
+deviation of the number of released items go to ``DIR/results.json`` and
+``DIR/results.md``, with each trial's *occurrence coverage*: the share of all
+input lines (user, item occurrences) whose item was released
+(``beam_dpsu.utility``; its complement, the missing mass, is the share of the
+data a vocabulary built from the release would not cover). With matplotlib
+installed (``pip install beam-dpsu[plots]``) it also writes
+``DIR/released_vs_epsilon.png`` (released items against ε, one line per
+mechanism), ``DIR/coverage_vs_epsilon.png`` (occurrence coverage, likewise) and
+``DIR/released_by_users.png`` (released items by how many users hold them),
+one distinct colour per mechanism. Progress goes to stderr.
+
+Common footing: all mechanisms are calibrated to the same (ε, δ)-DP target.
+Mechanisms calibrated in zCDP (``sips``) get the largest ρ whose conversion
+(DP-SIPS Corollary 9) gives (ε, δ)-DP, with half of δ as the approximate-zCDP δ;
+the table's "calibration" column says so for each.
+
+Engines: ``core`` (default) reads the data once into memory and runs each trial
+with ``beam_dpsu.core.run_local``, the same per-user and per-item functions the
+Beam transforms use; ``beam`` runs the real command-line pipeline per trial
+(``beam-dpsu select``) with any Beam options, for data that does not
+fit in memory.
+
+The released counts are outputs of private mechanisms, but this tool runs each
+mechanism many times on the same data: the comparison itself is NOT
+differentially private. Use it to choose a mechanism, then release once.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from beam_dpsu import core, textio, utility
+from beam_dpsu.mechanisms import params
+from beam_dpsu.noise import RunKey
+from beam_dpsu.registry import REGISTRY, MechanismParams, make_mechanism
+from beam_dpsu.pipelines import common
+from beam_dpsu.pipelines.common import UsageError
+
+PROG = "compare"
+#: The per-mechanism settings of ``NAME:KEY=VALUE`` (from the parameter declaration).
+SPEC_PARAMS = params.spec_types()
+#: Settings that may also be given once for every mechanism, as flags.
+SHARED = ("max_items", "alpha", "rounds", "ratio", "public_counts")
+
+
+def parse_mechanisms(text: str) -> List[Tuple[str, Dict[str, Any]]]:
+    """``'a:max_items=3,b'`` → ``[('a', {'max_items': 3}), ('b', {})]``."""
+    out = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        name, *settings = part.split(":")
+        if name not in REGISTRY:
+            raise UsageError(f"unknown mechanism {name!r}; choose from: "
+                             f"{', '.join(sorted(REGISTRY))}")
+        own: Dict[str, Any] = {}
+        for setting in settings:
+            key, eq, value = setting.partition("=")
+            key = key.strip().replace("-", "_")
+            if not eq or key not in SPEC_PARAMS:
+                raise UsageError(f"bad setting {setting!r} for {name}; use KEY=VALUE with KEY in "
+                                 f"{', '.join(sorted(SPEC_PARAMS))}")
+            declared = SPEC_PARAMS[key]
+            try:
+                own[declared.name] = declared.type(value)
+            except ValueError:
+                raise UsageError(f"bad value in {setting!r} for {name}") from None
+        out.append((name, own))
+    if not out:
+        raise UsageError("--mechanisms lists no mechanism")
+    return out
+
+
+def label(name: str, own: Dict[str, Any]) -> str:
+    return name + "".join(f" {k}={v}" for k, v in sorted(own.items()))
+
+
+def build_parser() -> common.ArgumentParser:
+    p = common.ArgumentParser(PROG, __doc__.split("\n")[0])
+    p.add_argument("--input", required=True, help="input file or glob of user<TAB>item lines")
+    p.add_argument("--output", required=True, help="directory for results and plots")
+    p.add_argument("--mechanisms", required=True, help="comma-separated NAME[:KEY=VALUE...]")
+    params.add_arguments(p, ["epsilon", "delta"], required=("delta",), help={
+        "epsilon": "ε of the common (ε, δ)-DP target", "delta": "δ of the common target"})
+    p.add_argument("--epsilons", help="comma-separated ε values to sweep")
+    params.add_arguments(p, SHARED)
+    p.add_argument("--trials", type=int, default=5, help="runs per mechanism and ε (default 5)")
+    p.add_argument("--engine", choices=("core", "beam"), default="core")
+    params.add_arguments(p, ["allow_unproven"])
+    return p
+
+
+def mechanism_params(name: str, own: Dict[str, Any], args, epsilon: float) -> MechanismParams:
+    accepts = REGISTRY[name].accepts
+    shared = {k: getattr(args, k) for k in SHARED}
+    values = {k: v for k, v in shared.items() if v is not None and k in accepts}
+    values.update(own, allow_unproven=args.allow_unproven)
+    return MechanismParams(epsilon=epsilon, delta=args.delta, **values)
+
+
+def parse_args(argv):
+    args, beam_args = common.parse_known(build_parser(), argv)
+    if args.engine == "core" and beam_args:
+        raise UsageError(f"Beam options need --engine beam: {' '.join(beam_args)}")
+    if args.trials < 1:
+        raise UsageError(f"--trials must be an integer >= 1, got {args.trials}")
+    if args.epsilons:
+        try:
+            epsilons = [float(e) for e in args.epsilons.split(",") if e.strip()]
+        except ValueError:
+            raise UsageError(f"--epsilons must be numbers, got {args.epsilons!r}") from None
+    elif args.epsilon is not None:
+        epsilons = [args.epsilon]
+    else:
+        raise UsageError("give --epsilon or --epsilons")
+    specs = parse_mechanisms(args.mechanisms)
+    built = {}
+    for name, own in specs:
+        for eps in epsilons:  # validate every combination before reading data
+            try:
+                built[(label(name, own), eps)] = make_mechanism(
+                    name, mechanism_params(name, own, args, eps))
+            except ValueError as e:
+                raise UsageError(f"{label(name, own)} at ε={eps:g}: "
+                                 f"{params.as_flags(str(e))}") from None
+    return args, beam_args, specs, epsilons, built
+
+
+def load_per_user(pattern: str) -> Dict[Any, Dict[Any, int]]:
+    """All users in memory, each user's items in record order (``textio.read_per_user``)."""
+    return textio.read_per_user(pattern)
+
+
+def users_per_item(per_user) -> Dict[Any, int]:
+    out: Dict[Any, int] = {}
+    for counts in per_user.values():
+        for item in counts:
+            out[item] = out.get(item, 0) + 1
+    return out
+
+
+def user_bins(max_users: int) -> List[Tuple[int, int]]:
+    """Bins 1, 2, 3–4, 5–8, … up to ``max_users``."""
+    bins, lo = [(1, 1)], 2
+    while lo <= max(max_users, 2):
+        hi = 2 * (lo - 1)          # 2, 4, 8, 16, ...
+        bins.append((lo, hi))
+        lo = hi + 1
+    return bins
+
+
+def occurrences_of_files(pattern: str) -> Dict[Any, int]:
+    """``{item: occurrences}`` of the input files, streamed (no per-user data kept)."""
+    out: Dict[Any, int] = {}
+    get = out.get
+    for path in textio.match_files(pattern):
+        for kind, value in textio.read_user_items(path):
+            if kind == "user":
+                for item, c in value[1].items():
+                    out[item] = get(item, 0) + c
+    return out
+
+
+def _released_items(prefix: str) -> set:
+    """The items of a release file written by select_partitions (one per line)."""
+    path = prefix + common.ITEMS_SUFFIX
+    if not os.path.exists(path):
+        return set()
+    with open(path, encoding="utf-8") as f:
+        return {line.rstrip("\n") for line in f if line.rstrip("\n")}
+
+
+def run_trials(args, beam_args, specs, epsilons, built, per_user, tmp, progress,
+               occurrences=None):
+    """Runs every (mechanism, ε, trial); returns one result row per (mechanism, ε).
+
+    ``occurrences`` (``utility.item_occurrences`` of the input) adds each
+    trial's occurrence coverage (the share of input lines whose item was
+    released) to the rows.
+    """
+    results = []
+    total = len(specs) * len(epsilons) * args.trials
+    step = 0
+    holders = users_per_item(per_user) if per_user is not None else None
+    for name, own in specs:
+        lab = label(name, own)
+        for eps in epsilons:
+            mech = built[(lab, eps)]
+            counts, seconds, last, coverage = [], [], None, []
+            for t in range(args.trials):
+                step += 1
+                start = time.time()
+                if args.engine == "core":
+                    last = core.run_local(per_user, mech, RunKey.fresh())
+                    n = len(last)
+                else:
+                    prefix = os.path.join(tmp, f"{len(results)}-{t}")
+                    flags = _cli_flags(name, mechanism_params(name, own, args, eps))
+                    s = _select_partitions().run(["--input", args.input, "--output", prefix,
+                                                  "--quiet"] + flags + list(beam_args))
+                    n = s["num_released"]
+                    if occurrences is not None:
+                        last = _released_items(prefix)
+                seconds.append(time.time() - start)
+                counts.append(n)
+                if occurrences is not None:
+                    coverage.append(utility.occurrence_coverage(last, occurrences))
+                progress(f"[{step}/{total}] {lab} ε={eps:g} trial {t + 1}/{args.trials}: "
+                         f"{n} items ({seconds[-1]:.1f} s)")
+            row = {
+                "mechanism": name, "label": lab, "settings": own, "epsilon": eps,
+                "delta": args.delta, "trials": args.trials, "released": counts,
+                "mean": statistics.mean(counts),
+                "sd": statistics.stdev(counts) if len(counts) > 1 else 0.0,
+                "seconds_per_trial": statistics.mean(seconds),
+                "calibration": mech.describe(),
+                "footing": _footing(mech),
+            }
+            if coverage:
+                row.update({
+                    "occurrence_coverage": coverage,
+                    "coverage_mean": statistics.mean(coverage),
+                    "coverage_sd": statistics.stdev(coverage) if len(coverage) > 1 else 0.0,
+                    "missing_mass_mean": 1.0 - statistics.mean(coverage),
+                })
+            if holders is not None and last is not None:
+                row["released_by_users"] = _by_users(last, holders)
+            results.append(row)
+    return results
+
+
+def _select_partitions():
+    from beam_dpsu.pipelines import select_partitions
+    return select_partitions
+
+
+def _cli_flags(name: str, values: MechanismParams) -> List[str]:
+    """The ``select_partitions`` arguments that build mechanism ``name`` with ``values``."""
+    return ["--mechanism", name] + params.cli_arguments(dataclasses.asdict(values))
+
+
+def _footing(mech) -> str:
+    g = mech.guarantee
+    if g.rho is not None:
+        return (f"zCDP, converted: ρ={g.rho:.4g} with δ_zCDP={g.zcdp_delta:.3g} gives "
+                f"({g.epsilon:.4g}, {g.delta:.3g})-DP (DP-SIPS Cor. 9)")
+    return f"({g.epsilon:.4g}, {g.delta:.3g})-DP"
+
+
+def _by_users(released, holders) -> Dict[str, int]:
+    bins = user_bins(max(holders.values(), default=1))
+    out = {f"{lo}-{hi}" if lo != hi else str(lo): 0 for lo, hi in bins}
+    for item in released:
+        n = holders.get(item, 0)
+        for lo, hi in bins:
+            if lo <= n <= hi:
+                out[f"{lo}-{hi}" if lo != hi else str(lo)] += 1
+                break
+    return out
+
+
+def markdown(results, args, epsilons, command: str) -> str:
+    lines = ["# Mechanism comparison", "",
+             f"Data: `{args.input}`. Common target δ = {args.delta:g}; "
+             f"{args.trials} trials per cell, fresh OS randomness each; engine `{args.engine}`.",
+             "", f"Command: `{command}`", "",
+             "All mechanisms are compared at the same (ε, δ)-DP guarantee; zCDP mechanisms are "
+             "calibrated to it with the library's conversion, as the last column says.", "",
+             "Occurrence coverage is the share of all input lines (user, item occurrences) "
+             "whose item was released; the missing mass is its complement.", "",
+             "| mechanism | ε | released (mean) | sd | runs | occurrence coverage (mean ± sd) "
+             "| missing mass | s/trial | calibration |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(results, key=lambda r: (r["epsilon"], -r["mean"])):
+        cov = (f"{100 * r['coverage_mean']:.2f}% ± {100 * r['coverage_sd']:.2f}"
+               if "coverage_mean" in r else "–")
+        miss = f"{100 * r['missing_mass_mean']:.2f}%" if "coverage_mean" in r else "–"
+        lines.append(f"| {r['label']} | {r['epsilon']:g} | {r['mean']:.1f} | {r['sd']:.1f} | "
+                     f"{r['released']} | {cov} | {miss} | {r['seconds_per_trial']:.2f} | "
+                     f"{r['footing']} |")
+    if any("released_by_users" in r for r in results):
+        eps = epsilons[-1]
+        rows = [r for r in results if r["epsilon"] == eps and "released_by_users" in r]
+        if rows:
+            bins = list(rows[0]["released_by_users"])
+            lines += ["", f"Released items of the last trial by how many users hold them "
+                      f"(ε = {eps:g}):", "",
+                      "| mechanism | " + " | ".join(bins) + " |",
+                      "|---|" + "---|" * len(bins)]
+            for r in rows:
+                lines.append(f"| {r['label']} | " +
+                             " | ".join(str(r["released_by_users"][b]) for b in bins) + " |")
+    lines += ["", "These counts come from many runs on the same data: the comparison itself "
+              "is not differentially private."]
+    return "\n".join(lines) + "\n"
+
+
+def distinct_colors(n: int) -> List[Tuple[float, float, float]]:
+    """``n`` colours of clearly different hue, one per mechanism.
+
+    The ten of matplotlib's ``tab10`` for n ≤ 10 (no light/dark pairs, which
+    would suggest pairings that do not exist), else ``n`` hues evenly spaced
+    around the colour wheel.
+    """
+    import colorsys
+    if n <= 10:
+        tab10 = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
+                 "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
+        return [tuple(int(h[i:i + 2], 16) / 255 for i in (1, 3, 5)) for h in tab10[:n]]
+    return [colorsys.hsv_to_rgb(k / n, 0.75, 0.85 if k % 2 else 0.65) for k in range(n)]
+
+
+def _plot_metric(plt, results, epsilons, labels, colors, out_dir, key, sd_key, scale, ylabel,
+                 title, filename) -> str:
+    """One figure of ``key`` (mean ± ``sd_key``) per mechanism: against ε, or bars at one ε."""
+    rows_with = [r for r in results if key in r]
+    if len(epsilons) > 1:
+        fig, ax = plt.subplots(figsize=(8, 5))
+        for k, lab in enumerate(labels):
+            rows = sorted((r for r in rows_with if r["label"] == lab), key=lambda r: r["epsilon"])
+            ax.errorbar([r["epsilon"] for r in rows], [scale * r[key] for r in rows],
+                        yerr=[scale * r[sd_key] for r in rows], marker="os^vD<>ph*"[k % 10],
+                        capsize=3, color=colors[k], label=lab)
+        ax.set_xlabel("ε")
+        ax.set_title(f"{title} against ε")
+        ax.legend(fontsize=7)
+        ax.set_ylabel(ylabel)
+    else:
+        rows = sorted(rows_with, key=lambda r: r[key])
+        fig, ax = plt.subplots(figsize=(8, 0.4 * len(rows) + 1.5))
+        ax.barh([r["label"] for r in rows], [scale * r[key] for r in rows],
+                xerr=[scale * r[sd_key] for r in rows], capsize=3,
+                color=[colors[labels.index(r["label"])] for r in rows])
+        ax.set_xlabel(ylabel)
+        ax.set_title(f"{title} at ε = {epsilons[0]:g}")
+        ax.tick_params(axis="y", labelsize=8)
+    ax.grid(alpha=0.3)
+    path = os.path.join(out_dir, filename)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot(results, epsilons, out_dir) -> List[str]:
+    """Writes the PNG plots; returns their paths ([] without matplotlib)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    written = []
+    labels = list(dict.fromkeys(r["label"] for r in results))
+    colors = distinct_colors(len(labels))
+    if any("coverage_mean" in r for r in results):
+        written.append(_plot_metric(plt, results, epsilons, labels, colors, out_dir,
+                                    "coverage_mean", "coverage_sd", 100.0,
+                                    "share of input lines whose item was released (%)",
+                                    "Occurrence coverage", "coverage_vs_epsilon.png"))
+    if len(epsilons) > 1:
+        fig, ax = plt.subplots(figsize=(8, 5))
+        for k, lab in enumerate(labels):
+            rows = sorted((r for r in results if r["label"] == lab), key=lambda r: r["epsilon"])
+            ax.errorbar([r["epsilon"] for r in rows], [r["mean"] for r in rows],
+                        yerr=[r["sd"] for r in rows], marker="os^vD<>ph*"[k % 10], capsize=3,
+                        color=colors[k], label=lab)
+        ax.set_xlabel("ε")
+        ax.set_ylabel("released items (mean over trials)")
+        ax.set_title("Released items against ε")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    else:  # one ε: a bar per mechanism (a line plot would be one column of points)
+        rows = sorted(results, key=lambda r: r["mean"])
+        fig, ax = plt.subplots(figsize=(8, 0.4 * len(rows) + 1.5))
+        ax.barh([r["label"] for r in rows], [r["mean"] for r in rows],
+                xerr=[r["sd"] for r in rows], capsize=3,
+                color=[colors[labels.index(r["label"])] for r in rows])
+        ax.set_xlabel("released items (mean over trials, ± sd)")
+        ax.set_title(f"Released items at ε = {epsilons[0]:g}")
+        ax.grid(alpha=0.3, axis="x")
+        ax.tick_params(axis="y", labelsize=8)
+    path = os.path.join(out_dir, "released_vs_epsilon.png")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    written.append(path)
+
+    rows = [r for r in results if r["epsilon"] == epsilons[-1] and "released_by_users" in r]
+    if rows:
+        bins = list(rows[0]["released_by_users"])
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        width = 0.8 / len(rows)
+        for j, r in enumerate(rows):
+            ax.bar([i + j * width for i in range(len(bins))],
+                   [r["released_by_users"][b] for b in bins], width=width, label=r["label"],
+                   color=colors[labels.index(r["label"])])
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(bins))])
+        ax.set_xticklabels(bins, rotation=45)
+        ax.set_xlabel("number of users holding the item")
+        ax.set_ylabel("released items (last trial)")
+        ax.set_title(f"Released items by how many users hold them (ε = {epsilons[-1]:g})")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = os.path.join(out_dir, "released_by_users.png")
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def run(argv: Optional[Sequence[str]] = None, progress=None) -> Dict[str, Any]:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, beam_args, specs, epsilons, built = parse_args(argv)
+    common.check_locations(args.input)
+    try:
+        os.makedirs(args.output, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"cannot create {args.output!r}: {e.strerror}") from None
+    if progress is None:  # stderr lines, none with --quiet
+        progress = common.cli.Progress(common.cli.command_prog(PROG), args.quiet)
+    start = time.time()
+    per_user = None
+    if args.engine == "core":
+        progress(f"reading {args.input} ...")
+        per_user = load_per_user(args.input)
+        if not per_user:
+            raise common.NoWellFormedInput(f"no well-formed user<TAB>item line in "
+                                           f"{args.input!r}: nothing to compare")
+        progress(f"{len(per_user)} users")
+        occurrences = utility.item_occurrences(per_user)
+    else:
+        progress(f"counting item occurrences of {args.input} (for the coverage figure) ...")
+        occurrences = occurrences_of_files(args.input)
+    with tempfile.TemporaryDirectory() as tmp:
+        results = run_trials(args, beam_args, specs, epsilons, built, per_user, tmp, progress,
+                             occurrences)
+    command = "beam-dpsu compare " + " ".join(
+        a if " " not in a else repr(a) for a in argv)
+    with open(os.path.join(args.output, "results.md"), "w", encoding="utf-8") as f:
+        f.write(markdown(results, args, epsilons, command))
+    plots = plot(results, epsilons, args.output)
+    if not plots:
+        progress("matplotlib is not installed: tables only (pip install beam-dpsu[plots])")
+    summary = {"input": args.input, "delta": args.delta, "epsilons": epsilons,
+               "trials": args.trials, "engine": args.engine, "command": command,
+               "results": results, "plots": plots, "seconds": round(time.time() - start, 1),
+               "not_private": "many runs on the same data: this comparison is not DP"}
+    with open(os.path.join(args.output, "results.json"), "w", encoding="utf-8") as f:
+        json.dump(summary, f, indent=2, ensure_ascii=False, default=str)
+    return summary
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    return common.main_wrapper(PROG, run, argv, ("input", "epsilons", "trials", "plots",
+                                                 "seconds"))
+
+
+if __name__ == "__main__":  # python -m beam_dpsu.pipelines.X: see beam_dpsu.cli
+    sys.exit(main())

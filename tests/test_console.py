@@ -1,0 +1,161 @@
+"""The ``beam-dpsu`` console command: subcommands, packaging, quiet Beam, progress.
+
+What is covered here (and what is not): ``beam_dpsu.cli.main`` is run in-process
+(help, dispatch, exit statuses, progress lines), the same code is run as a
+subprocess with ``python -m beam_dpsu.cli`` (what the console script calls,
+so stderr holds exactly what a user sees, including Beam's import-time and
+worker-process output), and setup.py's ``setup()`` arguments are checked for
+the ``beam-dpsu`` entry point and the packages. Installing into a fresh venv is
+not done here (minutes); ``.ci/run`` installs the package before the tests.
+"""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import setuptools
+
+from beam_dpsu import cli
+from conftest import PROGRESS_LINE, without_progress
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SELECT = ["--mechanism", "weighted-gaussian", "--epsilon", "1", "--delta", "1e-6",
+          "--max-items-per-user", "20"]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("console") / "data.tsv.gz")
+    assert cli.main(["generate", "--output", path, "--users", "300", "--quiet"]) == 0
+    return path
+
+
+def run_cli(*args, env_extra=None):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    env.pop("BEAM_DPSU_DEBUG", None)
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable, "-m", "beam_dpsu.cli", *args], capture_output=True,
+                          text=True, env=env, cwd=str(ROOT), timeout=600)
+
+
+def test_help_lists_the_subcommands(capsys):
+    assert cli.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for command in ("select", "top-k", "compare", "generate", "audit"):
+        assert f"\n  {command} " in out
+
+
+def test_no_or_unknown_command_is_one_line_and_status_2(capsys):
+    assert cli.main([]) == 2
+    assert "usage: beam-dpsu COMMAND" in capsys.readouterr().err
+    assert cli.main(["selekt"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("beam-dpsu: error: unknown command 'selekt'")
+
+
+@pytest.mark.parametrize("command,flag", [("select", "--max-items-per-user"),
+                                          ("top-k", "--k-bar"), ("compare", "--mechanisms"),
+                                          ("generate", "--users"), ("audit", "--trials")])
+def test_subcommand_help_lists_its_flags_under_the_console_name(capsys, command, flag):
+    with pytest.raises(SystemExit) as e:
+        cli.main([command, "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: beam-dpsu {command} ") and flag in out
+    assert "--quiet" in out and "--verbose" in out
+
+
+def test_select_in_process_reports_progress_under_the_console_name(data, tmp_path, capsys):
+    prefix = str(tmp_path / "out")
+    assert cli.main(["select", "--input", data, "--output", prefix] + SELECT) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["num_released"] >= 0
+    lines = captured.err.strip().splitlines()
+    assert lines and all(l.startswith("beam-dpsu select: [") for l in lines), lines
+    assert any("running the pipeline on DirectRunner" in l for l in lines)
+    assert any("users read and grouped so far" in l for l in lines)  # from the DoFn
+    assert any(l.endswith(f"summary {prefix}.json") for l in lines)
+    assert os.path.exists(prefix + ".json")
+
+
+def test_errors_carry_the_console_name(tmp_path, capsys):
+    assert cli.main(["select", "--input", str(tmp_path / "none"), "--output",
+                     str(tmp_path / "o")] + SELECT) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("beam-dpsu select: error: no input file")
+
+
+def test_quiet_prints_no_progress(data, tmp_path, capsys):
+    assert cli.main(["select", "--input", data, "--output", str(tmp_path / "o"), "--quiet"]
+                    + SELECT) == 0
+    assert capsys.readouterr().err == ""
+    assert cli.main(["top-k", "--input", data, "--output", str(tmp_path / "t"), "--quiet",
+                     "--k", "3", "--epsilon", "1", "--delta", "1e-6"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_a_plain_subprocess_run_prints_only_our_lines(data, tmp_path):
+    # No Beam noise: the apitools warning (printed when apache_beam is imported)
+    # and INFO lines are suppressed; only our progress lines are on stderr.
+    proc = run_cli("select", "--input", data, "--output", str(tmp_path / "o"), *SELECT)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines and all(l.startswith("beam-dpsu select: [") for l in lines), lines
+    assert json.loads(proc.stdout)["mechanism"] == "weighted-gaussian"
+
+
+def test_multi_processing_workers_are_quiet_too(data, tmp_path):
+    proc = run_cli("select", "--input", data, "--output", str(tmp_path / "o"), *SELECT,
+                   "--direct_running_mode=multi_processing", "--direct_num_workers=2")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines and all(PROGRESS_LINE.match(l) for l in lines), lines
+
+
+def test_quiet_subprocess_prints_nothing_on_stderr(data, tmp_path):
+    proc = run_cli("select", "--input", data, "--output", str(tmp_path / "o"), "--quiet",
+                   *SELECT)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+
+
+def test_verbose_brings_beam_logs_back(data, tmp_path):
+    proc = run_cli("select", "--input", data, "--output", str(tmp_path / "o"), "--verbose",
+                   *SELECT)
+    assert proc.returncode == 0, proc.stderr
+    assert without_progress(proc.stderr)  # Beam's own lines (apitools, INFO, ...)
+    assert any(l.startswith("beam-dpsu select: [") for l in proc.stderr.splitlines())
+
+
+def test_checkout_module_commands_still_work(data, tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-m", "pipelines.select_partitions", "--input", data,
+                           "--output", str(tmp_path / "o")] + SELECT, capture_output=True,
+                          text=True, env=env, cwd=str(ROOT), timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert all(l.startswith("select_partitions: [") for l in proc.stderr.strip().splitlines())
+    from pipelines import common, select_partitions
+    from beam_dpsu.pipelines import common as real_common
+    from beam_dpsu.pipelines import select_partitions as real
+    assert select_partitions is real and common is real_common  # one module object
+
+
+def setup_arguments(monkeypatch):
+    captured = {}
+    monkeypatch.setattr(setuptools, "setup", lambda **kw: captured.update(kw))
+    monkeypatch.chdir(ROOT)
+    code = (ROOT / "setup.py").read_text(encoding="utf-8")
+    exec(compile(code, str(ROOT / "setup.py"), "exec"), {"__name__": "__main__"})
+    return captured
+
+
+def test_setup_installs_the_console_command_and_no_generic_package(monkeypatch):
+    kw = setup_arguments(monkeypatch)
+    assert "beam-dpsu=beam_dpsu.cli:main" in kw["entry_points"]["console_scripts"]
+    packages = kw["packages"]
+    assert "beam_dpsu.pipelines" in packages and "beam_dpsu._quiet_workers" in packages
+    assert all(p == "beam_dpsu" or p.startswith("beam_dpsu.") for p in packages), packages
+    module, func = "beam_dpsu.cli:main".split(":")
+    assert callable(getattr(__import__(module, fromlist=[func]), func))

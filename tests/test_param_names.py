@@ -1,0 +1,77 @@
+"""One parameter, accepted under each of its names: Δ0 as ``max_items`` (Python),
+``max_items_per_user`` (the JSON key and the flag ``--max-items-per-user``) and
+PipelineDP's ``max_partitions_contributed``, on every surface a user types it."""
+import pytest
+
+from beam_dpsu import audit
+from beam_dpsu.cli import UsageError
+from beam_dpsu.mechanisms import params
+from beam_dpsu.registry import make_mechanism
+from pipelines import compare, select_partitions, top_k
+
+IO = ["--input", __file__, "--output", "/tmp/beam-dpsu-never-written"]
+SPELLINGS = ["--max-items-per-user", "--max-partitions-contributed", "--max-items"]
+
+
+@pytest.mark.parametrize("flag", SPELLINGS)
+def test_select_accepts_every_flag_spelling(flag):
+    _, mechanism, _ = select_partitions.parse_args(
+        IO + ["--mechanism", "weighted-gaussian", "--epsilon", "1", "--delta", "1e-6", flag, "7"])
+    assert mechanism.max_items == 7 and mechanism.describe()["max_items_per_user"] == 7
+
+
+@pytest.mark.parametrize("flag", SPELLINGS)
+def test_top_k_and_audit_accept_every_flag_spelling(flag):
+    _, mechanism, _ = top_k.parse_args(IO + ["--k", "3", "--epsilon", "1", "--delta", "1e-6",
+                                             flag, "4"])
+    assert mechanism.max_items == 4
+    _, audited = audit.parse_args(["--mechanism", "weighted-laplace", "--epsilon", "1",
+                                   "--delta", "1e-6", flag, "5"])
+    assert audited.max_items == 5
+
+
+def test_help_names_the_aliases(capsys):
+    with pytest.raises(SystemExit):
+        select_partitions.build_parser().parse_args(["--help"])
+    out = capsys.readouterr().out
+    assert "--max-items-per-user" in out and "--max-partitions-contributed" in out
+
+
+@pytest.mark.parametrize("key", ["max_items", "max_items_per_user", "max_partitions_contributed",
+                                 "max-partitions-contributed"])
+def test_compare_specs_accept_every_spelling(key):
+    assert compare.parse_mechanisms(f"weighted-gaussian:{key}=9,gw") == [
+        ("weighted-gaussian", {"max_items": 9}), ("gw", {})]
+
+
+def test_compare_shared_flag_alias(tmp_path):
+    args, *_ = compare.parse_args(["--input", __file__, "--output", str(tmp_path),
+                                   "--epsilon", "1", "--delta", "1e-6", "--mechanisms", "gw",
+                                   "--max-partitions-contributed", "6"])
+    assert args.max_items == 6
+
+
+@pytest.mark.parametrize("key", ["max_items", "max_items_per_user", "max_partitions_contributed"])
+def test_make_mechanism_accepts_every_keyword(key):
+    m = make_mechanism("weighted-gaussian", epsilon=1, delta=1e-6, **{key: 11})
+    assert m.max_items == 11
+
+
+def test_two_spellings_of_one_parameter_are_refused():
+    with pytest.raises(ValueError, match="given twice"):
+        make_mechanism("weighted-gaussian", epsilon=1, delta=1e-6, max_items=3,
+                       max_partitions_contributed=4)
+
+
+def test_messages_name_the_flag_whatever_the_spelling():
+    assert params.as_flags("max_partitions_contributed must be an integer >= 1") == \
+        "--max-items-per-user must be an integer >= 1"
+    with pytest.raises(UsageError, match="--max-items-per-user"):
+        select_partitions.parse_args(IO + ["--mechanism", "weighted-gaussian", "--epsilon", "1",
+                                           "--delta", "1e-6", "--max-partitions-contributed",
+                                           "0"])
+
+
+def test_public_name_is_the_json_key():
+    assert params.MECHANISM_PARAMS["max_items"].public_name == "max_items_per_user"
+    assert params.canonical("max_partitions_contributed") == "max_items"
