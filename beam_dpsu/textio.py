@@ -43,21 +43,8 @@ def open_binary(path: str):
 
 def iter_line_blocks(f, block_bytes: int = BLOCK_BYTES) -> Iterator[List[bytes]]:
     """Yields lists of complete lines (without ``\\n``) read in large blocks."""
-    rest = b""
-    while True:
-        block = f.read(block_bytes)
-        if not block:
-            break
-        if rest:
-            block = rest + block
-        cut = block.rfind(b"\n")
-        if cut < 0:
-            rest = block
-            continue
-        rest = block[cut + 1:]
-        yield block[:cut].split(b"\n")
-    if rest:
-        yield [rest]
+    for block in iter_raw_blocks(f, block_bytes):
+        yield block.split(b"\n")
 
 
 def iter_raw_blocks(f, block_bytes: int = BLOCK_BYTES) -> Iterator[bytes]:

@@ -125,15 +125,12 @@ def _released_lines(path_prefix, tmp_path):
     return out
 
 
-def test_a_serialised_fresh_key_pipeline_draws_independent_noise_each_run(tmp_path):
-    # 200 items, each of weight exactly T: each is released iff its noise is > 0,
-    # probability 1/2 independently given the key. If the proto held the key, both
-    # runs would release the same set. False failure: the two runs release the same
-    # set with probability 2^-200; a run releasing < 40 or > 160 items has
-    # probability 2·P(Bin(200, 1/2) < 40) < 1e-17.
+def _run_serialised_twice(tmp_path, run_key):
+    """Serialises a pipeline (200 items of weight exactly T = 5, Laplace noise), runs the
+    proto twice, and returns the two released sets."""
     hist = [(f"item{i:03d}", 5.0) for i in range(200)]
     p = beam.Pipeline()
-    (p | beam.Create(hist) | NoisyThreshold("laplace", 1.0, 5.0)
+    (p | beam.Create(hist) | NoisyThreshold("laplace", 1.0, 5.0, run_key)
      | beam.io.WriteToText(str(tmp_path / "released")))
     proto = p.to_runner_api()
     runs = []
@@ -142,6 +139,16 @@ def test_a_serialised_fresh_key_pipeline_draws_independent_noise_each_run(tmp_pa
                                               options=PipelineOptions([]))
         again.run().wait_until_finish()
         runs.append(_released_lines("released", tmp_path))
+    return runs
+
+
+def test_a_serialised_fresh_key_pipeline_draws_independent_noise_each_run(tmp_path):
+    # 200 items, each of weight exactly T: each is released iff its noise is > 0,
+    # probability 1/2 independently given the key. If the proto held the key, both
+    # runs would release the same set. False failure: the two runs release the same
+    # set with probability 2^-200; a run releasing < 40 or > 160 items has
+    # probability 2·P(Bin(200, 1/2) < 40) < 1e-17.
+    runs = _run_serialised_twice(tmp_path, run_key=None)
     assert all(40 <= len(r) <= 160 for r in runs), [len(r) for r in runs]
     assert runs[0] != runs[1]
 
@@ -149,17 +156,7 @@ def test_a_serialised_fresh_key_pipeline_draws_independent_noise_each_run(tmp_pa
 def test_a_seeded_serialised_pipeline_replays_the_same_release(tmp_path):
     # The converse: under a test seed (derived on the worker from the staged seed)
     # two runs of the same proto are identical. Deterministic.
-    hist = [(f"item{i:03d}", 5.0) for i in range(200)]
-    p = beam.Pipeline()
-    (p | beam.Create(hist) | NoisyThreshold("laplace", 1.0, 5.0, RunKey.from_test_seed(9))
-     | beam.io.WriteToText(str(tmp_path / "released")))
-    proto = p.to_runner_api()
-    runs = []
-    for _ in range(2):
-        again = beam.Pipeline.from_runner_api(proto, runner=beam.runners.DirectRunner(),
-                                              options=PipelineOptions([]))
-        again.run().wait_until_finish()
-        runs.append(_released_lines("released", tmp_path))
+    runs = _run_serialised_twice(tmp_path, run_key=RunKey.from_test_seed(9))
     assert runs[0] == runs[1] and 40 <= len(runs[0]) <= 160
 
 
