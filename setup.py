@@ -25,7 +25,8 @@ setup(
         # conversion against dp-accounting's RDP conversion. dask[distributed]: the suite
         # runs every pipeline on a two-worker Dask cluster.
         "test": ["pytest>=7", "matplotlib>=3.5", "numba>=0.59",
-                 "pipeline-dp>=0.3.1,<0.4", "dp-accounting>=0.4", "dask[distributed]>=2024.1"],
+                 "pipeline-dp>=0.3.1,<0.4", "dp-accounting>=0.4", "dask[distributed]>=2024.1",
+                 "wheel"],
         "dask": ["dask[distributed]>=2024.1"],
         "plots": ["matplotlib>=3.5"],
         "fast": ["numba>=0.59"],

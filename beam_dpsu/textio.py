@@ -19,6 +19,7 @@ from __future__ import annotations
 import bz2
 import collections
 import gzip
+import os
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import apache_beam as beam
@@ -281,7 +282,14 @@ class _ParseBlockDoFn(_ReadFileDoFn):
 
 
 def match_files(pattern: str) -> List[str]:
-    """The paths matching a file pattern (glob), sorted; empty when none match."""
+    """The paths matching a file pattern (glob), sorted; empty when none match.
+
+    A bare local name (no directory, e.g. ``out-items-*``) is matched as
+    ``./out-items-*``: Beam's local filesystem finds nothing for it otherwise,
+    which would hide a release file from the stale-output check.
+    """
+    if "://" not in pattern and not os.path.dirname(pattern):
+        pattern = os.path.join(os.curdir, pattern)
     result = FileSystems.match([pattern])[0]
     return sorted(m.path for m in result.metadata_list)
 

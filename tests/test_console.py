@@ -159,3 +159,30 @@ def test_setup_installs_the_console_command_and_no_generic_package(monkeypatch):
     assert all(p == "beam_dpsu" or p.startswith("beam_dpsu.") for p in packages), packages
     module, func = "beam_dpsu.cli:main".split(":")
     assert callable(getattr(__import__(module, fromlist=[func]), func))
+
+
+def test_the_installed_console_script_runs_from_another_directory(data, tmp_path):
+    # Install this checkout (no dependencies: they are this interpreter's) into a
+    # scratch prefix, then run the generated `beam-dpsu` script from a directory that
+    # is not the checkout, with only the scratch site-packages on the path: the
+    # console entry point itself, not a module run, releases items.
+    prefix = tmp_path / "prefix"
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+         "--no-build-isolation", "--prefix", str(prefix), str(ROOT)],
+        capture_output=True, text=True, timeout=600)
+    assert build.returncode == 0, build.stderr[-2000:]
+    script = prefix / "bin" / "beam-dpsu"
+    site = next(prefix.glob("lib/python*/site-packages"))
+    assert script.exists() and (site / "beam_dpsu").is_dir()
+    assert not (site / "pipelines").exists()          # nothing generic installed
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(site))
+    env.pop("BEAM_DPSU_DEBUG", None)
+    proc = subprocess.run([str(script), "select", "--input", data, "--output", "out",
+                           "--insecure-test-seed", "3", *SELECT], cwd=elsewhere,
+                          capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["num_released"] > 0
+    assert (elsewhere / "out-items-00000-of-00001").read_text().strip()

@@ -393,3 +393,25 @@ def test_insecure_test_seed_warns_is_recorded_and_reproduces(tmp_path, capsys):
     assert without_progress(captured.err) == [] and "insecure_test_seed" not in json.loads(captured.out)
     public = json.load(open(str(tmp_path / "c") + ".json"))
     assert public["insecure_test_seed"] is None and public["seeded"] is False
+
+
+def test_a_bare_relative_prefix_keeps_its_release_and_is_refused_when_stale(tmp_path,
+                                                                            monkeypatch, capsys):
+    # `--output out` (no directory): Beam's local match finds nothing for a bare relative
+    # glob, which once hid the written items file: it was then truncated to an empty file
+    # and a second run into the same prefix was not refused. Deterministic (test seed).
+    from beam_dpsu import synthetic
+    from pipelines import select_partitions
+    data = tmp_path / "in.tsv"
+    synthetic.write_tsv(str(data), 300, seed=2, max_occurrences=40)
+    monkeypatch.chdir(tmp_path)
+    args = ["--input", "in.tsv", "--output", "out", "--mechanism", "weighted-gaussian",
+            "--epsilon", "2", "--delta", "1e-6", "--max-items-per-user", "20",
+            "--insecure-test-seed", "4"]
+    assert select_partitions.main(args) == 0
+    released = (tmp_path / "out-items-00000-of-00001").read_text().split()
+    summary = json.loads((tmp_path / "out.json").read_text())
+    assert released and len(released) == summary["num_released"]
+    capsys.readouterr()
+    assert select_partitions.main(args) == 2
+    assert "earlier run" in capsys.readouterr().err

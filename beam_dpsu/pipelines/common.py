@@ -573,7 +573,7 @@ def run_release(args, beam_args: Sequence[str],
         raise
     finally:
         _RUN_PROGRESS.reset(token)
-    if not match_files(args.output + "-items-*"):
+    if not FileSystems.exists(args.output + ITEMS_SUFFIX):
         # a writer without file sink writes no file for an empty release (Dask)
         with FileSystems.create(args.output + ITEMS_SUFFIX) as f:
             f.write(b"")
