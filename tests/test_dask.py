@@ -23,7 +23,8 @@ import apache_beam as beam  # noqa: E402
 
 from beam_dpsu import runners  # noqa: E402
 from pipelines import select_partitions, top_k  # noqa: E402
-from tests.test_runners import CASES, FLAGS, data  # noqa: E402,F401
+from tests.test_runners import CASES, data  # noqa: E402,F401
+from tests.test_runners import run as run_select  # noqa: E402  (one items file, sorted)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -53,14 +54,6 @@ def items_of(prefix):
         return fh.read().splitlines()
 
 
-def run_select(data, name, runner_flags, out):
-    path, public = data
-    mech = "weighted-gaussian" if name == "weighted-gaussian-zcdp" else name
-    extra = ["--public-counts", public] if name == "gw-kt" else []
-    summary = select_partitions.run(["--input", path, "--output", out, "--mechanism", mech,
-                                     "--insecure-test-seed", "17"] + FLAGS[name] + extra +
-                                    runner_flags)
-    return summary, items_of(out)
 
 
 @pytest.mark.parametrize("name", CASES)
