@@ -29,7 +29,7 @@ happens when the share is taken, i.e. when the pipeline is constructed.
 
 Every composition and conversion is a small pure function at the top of this
 module (``basic_composition``, ``fractions_of_weights``,
-``zcdp_composition_guarantee``, ``pay_what_you_get_epsilon``) so that a
+``zcdp_composition_guarantee``, ``compose_guarantees``, ``pay_what_you_get_epsilon``) so that a
 command line can compose parameters without building mechanisms.
 
 Conditions (the guarantee rests on them): each release uses independent
@@ -126,6 +126,31 @@ def zcdp_composition_guarantee(parts: Iterable[Tuple[float, float]],
               f"(DP-SIPS Corollary 9)"))
 
 
+def compose_guarantees(guarantees: Iterable[PrivacyGuarantee]) -> PrivacyGuarantee:
+    """The (ε, δ)-DP of several releases, each with its stated guarantee.
+
+    Basic composition (Σε_i, Σδ_i) always holds. When EVERY release is
+    calibrated in zCDP (``rho`` set, with ``zcdp_delta``), their zCDP
+    composition converted once at the same total δ (``zcdp_composition_guarantee``)
+    holds too, provided Σ zcdp_delta < Σδ; the smaller ε of the two is
+    returned, with a note naming the route. Releases must use independent
+    randomness.
+    """
+    guarantees = list(guarantees)
+    if not guarantees:
+        return PrivacyGuarantee(0.0, 0.0, note="no release")
+    eps, delta = basic_composition((g.epsilon, g.delta) for g in guarantees)
+    best = PrivacyGuarantee(eps, delta, note=f"basic composition of {len(guarantees)} "
+                                             f"release(s)")
+    if all(g.rho is not None and g.zcdp_delta is not None for g in guarantees):
+        zdelta = math.fsum(g.zcdp_delta for g in guarantees)
+        if zdelta < delta < 1:
+            z = zcdp_composition_guarantee(((g.rho, g.zcdp_delta) for g in guarantees), delta)
+            if z.epsilon < best.epsilon:
+                best = z
+    return best
+
+
 def pay_what_you_get_epsilon(epsilon: float, delta: float, max_selections: int,
                              max_queries: int) -> Tuple[float, float, float]:
     """Calibrates a pay-what-you-get budget of top-k queries to fit (ε, δ)-DP.
@@ -158,7 +183,8 @@ def pay_what_you_get_epsilon(epsilon: float, delta: float, max_selections: int,
     return lo, delta_per_query, conversion_delta
 
 
-def _fits(spent: float, total: float) -> bool:
+def fits(spent: float, total: float) -> bool:
+    """``spent <= total`` up to ``RELATIVE_TOLERANCE`` (shares' rounding)."""
     return spent <= total * (1.0 + RELATIVE_TOLERANCE)
 
 
@@ -232,7 +258,7 @@ class ZcdpBudget:
                 raise ValueError("give fraction, or both rho and delta")
             rho_i, delta_i = cal.check_rho(rho), cal.check_delta(delta, upper=0.5)
         spent_r, spent_d = self.spent
-        if not (_fits(spent_r + rho_i, self.rho) and _fits(spent_d + delta_i, self.delta)):
+        if not (fits(spent_r + rho_i, self.rho) and fits(spent_d + delta_i, self.delta)):
             raise ValueError(
                 f"zCDP budget overspent by {name!r}: it asks ρ={rho_i:.6g}, δ={delta_i:.3g}; "
                 f"{self.rho - spent_r:.6g} of ρ={self.rho:.6g} and {self.delta - spent_d:.3g} "
@@ -341,8 +367,8 @@ class PrivacyBudget:
                 raise ValueError("give fraction, or both epsilon and delta")
             share = Share(cal.check_epsilon(epsilon), cal.check_delta(delta))
         a = self.allocated
-        if not (_fits(a.epsilon + share.epsilon, self.epsilon)
-                and _fits(a.delta + share.delta, self.delta)):
+        if not (fits(a.epsilon + share.epsilon, self.epsilon)
+                and fits(a.delta + share.delta, self.delta)):
             raise ValueError(
                 f"privacy budget overspent by {name!r}: it asks ε={share.epsilon:.6g}, "
                 f"δ={share.delta:.3g}; {self.epsilon - a.epsilon:.6g} of ε={self.epsilon:g} and "
@@ -392,7 +418,7 @@ class PrivacyBudget:
         built = make_mechanism(mechanism, MechanismParams(epsilon=share.epsilon,
                                                           delta=share.delta, **params))
         g = built.guarantee
-        if not (_fits(g.epsilon, share.epsilon) and _fits(g.delta, share.delta)):
+        if not (fits(g.epsilon, share.epsilon) and fits(g.delta, share.delta)):
             raise ValueError(f"{mechanism} states ({g.epsilon:.6g}, {g.delta:.3g})-DP, more than "
                              f"its share ({share.epsilon:.6g}, {share.delta:.3g})")
         self._add(_Part(name, "dp", share, lambda: g, built.describe))

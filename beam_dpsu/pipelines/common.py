@@ -49,6 +49,10 @@ from beam_dpsu.noise import RunKey
 from beam_dpsu.textio import match_files
 
 ITEMS_SUFFIX = "-items-00000-of-00001"
+#: Further releases a run can write beside its main one, as ``PREFIX + suffix``
+#: (``beam-dpsu select --top-k``: ``PREFIX.top-k-items-00000-of-00001``).
+TOPK_SUFFIX = ".top-k"
+SUB_RELEASE_SUFFIXES = (TOPK_SUFFIX,)
 PUBLIC_SUFFIX = ".json"
 PRIVATE_SUFFIX = ".PRIVATE-run-details.json"
 
@@ -281,7 +285,9 @@ def earlier_outputs(prefix: str, dead_letter: Optional[str] = None) -> List[str]
     The dead-letter files are those of ``dead_letter`` and those the earlier
     run's private details name.
     """
-    found = match_files(prefix + "-items-*")
+    found = []
+    for suffix in ("",) + SUB_RELEASE_SUFFIXES:
+        found += match_files(prefix + suffix + "-items-*")
     found += _existing([prefix + PUBLIC_SUFFIX, prefix + PRIVATE_SUFFIX])
     patterns = [dead_letter + "-*"] if dead_letter else []
     if prefix + PRIVATE_SUFFIX in found:
@@ -384,24 +390,26 @@ def sorted_text(lines: Sequence[str]) -> List[str]:
 
 
 def write_items(lines: beam.PCollection, prefix: str,
-                arrange: Callable[[List[Any]], List[str]] = sorted_text) -> None:
+                arrange: Callable[[List[Any]], List[str]] = sorted_text,
+                label: str = "") -> None:
     """Writes a release as ONE file ``PREFIX-items-00000-of-00001``.
 
     The released elements are collected (the release is small next to the
     data) and ``arrange`` turns the whole list into the file's text (default:
     sorted lines), so the order of lines never depends on the order in which
     the runner produced them, which could reflect the input order and so
-    individual users.
+    individual users. ``label`` prefixes the steps' labels (a second release
+    of the same pipeline needs its own).
     """
     if not runners.capabilities(lines.pipeline).file_sinks:
         # No working file sink (Dask): GroupByKey under one key, one ParDo writes the
         # file (an empty release writes none; run_release then creates it empty).
-        lines | "WriteItems" >> runners.WriteOneFile(prefix + ITEMS_SUFFIX, arrange)
+        lines | label + "WriteItems" >> runners.WriteOneFile(prefix + ITEMS_SUFFIX, arrange)
         return
     (lines
-     | "CollectRelease" >> beam.combiners.ToList()
-     | "ArrangeRelease" >> beam.FlatMap(arrange)
-     | "WriteItems" >> beam.io.WriteToText(prefix + "-items", num_shards=1,
+     | label + "CollectRelease" >> beam.combiners.ToList()
+     | label + "ArrangeRelease" >> beam.FlatMap(arrange)
+     | label + "WriteItems" >> beam.io.WriteToText(prefix + "-items", num_shards=1,
                                            shard_name_template="-SSSSS-of-NNNNN"))
 
 
@@ -531,7 +539,8 @@ def write_private(prefix: str, details: Dict[str, Any]) -> None:
 
 def run_release(args, beam_args: Sequence[str],
                 build: Callable[[beam.Pipeline, RunKey], None],
-                public_fields: Callable[[Any, int], Dict[str, Any]]) -> Dict[str, Any]:
+                public_fields: Callable[[Any, int], Dict[str, Any]],
+                sub_releases: Sequence[str] = ()) -> Dict[str, Any]:
     """The whole life of a release, shared by every release pipeline.
 
     ``args`` has ``input``, ``output``, ``overwrite``, ``insecure_test_seed``
@@ -541,6 +550,11 @@ def run_release(args, beam_args: Sequence[str],
     fields. Checks every location before anything is read or created, runs,
     refuses a run without a well-formed input line (deleting its items file),
     writes the owner-only details and then the public summary.
+
+    ``sub_releases``: suffixes (of ``SUB_RELEASE_SUFFIXES``) of further
+    releases ``build`` writes with ``write_items(..., PREFIX + suffix)``; the
+    main release's ``num_released`` is then its file's line count, since the
+    ``released`` counter counts every release of the run.
 
     Returns the public summary with the owner-only details under
     ``"PRIVATE_run_details"`` (what ``main`` prints is public fields only).
@@ -573,14 +587,17 @@ def run_release(args, beam_args: Sequence[str],
         raise
     finally:
         _RUN_PROGRESS.reset(token)
-    if not FileSystems.exists(args.output + ITEMS_SUFFIX):
-        # a writer without file sink writes no file for an empty release (Dask)
-        with FileSystems.create(args.output + ITEMS_SUFFIX) as f:
-            f.write(b"")
+    prefixes = [args.output] + [args.output + suffix for suffix in sub_releases]
+    for prefix in prefixes:
+        if not FileSystems.exists(prefix + ITEMS_SUFFIX):
+            # a writer without file sink writes no file for an empty release (Dask)
+            with FileSystems.create(prefix + ITEMS_SUFFIX) as f:
+                f.write(b"")
     users = counter(result, "users")
     malformed = counter(result, "malformed_lines")
     if users == 0:
-        delete_files(match_files(args.output + "-items-*"))
+        for prefix in prefixes:
+            delete_files(match_files(prefix + "-items-*"))
         remove_empty(created)
         raise NoWellFormedInput(
             f"no well-formed user<TAB>item line in {args.input!r} ({malformed or 0} malformed "
@@ -595,7 +612,7 @@ def run_release(args, beam_args: Sequence[str],
     progress(f"pipeline finished in {wall:.1f} s: "
              + (f"{users} users, {malformed or 0} malformed lines; " if users is not None
                 else "") + "writing the summaries")
-    released = counter(result, "released")
+    released = counter(result, "released") if not sub_releases else None
     if released is None:
         released = count_output_lines(args.output)
     public = dict(public_fields(result, released))
@@ -618,6 +635,8 @@ def run_release(args, beam_args: Sequence[str],
         "runner": runner,
         "wall_seconds": round(wall, 3),
         "items_output": args.output + ITEMS_SUFFIX,
+        **({"other_items_outputs": [p + ITEMS_SUFFIX for p in prefixes[1:]]}
+           if sub_releases else {}),
         "public_summary": args.output + PUBLIC_SUFFIX,
         "dead_letter_files": (dead_letter + "-*") if dead_letter else None,
     }
@@ -631,29 +650,14 @@ def run_release(args, beam_args: Sequence[str],
     return dict(public, PRIVATE_run_details=details)
 
 
-def run_query(argv: Optional[Sequence[str]], parse_args, build_pipeline,
-              public_fields: Callable[[Any, Any, int], Dict[str, Any]]) -> Dict[str, Any]:
-    """The ``run`` of a release pipeline: parse, then ``run_release`` its graph.
-
-    ``parse_args(argv) -> (args, mechanism, beam_args)`` validates everything;
-    ``build_pipeline(p, input, output, mechanism, run_key, dead_letter)`` adds
-    the graph; ``public_fields(mechanism, result, num_released)`` gives the
-    mechanism's publishable fields.
-    """
-    args, mechanism, beam_args = parse_args(argv)
-    return run_release(
-        args, beam_args,
-        lambda p, run_key: build_pipeline(p, args.input, args.output, mechanism, run_key,
-                                          args.dead_letter),
-        lambda result, released: public_fields(mechanism, result, released))
-
-
 def main_wrapper(prog: str, run: Callable[[Optional[Sequence[str]]], Dict[str, Any]],
-                 argv: Optional[Sequence[str]], echo: Sequence[str]) -> int:
+                 argv: Optional[Sequence[str]], echo: Sequence[str],
+                 nested: Optional[Dict[str, Sequence[str]]] = None) -> int:
     """Runs ``run(argv)`` with the exit-status conventions; prints ``echo`` keys as JSON.
 
-    ``echo`` must name public fields only (users paste what is printed); a
-    run with an insecure test seed also prints it.
+    ``echo`` must name public fields only (users paste what is printed), as
+    must ``nested`` (``{key: fields}``: those fields of a sub-dict, printed
+    when the summary has it); a run with an insecure test seed also prints it.
     """
     # Beam logs worker failures with tracebacks; we print one line instead
     cli.configure_logging(cli.wants_verbose(list(sys.argv[1:] if argv is None else argv)))
@@ -661,6 +665,9 @@ def main_wrapper(prog: str, run: Callable[[Optional[Sequence[str]]], Dict[str, A
     def body() -> int:
         summary = run(argv)
         printed = {k: summary.get(k) for k in echo}
+        for key, fields in (nested or {}).items():
+            if isinstance(summary.get(key), dict):
+                printed[key] = {k: summary[key].get(k) for k in fields}
         if summary.get("insecure_test_seed") is not None:
             printed["insecure_test_seed"] = summary["insecure_test_seed"]
         print(json.dumps(printed, ensure_ascii=False))

@@ -5,6 +5,7 @@ Usage::
     beam-dpsu compare --input PATH --mechanisms LIST --epsilon E --delta D
         [--max-items-per-user N] [--alpha A] [--rounds I] [--ratio r]
         [--public-counts PATH] [--trials N] [--epsilons LIST] [--engine core|beam]
+        [--budget-epsilon E --budget-delta D]
         --output DIR [any Beam pipeline option, with --engine beam]
 
 ``LIST`` is comma-separated mechanism names, each optionally with its own
@@ -45,6 +46,15 @@ fit in memory.
 The released counts are outputs of private mechanisms, but this tool runs each
 mechanism many times on the same data: the comparison itself is NOT
 differentially private. Use it to choose a mechanism, then release once.
+
+What the trials cost together: every trial is a release, so
+``results.json`` states ``privacy_cost``, the composition of all of them
+(basic composition; zCDP composition converted once when every mechanism is
+zCDP-calibrated): what publishing the released counts would cost, were they
+published. ``--budget-epsilon E --budget-delta D`` caps it: a comparison
+whose trials would spend more is refused before any data is read. The
+coverage figures and the released-by-users table use the exact data and are
+never covered.
 """
 from __future__ import annotations
 
@@ -62,7 +72,7 @@ from beam_dpsu import core, textio, utility
 from beam_dpsu.mechanisms import params
 from beam_dpsu.noise import RunKey
 from beam_dpsu.registry import REGISTRY, MechanismParams, make_mechanism
-from beam_dpsu.pipelines import common
+from beam_dpsu.pipelines import common, run_budget
 from beam_dpsu.pipelines.common import UsageError
 
 PROG = "compare"
@@ -116,6 +126,7 @@ def build_parser() -> common.ArgumentParser:
     p.add_argument("--trials", type=int, default=5, help="runs per mechanism and ε (default 5)")
     p.add_argument("--engine", choices=("core", "beam"), default="core")
     params.add_arguments(p, ["allow_unproven"])
+    run_budget.add_arguments(p, shares=False)
     return p
 
 
@@ -152,7 +163,21 @@ def parse_args(argv):
             except ValueError as e:
                 raise UsageError(f"{label(name, own)} at ε={eps:g}: "
                                  f"{params.as_flags(str(e))}") from None
+    args.privacy_cost = privacy_cost(args, built)
     return args, beam_args, specs, epsilons, built
+
+
+def privacy_cost(args, built) -> Dict[str, Any]:
+    """The composed guarantee of every trial (``--trials`` per mechanism and ε),
+    checked against ``--budget-epsilon/--budget-delta``; what it covers."""
+    guarantees = [mech.guarantee for mech in built.values() for _ in range(args.trials)]
+    cost = run_budget.total_cost(
+        args, guarantees, f"{args.trials} trial(s) of {len(built)} mechanism and ε "
+                          f"combination(s)")
+    cost["covers"] = ("the released counts (each a function of one release); NOT the "
+                      "occurrence coverage, missing mass or released-by-users figures, which "
+                      "use the exact data")
+    return cost
 
 
 def load_per_user(pattern: str) -> Dict[Any, Dict[Any, int]]:
@@ -319,6 +344,13 @@ def markdown(results, args, epsilons, command: str) -> str:
             for r in rows:
                 lines.append(f"| {r['label']} | " +
                              " | ".join(str(r["released_by_users"][b]) for b in bins) + " |")
+    cost = getattr(args, "privacy_cost", None)
+    if cost:
+        lines += ["", f"What the {cost['releases']} releases of this comparison cost together: "
+                  f"ε = {cost['epsilon']:.4g}, δ = {cost['delta']:.3g} ({cost['composition']}"
+                  + (f"; within the stated budget ε = {cost['budget_epsilon']:g}, "
+                     f"δ = {cost['budget_delta']:g}" if cost["budget_epsilon"] is not None
+                     else "") + "). It covers " + cost["covers"] + "."]
     lines += ["", "These counts come from many runs on the same data: the comparison itself "
               "is not differentially private."]
     return "\n".join(lines) + "\n"
@@ -474,6 +506,7 @@ def run(argv: Optional[Sequence[str]] = None, progress=None) -> Dict[str, Any]:
     summary = {"input": args.input, "delta": args.delta, "epsilons": epsilons,
                "trials": args.trials, "engine": args.engine, "command": command,
                "results": results, "plots": plots, "seconds": round(time.time() - start, 1),
+               "privacy_cost": args.privacy_cost,
                "not_private": "many runs on the same data: this comparison is not DP"}
     with open(os.path.join(args.output, "results.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=2, ensure_ascii=False, default=str)
@@ -482,7 +515,7 @@ def run(argv: Optional[Sequence[str]] = None, progress=None) -> Dict[str, Any]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     return common.main_wrapper(PROG, run, argv, ("input", "epsilons", "trials", "plots",
-                                                 "seconds"))
+                                                 "seconds", "privacy_cost"))
 
 
 if __name__ == "__main__":  # python -m beam_dpsu.pipelines.X: see beam_dpsu.cli

@@ -7,6 +7,8 @@ Usage::
         [--rounds I] [--ratio r] [--public-counts PATH] [--tie-break T] [--eta H]
         [--variant cascade-free|published --allow-unproven] [--overwrite]
         [--dead-letter PATH] [--insecure-test-seed N]
+        [--budget-epsilon E --budget-delta D [--top-k K [--top-k-bar KBAR]
+         [--top-k-max-items N]] [--share select=F] [--share top-k=F]]
         [any Beam pipeline option, e.g. --runner=DirectRunner]
 
 Input: text files (glob allowed, ``.gz``/``.bz2`` decompressed), one
@@ -25,6 +27,19 @@ Output (see ``beam_dpsu.pipelines.common``):
   malformed-line counts, input, runner, timings: for the data owner, NEVER
   to be published.
 
+One budget for several releases (``beam_dpsu.pipelines.run_budget``):
+``--budget-epsilon E --budget-delta D`` states the total guarantee of the
+run instead of ``--epsilon``/``--delta``; the key set is calibrated from its
+``--share select=F`` (default: all of it, or an equal split). ``--top-k K``
+also releases, from the same read, the differentially private top ``K``
+items (Gumbel, Algorithm 2; ``--top-k-bar`` candidates, default K;
+``--top-k-max-items`` Δ, default unrestricted) to
+``PREFIX.top-k-items-00000-of-00001`` (``rank<TAB>item``, rank order), paid
+for by its ``--share top-k=F`` as a pay-what-you-get pool of K selections and
+one query. ``PREFIX.json`` then states the run's total (``epsilon``,
+``delta``, with every part under ``budget``), the key set's own guarantee as
+``release_epsilon``/``release_delta`` and the top-k release under ``top_k``.
+
 Outputs of an earlier run under ``PREFIX`` are refused unless ``--overwrite``
 is given, which deletes them first. ``--insecure-test-seed N`` (tests only)
 makes the run reproducible and NOT private.
@@ -34,16 +49,21 @@ any data is read; other failures exit with status 1 and a one-line message.
 """
 from __future__ import annotations
 
+import dataclasses
+import os
 import sys
 from typing import List, Optional, Sequence, Tuple
 
 import apache_beam as beam
 
+from beam_dpsu.accounting import PayWhatYouGetAccountant
+from beam_dpsu.budget import PrivacyBudget
 from beam_dpsu.mechanisms import Mechanism, SelectPartitions, params
 from beam_dpsu.noise import RunKey
 from beam_dpsu.registry import REGISTRY, MechanismParams, make_mechanism
 from beam_dpsu.textio import ReadUserItems
-from beam_dpsu.pipelines import common
+from beam_dpsu.topk import TopK, TopKMechanism
+from beam_dpsu.pipelines import common, run_budget, top_k as top_k_pipeline
 from beam_dpsu.pipelines.common import UsageError  # noqa: F401  (re-exported for callers)
 
 PROG = "select_partitions"
@@ -56,17 +76,74 @@ def build_parser() -> common.ArgumentParser:
                    help="one of: " + ", ".join(sorted(REGISTRY)))
     params.add_arguments(p, list(params.MECHANISM_PARAMS))
     common.add_dead_letter_argument(p)
+    run_budget.add_arguments(p, RELEASES)
+    g = p.add_argument_group("a top-k release in the same run (needs the budget flags)")
+    g.add_argument("--top-k", dest="top_k", type=int, metavar="K",
+                   help="also release the differentially private top K items to "
+                        "PREFIX.top-k-items-00000-of-00001. Privacy: paid from --share top-k")
+    g.add_argument("--top-k-bar", dest="top_k_bar", type=int, metavar="KBAR",
+                   help="top-k candidates k̄ >= K (default K). Privacy: none (the threshold "
+                        "grows with log(k̄/δ)/ε)")
+    g.add_argument("--top-k-max-items", dest="top_k_max_items", type=int, metavar="N",
+                   help="top-k: Δ, distinct items kept per user (default unrestricted). "
+                        "Privacy: none")
     return p
 
 
-def parse_args(argv: Optional[Sequence[str]]) -> Tuple[object, Mechanism, List[str]]:
+#: the releases a run can make, as ``--share`` names them
+RELEASES = ("select", "top-k")
+
+
+@dataclasses.dataclass
+class Plan:
+    """What one run releases: the key set's mechanism and, optionally, a top-k query
+    and the budget both were calibrated from."""
+    mechanism: Mechanism
+    top_k: Optional[TopKMechanism] = None
+    budget: Optional[PrivacyBudget] = None
+    #: the top-k query's pay-what-you-get pool (k selections, one query)
+    pool: Optional[PayWhatYouGetAccountant] = None
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> Tuple[object, Plan, List[str]]:
     """Parses and validates everything; raises UsageError for any user mistake."""
     args, beam_args = common.parse_known(build_parser(), argv)
+    releases = ["select"] + (["top-k"] if args.top_k is not None else [])
+    planned = run_budget.plan(args, releases)
+    if planned is None:
+        if args.top_k is not None:
+            raise UsageError("--top-k makes a second release in this run: state the run's "
+                             "total with --budget-epsilon and --budget-delta (and optionally "
+                             "--share select=F --share top-k=F)")
+        for name in ("top_k_bar", "top_k_max_items"):
+            if getattr(args, name) is not None:
+                raise UsageError(f"--{name.replace('_', '-')} needs --top-k")
+        try:
+            mechanism = make_mechanism(args.mechanism, MechanismParams.from_namespace(args))
+        except ValueError as e:
+            raise UsageError(params.as_flags(str(e))) from None
+        return args, Plan(mechanism), beam_args
+    budget, fractions = planned
+    values = {k: v for k, v in
+              dataclasses.asdict(MechanismParams.from_namespace(args)).items()
+              if k not in ("epsilon", "delta", "rho")}
     try:
-        mechanism = make_mechanism(args.mechanism, MechanismParams.from_namespace(args))
+        mechanism = budget.mechanism("select", args.mechanism, fraction=fractions["select"],
+                                     **values)
     except ValueError as e:
         raise UsageError(params.as_flags(str(e))) from None
-    return args, mechanism, beam_args
+    topk = pool = None
+    if args.top_k is not None:
+        if args.top_k < 1 or (args.top_k_bar is not None and args.top_k_bar < args.top_k):
+            raise UsageError("--top-k must be an integer >= 1 and --top-k-bar >= --top-k")
+        try:
+            pool = budget.pay_what_you_get("top-k", max_selections=args.top_k, max_queries=1,
+                                           fraction=fractions["top-k"])
+            topk = TopKMechanism(k=args.top_k, k_bar=args.top_k_bar, epsilon=pool.epsilon,
+                                 delta=pool.delta, max_items=args.top_k_max_items)
+        except ValueError as e:
+            raise UsageError("--top-k: " + params.as_flags(str(e))) from None
+    return args, Plan(mechanism, topk, budget, pool), beam_args
 
 
 def _to_line(item) -> str:
@@ -75,14 +152,25 @@ def _to_line(item) -> str:
 
 def build_pipeline(p: beam.Pipeline, input_pattern: str, output_prefix: str,
                    mechanism: Mechanism, run_key: RunKey,
-                   dead_letter: Optional[str] = None) -> None:
-    """Adds the read → select → write graph to ``p`` (one sorted items file)."""
+                   dead_letter: Optional[str] = None,
+                   top_k: Optional[TopKMechanism] = None) -> None:
+    """Adds the read → select → write graph to ``p`` (one sorted items file).
+
+    With ``top_k``, the same per-user data also feeds ``TopK``, written in rank
+    order to ``output_prefix + common.TOPK_SUFFIX``. Both releases use the one
+    ``run_key`` under distinct purposes (the set-union mechanisms' and top-k's
+    subkeys differ), so their randomness is independent, as composition needs.
+    """
     users, malformed = p | "ReadUserItems" >> ReadUserItems(
         input_pattern, keep_order=mechanism.needs_record_order, with_malformed=True)
     per_user = users | "CountUsers" >> beam.ParDo(common.CountUsers())
     common.write_dead_letter(malformed, dead_letter)
     items = per_user | "SelectPartitions" >> SelectPartitions(mechanism, run_key, per_user=True)
     common.write_items(items | "ToLine" >> beam.Map(_to_line), output_prefix)
+    if top_k is not None:
+        ranked = per_user | "TopK" >> TopK(top_k, run_key, per_user=True)
+        common.write_items(ranked, output_prefix + common.TOPK_SUFFIX,
+                           arrange=top_k_pipeline.ranked_text, label="TopK")
 
 
 def public_fields(mechanism: Mechanism, result, released: int) -> dict:
@@ -94,15 +182,60 @@ def public_fields(mechanism: Mechanism, result, released: int) -> dict:
     return fields
 
 
+def budget_fields(plan: Plan, fields: dict, output_prefix: str) -> dict:
+    """``fields`` of the key set, restated for a run with a budget: ``epsilon``/``delta``
+    become the run's total, the key set's own move to ``release_*``, the budget's
+    statement goes under ``budget`` and the top-k release under ``top_k``."""
+    if plan.top_k is not None:  # first, so that the budget's statement shows the charge
+        prefix = output_prefix + common.TOPK_SUFFIX
+        released = common.count_output_lines(prefix)
+        plan.pool.record(plan.top_k.k, released)  # "spent" fields: information only
+        topk = top_k_pipeline.public_fields(plan.top_k, released)
+        topk.update(num_released=released,
+                    items_file=os.path.basename(prefix) + common.ITEMS_SUFFIX)
+        fields["top_k"] = topk
+    total = plan.budget.guarantee()
+    fields["release_epsilon"], fields["release_delta"] = fields.get("epsilon"), fields.get("delta")
+    fields["epsilon"], fields["delta"] = total.epsilon, total.delta
+    fields["epsilon_meaning"] = (
+        "the guarantee of everything this run released (the items file"
+        + (" and the top-k file" if plan.top_k is not None else "")
+        + "): basic composition of the parts under 'budget'; the key set's own is "
+          "release_epsilon/release_delta")
+    fields["budget"] = plan.budget.describe()
+    units = dict(fields.get("units") or {})
+    units.update({
+        "release_epsilon": "ε of the key set alone (its share of the budget)",
+        "release_delta": "δ of the key set alone",
+        "budget": "the run's budget: total, every release's share and stated guarantee",
+    })
+    if plan.top_k is not None:
+        units["top_k"] = ("the top-k release of this run (its own fields; its epsilon is the "
+                          "whole query's, within its share)")
+    fields["units"] = units
+    return fields
+
+
 def run(argv: Optional[Sequence[str]] = None) -> dict:
     """Runs the pipeline; returns the public summary (also written to PREFIX.json) with
     the owner-only details (PREFIX.PRIVATE-run-details.json) under "PRIVATE_run_details"."""
-    return common.run_query(argv, parse_args, build_pipeline, public_fields)
+    args, plan, beam_args = parse_args(argv)
+
+    def fields(result, released):
+        out = public_fields(plan.mechanism, result, released)
+        return out if plan.budget is None else budget_fields(plan, out, args.output)
+
+    return common.run_release(
+        args, beam_args,
+        lambda p, run_key: build_pipeline(p, args.input, args.output, plan.mechanism, run_key,
+                                          args.dead_letter, plan.top_k),
+        fields, sub_releases=(common.TOPK_SUFFIX,) if plan.top_k is not None else ())
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     return common.main_wrapper(PROG, run, argv,
-                               ("mechanism", "epsilon", "delta", "num_released"))
+                               ("mechanism", "epsilon", "delta", "num_released"),
+                               nested={"top_k": ("num_released", "epsilon", "charge")})
 
 
 if __name__ == "__main__":  # python -m beam_dpsu.pipelines.X: see beam_dpsu.cli

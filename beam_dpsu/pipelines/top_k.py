@@ -3,7 +3,8 @@
 Usage::
 
     beam-dpsu top-k --input PATH --output PREFIX --k K [--k-bar KBAR]
-        --epsilon E --delta D [--max-items-per-user N] [--with-counts] [--overwrite]
+        (--epsilon E --delta D | --budget-epsilon E --budget-delta D)
+        [--max-items-per-user N] [--with-counts] [--overwrite]
         [--dead-letter PATH] [--insecure-test-seed N]
         [any Beam pipeline option, e.g. --runner=DirectRunner]
 
@@ -21,6 +22,13 @@ the stand-alone guarantee of the whole query (k selections); the flag's value
 is ``epsilon_per_selection``. With ``--with-counts`` it is Algorithm 1
 (Laplace, needs ``--max-items-per-user``): ``--epsilon`` is the ε of the whole
 query and noisy counts (on a discrete grid) are released.
+
+``--budget-epsilon E --budget-delta D`` instead states the guarantee of the
+whole query and lets the command calibrate it: Algorithm 2's per-selection ε
+is the largest whose budget of ``k`` selections and one query is within
+(E, D) (``beam_dpsu.budget.pay_what_you_get_epsilon``); Algorithm 1 gets
+(E, D). ``PREFIX.json`` then also holds the budget's statement under
+``budget`` (see ``beam_dpsu.pipelines.run_budget``).
 
 Output: ``PREFIX-items-00000-of-00001`` with lines ``rank<TAB>item`` (or
 ``rank<TAB>item<TAB>noisy_count``), rank 1 first (the rank order is part of
@@ -43,7 +51,7 @@ from beam_dpsu.mechanisms import params
 from beam_dpsu.noise import RunKey
 from beam_dpsu.textio import ReadUserItems
 from beam_dpsu.topk import TopK, TopKMechanism, format_line
-from beam_dpsu.pipelines import common
+from beam_dpsu.pipelines import common, run_budget
 from beam_dpsu.pipelines.common import UsageError  # noqa: F401  (re-exported for callers)
 
 PROG = "top_k"
@@ -53,29 +61,50 @@ def build_parser():
     p = common.ArgumentParser(PROG, __doc__.split("\n")[0])
     common.add_io_arguments(p)
     params.add_arguments(p, ["k", "k_bar", "epsilon", "delta", "max_items"],
-                         required=("k", "epsilon", "delta"), help={
+                         required=("k",), help={
         "epsilon": "ε > 0: per selection (Gumbel), or of the query (--with-counts)",
         "delta": "δ of the query (0 < δ < 1)",
         "max_items": "Δ, distinct items kept per user (integer >= 1); required by "
                      "--with-counts; default: unrestricted (Gumbel only)"})
     common.add_dead_letter_argument(p)
     params.add_arguments(p, ["with_counts"])
+    run_budget.add_arguments(p, ("top-k",))
     return p
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> Tuple[object, TopKMechanism, List[str]]:
-    """Parses and validates everything; raises UsageError for any user mistake."""
+    """Parses and validates everything; raises UsageError for any user mistake.
+
+    With the budget flags, ``args.budget`` is the ``PrivacyBudget`` the query
+    was calibrated from (else None).
+    """
     args, beam_args = common.parse_known(build_parser(), argv)
+    planned = run_budget.plan(args, ("top-k",), replaced=("epsilon", "delta"))
+    args.budget = None
     try:
-        mechanism = TopKMechanism(k=args.k, k_bar=args.k_bar, epsilon=args.epsilon,
-                                  delta=args.delta, max_items=args.max_items,
+        if planned is None:
+            if args.epsilon is None or args.delta is None:
+                raise UsageError("give --epsilon and --delta, or the query's total with "
+                                 "--budget-epsilon and --budget-delta")
+            epsilon, delta = args.epsilon, args.delta
+        else:
+            args.budget, fractions = planned
+            if args.with_counts:
+                share = args.budget.take("top-k", fraction=fractions["top-k"])
+                epsilon, delta = share.epsilon, share.delta
+            else:
+                pool = args.budget.pay_what_you_get("top-k", max_selections=args.k,
+                                                    max_queries=1, fraction=fractions["top-k"])
+                epsilon, delta = pool.epsilon, pool.delta
+        mechanism = TopKMechanism(k=args.k, k_bar=args.k_bar, epsilon=epsilon,
+                                  delta=delta, max_items=args.max_items,
                                   with_counts=args.with_counts)
     except ValueError as e:
         raise UsageError(params.as_flags(str(e))) from None
     return args, mechanism, beam_args
 
 
-def _ranked_text(rows) -> List[str]:
+def ranked_text(rows) -> List[str]:
     rows = sorted(rows, key=lambda r: r[0])
     return ["\n".join(format_line(r) for r in rows)] if rows else []
 
@@ -90,7 +119,7 @@ def build_pipeline(p: beam.Pipeline, input_pattern: str, output_prefix: str,
     ranked = (per_user
               | "CountUsers" >> beam.ParDo(common.CountUsers())
               | "TopK" >> TopK(mechanism, run_key, per_user=True))
-    common.write_items(ranked, output_prefix, arrange=_ranked_text)
+    common.write_items(ranked, output_prefix, arrange=ranked_text)
 
 
 def public_fields(mechanism: TopKMechanism, released: int) -> dict:
@@ -111,8 +140,20 @@ def public_fields(mechanism: TopKMechanism, released: int) -> dict:
 def run(argv: Optional[Sequence[str]] = None) -> dict:
     """Runs the pipeline; returns the public summary (also written to PREFIX.json) with
     the owner-only details (PREFIX.PRIVATE-run-details.json) under "PRIVATE_run_details"."""
-    return common.run_query(argv, parse_args, build_pipeline,
-                            lambda mechanism, result, released: public_fields(mechanism, released))
+    args, mechanism, beam_args = parse_args(argv)
+
+    def fields(result, released):
+        out = public_fields(mechanism, released)
+        if args.budget is not None:
+            out["budget"] = args.budget.describe()
+            out["units"] = dict(out.get("units") or {}, budget=(
+                "the budget the query was calibrated from: total, share, stated guarantee"))
+        return out
+
+    return common.run_release(
+        args, beam_args,
+        lambda p, run_key: build_pipeline(p, args.input, args.output, mechanism, run_key,
+                                          args.dead_letter), fields)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
