@@ -105,8 +105,16 @@ class Plan:
     pool: Optional[PayWhatYouGetAccountant] = None
 
 
-def parse_args(argv: Optional[Sequence[str]]) -> Tuple[object, Plan, List[str]]:
-    """Parses and validates everything; raises UsageError for any user mistake."""
+def parse_args(argv: Optional[Sequence[str]]) -> Tuple[object, Mechanism, List[str]]:
+    """Parses and validates everything; returns (args, the key set's mechanism, Beam's
+    arguments). Raises UsageError for any user mistake."""
+    args, plan, beam_args = parse_plan(argv)
+    return args, plan.mechanism, beam_args
+
+
+def parse_plan(argv: Optional[Sequence[str]]) -> Tuple[object, Plan, List[str]]:
+    """Parses and validates everything; returns (args, what the run releases, Beam's
+    arguments). Raises UsageError for any user mistake."""
     args, beam_args = common.parse_known(build_parser(), argv)
     releases = ["select"] + (["top-k"] if args.top_k is not None else [])
     planned = run_budget.plan(args, releases)
@@ -219,7 +227,7 @@ def budget_fields(plan: Plan, fields: dict, output_prefix: str) -> dict:
 def run(argv: Optional[Sequence[str]] = None) -> dict:
     """Runs the pipeline; returns the public summary (also written to PREFIX.json) with
     the owner-only details (PREFIX.PRIVATE-run-details.json) under "PRIVATE_run_details"."""
-    args, plan, beam_args = parse_args(argv)
+    args, plan, beam_args = parse_plan(argv)
 
     def fields(result, released):
         out = public_fields(plan.mechanism, result, released)
