@@ -24,6 +24,7 @@ from beam_dpsu.pipelines import run_budget
 from pipelines import compare, select_partitions, top_k
 
 ITEMS = "-items-00000-of-00001"
+TOPK = "-top-k-00000-of-00001"
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +136,7 @@ def test_select_with_top_k_releases_exactly_the_hand_calibrated_releases(data, t
     # the top-k: exactly Algorithm 2 at the per-selection ε of its pay-what-you-get pool
     eps_sel, delta_q, _ = B.pay_what_you_get_epsilon(2.0, 2.5e-6, 3, 1)
     assert s["top_k"]["epsilon_per_selection"] == pytest.approx(eps_sel, rel=1e-12)
-    ranked = lines(out + ".top-k" + ITEMS)
+    ranked = lines(out + TOPK)
     assert ranked[0] == "1\ti0" and len(ranked) == s["top_k"]["num_released"]
     assert [l.split("\t")[0] for l in ranked] == [str(r + 1) for r in range(len(ranked))]
     alone_k = str(tmp_path / "alone-k")
@@ -144,6 +145,41 @@ def test_select_with_top_k_releases_exactly_the_hand_calibrated_releases(data, t
                        "--delta", repr(delta_q), "--insecure-test-seed", "11", "--quiet"]) == 0
     assert ranked == lines(alone_k + ITEMS)
     assert parts[1]["detail"]["spent_selections"] == s["top_k"]["charge"]["selections"]
+    assert s["top_k"]["items_file"] == "run" + TOPK
+    # the key set's own statement moved beside the total, which is the run's
+    assert s["release_guarantee"] == summary(alone)["guarantee"]
+    assert "basic composition" in s["guarantee"] and "EVERYTHING" in s["units"]["epsilon"]
+
+
+def test_key_set_and_top_k_draw_from_distinct_purposes(monkeypatch, tmp_path):
+    # Independent randomness (what composition needs): under one run key the
+    # key set's and the top-k's subkeys are derived for disjoint purposes.
+    from beam_dpsu import core, noise
+    from beam_dpsu.registry import REGISTRY, make_mechanism
+    from beam_dpsu.topk import TopKMechanism
+    used = []
+    original = noise.RunKey.subkey
+
+    def recording(self, purpose):
+        used.append(purpose)
+        return original(self, purpose)
+
+    monkeypatch.setattr(noise.RunKey, "subkey", recording)
+    per_user = {f"u{u}": {f"i{j}": 1 for j in range(u % 7 + 1)} for u in range(200)}
+    counts = tmp_path / "public.tsv"
+    counts.write_text("".join(f"i{j}\t{10 - j}\n" for j in range(7)), encoding="utf-8")
+    select_purposes = set()
+    for name in sorted(REGISTRY):
+        kw = {"public_counts": str(counts)} if name == "gw-kt" else {}
+        used.clear()
+        mech = make_mechanism(name, epsilon=1.0, delta=1e-6, **kw)
+        core.run_local(per_user, mech, noise.RunKey.from_test_seed(1))
+        assert used, name
+        select_purposes |= set(used)
+    used.clear()
+    TopKMechanism(k=3, epsilon=1.0, delta=1e-6).run_local(per_user, noise.RunKey.from_test_seed(1))
+    topk_purposes = set(used)
+    assert topk_purposes and not (topk_purposes & select_purposes)
 
 
 def test_overspending_shares_exit_2_before_anything_is_created(data, tmp_path, capsys):
@@ -165,6 +201,13 @@ def test_overspending_shares_exit_2_before_anything_is_created(data, tmp_path, c
     (["--budget-epsilon", "0", "--budget-delta", "1e-6"], "--budget-epsilon"),
     (["--budget-epsilon", "1", "--budget-delta", "1e-6", "--top-k", "3", "--top-k-bar", "2"],
      "--top-k-bar"),
+    (["--budget-epsilon", "1", "--budget-delta", "1e-6", "--top-k-bar", "5"], "needs --top-k"),
+    (["--budget-epsilon", "1", "--budget-delta", "1e-6", "--top-k-max-items", "3"],
+     "needs --top-k"),
+    (["--budget-epsilon", "1", "--budget-delta", "1e-6", "--share", "top-k=0.5"],
+     "needs --top-k"),
+    (["--budget-epsilon", "1", "--budget-delta", "1e-6", "--top-k", "3",
+      "--top-k-max-items", "0"], "--top-k-max-items"),
 ])
 def test_budget_flag_mistakes_exit_2(data, tmp_path, capsys, flags, fragment):
     rc = select_partitions.main(["--input", data, "--output", str(tmp_path / "x"),
@@ -180,15 +223,34 @@ def test_stale_top_k_release_is_found_and_overwritten(data, tmp_path, capsys):
     with_top = base[:-3] + ["--budget-epsilon", "2", "--budget-delta", "1e-5", "--top-k", "3",
                             "--insecure-test-seed", "2", "--quiet"]
     assert select_partitions.main(with_top) == 0
-    assert os.path.exists(out + ".top-k" + ITEMS)
-    os.remove(out + ".json")  # even without the summary, the top-k file is an earlier release
-    os.remove(out + ITEMS)
+    assert os.path.exists(out + TOPK)
+    # even without the summaries and the key set, the top-k file is an earlier release
+    for suffix in (".json", ".PRIVATE-run-details.json", ITEMS):
+        os.remove(out + suffix)
     capsys.readouterr()
     assert select_partitions.main(base + ["--epsilon", "1", "--delta", "1e-6"]) == 2
     assert "earlier run" in capsys.readouterr().err
     assert select_partitions.main(base + ["--epsilon", "1", "--delta", "1e-6",
                                           "--overwrite"]) == 0
-    assert not os.path.exists(out + ".top-k" + ITEMS)
+    assert not os.path.exists(out + TOPK)
+
+
+def test_another_runs_prefix_never_names_a_top_k_file(data, tmp_path):
+    # A run under PREFIX.top-k (or PREFIX-top-k) writes files that no --top-k run
+    # under PREFIX writes or deletes: the names cannot collide.
+    out = str(tmp_path / "run")
+    for other in (out + ".top-k", out + "-top-k"):
+        assert top_k.main(["--input", data, "--output", other, "--k", "2", "--epsilon", "1",
+                           "--delta", "1e-6", "--insecure-test-seed", "1", "--quiet"]) == 0
+    before = sorted(os.listdir(tmp_path))
+    assert select_partitions.main([
+        "--input", data, "--output", out, "--mechanism", "weighted-gaussian",
+        "--budget-epsilon", "2", "--budget-delta", "1e-5", "--top-k", "2",
+        "--insecure-test-seed", "1", "--quiet"]) == 0
+    after = sorted(os.listdir(tmp_path))
+    assert set(before) < set(after)
+    assert set(after) - set(before) == {"run" + ITEMS, "run.json", "run.PRIVATE-run-details.json",
+                                        "run" + TOPK}
 
 
 def test_select_with_sips_from_a_budget_states_its_conversion(data, tmp_path):
@@ -197,8 +259,16 @@ def test_select_with_sips_from_a_budget_states_its_conversion(data, tmp_path):
         "--input", data, "--output", out, "--mechanism", "sips", "--budget-epsilon", "1",
         "--budget-delta", "1e-6", "--insecure-test-seed", "1", "--quiet"]) == 0
     s = summary(out)
-    assert s["budget"]["parts"][0]["share_epsilon"] == 1.0
-    assert s["release_epsilon"] <= 1.0 * (1 + 1e-12) and s["epsilon"] == s["release_epsilon"]
+    part = s["budget"]["parts"][0]
+    assert part["share_epsilon"] == 1.0 and part["share_delta"] == 1e-6
+    # DP-SIPS takes the largest ρ whose conversion gives the share: its stated
+    # ε is the share's (up to the bisection), at δ = the share's δ
+    from beam_dpsu.accounting import zcdp_to_dp_epsilon
+    assert s["release_rho"] > 0 and s["release_zcdp_delta"] == pytest.approx(5e-7)
+    assert zcdp_to_dp_epsilon(s["release_rho"], s["release_zcdp_delta"], 1e-6) == \
+        pytest.approx(s["release_epsilon"], rel=1e-9)
+    assert 0.999 < s["release_epsilon"] <= 1.0 * (1 + 1e-12)
+    assert s["epsilon"] == s["release_epsilon"] and "zCDP" in s["release_guarantee"]
 
 
 # -- top-k: the query's total ---------------------------------------------------
@@ -212,6 +282,7 @@ def test_top_k_from_a_total_gets_the_largest_per_selection_epsilon(data, tmp_pat
     assert s["epsilon_per_selection"] == pytest.approx(eps_sel, rel=1e-12)
     assert s["epsilon"] <= 1.0 * (1 + 1e-9) and s["epsilon"] > 0.99  # the largest that fits
     assert s["budget"]["budget_epsilon"] == 1.0
+    assert s["budget"]["parts"][0]["detail"]["spent_selections"] == s["charge"]["selections"]
 
 
 def test_top_k_with_counts_from_a_total(data, tmp_path):
@@ -255,6 +326,14 @@ def test_compare_zcdp_trials_compose_in_zcdp(data, tmp_path):
     assert cost["delta"] == pytest.approx(4e-6) and cost["budget_epsilon"] == 3.0
 
 
+def test_compare_counts_a_mechanism_or_epsilon_listed_twice_twice(data, tmp_path, capsys):
+    rc = compare.main(["--input", data, "--output", str(tmp_path / "cmp"), "--mechanisms",
+                       "weighted-gaussian,weighted-gaussian", "--epsilons", "1,1",
+                       "--delta", "1e-6", "--trials", "2", "--budget-epsilon", "7",
+                       "--budget-delta", "1e-5"])
+    assert rc == 2 and "would spend ε = 8" in capsys.readouterr().err
+
+
 def test_compare_past_its_budget_exits_2_before_reading(tmp_path, capsys):
     missing = str(tmp_path / "no-such-input.tsv")  # not read: the budget check comes first
     rc = compare.main(["--input", missing, "--output", str(tmp_path / "cmp"), "--mechanisms",
@@ -263,3 +342,24 @@ def test_compare_past_its_budget_exits_2_before_reading(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and "would spend ε = 5" in err and "--budget-epsilon 4" in err
     assert not os.path.exists(tmp_path / "cmp")
+
+
+def test_a_run_never_deletes_or_counts_another_runs_items(data, tmp_path):
+    # Beam's file sink deletes what matches its output glob before writing, and
+    # a glob PREFIX-items-* also matches the items of a run under PREFIX-items-x:
+    # neither the sink, the stale-output check nor --overwrite may touch them.
+    # (Weighted Gaussian at ε = 1, Δ0 = 4: i0's weight is at least 400 · 4/7 · 1/2
+    # ≈ 114 against T ≈ 23, σ ≈ 4.4, missed with probability Φ̄(20) < 1e-80; and
+    # the runs are seeded.) Both assertions fail with Beam's templated sink.
+    out = str(tmp_path / "run")
+    other = out + "-items-x"
+    assert select_partitions.main(["--input", data, "--output", other, "--mechanism",
+                                   "weighted-gaussian", "--max-items-per-user", "4", "--epsilon", "1", "--delta", "1e-6",
+                                   "--insecure-test-seed", "1", "--quiet"]) == 0
+    kept = lines(other + ITEMS)
+    for extra in ([], ["--overwrite"]):  # a first run, then one over it
+        assert select_partitions.main(["--input", data, "--output", out, "--mechanism",
+                                       "weighted-gaussian", "--max-items-per-user", "4", "--epsilon", "1", "--delta", "1e-6",
+                                       "--insecure-test-seed", "1", "--quiet"] + extra) == 0
+        assert lines(other + ITEMS) == kept and len(kept) > 0
+        assert summary(out)["num_released"] == len(lines(out + ITEMS))

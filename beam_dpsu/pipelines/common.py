@@ -48,11 +48,16 @@ from beam_dpsu.cli import UsageError, last_line as _last_line, run_main
 from beam_dpsu.noise import RunKey
 from beam_dpsu.textio import match_files
 
-ITEMS_SUFFIX = "-items-00000-of-00001"
-#: Further releases a run can write beside its main one, as ``PREFIX + suffix``
-#: (``beam-dpsu select --top-k``: ``PREFIX.top-k-items-00000-of-00001``).
-TOPK_SUFFIX = ".top-k"
-SUB_RELEASE_SUFFIXES = (TOPK_SUFFIX,)
+#: The one shard of a release file.
+SHARD = "-00000-of-00001"
+ITEMS_SUFFIX = "-items" + SHARD
+#: Kinds of further releases a run can write beside its items, as
+#: ``PREFIX-KIND-00000-of-00001`` (``beam-dpsu select --top-k``:
+#: ``PREFIX-top-k-00000-of-00001``). No run under another prefix writes a file of
+#: that name (theirs end in ``-items``, ``.json`` or ``.PRIVATE-run-details.json``
+#: before or without the shard), so an earlier run's files are never mistaken.
+TOPK_KIND = "top-k"
+SUB_RELEASE_KINDS = (TOPK_KIND,)
 PUBLIC_SUFFIX = ".json"
 PRIVATE_SUFFIX = ".PRIVATE-run-details.json"
 
@@ -63,8 +68,9 @@ NEVER_PUBLISH_NOTE = (
     "and the public summary PREFIX.json.")
 
 PUBLIC_NOTE = (
-    "This file and the items file may be published together; only the released items are "
-    "covered by the guarantee. Exact counts, input paths and timings are in the owner-only "
+    "This file and the release files it names (items_file, and top_k.items_file when "
+    "present) may be published together; only the released items are covered by the "
+    "guarantee. Exact counts, input paths and timings are in the owner-only "
     "file PREFIX.PRIVATE-run-details.json, which must never be published.")
 
 INSECURE_SEED_WARNING = (
@@ -285,10 +291,11 @@ def earlier_outputs(prefix: str, dead_letter: Optional[str] = None) -> List[str]
     The dead-letter files are those of ``dead_letter`` and those the earlier
     run's private details name.
     """
-    found = []
-    for suffix in ("",) + SUB_RELEASE_SUFFIXES:
-        found += match_files(prefix + suffix + "-items-*")
-    found += _existing([prefix + PUBLIC_SUFFIX, prefix + PRIVATE_SUFFIX])
+    # shards of the items (one since issue #13; several from older versions), never
+    # another run's files such as PREFIX-items-x-items-00000-of-00001
+    found = match_files(prefix + "-items-[0-9][0-9][0-9][0-9][0-9]-of-[0-9][0-9][0-9][0-9][0-9]")
+    found += _existing([prefix + PUBLIC_SUFFIX, prefix + PRIVATE_SUFFIX]
+                       + [f"{prefix}-{kind}{SHARD}" for kind in SUB_RELEASE_KINDS])
     patterns = [dead_letter + "-*"] if dead_letter else []
     if prefix + PRIVATE_SUFFIX in found:
         try:
@@ -391,8 +398,9 @@ def sorted_text(lines: Sequence[str]) -> List[str]:
 
 def write_items(lines: beam.PCollection, prefix: str,
                 arrange: Callable[[List[Any]], List[str]] = sorted_text,
-                label: str = "") -> None:
-    """Writes a release as ONE file ``PREFIX-items-00000-of-00001``.
+                label: str = "", kind: str = "items") -> None:
+    """Writes a release as ONE file ``PREFIX-KIND-00000-of-00001`` (default kind
+    ``items``; a further release of the run: one of ``SUB_RELEASE_KINDS``).
 
     The released elements are collected (the release is small next to the
     data) and ``arrange`` turns the whole list into the file's text (default:
@@ -404,13 +412,17 @@ def write_items(lines: beam.PCollection, prefix: str,
     if not runners.capabilities(lines.pipeline).file_sinks:
         # No working file sink (Dask): GroupByKey under one key, one ParDo writes the
         # file (an empty release writes none; run_release then creates it empty).
-        lines | label + "WriteItems" >> runners.WriteOneFile(prefix + ITEMS_SUFFIX, arrange)
+        lines | label + "WriteItems" >> runners.WriteOneFile(f"{prefix}-{kind}{SHARD}", arrange)
         return
     (lines
      | label + "CollectRelease" >> beam.combiners.ToList()
      | label + "ArrangeRelease" >> beam.FlatMap(arrange)
-     | label + "WriteItems" >> beam.io.WriteToText(prefix + "-items", num_shards=1,
-                                           shard_name_template="-SSSSS-of-NNNNN"))
+     # The whole name, no shard template: Beam's sink deletes the files matching
+     # its output glob before writing, and with a template that glob
+     # (PREFIX-KIND-*-of-00001) also matches other runs' files, e.g. the items of
+     # a run whose prefix is PREFIX-top-k. Without one it is this file alone.
+     | label + "WriteItems" >> beam.io.WriteToText(f"{prefix}-{kind}{SHARD}", num_shards=1,
+                                                   shard_name_template=""))
 
 
 # -- running --------------------------------------------------------------------
@@ -509,13 +521,14 @@ def counter(result, name: str) -> Optional[int]:
                    for c in counters))
 
 
-def count_output_lines(prefix: str) -> int:
-    """Non-empty lines in the files ``PREFIX-items-*`` (fallback without metrics)."""
-    total = 0
-    for path in match_files(prefix + "-items-*"):
-        with FileSystems.open(path) as f:
-            total += sum(1 for line in f if line.strip())
-    return total
+def count_output_lines(prefix: str, kind: str = "items") -> int:
+    """Non-empty lines of the release file ``PREFIX-KIND-00000-of-00001`` (this file
+    only: a glob would also match other runs' files); 0 if it does not exist."""
+    path = f"{prefix}-{kind}{SHARD}"
+    if not FileSystems.exists(path):
+        return 0
+    with FileSystems.open(path) as f:
+        return sum(1 for line in f if line.strip())
 
 
 def write_public(prefix: str, summary: Dict[str, Any]) -> None:
@@ -551,8 +564,8 @@ def run_release(args, beam_args: Sequence[str],
     refuses a run without a well-formed input line (deleting its items file),
     writes the owner-only details and then the public summary.
 
-    ``sub_releases``: suffixes (of ``SUB_RELEASE_SUFFIXES``) of further
-    releases ``build`` writes with ``write_items(..., PREFIX + suffix)``; the
+    ``sub_releases``: kinds (of ``SUB_RELEASE_KINDS``) of further releases
+    ``build`` writes with ``write_items(..., PREFIX, kind=KIND)``; the
     main release's ``num_released`` is then its file's line count, since the
     ``released`` counter counts every release of the run.
 
@@ -587,17 +600,16 @@ def run_release(args, beam_args: Sequence[str],
         raise
     finally:
         _RUN_PROGRESS.reset(token)
-    prefixes = [args.output] + [args.output + suffix for suffix in sub_releases]
-    for prefix in prefixes:
-        if not FileSystems.exists(prefix + ITEMS_SUFFIX):
+    files = [args.output + ITEMS_SUFFIX] + [f"{args.output}-{k}{SHARD}" for k in sub_releases]
+    for path in files:
+        if not FileSystems.exists(path):
             # a writer without file sink writes no file for an empty release (Dask)
-            with FileSystems.create(prefix + ITEMS_SUFFIX) as f:
+            with FileSystems.create(path) as f:
                 f.write(b"")
     users = counter(result, "users")
     malformed = counter(result, "malformed_lines")
     if users == 0:
-        for prefix in prefixes:
-            delete_files(match_files(prefix + "-items-*"))
+        delete_files(_existing(files))
         remove_empty(created)
         raise NoWellFormedInput(
             f"no well-formed user<TAB>item line in {args.input!r} ({malformed or 0} malformed "
@@ -635,8 +647,7 @@ def run_release(args, beam_args: Sequence[str],
         "runner": runner,
         "wall_seconds": round(wall, 3),
         "items_output": args.output + ITEMS_SUFFIX,
-        **({"other_items_outputs": [p + ITEMS_SUFFIX for p in prefixes[1:]]}
-           if sub_releases else {}),
+        **({"other_release_outputs": files[1:]} if sub_releases else {}),
         "public_summary": args.output + PUBLIC_SUFFIX,
         "dead_letter_files": (dead_letter + "-*") if dead_letter else None,
     }

@@ -163,17 +163,19 @@ def parse_args(argv):
             except ValueError as e:
                 raise UsageError(f"{label(name, own)} at ε={eps:g}: "
                                  f"{params.as_flags(str(e))}") from None
-    args.privacy_cost = privacy_cost(args, built)
+    args.privacy_cost = privacy_cost(args, specs, epsilons, built)
     return args, beam_args, specs, epsilons, built
 
 
-def privacy_cost(args, built) -> Dict[str, Any]:
-    """The composed guarantee of every trial (``--trials`` per mechanism and ε),
-    checked against ``--budget-epsilon/--budget-delta``; what it covers."""
-    guarantees = [mech.guarantee for mech in built.values() for _ in range(args.trials)]
+def privacy_cost(args, specs, epsilons, built) -> Dict[str, Any]:
+    """The composed guarantee of every trial ``run_trials`` will run (``--trials`` per
+    listed mechanism and ε, a mechanism or ε listed twice counted twice), checked
+    against ``--budget-epsilon/--budget-delta``; what it covers."""
+    guarantees = [built[(label(name, own), eps)].guarantee
+                  for name, own in specs for eps in epsilons for _ in range(args.trials)]
     cost = run_budget.total_cost(
-        args, guarantees, f"{args.trials} trial(s) of {len(built)} mechanism and ε "
-                          f"combination(s)")
+        args, guarantees, f"{args.trials} trial(s) of {len(specs)} mechanism(s) at "
+                          f"{len(epsilons)} ε value(s)")
     cost["covers"] = ("the released counts (each a function of one release); NOT the "
                       "occurrence coverage, missing mass or released-by-users figures, which "
                       "use the exact data")

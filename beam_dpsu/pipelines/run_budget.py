@@ -49,8 +49,9 @@ def add_arguments(p: argparse.ArgumentParser, releases: Sequence[str] = (),
         "calibrated from its share (replaces --epsilon/--delta)" if shares else
         "state the most the run's releases may spend together; it refuses to run past it")
     g.add_argument("--budget-epsilon", dest="budget_epsilon", type=float, metavar="E",
-                   help="total ε > 0 of all releases of this run (basic composition). "
-                        "Privacy: the run's stated guarantee")
+                   help="total ε > 0 of all releases of this run, composed (basic "
+                        "composition; compare: zCDP composition where every release is "
+                        "zCDP). Privacy: the run's stated guarantee")
     g.add_argument("--budget-delta", dest="budget_delta", type=float, metavar="D",
                    help="total δ in (0, 1) of all releases of this run. Privacy: the run's "
                         "stated guarantee")

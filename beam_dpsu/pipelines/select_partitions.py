@@ -34,11 +34,13 @@ run instead of ``--epsilon``/``--delta``; the key set is calibrated from its
 also releases, from the same read, the differentially private top ``K``
 items (Gumbel, Algorithm 2; ``--top-k-bar`` candidates, default K;
 ``--top-k-max-items`` Δ, default unrestricted) to
-``PREFIX.top-k-items-00000-of-00001`` (``rank<TAB>item``, rank order), paid
+``PREFIX-top-k-00000-of-00001`` (``rank<TAB>item``, rank order), paid
 for by its ``--share top-k=F`` as a pay-what-you-get pool of K selections and
 one query. ``PREFIX.json`` then states the run's total (``epsilon``,
 ``delta``, with every part under ``budget``), the key set's own guarantee as
-``release_epsilon``/``release_delta`` and the top-k release under ``top_k``.
+``release_epsilon``/``release_delta`` (and ``release_rho``,
+``release_zcdp_delta``, ``release_guarantee``) and the top-k release under
+``top_k``.
 
 Outputs of an earlier run under ``PREFIX`` are refused unless ``--overwrite``
 is given, which deletes them first. ``--insecure-test-seed N`` (tests only)
@@ -80,7 +82,7 @@ def build_parser() -> common.ArgumentParser:
     g = p.add_argument_group("a top-k release in the same run (needs the budget flags)")
     g.add_argument("--top-k", dest="top_k", type=int, metavar="K",
                    help="also release the differentially private top K items to "
-                        "PREFIX.top-k-items-00000-of-00001. Privacy: paid from --share top-k")
+                        "PREFIX-top-k-00000-of-00001. Privacy: paid from --share top-k")
     g.add_argument("--top-k-bar", dest="top_k_bar", type=int, metavar="KBAR",
                    help="top-k candidates k̄ >= K (default K). Privacy: none (the threshold "
                         "grows with log(k̄/δ)/ε)")
@@ -116,6 +118,12 @@ def parse_plan(argv: Optional[Sequence[str]]) -> Tuple[object, Plan, List[str]]:
     """Parses and validates everything; returns (args, what the run releases, Beam's
     arguments). Raises UsageError for any user mistake."""
     args, beam_args = common.parse_known(build_parser(), argv)
+    if args.top_k is None:
+        for name in ("top_k_bar", "top_k_max_items"):
+            if getattr(args, name) is not None:
+                raise UsageError(f"--{name.replace('_', '-')} needs --top-k")
+        if any(str(t).partition("=")[0].strip() == "top-k" for t in args.share or ()):
+            raise UsageError("--share top-k=F needs --top-k K (the top-k release)")
     releases = ["select"] + (["top-k"] if args.top_k is not None else [])
     planned = run_budget.plan(args, releases)
     if planned is None:
@@ -123,9 +131,6 @@ def parse_plan(argv: Optional[Sequence[str]]) -> Tuple[object, Plan, List[str]]:
             raise UsageError("--top-k makes a second release in this run: state the run's "
                              "total with --budget-epsilon and --budget-delta (and optionally "
                              "--share select=F --share top-k=F)")
-        for name in ("top_k_bar", "top_k_max_items"):
-            if getattr(args, name) is not None:
-                raise UsageError(f"--{name.replace('_', '-')} needs --top-k")
         try:
             mechanism = make_mechanism(args.mechanism, MechanismParams.from_namespace(args))
         except ValueError as e:
@@ -150,8 +155,17 @@ def parse_plan(argv: Optional[Sequence[str]]) -> Tuple[object, Plan, List[str]]:
             topk = TopKMechanism(k=args.top_k, k_bar=args.top_k_bar, epsilon=pool.epsilon,
                                  delta=pool.delta, max_items=args.top_k_max_items)
         except ValueError as e:
-            raise UsageError("--top-k: " + params.as_flags(str(e))) from None
+            raise UsageError("--top-k: " + _top_k_flags(str(e))) from None
     return args, Plan(mechanism, topk, budget, pool), beam_args
+
+
+def _top_k_flags(message: str) -> str:
+    """A top-k validation message with select's own top-k flags (``--top-k-max-items``,
+    not the key set's ``--max-items-per-user``)."""
+    for name, flag in (("max_items_per_user", "--top-k-max-items"), ("max_items", "--top-k-max-items"),
+                       ("k_bar", "--top-k-bar")):
+        message = message.replace(name, flag)
+    return message
 
 
 def _to_line(item) -> str:
@@ -165,7 +179,7 @@ def build_pipeline(p: beam.Pipeline, input_pattern: str, output_prefix: str,
     """Adds the read → select → write graph to ``p`` (one sorted items file).
 
     With ``top_k``, the same per-user data also feeds ``TopK``, written in rank
-    order to ``output_prefix + common.TOPK_SUFFIX``. Both releases use the one
+    order to ``PREFIX-top-k-00000-of-00001``. Both releases use the one
     ``run_key`` under distinct purposes (the set-union mechanisms' and top-k's
     subkeys differ), so their randomness is independent, as composition needs.
     """
@@ -177,8 +191,8 @@ def build_pipeline(p: beam.Pipeline, input_pattern: str, output_prefix: str,
     common.write_items(items | "ToLine" >> beam.Map(_to_line), output_prefix)
     if top_k is not None:
         ranked = per_user | "TopK" >> TopK(top_k, run_key, per_user=True)
-        common.write_items(ranked, output_prefix + common.TOPK_SUFFIX,
-                           arrange=top_k_pipeline.ranked_text, label="TopK")
+        common.write_items(ranked, output_prefix, arrange=top_k_pipeline.ranked_text,
+                           label="TopK", kind=common.TOPK_KIND)
 
 
 def public_fields(mechanism: Mechanism, result, released: int) -> dict:
@@ -195,16 +209,18 @@ def budget_fields(plan: Plan, fields: dict, output_prefix: str) -> dict:
     become the run's total, the key set's own move to ``release_*``, the budget's
     statement goes under ``budget`` and the top-k release under ``top_k``."""
     if plan.top_k is not None:  # first, so that the budget's statement shows the charge
-        prefix = output_prefix + common.TOPK_SUFFIX
-        released = common.count_output_lines(prefix)
+        released = common.count_output_lines(output_prefix, common.TOPK_KIND)
         plan.pool.record(plan.top_k.k, released)  # "spent" fields: information only
         topk = top_k_pipeline.public_fields(plan.top_k, released)
         topk.update(num_released=released,
-                    items_file=os.path.basename(prefix) + common.ITEMS_SUFFIX)
+                    items_file=f"{os.path.basename(output_prefix)}-{common.TOPK_KIND}"
+                               f"{common.SHARD}")
         fields["top_k"] = topk
     total = plan.budget.guarantee()
-    fields["release_epsilon"], fields["release_delta"] = fields.get("epsilon"), fields.get("delta")
+    for key in ("epsilon", "delta", "rho", "zcdp_delta", "guarantee"):
+        fields["release_" + key] = fields.pop(key, None)
     fields["epsilon"], fields["delta"] = total.epsilon, total.delta
+    fields["guarantee"] = total.note
     fields["epsilon_meaning"] = (
         "the guarantee of everything this run released (the items file"
         + (" and the top-k file" if plan.top_k is not None else "")
@@ -212,9 +228,15 @@ def budget_fields(plan: Plan, fields: dict, output_prefix: str) -> dict:
           "release_epsilon/release_delta")
     fields["budget"] = plan.budget.describe()
     units = dict(fields.get("units") or {})
+    for key in ("epsilon", "delta", "rho", "zcdp_delta"):
+        if key in units:
+            units["release_" + key] = units.pop(key) + " (of the key set alone)"
     units.update({
-        "release_epsilon": "ε of the key set alone (its share of the budget)",
-        "release_delta": "δ of the key set alone",
+        "epsilon": "ε of the (ε, δ)-DP guarantee of EVERYTHING this run released (the key "
+                   "set and, when present, the top-k), per user: the budget's statement",
+        "delta": "δ of that guarantee",
+        "guarantee": "how the run's (ε, δ) composes its releases",
+        "release_guarantee": "how the key set's own guarantee was obtained",
         "budget": "the run's budget: total, every release's share and stated guarantee",
     })
     if plan.top_k is not None:
@@ -237,7 +259,7 @@ def run(argv: Optional[Sequence[str]] = None) -> dict:
         args, beam_args,
         lambda p, run_key: build_pipeline(p, args.input, args.output, plan.mechanism, run_key,
                                           args.dead_letter, plan.top_k),
-        fields, sub_releases=(common.TOPK_SUFFIX,) if plan.top_k is not None else ())
+        fields, sub_releases=(common.TOPK_KIND,) if plan.top_k is not None else ())
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

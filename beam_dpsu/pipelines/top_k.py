@@ -80,7 +80,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> Tuple[object, TopKMechanism, Li
     """
     args, beam_args = common.parse_known(build_parser(), argv)
     planned = run_budget.plan(args, ("top-k",), replaced=("epsilon", "delta"))
-    args.budget = None
+    args.budget = args.pool = None
     try:
         if planned is None:
             if args.epsilon is None or args.delta is None:
@@ -93,9 +93,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> Tuple[object, TopKMechanism, Li
                 share = args.budget.take("top-k", fraction=fractions["top-k"])
                 epsilon, delta = share.epsilon, share.delta
             else:
-                pool = args.budget.pay_what_you_get("top-k", max_selections=args.k,
-                                                    max_queries=1, fraction=fractions["top-k"])
-                epsilon, delta = pool.epsilon, pool.delta
+                args.pool = args.budget.pay_what_you_get(
+                    "top-k", max_selections=args.k, max_queries=1, fraction=fractions["top-k"])
+                epsilon, delta = args.pool.epsilon, args.pool.delta
         mechanism = TopKMechanism(k=args.k, k_bar=args.k_bar, epsilon=epsilon,
                                   delta=delta, max_items=args.max_items,
                                   with_counts=args.with_counts)
@@ -145,6 +145,8 @@ def run(argv: Optional[Sequence[str]] = None) -> dict:
     def fields(result, released):
         out = public_fields(mechanism, released)
         if args.budget is not None:
+            if args.pool is not None:
+                args.pool.record(mechanism.k, released)  # "spent" fields: information only
             out["budget"] = args.budget.describe()
             out["units"] = dict(out.get("units") or {}, budget=(
                 "the budget the query was calibrated from: total, share, stated guarantee"))
