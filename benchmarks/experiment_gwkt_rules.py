@@ -14,7 +14,9 @@ For n > Δ0 the kept items are the Δ0 walk items starting at ``start``:
                            p_i": an item held by c users fills after about Γ/c of the order
                            when each holder puts 1 on it); M items of margin (default 0).
 
-``published`` runs the published GW-KT (unproven) for the comparison.
+``published`` runs the published GW-KT (unproven) for the comparison; ``library`` the
+library's default ``GWKT`` (``kt_selection='front'``, which is ``pred:20:20:4``) and
+``library-prefix`` its ``kt_selection='prefix'`` (Δ0 = 100, which is ``prefix:100``).
 
 Metric ``expected`` (default): Σ_items P(weight + noise > T) over a run's finished
 histogram (free of the noise's own spread); ``released``: one noisy release per run
@@ -92,6 +94,10 @@ def run_one(per_user, public, setting, metric):
     parts = setting.split(":")
     if parts[0] == "published":
         m = GWKT(EPS, E10, public, ALPHA, variant="published")
+    elif parts[0] == "library":
+        m = GWKT(EPS, E10, public, ALPHA)
+    elif parts[0] == "library-prefix":
+        m = GWKT(EPS, E10, public, ALPHA, kt_selection="prefix")
     else:
         m = RuleGWKT(public, int(parts[1]), parts[0], [float(x) for x in parts[2:]])
     rk = RunKey.fresh()
