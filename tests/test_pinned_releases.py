@@ -48,6 +48,7 @@ def mechanisms():
         "gw-published": GW(EPS, DELTA, variant="published"),
         "gw-kt": GWKT(EPS, DELTA, _public_counts()),
         "gw-kt-prefix": GWKT(EPS, DELTA, _public_counts(), kt_selection="prefix"),
+        "gw-kt-published": GWKT(EPS, DELTA, _public_counts(), variant="published"),
     }
 
 
@@ -78,6 +79,8 @@ EXPECTED = {
     # ('prefix', Δ0 = 100) is pinned to the digest gw-kt had before.
     "gw-kt": "c4e4b720da441282",
     "gw-kt-prefix": "a2ad943e48df7ee7",
+    # Computed with the code before the 'front' selection (commit f7bc0cf): unchanged.
+    "gw-kt-published": "0890e2a2e813e37a",
     "top-k-gumbel": "2cf081473ae7310a",
     "top-k-gumbel-restricted": "7bbd681d4b6affd4",
     "top-k-laplace": "c3ad5f3145d05322",
