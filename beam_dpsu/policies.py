@@ -19,7 +19,9 @@ This module is pure Python and numpy (no Beam). It has three layers:
 * ``UserPolicy`` objects (``L1DescentPolicy``, ``L2DescentPolicy``,
   ``CascadeFreeGreedyPolicy``, and the published ``GreedyPolicy``):
   ``prepare(user, counts)`` does everything that depends on one user only
-  (Δ0 sampling, the greedy item order, K_i) and can run in parallel;
+  (Δ0 sampling, the greedy item order, K_i — for GW-KT's ``'front'`` selection
+  also the user's own position in the keyed order, ``user_position``) and can
+  run in parallel;
   ``update(hist, prepared)`` is the sequential step.
 
 Why a sequential policy is private: a data-independent user order is NOT
