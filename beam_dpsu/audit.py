@@ -74,8 +74,9 @@ it is not private:
   then the canary, then "converter" users under a pinned order; with the
   canary present the published greedy diverts the converters onto about 30
   items the canary does not hold (``cascade_scenario``). ``cascade_configs``
-  gives the published and the cascade-free GW the same cutoff so both are
-  audited on the same pair: the first fails, the second passes.
+  gives the published and the cascade-free GW (and, with
+  ``write_cascade_public_counts``, GW-KT) the same cutoff so all are audited
+  on the same pair: the published variants fail, the cascade-free ones pass.
 
 Deliberately broken variants (``benchmarks/audit_variants.py``, for the tests
 of the auditor's power; never use them for anything else) each differ from a
@@ -396,9 +397,10 @@ def cascade_scenario(prof: Profile, order_key: Optional[bytes] = None) -> Scenar
     converter j to M − 1 (gap 1 − s) and the shared item ``e`` to M − 2 (gap
     1 + (1 − s)). Then the canary x (holding ``e`` only) and then N converters,
     converter j holding ``{f-j: 3, e: 2, c-j: 1}`` (walk order f-j, e, c-j
-    under any tie-break). The user order is pinned: setup users, then x, then
-    the converters (user ids are assigned to roles by their rank under the
-    order key, so every key works).
+    under any tie-break; for GW-KT with ``cascade_public_counts``, whose
+    public counts rank them in the same order). The user order is pinned:
+    setup users, then x, then the converters (user ids are assigned to roles
+    by their rank under the order key, so every key works).
 
     Without x each converter closes f-j's gap (1 − s) and puts its remaining s
     on ``e``, whose gap stays above s for all N converters: no ``c-j`` is ever
@@ -409,7 +411,9 @@ def cascade_scenario(prof: Profile, order_key: Optional[bytes] = None) -> Scenar
     The published threshold accounts for one such item, so the published GW
     fails the audit when s is small (``cascade_configs``: s = 1/32, about 30
     items). The cascade-free GW gives every ``c-j`` a positive weight in both
-    datasets (step 1, Δ0 ≥ 3) and must pass.
+    datasets (step 1, Δ0 ≥ 3) and must pass. The same holds for GW-KT (the
+    walk order is the same; every user holds at most 3 < Δ0 items, so any
+    ``kt_selection`` keeps them all).
 
     Events: "a cascade item c-j is released", "at least 2 are".
     """
@@ -456,19 +460,46 @@ CASCADE_CUTOFF = 4.0 - 1.0 / 32
 CASCADE_TRIALS = 400
 
 
-def cascade_configs() -> List[Tuple[str, Dict[str, Any]]]:
+def cascade_configs(public_counts: Optional[str] = None) -> List[Tuple[str, Dict[str, Any]]]:
     """``(name, params)`` of the published and the cascade-free GW with the same Γ.
 
-    Both get Γ = ``CASCADE_CUTOFF`` through their α (α = ε·(Γ − T)), so that
-    ``cascade_scenario`` builds the same neighbouring pair for both.
+    All get Γ = ``CASCADE_CUTOFF`` through their α (α = ε·(Γ − T)), so that
+    ``cascade_scenario`` builds the same neighbouring pair for all.
+
+    Args:
+      public_counts: None (GW only), or the path of a file written by
+        ``write_cascade_public_counts``: then the published and the
+        cascade-free GW-KT follow (same Γ, same pair).
     """
     e, d = CASCADE_EPSILON, CASCADE_DELTA
     t_pub = cal.gw_threshold(e, d)
     t_cf = cal.gw_cascade_free_threshold(e, d, CASCADE_MAX_ITEMS)
-    return [("gw", {"epsilon": e, "delta": d, "alpha": e * (CASCADE_CUTOFF - t_pub),
-                    "variant": "published", "allow_unproven": True}),
-            ("gw", {"epsilon": e, "delta": d, "alpha": e * (CASCADE_CUTOFF - t_cf),
-                    "max_items": CASCADE_MAX_ITEMS})]
+    published = {"epsilon": e, "delta": d, "alpha": e * (CASCADE_CUTOFF - t_pub),
+                 "variant": "published", "allow_unproven": True}
+    free = {"epsilon": e, "delta": d, "alpha": e * (CASCADE_CUTOFF - t_cf),
+            "max_items": CASCADE_MAX_ITEMS}
+    out = [("gw", published), ("gw", free)]
+    if public_counts is not None:
+        out += [("gw-kt", dict(published, public_counts=public_counts)),
+                ("gw-kt", dict(free, public_counts=public_counts))]
+    return out
+
+
+def cascade_public_counts() -> Dict[str, int]:
+    """Public counts for GW-KT in the cascade scenario: f-j 3, e 2, c-j 1 (as the converters'
+    own counts), so that GW-KT walks a converter's items in GW's order f-j, e, c-j."""
+    out = {"e": 2}
+    for j in range(MAX_CASCADE_CONVERTERS):
+        out[f"f-{j}"] = 3
+        out[f"c-{j}"] = 1
+    return out
+
+
+def write_cascade_public_counts(path: str) -> str:
+    """Writes ``cascade_public_counts`` as ``item<TAB>count`` lines to ``path``; returns it."""
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(f"{item}\t{count}\n" for item, count in cascade_public_counts().items())
+    return path
 
 
 def default_plan(mechanism: Mechanism, scenarios: Sequence[str] = SCENARIOS,

@@ -19,7 +19,9 @@ This module is pure Python and numpy (no Beam). It has three layers:
 * ``UserPolicy`` objects (``L1DescentPolicy``, ``L2DescentPolicy``,
   ``CascadeFreeGreedyPolicy``, and the published ``GreedyPolicy``):
   ``prepare(user, counts)`` does everything that depends on one user only
-  (Δ0 sampling, the greedy item order, K_i) and can run in parallel;
+  (Δ0 sampling, the greedy item order, K_i — for GW-KT's ``'front'`` selection
+  also the user's own position in the keyed order, ``user_position``) and can
+  run in parallel;
   ``update(hist, prepared)`` is the sequential step.
 
 Why a sequential policy is private: a data-independent user order is NOT
@@ -350,6 +352,70 @@ def user_sort_key(order_key: bytes, user: Any) -> Tuple[int, bytes]:
     return keyed_hash64(order_key, encoded), encoded
 
 
+def user_position(order_key: bytes, user: Any) -> float:
+    """The user's position ``p_i ∈ [0, 1)`` in the processing order: its order hash / 2^64.
+
+    A function of ``run_key.subkey('order')`` and the user id only (the first
+    component of ``user_sort_key``), never of anyone's data.
+    """
+    return keyed_hash64(order_key, encode_value(user)) / 18446744073709551616.0   # 2^64
+
+
+#: How the cascade-free GW-KT chooses K_i from a user's public-count walk order.
+KT_SELECTIONS = ("front", "prefix")
+#: Defaults of the ``'front'`` selection (``docs/gw.md`` section 1.3), chosen on
+#: commits-ansible with public counts from commits-rails (``benchmarks/RESULTS-gw.md``
+#: section 6).
+DEFAULT_FRONT_SCALE = 20.0
+DEFAULT_FRONT_MARGIN = 4
+
+
+def check_kt_selection(selection) -> str:
+    """Validates GW-KT's K_i selection: ``'front'`` or ``'prefix'``."""
+    if selection not in KT_SELECTIONS:
+        raise ValueError(f"kt_selection must be one of {KT_SELECTIONS}, got {selection!r}")
+    return selection
+
+
+def check_front_scale(scale) -> float:
+    """Validates κ of the ``'front'`` selection: a finite number > 0."""
+    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.integer, np.floating)) \
+            or not (float(scale) > 0 and math.isfinite(float(scale))):
+        raise ValueError(f"front_scale must be a finite number > 0, got {scale!r}")
+    return float(scale)
+
+
+def check_front_margin(margin) -> int:
+    """Validates M of the ``'front'`` selection: an integer >= 0."""
+    if isinstance(margin, float) and margin.is_integer():
+        margin = int(margin)
+    if isinstance(margin, bool) or not isinstance(margin, (int, np.integer)) or margin < 0:
+        raise ValueError(f"front_margin must be an integer >= 0, got {margin!r}")
+    return int(margin)
+
+
+def front_start(walk_public_counts: Sequence[float], max_items: int, position: float,
+                cutoff: float, scale: float, margin: int) -> int:
+    """Where the ``'front'`` selection's window of Δ0 walk items starts (``docs/gw.md`` 1.3).
+
+    With ``n = len(walk_public_counts)`` (the public counts of the user's
+    items, 1 for an item absent from the public data, in any order) and ``s``
+    the number of them that are ``≥ scale·cutoff/position`` (the items
+    predicted to be at Γ before the user's turn; none when ``position == 0``;
+    the walk order is by public count descending, so these are its first
+    ``s`` items), the window starts at
+    ``min(n − Δ0, max(0, s − margin))``; 0 when ``n ≤ Δ0``. Every input is the
+    user's own data, the public counts, the user's own position and public
+    parameters.
+    """
+    n = len(walk_public_counts)
+    if n <= max_items or position <= 0.0:
+        return 0
+    bar = scale * cutoff / position
+    s = sum(1 for c in walk_public_counts if c >= bar)
+    return min(n - max_items, max(0, s - margin))
+
+
 class UserPolicy:
     """A sequential update policy: ``prepare`` (per user, parallel) and ``update`` (in order).
 
@@ -553,12 +619,16 @@ _POSITION_MASK = (1 << 32) - 1
 class CascadeFreeGreedyPolicy(GreedyPolicy):
     """Cascade-free greedy (the default GW and GW-KT policy, ``docs/gw.md`` section 1.2).
 
-    ``prepare`` keeps ``K_i``: the first Δ0 items of the user's walk order
+    ``prepare`` keeps ``K_i``: Δ0 consecutive items of the user's walk order
     (``greedy_order``: the user's frequencies, or public counts first, then
-    the tie-break); it depends on the user's own data, the public counts and
-    the key only. ``update`` then spends the budget of 1 in two steps over
-    ``K_i``: ℓ1-descent with budget η (every item of K_i below Γ gains a
-    strictly positive weight), then the greedy walk with budget 1 − η.
+    the tie-break), by default the first Δ0 (``selection='prefix'``), or for
+    GW-KT with ``selection='front'`` a window that skips the items predicted
+    from the public counts to be at Γ before the user's turn (``front_start``).
+    K_i depends on the user's own data, the public counts, the key and (for
+    ``'front'``) the user's own position in the keyed order only. ``update``
+    then spends the budget of 1 in two steps over ``K_i``: ℓ1-descent with
+    budget η (every item of K_i below Γ gains a strictly positive weight),
+    then the greedy walk with budget 1 − η.
 
     Why (``docs/gw.md``): with step 1, after each user the histogram's support
     is exactly the union of the processed users' K_i, in both neighbouring
@@ -576,21 +646,52 @@ class CascadeFreeGreedyPolicy(GreedyPolicy):
       eta: η in (0, 1), the step-1 budget. Privacy: none on the threshold, but
         η > 0 is what makes the support condition hold.
       use_public_counts, tie_break: as for ``GreedyPolicy``.
+      selection: ``'prefix'`` (default here; the first Δ0 walk items) or
+        ``'front'`` (GW-KT only: needs ``use_public_counts`` and ``order_key``).
+        Privacy: none; both satisfy condition (a′) of ``docs/gw.md``.
+      order_key: ``run_key.subkey('order')``, the key of the processing order
+        (``'front'`` only: the user's position ``user_position``).
+      front_scale: κ > 0 of ``'front'`` (default ``DEFAULT_FRONT_SCALE``).
+      front_margin: M ≥ 0 of ``'front'`` (default ``DEFAULT_FRONT_MARGIN``).
     """
 
     def __init__(self, cutoff: float, item_key: bytes, max_items: int, eta: float,
-                 use_public_counts: bool = False, tie_break: str = "item-hash"):
+                 use_public_counts: bool = False, tie_break: str = "item-hash",
+                 selection: str = "prefix", order_key: Optional[bytes] = None,
+                 front_scale: float = DEFAULT_FRONT_SCALE,
+                 front_margin: int = DEFAULT_FRONT_MARGIN):
         super().__init__(cutoff, item_key, use_public_counts, tie_break)
         self.max_items = check_max_items(max_items)
         self.eta = check_eta(eta)
         self.rest = 1.0 - self.eta
         self.name = "cascade-free-greedy-public" if use_public_counts else "cascade-free-greedy"
+        self.selection = check_kt_selection(selection)
+        self.front_scale = check_front_scale(front_scale)
+        self.front_margin = check_front_margin(front_margin)
+        if self.selection == "front":
+            if not self.needs_public_counts:
+                raise ValueError("selection='front' needs the public counts "
+                                 "(use_public_counts=True, GW-KT)")
+            if not isinstance(order_key, bytes) or not order_key:
+                raise ValueError("selection='front' needs order_key = "
+                                 "run_key.subkey('order')")
+        self._order_key = order_key
+
+    def kept_start(self, user, counts, public_counts) -> int:
+        """Index in the walk order of K_i's first item (0 for ``'prefix'``)."""
+        if self.selection == "prefix" or len(counts) <= self.max_items:
+            return 0
+        get = public_counts.get
+        return front_start([get(u, 1) for u in counts], self.max_items,
+                           user_position(self._order_key, user), self.cutoff,
+                           self.front_scale, self.front_margin)
 
     def prepare(self, user, counts, public_counts=None):
         ids, items = super().prepare(user, counts, public_counts)
         if len(ids) <= self.max_items:
             return ids, items
-        ids = ids[:self.max_items]
+        start = self.kept_start(user, counts, public_counts)
+        ids = ids[start:start + self.max_items]
         kept = set(ids)
         iid = self.item_ids
         return ids, [u for u in items if iid(u) in kept]

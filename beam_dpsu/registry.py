@@ -184,14 +184,26 @@ def _gw(params: MechanismParams) -> Mechanism:
                       **_gw_options(params, "gw"))
 
 
+_KT_OPTIONS = ("kt_selection", "front_scale", "front_margin")
+
+
 def _gw_kt(params: MechanismParams) -> Mechanism:
     _require(params, "gw-kt", "epsilon", "delta", "public_counts")
+    options = _gw_options(params, "gw-kt")
+    given = [f for f in _KT_OPTIONS if getattr(params, f) is not None]
+    if options["variant"] == "published" and given:
+        raise ValueError(f"{flags(given)} does not apply to mechanism 'gw-kt' variant "
+                         "'published'")
+    if params.kt_selection == "prefix" and (params.front_scale is not None
+                                            or params.front_margin is not None):
+        bad = [f for f in ("front_scale", "front_margin") if getattr(params, f) is not None]
+        raise ValueError(f"{flags(bad)} applies to {flag('kt_selection')} front only")
     from apache_beam.io.filesystems import FileSystems
     if not FileSystems.exists(params.public_counts):
         raise ValueError(f"{flag('public_counts')} file not found: {params.public_counts!r}")
     return _policy.GWKT(params.epsilon, params.delta, params.public_counts,
                         _policy.DEFAULT_ALPHA if params.alpha is None else params.alpha,
-                        **_gw_options(params, "gw-kt"))
+                        **options, **{f: getattr(params, f) for f in _KT_OPTIONS})
 
 
 register("policy-laplace", _policy_builder(_policy.PolicyLaplace, "policy-laplace"),
@@ -204,6 +216,7 @@ _GW_PARAMS = {"epsilon", "delta", "alpha", "tie_break", "max_items", "eta", "var
 register("gw", _gw, _GW_PARAMS,
          "cascade-free greedy by item frequency over Δ0 kept items (after Carvalho et al.); "
          "Laplace noise; variant=published (unproven) needs --allow-unproven")
-register("gw-kt", _gw_kt, _GW_PARAMS | {"public_counts"},
-         "cascade-free greedy by public counts, then frequency; Laplace noise; "
+register("gw-kt", _gw_kt, _GW_PARAMS | {"public_counts"} | set(_KT_OPTIONS),
+         "cascade-free greedy by public counts, then frequency, over Δ0 kept items past the "
+         "predicted front; Laplace noise; "
          "variant=published (unproven) needs --allow-unproven")

@@ -86,9 +86,14 @@ def main(argv=None) -> int:
         print(json.dumps(r, ensure_ascii=False), flush=True)
         broken_rows.append(_row(m.name, params, r, broken=True))
     cascade_rows = []
-    if not args.only or "gw" in args.only:
-        # The cascade: both GW variants on the same neighbouring pair (same Γ).
-        built = [(n, prm, make_mechanism(n, **prm)) for n, prm in audit.cascade_configs()]
+    if not args.only or {"gw", "gw-kt"} & set(args.only):
+        # The cascade: both GW and both GW-KT variants on the same neighbouring pair (same
+        # Γ); GW-KT with public counts that give it GW's walk order on the pair.
+        kt_public = audit.write_cascade_public_counts(
+            str(pathlib.Path(tmp) / "cascade-public.tsv"))
+        built = [(n, prm, make_mechanism(n, **prm))
+                 for n, prm in audit.cascade_configs(public_counts=kt_public)
+                 if not args.only or n in args.only]
         sc = audit.build_scenario(built[0][2], "cascade")
         for name, params, m in built:
             label = f"{name} ({m.variant})"
@@ -142,14 +147,15 @@ in the CI's fast mode unless stated.
 {HEADER}
 {chr(10).join(broken_rows)}
 
-## The cascade (GW as published against the cascade-free GW)
+## The cascade (GW and GW-KT as published against the cascade-free GW and GW-KT)
 
 `audit.cascade_scenario`: setup users, then the canary, then converter users under a pinned
 order; with the canary present the published greedy diverts the converters onto about 30
-items the canary does not hold (docs/gw.md, section 2). Both variants get the same cutoff
+items the canary does not hold (docs/gw.md, section 2). All variants get the same cutoff
 Γ = {audit.CASCADE_CUTOFF} (ε = {audit.CASCADE_EPSILON}, δ = {audit.CASCADE_DELTA}; α per
 variant; Δ0 = {audit.CASCADE_MAX_ITEMS} for the cascade-free one) and run on the same pair.
-The published variant must be caught, the cascade-free one must pass.
+The published variants must be caught, the cascade-free ones must pass (gw-kt: public
+counts `audit.cascade_public_counts`, which give it GW's walk order on this pair).
 
 {HEADER}
 {chr(10).join(cascade_rows)}

@@ -9,7 +9,9 @@ position in the processing order (their keyed order hash / 2^64). K_i then
 depends on the user's own data, the public counts, the run key and the user id
 only, so the proof of docs/gw.md applies unchanged (condition (a′) with the
 order position as part of the key-derived choice). It is a proposal for a
-follow-up, not implemented in ``beam_dpsu``.
+follow-up, not implemented in ``beam_dpsu``; the rule that was implemented
+(``kt_selection='front'``) and its comparison with this window are in
+``benchmarks/RESULTS-gw.md`` section 6 (``experiment_gwkt_rules.py``).
 
 Reports the expected released count (Σ P(weight + noise > T) over the finished
 histogram) on commits-rails with public counts from commits-ansible, ε = 3,

@@ -10,8 +10,9 @@ released items over ``--runs`` runs for:
 * the published GW (``variant='published'``, unproven; the baseline the
   cascade-free variant must stay within 0.9× of), both tie-breaks;
 * Policy Laplace and Policy Gaussian at Δ0 = 100 (same α);
-* on commits-rails only: GW-KT, cascade-free (default Δ0, η; and a Δ0 sweep
-  at the default η, ``--runs`` runs each) and published,
+* on commits-rails only: GW-KT, cascade-free (the default: ``kt_selection='front'``,
+  Δ0 = 20; the old ``'prefix'`` rule at Δ0 = 100; and a ``'prefix'`` Δ0 sweep at the
+  default η, ``--runs`` runs each) and published,
   with public counts = the number of distinct users per item in
   commits-ansible (as ``tests/test_ordered_reference_numbers.py`` builds them).
 
@@ -88,7 +89,7 @@ def main(argv=None):
     p.add_argument("--check-runs", type=int, default=5,
                    help="runs of the defaults and the baselines (the 0.9x checks)")
     p.add_argument("--kt-max-items", default="20,50,100,200",
-                   help="commits-rails: GW-KT (default η) at these Δ0")
+                   help="commits-rails: GW-KT with kt_selection='prefix' (default η) at these Δ0")
     p.add_argument("--metric", choices=("released", "expected"), default="released",
                    help="released items per run (default) or their expectation given the "
                         "run's histogram")
@@ -122,11 +123,15 @@ def main(argv=None):
             res["baselines"]["gw-kt published item-hash"] = released(
                 GWKT(eps, delta, public, alpha, variant="published"), per_user,
                 args.check_runs)[:2]
-            res["baselines"]["gw-kt cascade-free default item-hash"] = released(
+            res["baselines"]["gw-kt cascade-free default (front, Δ0=20) item-hash"] = released(
                 GWKT(eps, delta, public, alpha), per_user, args.check_runs)[:2]
+            res["baselines"]["gw-kt cascade-free prefix Δ0=100 item-hash"] = released(
+                GWKT(eps, delta, public, alpha, kt_selection="prefix"), per_user,
+                args.check_runs)[:2]
             for d0 in [int(x) for x in args.kt_max_items.split(",")]:
-                res["baselines"][f"gw-kt cascade-free Δ0={d0} (default η)"] = released(
-                    GWKT(eps, delta, public, alpha, max_items=d0), per_user, args.runs)[:2]
+                res["baselines"][f"gw-kt cascade-free prefix Δ0={d0} (default η)"] = released(
+                    GWKT(eps, delta, public, alpha, max_items=d0, kt_selection="prefix"),
+                    per_user, args.runs)[:2]
         for d0 in grid_d0:
             for eta in grid_eta:
                 res["grid"][f"{d0}/{eta:g}"] = released(

@@ -17,7 +17,10 @@ missed detection is far below 1e-6 (about 3e-68).
 The cascade (``test_cascade_scenario_*``, ``docs/gw.md`` section 2): the same
 neighbouring pair (same order key, same users: both variants get the same
 cutoff Γ = 4 − 1/32 through α) is audited for the published and the
-cascade-free GW with ``audit.CASCADE_TRIALS`` = 400 runs per side.
+cascade-free GW with ``audit.CASCADE_TRIALS`` = 400 runs per side, and the same for the
+published and the cascade-free GW-KT (public counts ``audit.cascade_public_counts``, which
+give GW-KT GW's walk order on this pair: the published GW-KT's histograms are checked equal
+to the published GW's, so the power computation below applies to it unchanged).
 Size: the cascade-free GW is (ε, δ)-DP (docs/gw.md), so it fails falsely with
 probability ≤ 1e-8 (the audit's confidence). Power: on D no cascade item can be
 released (weight 0, checked deterministically below), so the Clopper–Pearson
@@ -265,6 +268,49 @@ def test_cascade_scenario_makes_items_x_does_not_hold_non_zero(cascade):
 
 def test_cascade_scenario_fails_the_published_gw_and_passes_the_cascade_free_gw(cascade):
     pub, free, sc = cascade
+    r_pub = audit.audit(pub, audit.CASCADE_TRIALS, audit.CI_CONFIDENCE, scenarios=[sc])
+    r_free = audit.audit(free, audit.CASCADE_TRIALS, audit.CI_CONFIDENCE, scenarios=[sc])
+    assert r_pub["epsilon_lower_bound"] > r_pub["claimed_epsilon"] and not r_pub["passed"], r_pub
+    assert r_pub["p_d"] == 0.0 and r_pub["scenario"] == "cascade"
+    assert r_free["epsilon_lower_bound"] <= r_free["claimed_epsilon"] and r_free["passed"], \
+        r_free
+
+
+@pytest.fixture(scope="module")
+def cascade_kt(cascade, tmp_path_factory):
+    """The published and the cascade-free GW-KT on the GW cascade pair (same order key)."""
+    path = audit.write_cascade_public_counts(str(tmp_path_factory.mktemp("kt") / "pub.tsv"))
+    configs = audit.cascade_configs(public_counts=path)
+    assert [n for n, _ in configs] == ["gw", "gw", "gw-kt", "gw-kt"]
+    pub = make_mechanism("gw-kt", **configs[2][1])
+    free = make_mechanism("gw-kt", **configs[3][1])
+    assert pub.variant == "published" and not pub.proven and free.proven
+    assert free.kt_selection == "front"            # the default K_i selection
+    assert pub.cutoff == pytest.approx(audit.CASCADE_CUTOFF, abs=1e-12)
+    assert free.cutoff == pytest.approx(audit.CASCADE_CUTOFF, abs=1e-12)
+    sc = cascade[2]
+    again = audit.build_scenario(free, "cascade", order_key=sc.order_key)
+    assert again.datasets() == sc.datasets() and again.canary_id == sc.canary_id
+    return pub, free, sc
+
+
+def test_cascade_scenario_makes_gw_kt_spill_as_gw(cascade, cascade_kt):
+    """The public counts give GW-KT GW's walk order on this pair: the same cascade (the
+    published histograms are equal) and no new item but x's for the cascade-free one."""
+    pub, free, sc = cascade_kt
+    d, d_prime = sc.datasets()
+    key = audit.PinnedOrderKey(sc.order_key)
+    cascade_items = set().union(*(ev.items for ev in sc.events))
+    hp = pub.histogram_local(d_prime, key)
+    assert hp == cascade[0].histogram_local(d_prime, key)
+    assert len(cascade_items & set(hp)) >= 29 and not cascade_items & set(pub.histogram_local(d, key))
+    hf, hfp = free.histogram_local(d, key), free.histogram_local(d_prime, key)
+    assert cascade_items <= set(hf) and set(hfp) - set(hf) <= set(sc.canary)
+
+
+def test_cascade_scenario_fails_the_published_gw_kt_and_passes_the_cascade_free_gw_kt(
+        cascade_kt):
+    pub, free, sc = cascade_kt
     r_pub = audit.audit(pub, audit.CASCADE_TRIALS, audit.CI_CONFIDENCE, scenarios=[sc])
     r_free = audit.audit(free, audit.CASCADE_TRIALS, audit.CI_CONFIDENCE, scenarios=[sc])
     assert r_pub["epsilon_lower_bound"] > r_pub["claimed_epsilon"] and not r_pub["passed"], r_pub

@@ -10,7 +10,8 @@ satisfy, up to a few units in the last place:
 * ‖H′ − H‖₁ ≤ 1 (‖H′ − H‖₂ ≤ 1 for ℓ2-descent);
 * supp(H′) \\ supp(H) ⊆ K_x, the added user's kept items (for the descents,
   x's Δ0-sampled items; for the cascade-free greedy, the first Δ0 items of
-  x's walk order).
+  x's walk order, or with GW-KT's ``selection='front'`` the Δ0 walk items past
+  x's predicted front, which depend on x's position in the keyed order).
 
 The published greedy (GW as Carvalho et al.) satisfies the first two but not
 the third (the "cascade", ``docs/gw.md``): the support check must catch it on
@@ -75,9 +76,22 @@ def neighbour_check(policy, users, x, pos, public=None):
     return monotone, dist, new - kx
 
 
-KINDS = ["l1-descent", "l2-descent", "cascade-free", "cascade-free-public", "published",
-         "published-public"]
+KINDS = ["l1-descent", "l2-descent", "cascade-free", "cascade-free-public",
+         "cascade-free-public-front", "published", "published-public"]
 PUBLIC = {f"i{j}": (j * 7) % 5 for j in range(12)}
+# GW-KT's 'front' selection: the order keys (the users' positions p_i) and (κ, M)
+# cycle over the fuzzed pairs. With public counts <= 4 and Γ <= 4.5, κ must be
+# small for the front (public count >= κ·Γ/p_i) to skip anything.
+ORDER_KEYS = [RunKey.from_test_seed(s).subkey("order") for s in range(8)]
+FRONT_SETTINGS = [(0.02, 0), (0.1, 1), (0.3, 0), (1.0, 2), (0.05, 3)]
+
+
+def front_policy(cutoff, max_items, index, eta=0.05):
+    scale, margin = FRONT_SETTINGS[index % len(FRONT_SETTINGS)]
+    return P.CascadeFreeGreedyPolicy(cutoff, ITEM_KEY, max_items, eta, use_public_counts=True,
+                                     selection="front",
+                                     order_key=ORDER_KEYS[index % len(ORDER_KEYS)],
+                                     front_scale=scale, front_margin=margin)
 
 
 def fuzz_pairs(seed, n):
@@ -101,9 +115,13 @@ def fuzz_pairs(seed, n):
 @pytest.mark.parametrize("kind", KINDS)
 def test_fuzzed_neighbours_contract_and_keep_the_support_condition(kind):
     violations = worst = 0
-    pairs = 0
+    pairs = shifted = 0
     for cutoff, max_items, users, x, pos in fuzz_pairs(zlib.crc32(kind.encode()), 400):
-        policy = make_policy(kind, cutoff, max_items)
+        if kind.endswith("-front"):
+            policy = front_policy(cutoff, max_items, pairs)
+            shifted += any(policy.kept_start(u, c, PUBLIC) > 0 for u, c in users + [x])
+        else:
+            policy = make_policy(kind, cutoff, max_items)
         public = PUBLIC if policy.needs_public_counts else None
         monotone, dist, outside = neighbour_check(policy, users, x, pos, public)
         assert monotone, (kind, cutoff, users, x, pos)
@@ -112,6 +130,9 @@ def test_fuzzed_neighbours_contract_and_keep_the_support_condition(kind):
         pairs += 1
     assert pairs > 1000
     assert worst <= 1.0 + 1e-9, worst
+    if kind.endswith("-front"):
+        # Not vacuous: on many pairs some user's K_i is not its first Δ0 walk items.
+        assert shifted > pairs // 5, (shifted, pairs)
     if kind.startswith("published"):
         # Positive control: the published greedy's cascade makes items x does not
         # hold non-zero on some of these pairs (measured: several percent of them).
@@ -226,3 +247,129 @@ def test_cascade_free_policy_validates():
         P.CascadeFreeGreedyPolicy(3.0, ITEM_KEY, 4, 1.0)
     with pytest.raises(ValueError, match="max_items"):
         P.CascadeFreeGreedyPolicy(3.0, ITEM_KEY, 0, 0.05)
+
+
+# ---------------------------------------------------------------------------
+# GW-KT's 'front' selection of K_i (docs/gw.md section 1.3).
+# ---------------------------------------------------------------------------
+
+def _front_reference(counts, public, position, max_items, cutoff, scale, margin, walk):
+    """K_i by the definition: skip the walk items whose public count is >= κΓ/p (keep M)."""
+    n = len(walk)
+    if n <= max_items:
+        return walk
+    s = 0 if position == 0 else sum(1 for u in walk if public.get(u, 1) >= scale * cutoff / position)
+    start = min(n - max_items, max(0, s - margin))
+    return walk[start:start + max_items]
+
+
+def test_front_start_edges():
+    # n <= Δ0: everything is kept (start 0), whatever the position.
+    assert P.front_start([9, 9, 9], 3, 0.99, 1.0, 0.1, 0) == 0
+    # Position 0 (the first user of the order): nothing is predicted full.
+    assert P.front_start([9] * 10, 3, 0.0, 1.0, 0.1, 0) == 0
+    # The window never runs past the end: start <= n − Δ0.
+    assert P.front_start([9] * 10, 3, 0.99, 1.0, 0.1, 0) == 7
+    # s − M, floored at 0.
+    assert P.front_start([9, 9, 9, 1, 1, 1, 1, 1], 3, 0.5, 1.0, 1.0, 0) == 3   # bar 2
+    assert P.front_start([9, 9, 9, 1, 1, 1, 1, 1], 3, 0.5, 1.0, 1.0, 2) == 1
+    assert P.front_start([9, 9, 9, 1, 1, 1, 1, 1], 3, 0.5, 1.0, 1.0, 5) == 0
+    # The last position of the order (p just below 1): bar = κΓ, inclusive.
+    last = (2 ** 64 - 1) / 2.0 ** 64
+    assert P.front_start([4, 4, 3, 1, 1], 2, last, 2.0, 2.0, 0) == 2
+    # Public counts in any order give the same start (only the number >= bar counts).
+    assert P.front_start([1, 9, 1, 9, 1], 2, 0.5, 1.0, 1.0, 0) == 2
+
+
+def test_user_position_is_the_order_hash():
+    for user in ["u0", "x", 17, ("a", 2)]:
+        assert P.user_position(ORDER_KEYS[0], user) == \
+            P.user_sort_key(ORDER_KEYS[0], user)[0] / 2.0 ** 64
+        assert 0.0 <= P.user_position(ORDER_KEYS[0], user) < 1.0
+
+
+@pytest.mark.parametrize("tie_break", ["item-hash", "first-occurrence"])
+def test_front_keeps_the_window_past_the_predicted_front(tie_break):
+    rng = np.random.default_rng(21)  # test data only
+    public = {f"i{j}": int(c) for j, c in enumerate(rng.integers(0, 40, 30))}
+    starts = set()
+    for t in range(300):
+        scale, margin = [(0.5, 0), (2.0, 1), (5.0, 3)][t % 3]
+        max_items = int(rng.integers(1, 8))
+        policy = P.CascadeFreeGreedyPolicy(3.0, ITEM_KEY, max_items, 0.05, use_public_counts=True,
+                                           tie_break=tie_break, selection="front",
+                                           order_key=ORDER_KEYS[t % 8], front_scale=scale,
+                                           front_margin=margin)
+        k = int(rng.integers(1, 30))
+        counts = {f"i{i}": int(rng.integers(1, 4))
+                  for i in rng.choice(32, k, replace=False).tolist()}   # i30, i31: not public
+        user = f"u{t}"
+        walk = P.greedy_order(counts, policy.item_ids, public, tie_break)
+        expected = _front_reference(counts, public, P.user_position(ORDER_KEYS[t % 8], user),
+                                    max_items, 3.0, scale, margin, walk)
+        ids, items = policy.prepare(user, counts, public)
+        assert ids == [policy.item_ids(u) for u in expected]
+        assert sorted(map(policy.item_ids, items)) == sorted(ids)
+        starts.add(walk.index(expected[0]))
+    assert len(starts) > 5     # the window really moves
+
+
+def test_front_kept_items_depend_on_nothing_but_the_user_public_counts_and_key():
+    """K_i is a function of (user id, own counts, public counts, key): preparing other
+    users first (any data, any number) and running them changes nothing, and the finished
+    histogram's support is exactly the union of the K_i (Lemma 3 with this rule)."""
+    rng = np.random.default_rng(33)  # test data only
+    public = {f"i{j}": int(c) for j, c in enumerate(rng.integers(0, 12, 40))}
+
+    def users(seed, n):
+        r = np.random.default_rng(seed)  # test data only
+        return {f"u{j}": {f"i{i}": int(r.integers(1, 4))
+                          for i in r.choice(40, int(r.integers(1, 25)), replace=False).tolist()}
+                for j in range(n)}
+
+    def policy(order_key):
+        return P.CascadeFreeGreedyPolicy(3.0, ITEM_KEY, 6, 0.01, use_public_counts=True,
+                                         selection="front", order_key=order_key,
+                                         front_scale=0.5, front_margin=1)
+
+    run_key = RunKey.from_test_seed(77)
+    order_key = run_key.subkey("order")
+    target = ("t", {f"i{i}": 1 + i % 3 for i in range(20)})
+    alone = policy(order_key).prepare(*target, public)
+    for seed in range(5):
+        others = users(seed, int(rng.integers(1, 60)))
+        pol = policy(order_key)
+        for u, c in others.items():
+            pol.prepare(u, c, public)
+        assert pol.prepare(*target, public) == alone
+        # Support = ∪ K_i over the users, through the production path (run_sequential).
+        data = dict(others, t=target[1])
+        pol = policy(order_key)
+        hist = P.run_sequential(data, pol, run_key, public)
+        kept = set()
+        for u, c in data.items():
+            kept |= set(pol.prepare(u, c, public)[1])
+        assert set(hist) == kept
+    # Another order key moves the user and (here) its window: the key is an input.
+    starts = {policy(RunKey.from_test_seed(s).subkey("order")).kept_start(*target, public)
+              for s in range(20)}
+    assert len(starts) > 1
+
+
+def test_front_selection_validates():
+    with pytest.raises(ValueError, match="kt_selection"):
+        P.CascadeFreeGreedyPolicy(3.0, ITEM_KEY, 4, 0.05, use_public_counts=True,
+                                  selection="window", order_key=ORDER_KEYS[0])
+    with pytest.raises(ValueError, match="public counts"):
+        P.CascadeFreeGreedyPolicy(3.0, ITEM_KEY, 4, 0.05, selection="front",
+                                  order_key=ORDER_KEYS[0])
+    with pytest.raises(ValueError, match="order_key"):
+        P.CascadeFreeGreedyPolicy(3.0, ITEM_KEY, 4, 0.05, use_public_counts=True,
+                                  selection="front")
+    for bad in [0, -1.0, float("nan"), float("inf"), True, "20"]:
+        with pytest.raises(ValueError, match="front_scale"):
+            P.check_front_scale(bad)
+    for bad in [-1, 1.5, True, "4", None]:
+        with pytest.raises(ValueError, match="front_margin"):
+            P.check_front_margin(bad)
+    assert P.check_front_margin(3.0) == 3 and P.check_front_scale(np.float32(2)) == 2.0

@@ -261,3 +261,52 @@ def test_runner_capabilities_choose_the_fallback_or_fail_clearly():
         _ = users | OrderedUserPolicy(policy, RK, state="ordered_list")
     direct = beam.Pipeline(options=beam_options())
     assert OrderedUserPolicy(policy, RK)._resolve_state(direct) == "ordered_list"
+
+
+def test_gw_kt_kt_selection_defaults_describe_and_validation():
+    m = GWKT(3.0, 1e-5, PUBLIC)
+    assert (m.kt_selection, m.max_items, m.front_scale, m.front_margin) == \
+        ("front", 20, P.DEFAULT_FRONT_SCALE, P.DEFAULT_FRONT_MARGIN)
+    d = m.describe()
+    assert (d["kt_selection"], d["front_scale"], d["front_margin"],
+            d["max_items_per_user"]) == ("front", 20.0, 4, 20)
+    assert {"kt_selection", "front_scale", "front_margin"} <= set(d["units"])
+    pol = m.policy(RK)
+    assert (pol.selection, pol.front_scale, pol.front_margin) == ("front", 20.0, 4)
+    prefix = GWKT(3.0, 1e-5, PUBLIC, kt_selection="prefix")
+    assert (prefix.max_items, prefix.front_scale, prefix.policy(RK).selection) == \
+        (100, None, "prefix")
+    # Same threshold as GW with the same Δ0: the selection has no privacy effect.
+    assert m.calibration.threshold == GW(3.0, 1e-5, max_items=20).calibration.threshold
+    custom = GWKT(3.0, 1e-5, PUBLIC, max_items=7, front_scale=3, front_margin=0)
+    assert (custom.max_items, custom.policy(RK).front_scale, custom.policy(RK).front_margin) \
+        == (7, 3.0, 0)
+    published = GWKT(3.0, 1e-5, PUBLIC, variant="published")
+    assert published.describe()["kt_selection"] is None
+    for kwargs, match in [({"kt_selection": "window"}, "kt_selection"),
+                          ({"front_scale": 0}, "front_scale"),
+                          ({"front_scale": float("nan")}, "front_scale"),
+                          ({"front_margin": -1}, "front_margin"),
+                          ({"front_margin": 0.5}, "front_margin"),
+                          ({"kt_selection": "prefix", "front_scale": 2.0}, "'front' only"),
+                          ({"variant": "published", "kt_selection": "front"}, "cascade-free"),
+                          ({"variant": "published", "front_margin": 1}, "cascade-free")]:
+        with pytest.raises(ValueError, match=match):
+            GWKT(3.0, 1e-5, PUBLIC, **kwargs)
+
+
+def test_gw_kt_kt_selection_through_the_registry():
+    m = make_mechanism("gw-kt", epsilon=1.0, delta=1e-5, public_counts=__file__,
+                       kt_selection="prefix")
+    assert (m.kt_selection, m.max_items) == ("prefix", 100)
+    m = make_mechanism("gw-kt", epsilon=1.0, delta=1e-5, public_counts=__file__,
+                       front_scale=10.0, front_margin=2)
+    assert (m.kt_selection, m.front_scale, m.front_margin) == ("front", 10.0, 2)
+    with pytest.raises(ValueError, match="--kt-selection does not apply to mechanism 'gw'"):
+        make_mechanism("gw", epsilon=1.0, delta=1e-5, kt_selection="front")
+    with pytest.raises(ValueError, match="--front-scale applies to --kt-selection front only"):
+        make_mechanism("gw-kt", epsilon=1.0, delta=1e-5, public_counts=__file__,
+                       kt_selection="prefix", front_scale=3.0)
+    with pytest.raises(ValueError, match="variant 'published'"):
+        make_mechanism("gw-kt", epsilon=1.0, delta=1e-5, public_counts=__file__,
+                       variant="published", allow_unproven=True, kt_selection="prefix")

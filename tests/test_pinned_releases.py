@@ -2,8 +2,9 @@
 
 A refactoring must not change what any mechanism releases. These digests were
 computed on the code before the mechanism families were reorganised (issue
-#15); the Beam-free run (``core.run_local`` / ``topk.top_k_local``) and the
-Beam run (``SelectPartitions`` / ``TopK``) must both reproduce them.
+#15; gw-kt's default changed afterwards, see its entry); the Beam-free run
+(``core.run_local`` / ``topk.top_k_local``) and the Beam run
+(``SelectPartitions`` / ``TopK``) must both reproduce them.
 """
 import hashlib
 
@@ -46,6 +47,8 @@ def mechanisms():
         "gw-first-occurrence": GW(EPS, DELTA, tie_break="first-occurrence", max_items=7),
         "gw-published": GW(EPS, DELTA, variant="published"),
         "gw-kt": GWKT(EPS, DELTA, _public_counts()),
+        "gw-kt-prefix": GWKT(EPS, DELTA, _public_counts(), kt_selection="prefix"),
+        "gw-kt-published": GWKT(EPS, DELTA, _public_counts(), variant="published"),
     }
 
 
@@ -71,7 +74,13 @@ EXPECTED = {
     "gw": "04c4d9995e5625cf",
     "gw-first-occurrence": "fb7db5c056927e49",
     "gw-published": "1e085111193f4598",
-    "gw-kt": "a2ad943e48df7ee7",
+    # gw-kt's default K_i selection became 'front' with Δ0 = 20 (issue #14 follow-up,
+    # docs/gw.md section 1.3): a new release by design. The old default
+    # ('prefix', Δ0 = 100) is pinned to the digest gw-kt had before.
+    "gw-kt": "c4e4b720da441282",
+    "gw-kt-prefix": "a2ad943e48df7ee7",
+    # Computed with the code before the 'front' selection (commit f7bc0cf): unchanged.
+    "gw-kt-published": "0890e2a2e813e37a",
     "top-k-gumbel": "2cf081473ae7310a",
     "top-k-gumbel-restricted": "7bbd681d4b6affd4",
     "top-k-laplace": "c3ad5f3145d05322",

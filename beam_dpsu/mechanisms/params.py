@@ -91,7 +91,7 @@ MECHANISM_PARAMS: Dict[str, Param] = {p.name: p for p in [
     Param("rho", float, "ρ > 0 of ρ-zCDP, for zCDP mechanisms", None,
           "the guarantee's ρ (converted to (ε, δ) in the summary)"),
     Param("max_items", int, "Δ0, distinct items kept per user (integer >= 1)",
-          "100; gw 20, gw-kt 100",
+          "100; gw 20, gw-kt 20 (100 with --kt-selection prefix)",
           "none: the calibration accounts for Δ0 (a larger Δ0 raises the threshold)",
           flag="--max-items-per-user",
           # PipelineDP calls it max_partitions_contributed
@@ -111,6 +111,16 @@ MECHANISM_PARAMS: Dict[str, Param] = {p.name: p for p in [
           "only"),
     Param("eta", float, "gw, gw-kt: step-1 budget η in (0, 1)", "0.001",
           "none on T; η > 0 is what makes the cascade-free proof hold"),
+    Param("kt_selection", str, "gw-kt (cascade-free): how a user's Δ0 kept items are chosen "
+          "from its public-count walk, 'front' (skip the items predicted from the public "
+          "counts to be at the cutoff at the user's position in the keyed order) or 'prefix' "
+          "(the first Δ0)", "front", "none: both depend only on the user's own data, the "
+          "public counts, the run key and the user's id"),
+    Param("front_scale", float, "gw-kt, kt_selection 'front': κ > 0; an item with public "
+          "count c counts as full after the fraction κ·Γ/c of the order", "20",
+          _NO_EFFECT),
+    Param("front_margin", int, "gw-kt, kt_selection 'front': M >= 0 walk items kept before "
+          "the predicted front", "4", _NO_EFFECT),
     Param("variant", str, "gw, gw-kt: 'cascade-free' (proven) or 'published' (NOT proven "
           "private; needs --allow-unproven)", "cascade-free",
           "'published' has no proven guarantee"),

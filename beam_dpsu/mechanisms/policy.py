@@ -156,7 +156,10 @@ VARIANTS = ("cascade-free", "published")
 #: Chosen from the Δ0 × η sweep on the five shared datasets at ε = 3, δ = e^-10,
 #: α = 3 (``benchmarks/RESULTS-gw.md``): see the ``GW`` and ``GWKT`` docstrings.
 DEFAULT_GW_MAX_ITEMS = 20
-DEFAULT_GWKT_MAX_ITEMS = 100
+#: GW-KT's default Δ0 per K_i selection: 20 with ``kt_selection='front'`` (the
+#: default), 100 with ``'prefix'`` (``benchmarks/RESULTS-gw.md`` sections 5 and 6).
+DEFAULT_GWKT_MAX_ITEMS = {"front": 20, "prefix": 100}
+DEFAULT_GWKT_SELECTION = "front"
 DEFAULT_GW_ETA = 0.001
 
 
@@ -291,11 +294,12 @@ class GWKT(GW):
 
     As ``GW`` (same variants, same threshold, same proof), but a user walks
     their items by the public count descending (1 for an item absent from the
-    public data), then their own frequency, then the tie-break; the
-    cascade-free variant keeps the first Δ0 items of that order as K_i. The
-    public counts must not come from the private input; they cost no privacy
-    budget. Guarantee: (ε, δ)-DP for the cascade-free variant (default); the
-    published variant is NOT PROVEN (see ``GW``).
+    public data), then their own frequency, then the tie-break. The
+    cascade-free variant keeps Δ0 consecutive items of that order as K_i,
+    chosen by ``kt_selection``. The public counts must not come from the
+    private input; they cost no privacy budget. Guarantee: (ε, δ)-DP for the
+    cascade-free variant (default); the published variant is NOT PROVEN (see
+    ``GW``).
 
     Args:
       epsilon: ε > 0. delta: 0 < δ < 1/2.
@@ -306,24 +310,68 @@ class GWKT(GW):
       state: ``OrderedUserPolicy`` state choice (default ``'auto'``).
       tie_break: as for ``GW``; it orders items of equal public count and
         equal frequency. No privacy effect.
-      max_items: Δ0, as for ``GW`` but default ``DEFAULT_GWKT_MAX_ITEMS`` =
-        100: every user walks the same public ranking, so its top items fill
-        up early and a user whose K_i is all at Γ wastes budget; on
-        commits-rails (public counts from commits-ansible) releases rise up to
-        Δ0 ≈ 100 and are flat to 150 (``benchmarks/RESULTS-gw.md``), where
-        GW-KT reaches about 0.85× the published GW-KT.
+      kt_selection: how K_i is chosen (cascade-free only; ``docs/gw.md`` section 1.3).
+        ``'front'`` (default): every user walks the same public ranking, so
+        its top items reach Γ early; a user at position p_i ∈ [0, 1) of the
+        keyed processing order skips its items whose public count is
+        ≥ κ·Γ/p_i (predicted to be at Γ already), keeping M of them as a
+        margin, and keeps the next Δ0 walk items (the last Δ0 when fewer
+        remain). ``'prefix'``: the first Δ0 walk items (the rule before
+        issue #14's follow-up). Privacy: none; both choices depend on the
+        user's own data, the public counts, the run key and the user's own
+        id only (condition (a′) of ``docs/gw.md``), so the threshold and the
+        proof are the same. Utility: on commits-rails with public counts
+        from commits-ansible (ε = 3, δ = e^-10, α = 3; ``benchmarks/RESULTS-gw.md``
+        section 6) ``'front'`` releases about 0.91× the published GW-KT,
+        ``'prefix'`` (Δ0 = 100) about 0.85×.
+      front_scale: κ > 0 of ``'front'`` (default ``DEFAULT_FRONT_SCALE`` = 20),
+        in units of Γ. An item held by c users of a dataset of the public
+        data's size was measured to reach Γ after about 10-20·Γ/c of the
+        order; when the private data has about r times as many users as the
+        public data, κ/r is the matching value. No privacy effect.
+      front_margin: M ≥ 0 of ``'front'`` (default ``DEFAULT_FRONT_MARGIN`` = 4):
+        walk items kept before the predicted front. No privacy effect.
+      max_items: Δ0, as for ``GW``; default ``DEFAULT_GWKT_MAX_ITEMS``: 20 with
+        ``'front'``, 100 with ``'prefix'`` (with the first Δ0 items, K_i must be
+        long for late users to reach items below Γ; releases rise up to
+        Δ0 ≈ 100 and are flat to 150).
       eta, variant: as for ``GW`` (defaults 0.001, ``'cascade-free'``).
     """
 
     def __init__(self, epsilon: float, delta: float, public_counts,
                  alpha: float = DEFAULT_ALPHA, state: str = "auto",
                  tie_break: str = "item-hash", *, max_items: Optional[int] = None,
-                 eta: Optional[float] = None, variant: str = "cascade-free"):
+                 eta: Optional[float] = None, variant: str = "cascade-free",
+                 kt_selection: Optional[str] = None, front_scale: Optional[float] = None,
+                 front_margin: Optional[int] = None):
         if isinstance(public_counts, str):
             if not public_counts:
                 raise ValueError("public_counts must be a non-empty path or a mapping")
         elif not isinstance(public_counts, Mapping):
             raise ValueError(f"public_counts must be a path or a mapping, got {public_counts!r}")
+        if check_variant(variant) == "published":
+            given = [n for n, v in (("kt_selection", kt_selection), ("front_scale", front_scale),
+                                    ("front_margin", front_margin)) if v is not None]
+            if given:
+                raise ValueError(f"{', '.join(given)} apply to the cascade-free GW-KT only, "
+                                 "not to variant='published'")
+            self.kt_selection = self.front_scale = self.front_margin = None
+        else:
+            self.kt_selection = policies.check_kt_selection(
+                DEFAULT_GWKT_SELECTION if kt_selection is None else kt_selection)
+            if self.kt_selection == "front":
+                self.front_scale = policies.check_front_scale(
+                    policies.DEFAULT_FRONT_SCALE if front_scale is None else front_scale)
+                self.front_margin = policies.check_front_margin(
+                    policies.DEFAULT_FRONT_MARGIN if front_margin is None else front_margin)
+            else:
+                given = [n for n, v in (("front_scale", front_scale),
+                                        ("front_margin", front_margin)) if v is not None]
+                if given:
+                    raise ValueError(f"{', '.join(given)} apply to kt_selection='front' only")
+                self.front_scale = self.front_margin = None
+            if max_items is None:
+                max_items = DEFAULT_GWKT_MAX_ITEMS[self.kt_selection]
         super().__init__(epsilon, delta, alpha, state, tie_break, max_items=max_items, eta=eta,
                          variant=variant, _name="gw-kt")
         self.public_counts = public_counts
@@ -336,7 +384,33 @@ class GWKT(GW):
 
     _policy_names = {"cascade-free": "cascade-free-greedy-public", "published": "greedy-public"}
     _public = True
-    _default_max_items = DEFAULT_GWKT_MAX_ITEMS
+
+    def describe(self) -> Dict[str, Any]:
+        d = super().describe()
+        d.update({"kt_selection": self.kt_selection, "front_scale": self.front_scale,
+                  "front_margin": self.front_margin})
+        d["units"]["kt_selection"] = (
+            "how the cascade-free GW-KT chooses a user's Δ0 kept items from its public-count "
+            "walk: 'front' (skip the items predicted to be at the cutoff at the user's "
+            "position in the order) or 'prefix' (the first Δ0); null for 'published'")
+        d["units"]["front_scale"] = ("κ of kt_selection 'front': an item with public count "
+                                     "c counts as full after the fraction κ·cutoff/c of the "
+                                     "order (dimensionless); else null")
+        d["units"]["front_margin"] = ("M of kt_selection 'front': walk items kept before the "
+                                      "predicted front (items); else null")
+        return d
+
+    def policy(self, run_key):
+        if self.variant == "published":
+            return super().policy(run_key)
+        return policies.CascadeFreeGreedyPolicy(
+            self.cutoff, run_key.subkey("item-order"), self.max_items, self.eta,
+            use_public_counts=True, tie_break=self.tie_break, selection=self.kt_selection,
+            order_key=run_key.subkey("order"),
+            front_scale=(self.front_scale if self.front_scale is not None
+                         else policies.DEFAULT_FRONT_SCALE),
+            front_margin=(self.front_margin if self.front_margin is not None
+                          else policies.DEFAULT_FRONT_MARGIN))
 
     def _public_counts_local(self):
         if isinstance(self.public_counts, Mapping):
