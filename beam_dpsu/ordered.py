@@ -455,6 +455,9 @@ class OrderedUserPolicy(beam.PTransform):
     """``(user_id, {item: count})`` → ``(item, weight)`` (or, with ``sharded=True``,
     ``(shard, {item: weight})``): a sequential policy's histogram.
 
+    The input may also be a tuple of such PCollections, each user in exactly
+    one of them (each is prepared where it is produced).
+
     Users are processed one at a time in the order of
     ``keyed_hash64(run_key.subkey('order'), encode_value(user_id))`` (ties by
     the encoded user id), each applying ``policy.update`` to the histogram
@@ -557,25 +560,39 @@ class OrderedUserPolicy(beam.PTransform):
             pub = pipeline | "PublicCounts" >> beam.Create(sorted(pub.items(), key=repr))
         return beam.pvalue.AsDict(pub)
 
-    def expand(self, per_user):
-        check_global_window(per_user, "OrderedUserPolicy")
-        side = self._public_side_input(per_user.pipeline)
-        prep_args = [keys.key_side_input(per_user, self._run_key)]
-        if side is not None:
-            prep_args.append(side)
-        state = self._resolve_state(per_user.pipeline)
+    def _prepare(self, per_user, prep_args, suffix: str = ""):
+        """Step 1 on one PCollection of users: (bucketed users, id-map shards)."""
         if runners.capabilities(per_user.pipeline).tagged_outputs:
-            prepared = per_user | "Prepare" >> beam.ParDo(
+            prepared = per_user | f"Prepare{suffix}" >> beam.ParDo(
                 _PrepareDoFn(self._make_policy, self._bucket_bits), *prep_args
             ).with_outputs(_PrepareDoFn.IDS, main="users")
-            users, ids = prepared.users, prepared[_PrepareDoFn.IDS]
-        else:  # the runner mixes tagged outputs (Dask): one output of (tag, value)
-            split = runners.split_envelopes(
-                per_user | "Prepare" >> beam.ParDo(
-                    _PrepareDoFn(self._make_policy, self._bucket_bits, envelope=True),
-                    *prep_args),
-                "SplitPrepared", (None, _PrepareDoFn.IDS))
-            users, ids = split[None], split[_PrepareDoFn.IDS]
+            return prepared.users, prepared[_PrepareDoFn.IDS]
+        # the runner mixes tagged outputs (Dask): one output of (tag, value)
+        split = runners.split_envelopes(
+            per_user | f"Prepare{suffix}" >> beam.ParDo(
+                _PrepareDoFn(self._make_policy, self._bucket_bits, envelope=True),
+                *prep_args),
+            f"SplitPrepared{suffix}", (None, _PrepareDoFn.IDS))
+        return split[None], split[_PrepareDoFn.IDS]
+
+    def expand(self, per_user):
+        # A tuple of PCollections: per-user parts (each user in one of them, e.g. the
+        # merged and complete users of ReadUserItems), each prepared where it is made.
+        parts = tuple(per_user) if isinstance(per_user, (tuple, list)) else (per_user,)
+        for part in parts:
+            check_global_window(part, "OrderedUserPolicy")
+        pipeline = parts[0].pipeline
+        side = self._public_side_input(pipeline)
+        prep_args = [keys.key_side_input(parts[0], self._run_key)]
+        if side is not None:
+            prep_args.append(side)
+        state = self._resolve_state(pipeline)
+        if len(parts) == 1:
+            users, ids = self._prepare(parts[0], prep_args)
+        else:
+            prepared = [self._prepare(part, prep_args, str(k)) for k, part in enumerate(parts)]
+            users = [u for u, _ in prepared] | "FlattenUsers" >> beam.Flatten()
+            ids = [i for _, i in prepared] | "FlattenIds" >> beam.Flatten()
         sorted_buckets = (users
                           | "GroupBuckets" >> beam.GroupByKey()
                           | "SortBuckets" >> beam.Map(sort_bucket))

@@ -87,6 +87,10 @@ class PolicyMechanism(ThresholdMechanism):
             self.policy, run_key, self.public_counts, state=self.state, sharded=True)
         return hist | "Release" >> ApplyReleaseRule(self.release_rule, run_key, sharded=True)
 
+    def expand_per_user_parts(self, parts, run_key):
+        """Each part prepared where it is produced (``OrderedUserPolicy`` of a tuple)."""
+        return self.expand_per_user(tuple(parts), run_key)
+
 
 def _check_alpha(alpha) -> float:
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.integer, np.floating)) \

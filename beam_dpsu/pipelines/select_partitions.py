@@ -76,12 +76,20 @@ def _to_line(item) -> str:
 def build_pipeline(p: beam.Pipeline, input_pattern: str, output_prefix: str,
                    mechanism: Mechanism, run_key: RunKey,
                    dead_letter: Optional[str] = None) -> None:
-    """Adds the read → select → write graph to ``p`` (one sorted items file)."""
-    users, malformed = p | "ReadUserItems" >> ReadUserItems(
-        input_pattern, keep_order=mechanism.needs_record_order, with_malformed=True)
+    """Adds the read → select → write graph to ``p`` (one sorted items file).
+
+    The users of a single input file read whole (``ReadUserItems(...,
+    complete_users=True)``) go to the mechanism without the per-user merge;
+    the others are merged first. Each user is in exactly one of the two parts.
+    """
+    users, complete, malformed = p | "ReadUserItems" >> ReadUserItems(
+        input_pattern, keep_order=mechanism.needs_record_order, with_malformed=True,
+        complete_users=True)
     per_user = users | "CountUsers" >> beam.ParDo(common.CountUsers())
+    complete = complete | "CountCompleteUsers" >> beam.ParDo(common.CountUsers())
     common.write_dead_letter(malformed, dead_letter)
-    items = per_user | "SelectPartitions" >> SelectPartitions(mechanism, run_key, per_user=True)
+    items = ((per_user, complete)
+             | "SelectPartitions" >> SelectPartitions(mechanism, run_key, per_user=True))
     common.write_items(items | "ToLine" >> beam.Map(_to_line), output_prefix)
 
 
