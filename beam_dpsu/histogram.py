@@ -184,6 +184,10 @@ class WeightedHistogram(beam.PTransform):
 class ShardedHistogram(beam.PTransform):
     """``(user_id, {item: count})`` → ``(shard, {item: weight})``: the histogram in shards.
 
+    The input may also be a tuple of such PCollections (each user in one of
+    them): each is summed into partial histograms where it is produced, and
+    only the partials are flattened.
+
     The same weights as ``WeightedHistogram``, with every item in exactly one
     shard (``item_shard``). Each bundle emits one partial dict per shard, and
     ``CombinePerKey`` (lifted into a per-bundle pre-combine) adds them per
@@ -209,6 +213,15 @@ class ShardedHistogram(beam.PTransform):
         self._num_shards = num_shards
 
     def expand(self, per_user):
+        if isinstance(per_user, (tuple, list)):  # per-user parts: partials of each, flattened
+            partials = []
+            for k, part in enumerate(per_user):
+                check_global_window(part, "ShardedHistogram")
+                partials.append(part | f"PartialHistogram{k}" >> beam.ParDo(
+                    _partial_fn(part, self._weighting, self._flush_items, self._num_shards)))
+            return (partials
+                    | "FlattenPartials" >> beam.Flatten()
+                    | "SumPerShard" >> beam.CombinePerKey(MergeItemCountsFn()))
         check_global_window(per_user, "ShardedHistogram")
         return (per_user
                 | "PartialHistogram" >> beam.ParDo(

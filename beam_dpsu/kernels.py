@@ -242,12 +242,17 @@ class DenseRunner:
         self._used = int(_apply_batch(self._kind, self._cutoff, self._eta, self._rest, self._keys, self._slots,
                                       self._H, self._used, ids, lengths))
 
-    def items(self) -> Iterator[Tuple[int, float]]:
-        """``(item id, weight)`` for every id with weight > 0."""
+    def arrays(self) -> Tuple[np.ndarray, np.ndarray]:
+        """``(item ids, weights)`` as arrays, for every id with weight > 0."""
         occupied = np.flatnonzero(self._keys != _EMPTY)
         weights = self._H[self._slots[occupied]]
         keep = weights > 0
-        return zip(self._keys[occupied][keep].tolist(), weights[keep].tolist())
+        return self._keys[occupied][keep], weights[keep]
+
+    def items(self) -> Iterator[Tuple[int, float]]:
+        """``(item id, weight)`` for every id with weight > 0."""
+        ids, weights = self.arrays()
+        return zip(ids.tolist(), weights.tolist())
 
     def histogram(self) -> Dict[int, float]:
         return dict(self.items())

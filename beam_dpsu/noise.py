@@ -215,6 +215,34 @@ def keyed_hash64(key: bytes, message: bytes) -> int:
     return int.from_bytes(hashlib.blake2b(message, key=key, digest_size=8).digest(), "big")
 
 
+class KeyedHash64:
+    """``keyed_hash64(key, ·)`` with the key set up once: the same values, cheaper.
+
+    Keyed BLAKE2b compresses the (padded) key as a first block; this object
+    does that once and copies the keyed state for each message (about a third
+    less time per call in CPython), for the loops that hash one item after
+    another (the release rules, the item ids). Pickles as its key, like the
+    objects holding it.
+    """
+
+    __slots__ = ("_key", "_base")
+
+    def __init__(self, key: bytes):
+        self._key = bytes(key)
+        self._base = hashlib.blake2b(key=self._key, digest_size=8)
+
+    def __call__(self, message: bytes) -> int:
+        h = self._base.copy()
+        h.update(message)
+        return int.from_bytes(h.digest(), "big")
+
+    def __getstate__(self):
+        return self._key
+
+    def __setstate__(self, key):
+        self.__init__(key)
+
+
 def keyed_seed(key: bytes, message: bytes) -> int:
     """A 256-bit seed for a numpy generator: HMAC-SHA256(key, message) as an int."""
     return int.from_bytes(hmac.digest(key, message, "sha256"), "big")
@@ -289,14 +317,15 @@ class KeyedNoise:
         self.scale = float(scale)
         self.purpose = purpose
         self._key = run_key.subkey(purpose)
+        self._hash = KeyedHash64(self._key)  # keyed_hash64(self._key, ·)
         self._sampler = _SAMPLERS[kind]
 
     def __call__(self, item: bytes) -> float:
-        return self._sampler(keyed_hash64(self._key, item), self.scale)
+        return self._sampler(self._hash(item), self.scale)
 
     def uniform(self, item: bytes) -> float:
         """A uniform (0, 1) draw for ``item`` (e.g. for a keep probability)."""
-        return uniform_from_bits(keyed_hash64(self._key, item))
+        return uniform_from_bits(self._hash(item))
 
 
 # --------------------------------------------------------------------------

@@ -31,10 +31,13 @@ How the transform works
    Reading a few packed buckets instead of one state entry per user is what
    makes this stage fast.
 4. ``JoinShards``/``ToItems`` (parallel): each shard's weights are joined with
-   the same shard's id map from step 1 (``CoGroupByKey``) and emitted as
-   ``(item, weight)`` (distinct items that share an id make the pipeline fail
-   with ``policies.ItemIdCollision``; probability about n²/2^64). No worker
-   holds the whole id map, and nothing is a per-item shuffle or side input.
+   the same shard's id map from step 1 (``CoGroupByKey``) and emitted as one
+   ``(shard, {item: weight})`` dict per shard (``sharded=True``, what the
+   policy mechanisms pass to ``ApplyReleaseRule(sharded=True)``), or
+   flattened to ``(item, weight)`` elements (distinct items that share an id
+   make the pipeline fail with ``policies.ItemIdCollision``; probability about
+   n²/2^64). No worker holds the whole id map, and nothing is a per-item
+   shuffle, element or side input.
 
 State and runners (``state`` argument)
 --------------------------------------
@@ -72,7 +75,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Dict, Hashable, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Hashable, Iterator, List, Mapping, Optional, Tuple
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
@@ -126,14 +129,36 @@ _ID_SHARD_MASK = ID_SHARDS - 1
 
 def shard_ids(id_to_value: Mapping[int, Any]) -> Dict[int, Dict[int, Any]]:
     """``{id: value}`` → ``{shard: {id: value}}`` with shard = ``id % ID_SHARDS``."""
-    out: Dict[int, Dict[int, Any]] = {}
-    for i, v in id_to_value.items():
-        part = out.get(i & _ID_SHARD_MASK)
-        if part is None:
-            out[i & _ID_SHARD_MASK] = {i: v}
-        else:
-            part[i] = v
-    return out
+    ids = np.fromiter(id_to_value.keys(), dtype=np.int64, count=len(id_to_value))
+    return dict(shard_arrays(ids, list(id_to_value.values())))
+
+
+def shard_arrays(ids: np.ndarray, values) -> Iterator[Tuple[int, Dict[int, Any]]]:
+    """``(shard, {id: value})`` for the non-empty shards (shard = ``id % ID_SHARDS``),
+    in increasing shard order; ``ids`` is an int64 array of ids ≥ 0 and ``values``
+    the matching values (a list or an array).
+
+    The grouping is done by numpy (a stable sort of the shard numbers), and
+    each shard's dict is built by ``dict(zip(...))``: no Python loop per id.
+    Within a shard the ids keep their order in ``ids``. Ids that occur twice
+    make a shard smaller than its slice (callers that need distinct ids check
+    the total size).
+    """
+    if ids.size == 0:
+        return
+    shards = ids & _ID_SHARD_MASK
+    order = np.argsort(shards, kind="stable")
+    sorted_ids = ids[order].tolist()
+    if isinstance(values, np.ndarray):
+        sorted_values = values[order].tolist()
+    else:  # any values (items may be tuples, which an object array would unpack)
+        sorted_values = list(map(values.__getitem__, order.tolist()))
+    sorted_shards = shards[order]
+    starts = np.flatnonzero(np.diff(sorted_shards)) + 1
+    bounds = [0] + starts.tolist() + [len(sorted_ids)]
+    first = sorted_shards[bounds[:-1]].tolist()
+    for s, lo, hi in zip(first, bounds[:-1], bounds[1:]):
+        yield s, dict(zip(sorted_ids[lo:hi], sorted_values[lo:hi]))
 
 
 def _collision():
@@ -180,11 +205,13 @@ class _PrepareDoFn(beam.DoFn):
 
     def _id_shards(self):
         """The bundle's ``{id: item}`` map in shards (fails on an id collision)."""
-        id_to_item = {i: item for item, i in self._item_ids.items()}
-        if len(id_to_item) != len(self._item_ids):
-            raise _collision()
+        known = self._item_ids
         self._item_ids = {}
-        return shard_ids(id_to_item).items()
+        ids = np.fromiter(known.values(), dtype=np.int64, count=len(known))
+        parts = list(shard_arrays(ids, list(known)))
+        if sum(len(part) for _, part in parts) != len(known):  # two items, one id
+            raise _collision()
+        return parts
 
     def _flush(self):
         for entry in self._buckets.items():
@@ -210,16 +237,12 @@ class _PrepareDoFn(beam.DoFn):
         self._n_users += 1
         self._n_pairs += len(ids)
         self._pending_pairs += len(ids)
-        known = self._item_ids
+        # item -> id (an id is a function of the item: re-recording one is a no-op)
         if getattr(policy, "ids_follow_items", False):  # ids[k] is the id of the k-th item
-            for item, i in zip(items, ids):
-                if item not in known:
-                    known[item] = i
+            self._item_ids.update(zip(items, ids))
         else:
-            item_id = policy.item_ids
-            for item in items:
-                if item not in known:
-                    known[item] = item_id(item)
+            items = items if isinstance(items, (list, tuple)) else list(items)
+            self._item_ids.update(zip(items, policy.item_ids.many(items)))
         self._elapsed += time.perf_counter() - t0
         if self._pending_pairs >= self.FLUSH_PAIRS:
             yield from self._flush()
@@ -284,22 +307,18 @@ class _SequentialBase(beam.DoFn):
                                                           "ordered_sequential_timer_micros")
 
     def _run(self, packed_buckets):
-        """``packed_buckets``: (lengths, ids) byte strings of the buckets, in bucket order."""
-        return policies.run_packed(
+        """``packed_buckets``: (lengths, ids) byte strings of the buckets, in bucket order.
+
+        Returns the histogram as arrays ``(ids, weights)``."""
+        return policies.run_packed_arrays(
             ((np.frombuffer(lengths, dtype="<i4"), np.frombuffer(ids, dtype="<i8"))
              for lengths, ids in packed_buckets), self._policy)
 
     def _emit(self, hist):
         """``(shard, {id: weight})`` for the ids with weight > 0, ``ID_SHARDS`` shards."""
-        out: Dict[int, Dict[int, float]] = {}
-        for i, w in hist:
-            if w > 0:
-                part = out.get(i & _ID_SHARD_MASK)
-                if part is None:
-                    out[i & _ID_SHARD_MASK] = {i: w}
-                else:
-                    part[i] = w
-        yield from out.items()
+        ids, weights = hist
+        positive = weights > 0
+        yield from shard_arrays(ids[positive], weights[positive])
 
 
 _BUCKET_CODER = coders.TupleCoder([coders.BytesCoder(), coders.BytesCoder()])
@@ -379,13 +398,10 @@ class _MergeIdMapsFn(beam.CombineFn):
     def add_input(self, acc, id_to_item):
         if not acc:
             return dict(id_to_item)
-        get = acc.get
-        for i, item in id_to_item.items():
-            old = get(i)
-            if old is None:
-                acc[i] = item
-            elif old != item:
+        for i in acc.keys() & id_to_item.keys():  # ids both maps know: the same item?
+            if acc[i] != id_to_item[i]:
                 raise _collision()
+        acc.update(id_to_item)
         return acc
 
     def merge_accumulators(self, accs):
@@ -401,13 +417,23 @@ class _MergeIdMapsFn(beam.CombineFn):
 
 
 def _join_shard(element):
-    """``(shard, {'w': [{id: weight}...], 'ids': [{id: item}...]})`` → ``(item, weight)``."""
-    _, grouped = element
+    """``(shard, {'w': [{id: weight}...], 'ids': [{id: item}...]})`` →
+    ``(shard, {item: weight})`` (nothing for a shard without weights)."""
+    shard, grouped = element
+    parts = list(grouped["w"])
+    if not parts:
+        return
     maps = list(grouped["ids"])
     id_to_item = maps[0] if len(maps) == 1 else _MergeIdMapsFn().merge_accumulators(maps)
-    for weights in grouped["w"]:
-        for i, w in weights.items():
-            yield id_to_item[i], w
+    to_item = id_to_item.__getitem__
+    out: Dict[Any, float] = {}
+    for weights in parts:
+        out.update(zip(map(to_item, weights.keys()), weights.values()))
+    yield shard, out
+
+
+def _shard_items(element):
+    return element[1].items()
 
 
 def _read_text_lines(pattern):
@@ -426,7 +452,11 @@ UPDATE_ONLY_KEY = RunKey(b"beam_dpsu public placeholder: update rules use no key
 
 
 class OrderedUserPolicy(beam.PTransform):
-    """``(user_id, {item: count})`` → ``(item, weight)``: a sequential policy's histogram.
+    """``(user_id, {item: count})`` → ``(item, weight)`` (or, with ``sharded=True``,
+    ``(shard, {item: weight})``): a sequential policy's histogram.
+
+    The input may also be a tuple of such PCollections, each user in exactly
+    one of them (each is prepared where it is produced).
 
     Users are processed one at a time in the order of
     ``keyed_hash64(run_key.subkey('order'), encode_value(user_id))`` (ties by
@@ -454,6 +484,12 @@ class OrderedUserPolicy(beam.PTransform):
         one state entry per bucket. No privacy effect; more buckets mean
         smaller sorts and, with ordered-list state on a runner that pages
         state, less memory in the sequential worker.
+      sharded: when True, the output is the same histogram as ``(shard,
+        {item: weight})`` dicts (every item in exactly one shard, by the low
+        bits of its item id), which ``threshold.ApplyReleaseRule(...,
+        sharded=True)`` consumes: one Beam element per shard instead of one
+        per item. Default False: ``(item, weight)`` elements. No privacy
+        effect (the policy mechanisms use True).
 
     Privacy: none by itself; given that the order depends on no user's data,
     the histogram has the per-user sensitivity of the policy (ℓ1 ≤ 1 for
@@ -466,8 +502,9 @@ class OrderedUserPolicy(beam.PTransform):
 
     def __init__(self, make_policy, run_key: RunKey, public_counts=None,
                  state: str = "auto", bucket_bits: int = DEFAULT_BUCKET_BITS,
-                 label: Optional[str] = None):
+                 label: Optional[str] = None, sharded: bool = False):
         super().__init__(label)
+        self._sharded = bool(sharded)
         policy = make_policy(UPDATE_ONLY_KEY) if callable(make_policy) else None
         if not isinstance(policy, policies.UserPolicy):
             raise ValueError("make_policy must be callable as make_policy(run_key) and return "
@@ -523,25 +560,39 @@ class OrderedUserPolicy(beam.PTransform):
             pub = pipeline | "PublicCounts" >> beam.Create(sorted(pub.items(), key=repr))
         return beam.pvalue.AsDict(pub)
 
-    def expand(self, per_user):
-        check_global_window(per_user, "OrderedUserPolicy")
-        side = self._public_side_input(per_user.pipeline)
-        prep_args = [keys.key_side_input(per_user, self._run_key)]
-        if side is not None:
-            prep_args.append(side)
-        state = self._resolve_state(per_user.pipeline)
+    def _prepare(self, per_user, prep_args, suffix: str = ""):
+        """Step 1 on one PCollection of users: (bucketed users, id-map shards)."""
         if runners.capabilities(per_user.pipeline).tagged_outputs:
-            prepared = per_user | "Prepare" >> beam.ParDo(
+            prepared = per_user | f"Prepare{suffix}" >> beam.ParDo(
                 _PrepareDoFn(self._make_policy, self._bucket_bits), *prep_args
             ).with_outputs(_PrepareDoFn.IDS, main="users")
-            users, ids = prepared.users, prepared[_PrepareDoFn.IDS]
-        else:  # the runner mixes tagged outputs (Dask): one output of (tag, value)
-            split = runners.split_envelopes(
-                per_user | "Prepare" >> beam.ParDo(
-                    _PrepareDoFn(self._make_policy, self._bucket_bits, envelope=True),
-                    *prep_args),
-                "SplitPrepared", (None, _PrepareDoFn.IDS))
-            users, ids = split[None], split[_PrepareDoFn.IDS]
+            return prepared.users, prepared[_PrepareDoFn.IDS]
+        # the runner mixes tagged outputs (Dask): one output of (tag, value)
+        split = runners.split_envelopes(
+            per_user | f"Prepare{suffix}" >> beam.ParDo(
+                _PrepareDoFn(self._make_policy, self._bucket_bits, envelope=True),
+                *prep_args),
+            f"SplitPrepared{suffix}", (None, _PrepareDoFn.IDS))
+        return split[None], split[_PrepareDoFn.IDS]
+
+    def expand(self, per_user):
+        # A tuple of PCollections: per-user parts (each user in one of them, e.g. the
+        # merged and complete users of ReadUserItems), each prepared where it is made.
+        parts = tuple(per_user) if isinstance(per_user, (tuple, list)) else (per_user,)
+        for part in parts:
+            check_global_window(part, "OrderedUserPolicy")
+        pipeline = parts[0].pipeline
+        side = self._public_side_input(pipeline)
+        prep_args = [keys.key_side_input(parts[0], self._run_key)]
+        if side is not None:
+            prep_args.append(side)
+        state = self._resolve_state(pipeline)
+        if len(parts) == 1:
+            users, ids = self._prepare(parts[0], prep_args)
+        else:
+            prepared = [self._prepare(part, prep_args, str(k)) for k, part in enumerate(parts)]
+            users = [u for u, _ in prepared] | "FlattenUsers" >> beam.Flatten()
+            ids = [i for _, i in prepared] | "FlattenIds" >> beam.Flatten()
         sorted_buckets = (users
                           | "GroupBuckets" >> beam.GroupByKey()
                           | "SortBuckets" >> beam.Map(sort_bucket))
@@ -554,9 +605,12 @@ class OrderedUserPolicy(beam.PTransform):
                 self._update_policy)
             weights = sorted_buckets | "Sequential" >> beam.ParDo(seq_fn)
         id_maps = ids | "ItemPerId" >> beam.CombinePerKey(_MergeIdMapsFn())
-        return ({"w": weights, "ids": id_maps}
-                | "JoinShards" >> beam.CoGroupByKey()
-                | "ToItems" >> beam.FlatMap(_join_shard))
+        shards = ({"w": weights, "ids": id_maps}
+                  | "JoinShards" >> beam.CoGroupByKey()
+                  | "ToItems" >> beam.FlatMap(_join_shard))
+        if self._sharded:
+            return shards
+        return shards | "PerItem" >> beam.FlatMap(_shard_items)
 
 
 # ---------------------------------------------------------------------------

@@ -64,7 +64,7 @@ import numpy as np
 
 from beam_dpsu.bounding import ItemCounts, sample_items
 from beam_dpsu.calibration import check_eta, check_max_items
-from beam_dpsu.noise import RunKey, encode_value, keyed_hash64
+from beam_dpsu.noise import KeyedHash64, RunKey, encode_value, keyed_hash64
 
 Histogram = Dict[Hashable, float]
 
@@ -514,18 +514,24 @@ class ItemIds:
 
     def __init__(self, item_key: bytes, max_cache: int = 1 << 21):
         self._key = item_key
+        self._hash = KeyedHash64(item_key)  # keyed_hash64(item_key, ·)
         self._max_cache = max_cache
         self._cache: Dict[Hashable, int] = {}
 
     def __getstate__(self):
         return {"_key": self._key, "_max_cache": self._max_cache, "_cache": {}}
 
+    def __setstate__(self, state):
+        self.__init__(state["_key"], state["_max_cache"])
+
     def __call__(self, item: Hashable) -> int:
         i = self._cache.get(item)
         if i is None:
             if len(self._cache) >= self._max_cache:
                 self._cache.clear()
-            i = self._cache[item] = keyed_hash64(self._key, encode_value(item)) >> 1
+            i = self._cache[item] = self._hash(
+                b"s" + item.encode("utf-8", "surrogatepass") if type(item) is str
+                else encode_value(item)) >> 1
         return i
 
     def many(self, items: Iterable[Hashable]) -> List[int]:
@@ -734,13 +740,20 @@ def run_packed(batches: Iterable[Tuple[np.ndarray, np.ndarray]], policy: UserPol
     otherwise ``policy.update`` on a dict. Ids no user raised
     are absent; every returned weight is > 0 for the descent policies.
     """
+    ids, weights = run_packed_arrays(batches, policy)
+    return zip(ids.tolist(), weights.tolist())
+
+
+def run_packed_arrays(batches: Iterable[Tuple[np.ndarray, np.ndarray]], policy: UserPolicy
+                      ) -> Tuple[np.ndarray, np.ndarray]:
+    """``run_packed`` with the histogram as two arrays: ids (int64) and their weights."""
     from beam_dpsu import kernels
     kernel = _KERNEL_OF_UPDATE.get(type(policy).update)
     if kernel is not None and kernels.available():
         runner = kernels.DenseRunner(kernel, policy.cutoff, eta=getattr(policy, "eta", 0.0))
         for lengths, ids in batches:
             runner.add_users(ids, lengths)
-        return runner.items()
+        return runner.arrays()
     hist: Histogram = {}
     update = policy.update
     for lengths, ids in batches:
@@ -750,7 +763,8 @@ def run_packed(batches: Iterable[Tuple[np.ndarray, np.ndarray]], policy: UserPol
             end = pos + n
             update(hist, all_ids[pos:end])
             pos = end
-    return hist.items()
+    return (np.fromiter(hist.keys(), dtype=np.int64, count=len(hist)),
+            np.fromiter(hist.values(), dtype=np.float64, count=len(hist)))
 
 
 class ItemIdCollision(RuntimeError):

@@ -21,7 +21,7 @@ import apache_beam as beam
 import numpy as np
 
 from beam_dpsu import calibration, keys
-from beam_dpsu.noise import KeyedNoise, RunKey, encode_value, keyed_hash64
+from beam_dpsu.noise import KeyedNoise, RunKey, encode_value
 
 NOISE_KINDS = ("laplace", "gaussian")
 _SIGN_BIT = 1 << 63
@@ -52,7 +52,7 @@ class NoisyThresholdRule:
         check_noisy_threshold(noise, scale, threshold)
         self.threshold = float(threshold)
         self._noise = KeyedNoise(run_key, noise, scale, purpose)
-        self._key = self._noise._key
+        self._hash = self._noise._hash  # keyed_hash64(run_key.subkey(purpose), ·)
 
     def __call__(self, item: Any, weight: float) -> bool:
         if not weight > 0:
@@ -66,7 +66,7 @@ class NoisyThresholdRule:
         # is the full computation.
         encoded = (b"s" + item.encode("utf-8", "surrogatepass") if type(item) is str
                    else encode_value(item))
-        bits = keyed_hash64(self._key, encoded)
+        bits = self._hash(encoded)
         if weight <= self.threshold:
             if bits & _SIGN_BIT:
                 return False
@@ -155,8 +155,9 @@ class ApplyReleaseRule(beam.PTransform):
         carry data to a later stage), never release it.
       metric: also count the released items in the metric ``beam_dpsu/<metric>``
         (every release counts in ``beam_dpsu/released``).
-      sharded: the input is ``(shard, {item: weight})`` from
-        ``histogram.ShardedHistogram`` instead of ``(item, weight)``.
+      sharded: the input is ``(shard, {item: weight})`` (from
+        ``histogram.ShardedHistogram`` or ``ordered.OrderedUserPolicy(...,
+        sharded=True)``) instead of ``(item, weight)``.
 
     The output PCollection carries no order; see ``SelectPartitions``.
     """

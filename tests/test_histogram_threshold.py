@@ -61,12 +61,11 @@ def released(weight: float, noise: float, threshold: float) -> bool:
     both are fixed here consistently.
     """
     from unittest import mock
-    from beam_dpsu import threshold as threshold_module
     rule = NoisyThresholdRule("laplace", 1.0, threshold, RunKey.from_test_seed(0))
     rule._noise = mock.Mock(scale=1.0, _sampler=lambda bits, scale: noise)
     sign_bits = (1 << 63) if noise < 0 or (noise == 0 and math.copysign(1, noise) < 0) else 0
-    with mock.patch.object(threshold_module, "keyed_hash64", lambda key, message: sign_bits):
-        return rule("item", weight)
+    rule._hash = lambda message: sign_bits  # the item's keyed hash
+    return rule("item", weight)
 
 
 def test_release_predicate_is_strict_and_ignores_zero_weight():

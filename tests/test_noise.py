@@ -83,6 +83,14 @@ def test_keyed_noise_is_deterministic_per_key_and_purpose():
     assert [a(x) for x in xs] != [c(x) for x in xs]
 
 
+def test_keyed_hash64_object_equals_the_function_and_pickles():
+    key = RunKey.from_test_seed(3).subkey("noise/0")
+    h = noise.KeyedHash64(key)
+    h2 = pickle.loads(pickle.dumps(h))
+    for m in [b"", b"s", b"sitem", bytes(range(256)) * 3]:
+        assert h(m) == h2(m) == noise.keyed_hash64(key, m)
+
+
 @pytest.mark.parametrize("kind,scale,dist", [
     ("laplace", 2.5, stats.laplace(scale=2.5)),
     ("gaussian", 1.7, stats.norm(scale=1.7)),

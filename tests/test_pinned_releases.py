@@ -128,3 +128,21 @@ def test_beam_releases_are_pinned():
                            | f"L_{name}" >> beam.combiners.ToList()
                            | f"D_{name}" >> beam.Map(_digest_of_list(name)))
         assert_that(tuple(results) | beam.Flatten(), equal_to(sorted(EXPECTED.items())))
+
+
+def test_beam_releases_from_per_user_parts_are_pinned():
+    # The users in two PCollections, each user in one of them (as the command line
+    # passes ReadUserItems' merged and complete users): the same releases.
+    per_user = list(_per_user().items())
+    with beam.Pipeline(options=beam_options()) as p:
+        parts = (p | "Even" >> beam.Create(per_user[0::2], reshuffle=False),
+                 p | "Odd" >> beam.Create(per_user[1::2], reshuffle=False))
+        results = []
+        for name, m in mechanisms().items():
+            released = parts | f"S_{name}" >> SelectPartitions(m, RunKey.from_test_seed(SEED),
+                                                                per_user=True)
+            results.append(released
+                           | f"L_{name}" >> beam.combiners.ToList()
+                           | f"D_{name}" >> beam.Map(_digest_of_list(name)))
+        assert_that(tuple(results) | beam.Flatten(),
+                    equal_to(sorted((k, v) for k, v in EXPECTED.items() if k in mechanisms())))

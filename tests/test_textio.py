@@ -156,3 +156,53 @@ def test_split_files_reads_the_same_users_in_the_same_order(tmp_path):
             assert_that(out, equal_to(want))
             assert_that(malformed | beam.Map(lambda kv: kv[1]) | beam.CombineGlobally(sum),
                         equal_to([2]), label="malformed")
+
+
+def _complete_run(pattern, **kwargs):
+    """(merged users, complete users, malformed total) of ReadUserItems(complete_users=True)."""
+    with beam.Pipeline(options=beam_options()) as p:
+        users, complete, malformed = p | ReadUserItems(pattern, with_malformed=True,
+                                                       complete_users=True, **kwargs)
+        key = lambda kv: (kv[0], list(kv[1].items()))  # noqa: E731
+        return users | "U" >> beam.Map(key), complete | "C" >> beam.Map(key), malformed
+
+
+def test_complete_users_one_file_read_whole_go_to_the_complete_output(tmp_path):
+    paths = _keep_order_files(tmp_path)
+    want = _first_occurrence(paths[:1])
+    with beam.Pipeline(options=beam_options()) as p:
+        users, complete, malformed = p | ReadUserItems(
+            str(paths[0]), with_malformed=True, complete_users=True, keep_order=True)
+        assert_that(users, equal_to([]), label="merged")
+        assert_that(complete | beam.Map(lambda kv: (kv[0], list(kv[1].items()))),
+                    equal_to([(u, list(c.items())) for u, c in want.items()]), label="complete")
+
+
+@pytest.mark.parametrize("case", ["several-files", "flush"])
+def test_complete_users_need_one_file_read_without_a_flush(tmp_path, case):
+    # Several files (a user may be in several) or a flush (a user's lines split):
+    # nothing is complete, every user goes through the merge, in record order.
+    paths = _keep_order_files(tmp_path)
+    pattern = str(tmp_path / "part-*") if case == "several-files" else str(paths[0])
+    want = _first_occurrence(sorted(paths) if case == "several-files" else paths[:1])
+    limit = {"complete_max_pairs": 7, "flush_pairs": 5} if case == "flush" else {}
+    with beam.Pipeline(options=beam_options()) as p:
+        users, complete, _ = p | ReadUserItems(pattern, with_malformed=True, complete_users=True,
+                                               keep_order=True, **limit)
+        assert_that(complete, equal_to([]), label="complete")
+        assert_that(users | beam.Map(lambda kv: (kv[0], list(kv[1].items()))),
+                    equal_to([(u, list(c.items())) for u, c in want.items()]), label="merged")
+
+
+def test_complete_users_count_malformed_lines_and_refuse_split_files(tmp_path):
+    (tmp_path / "a.tsv").write_bytes(b"u1\tx\nbad\nu2\ty\nbad\n\tnouser\nu1\tx\n")
+    with beam.Pipeline(options=beam_options()) as p:
+        users, complete, malformed = p | ReadUserItems(str(tmp_path / "a.tsv"),
+                                                       with_malformed=True, complete_users=True)
+        assert_that(users, equal_to([]), label="merged")
+        assert_that(complete, equal_to([("u1", {"x": 2}), ("u2", {"y": 1})]), label="complete")
+        assert_that(malformed, equal_to([(b"bad", 2), (b"\tnouser", 1)]), label="malformed")
+    with pytest.raises(ValueError, match="split_files"):
+        ReadUserItems("x", complete_users=True, split_files=True)
+    with pytest.raises(ValueError, match="complete_max_pairs"):
+        ReadUserItems("x", complete_users=True, complete_max_pairs=0)

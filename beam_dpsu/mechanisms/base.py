@@ -143,6 +143,14 @@ class Mechanism:
         """The Beam expansion: ``(user_id, {item: count})`` → the released items."""
         raise NotImplementedError
 
+    def expand_per_user_parts(self, parts, run_key: RunKey) -> beam.PCollection:
+        """``expand_per_user`` on per-user input given as a tuple of PCollections, each
+        user in exactly one of them with one element (e.g. ``textio.ReadUserItems(...,
+        complete_users=True)``'s merged and complete users). Default: flattens them;
+        a mechanism that prepares users one by one overrides it to prepare each
+        part where it is produced (no shuffle of the per-user dicts)."""
+        return self.expand_per_user(parts | "FlattenUsers" >> beam.Flatten(), run_key)
+
     def run_local(self, per_user: Mapping[Any, ItemCounts], run_key: RunKey):
         """The Beam-free run: the release on ``{user_id: {item: count}}``.
 
@@ -204,9 +212,11 @@ class SelectPartitions(beam.PTransform):
         never part of the job graph that a runner stages (see
         ``beam_dpsu.keys``). Pass ``RunKey.from_test_seed(s)`` only in tests.
       per_user: set True when the input is already ``(user_id, {item: count})``
-        with one element per user (e.g. from ``textio.ReadUserItems``).
-        Default False. No privacy effect, but an input with several elements
-        per user would break the per-user bound.
+        with one element per user (e.g. from ``textio.ReadUserItems``), or a
+        tuple of such PCollections with each user in exactly one of them (the
+        merged and complete users of ``ReadUserItems(...,
+        complete_users=True)``). Default False. No privacy effect, but an
+        input with several elements per user would break the per-user bound.
 
     Privacy: the mechanism's ``guarantee`` under add/remove-one-user
     neighbouring datasets, provided each user id identifies one person and
@@ -229,5 +239,10 @@ class SelectPartitions(beam.PTransform):
         self._per_user = bool(per_user)
 
     def expand(self, pcoll):
+        if isinstance(pcoll, (tuple, list)):
+            if not self._per_user:
+                raise ValueError("SelectPartitions takes a tuple of PCollections only with "
+                                 "per_user=True (per-user parts, each user in one of them)")
+            return self._mechanism.expand_per_user_parts(tuple(pcoll), self._run_key)
         per_user = pcoll if self._per_user else pcoll | "PerUserItemCounts" >> PerUserItemCounts()
         return self._mechanism.expand_per_user(per_user, self._run_key)

@@ -88,6 +88,16 @@ class HistogramMechanism(ThresholdMechanism):
                 | "Histogram" >> ShardedHistogram(r.weighting)
                 | "Release" >> ApplyReleaseRule(self.release_rule, run_key, sharded=True))
 
+    def expand_per_user_parts(self, parts, run_key):
+        """Each part sampled and summed into partial histograms where it is produced;
+        only the partial histograms are flattened (``ShardedHistogram`` of a tuple)."""
+        r = self.calibration
+        sampled = tuple(part | f"SampleItems{k}" >> SampleItems(r.max_items, run_key, "sample/0")
+                        for k, part in enumerate(parts))
+        return (sampled
+                | "Histogram" >> ShardedHistogram(r.weighting)
+                | "Release" >> ApplyReleaseRule(self.release_rule, run_key, sharded=True))
+
     def histogram_local(self, per_user: Mapping[Any, ItemCounts], run_key: RunKey
                         ) -> Dict[Any, float]:
         """The finished histogram ``{item: weight}`` (not private)."""

@@ -3,7 +3,8 @@
 Each mechanism is a sequential update policy (``beam_dpsu.policies``) run
 over the users in a keyed order, followed by noise and the threshold T.
 The Beam expansion runs the policy with ``ordered.OrderedUserPolicy`` and
-applies the release rule with ``threshold.ApplyReleaseRule``; the Beam-free
+applies the release rule with ``threshold.ApplyReleaseRule``, the histogram
+passing between them in shards (one element per shard, not per item); the Beam-free
 run (``run_local``, next to it) runs the same policy with
 ``policies.run_sequential`` in the same order, so both release the same set
 under the same key.
@@ -83,8 +84,12 @@ class PolicyMechanism(ThresholdMechanism):
 
     def expand_per_user(self, per_user, run_key):
         hist = per_user | "OrderedPolicy" >> OrderedUserPolicy(
-            self.policy, run_key, self.public_counts, state=self.state)
-        return hist | "Release" >> ApplyReleaseRule(self.release_rule, run_key)
+            self.policy, run_key, self.public_counts, state=self.state, sharded=True)
+        return hist | "Release" >> ApplyReleaseRule(self.release_rule, run_key, sharded=True)
+
+    def expand_per_user_parts(self, parts, run_key):
+        """Each part prepared where it is produced (``OrderedUserPolicy`` of a tuple)."""
+        return self.expand_per_user(tuple(parts), run_key)
 
 
 def _check_alpha(alpha) -> float:

@@ -178,19 +178,28 @@ def build_pipeline(p: beam.Pipeline, input_pattern: str, output_prefix: str,
                    top_k: Optional[TopKMechanism] = None) -> None:
     """Adds the read → select → write graph to ``p`` (one sorted items file).
 
-    With ``top_k``, the same per-user data also feeds ``TopK``, written in rank
-    order to ``PREFIX-top-k-00000-of-00001``. Both releases use the one
-    ``run_key`` under distinct purposes (the set-union mechanisms' and top-k's
-    subkeys differ), so their randomness is independent, as composition needs.
+    The users of a single input file read whole (``ReadUserItems(...,
+    complete_users=True)``) go to the mechanism without the per-user merge;
+    the others are merged first. Each user is in exactly one of the two parts.
+
+    With ``top_k``, the same per-user data (both parts) also feeds ``TopK``,
+    written in rank order to ``PREFIX-top-k-00000-of-00001``. Both releases use
+    the one ``run_key`` under distinct purposes (the set-union mechanisms' and
+    top-k's subkeys differ), so their randomness is independent, as composition
+    needs.
     """
-    users, malformed = p | "ReadUserItems" >> ReadUserItems(
-        input_pattern, keep_order=mechanism.needs_record_order, with_malformed=True)
+    users, complete, malformed = p | "ReadUserItems" >> ReadUserItems(
+        input_pattern, keep_order=mechanism.needs_record_order, with_malformed=True,
+        complete_users=True)
     per_user = users | "CountUsers" >> beam.ParDo(common.CountUsers())
+    complete = complete | "CountCompleteUsers" >> beam.ParDo(common.CountUsers())
     common.write_dead_letter(malformed, dead_letter)
-    items = per_user | "SelectPartitions" >> SelectPartitions(mechanism, run_key, per_user=True)
+    items = ((per_user, complete)
+             | "SelectPartitions" >> SelectPartitions(mechanism, run_key, per_user=True))
     common.write_items(items | "ToLine" >> beam.Map(_to_line), output_prefix)
     if top_k is not None:
-        ranked = per_user | "TopK" >> TopK(top_k, run_key, per_user=True)
+        everyone = (per_user, complete) | "AllUsersForTopK" >> beam.Flatten()
+        ranked = everyone | "TopK" >> TopK(top_k, run_key, per_user=True)
         common.write_items(ranked, output_prefix, arrange=top_k_pipeline.ranked_text,
                            label="TopK", kind=common.TOPK_KIND)
 
