@@ -25,6 +25,7 @@ excludes those waits; the wall time per ParDo is kept as ``wall_s``.
 from __future__ import annotations
 
 import functools
+import os
 import re
 import time
 from typing import Dict, List
@@ -120,13 +121,18 @@ def summarise(records: Dict[str, List[tuple]], tasks: List[dict]) -> dict:
     compute = transfer = 0.0
     per_prefix: Dict[str, float] = {}
     starts, stops = [], []
+    nbytes: Dict[str, int] = {}
     for t in tasks:
+        key = t["key"][0] if isinstance(t["key"], tuple) else t["key"]
+        prefix = re.sub(r"-[0-9a-f]{32}$", "", str(key))
+        if isinstance(t.get("nbytes"), dict):
+            nbytes[prefix] = nbytes.get(prefix, 0) + sum(t["nbytes"].values())
+        elif isinstance(t.get("nbytes"), int):
+            nbytes[prefix] = nbytes.get(prefix, 0) + t["nbytes"]
         for ss in t.get("startstops", ()):
             d = ss["stop"] - ss["start"]
             if ss["action"] == "compute":
                 compute += d
-                key = t["key"][0] if isinstance(t["key"], tuple) else t["key"]
-                prefix = re.sub(r"-[0-9a-f]{32}$", "", str(key))
                 per_prefix[prefix] = per_prefix.get(prefix, 0.0) + d
                 starts.append(ss["start"])
                 stops.append(ss["stop"])
@@ -146,4 +152,37 @@ def summarise(records: Dict[str, List[tuple]], tasks: List[dict]) -> dict:
         "compute_span_s": round(max(stops) - min(starts), 2) if starts else 0.0,
         "task_compute_by_prefix": {k: round(v, 2) for k, v in sorted(
             per_prefix.items(), key=lambda kv: -kv[1])[:12]},
+        "result_mb_by_prefix": {k: round(v / 2**20, 1) for k, v in sorted(
+            nbytes.items(), key=lambda kv: -kv[1])[:12]},
     }
+
+
+def profile_summary(profile: dict, top: int = 15) -> dict:
+    """The workers' statistical profile (``client.profile``: stacks sampled every
+    10 ms in the task threads; with ``server=True`` the event loop: communication,
+    (de)serialisation) as the share of samples per function: ``self`` (the
+    function itself was running) and ``inclusive`` (on the stack), top entries."""
+    selfc: Dict[str, int] = {}
+    incl: Dict[str, int] = {}
+    total = profile.get("count", 0) or 0
+
+    def walk(node, on_stack):
+        d = node.get("description") or {}
+        name = f"{os.path.basename(str(d.get('filename', '')))}:{d.get('name', '')}"
+        children = node.get("children", {}) or {}
+        count = node.get("count", 0)
+        child_sum = sum(c.get("count", 0) for c in children.values())
+        selfc[name] = selfc.get(name, 0) + max(0, count - child_sum)
+        if name not in on_stack:
+            incl[name] = incl.get(name, 0) + count
+        for c in children.values():
+            walk(c, on_stack | {name})
+
+    for c in (profile.get("children") or {}).values():
+        walk(c, frozenset())
+    share = (lambda n: round(100.0 * n / total, 1)) if total else (lambda n: 0.0)
+    return {"samples": total,
+            "self_pct": {k: share(v) for k, v in sorted(selfc.items(),
+                                                       key=lambda kv: -kv[1])[:top]},
+            "inclusive_pct": {k: share(v) for k, v in sorted(incl.items(),
+                                                            key=lambda kv: -kv[1])[:top]}}
