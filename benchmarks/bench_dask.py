@@ -132,8 +132,6 @@ def main():
                                                               ts.data)
                         row["profile_tasks"] = dask_stages.profile_summary(
                             client.profile(start=t0))
-                        row["profile_event_loop"] = dask_stages.profile_summary(
-                            client.profile(start=t0, server=True))
                     print(json.dumps(row), flush=True)
                     rows.append(row)
             if len(released) == 2:

@@ -159,9 +159,9 @@ def summarise(records: Dict[str, List[tuple]], tasks: List[dict]) -> dict:
 
 def profile_summary(profile: dict, top: int = 15) -> dict:
     """The workers' statistical profile (``client.profile``: stacks sampled every
-    10 ms in the task threads; with ``server=True`` the event loop: communication,
-    (de)serialisation) as the share of samples per function: ``self`` (the
-    function itself was running) and ``inclusive`` (on the stack), top entries."""
+    10 ms in the task threads) as the share of samples per function: ``self`` (the
+    function itself was running) and ``inclusive`` (on the stack), top entries.
+    (``client.profile(server=True)``, the event loop, returned no samples here.)"""
     selfc: Dict[str, int] = {}
     incl: Dict[str, int] = {}
     total = profile.get("count", 0) or 0
