@@ -62,6 +62,14 @@ class Capabilities:
         runner collects a partition's outputs before calling it: they are lost).
       tagged_outputs: a multi-output ParDo's outputs are kept apart (the Dask
         runner mixes every tagged output into every consumer's input).
+      redistributes: ``Reshuffle`` and ``GroupByKey`` spread the work over all
+        workers. False on Dask: a dask bag keeps the number of partitions of the
+        ``Create`` it starts from (a ``Create`` of fewer than 128 elements is ONE
+        partition unless ``--dask_npartitions`` is given, ``Reshuffle`` is an
+        identity and ``GroupByKey`` keeps its input's partition count), so a
+        read must start from one ``Create`` per partition wanted, joined by
+        ``Flatten`` (a concatenation of their partitions): see
+        ``textio.ReadUserItems``.
     """
     name: str
     user_state: bool = True
@@ -73,6 +81,7 @@ class Capabilities:
     metrics: bool = True
     bundle_outputs: bool = True
     tagged_outputs: bool = True
+    redistributes: bool = True
 
 
 #: Runners known not to implement OrderedListState (Beam 2.77): state='ordered_list'
@@ -98,7 +107,8 @@ _TABLE = {
     # Verified on Beam 2.77 + dask/distributed 2026.8 (module docstring).
     "DaskRunner": dict(user_state=False, ordered_list_state=False, file_sinks=False,
                        read_primitive=False, all_leaves=False, side_inputs_once=False,
-                       metrics=False, bundle_outputs=False, tagged_outputs=False),
+                       metrics=False, bundle_outputs=False, tagged_outputs=False,
+                       redistributes=False),
 }
 
 

@@ -33,6 +33,9 @@ BLOCK_BYTES = 8 << 20
 #: ``ReadUserItems(complete_users=True)``: a single input file with at most this
 #: many distinct lines is read whole, its users emitted as complete.
 DEFAULT_COMPLETE_MAX_PAIRS = 8 << 20
+#: On Dask (``runners.Capabilities.redistributes`` False), the most partitions the
+#: input files are dealt into: one ``Create`` each, so one dask partition each.
+MAX_FILE_PARTITIONS = 1024
 
 
 def open_binary(path: str):
@@ -431,7 +434,12 @@ class ReadUserItems(beam.PTransform):
     Scaling: files are decompressed in parallel, one file per DoFn call, and
     their blocks parsed in parallel (``split_files``); a gzip file cannot be
     decompressed by several workers, so split a very large input into many
-    files (as Beam's text sinks write it).
+    files (as Beam's text sinks write it). On Beam's Dask runner, where a
+    ``Reshuffle`` does not redistribute (``runners.Capabilities.redistributes``),
+    the files are matched when the graph is built and each file (up to
+    ``MAX_FILE_PARTITIONS``) starts its own dask partition; every later stage
+    keeps that many partitions, so there the number of input files IS the
+    parallelism (one file: one partition chain on one worker).
     """
 
     def __init__(self, file_pattern: str, flush_pairs: int = DEFAULT_FLUSH_PAIRS,
@@ -467,12 +475,16 @@ class ReadUserItems(beam.PTransform):
     def expand(self, pbegin):
         if self._complete_users:
             return self._expand_complete(pbegin)
-        files = (pbegin
-                 | "Pattern" >> beam.Create([self._pattern])
-                 | "MatchFiles" >> beam.FlatMap(
-                     lambda pattern, ordered: (list(enumerate(match_files(pattern))) if ordered
-                                               else match_files(pattern)), self._keep_order))
-        files = files | "SpreadFiles" >> beam.Reshuffle()
+        if runners.capabilities(pbegin.pipeline).redistributes:
+            files = (pbegin
+                     | "Pattern" >> beam.Create([self._pattern])
+                     | "MatchFiles" >> beam.FlatMap(
+                         lambda pattern, ordered: (list(enumerate(match_files(pattern)))
+                                                   if ordered else match_files(pattern)),
+                         self._keep_order))
+            files = files | "SpreadFiles" >> beam.Reshuffle()
+        else:  # Dask: one partition per Create, so one Create per file (or group of files)
+            files = self._file_partitions(pbegin)
         if self._split_files:
             files = (files
                      | "ReadBlocks" >> beam.ParDo(_ReadBlocksDoFn(self._block_bytes))
@@ -494,10 +506,13 @@ class ReadUserItems(beam.PTransform):
         return (users, malformed) if self._with_malformed else users
 
     def _expand_complete(self, pbegin):
-        files = (pbegin
-                 | "Pattern" >> beam.Create([self._pattern])
-                 | "MatchFiles" >> beam.FlatMap(_match_counted)
-                 | "SpreadFiles" >> beam.Reshuffle())
+        if runners.capabilities(pbegin.pipeline).redistributes:
+            files = (pbegin
+                     | "Pattern" >> beam.Create([self._pattern])
+                     | "MatchFiles" >> beam.FlatMap(_match_counted)
+                     | "SpreadFiles" >> beam.Reshuffle())
+        else:  # Dask: one partition per file (see _file_partitions)
+            files = self._file_partitions(pbegin, _match_counted(self._pattern))
         complete_tag = _ReadFileCompleteDoFn.COMPLETE
         args = (self._flush_pairs, self._complete_max_pairs, self._keep_order)
         if runners.capabilities(pbegin.pipeline).tagged_outputs:
@@ -514,3 +529,19 @@ class ReadUserItems(beam.PTransform):
         merge = MergeOrderedItemCountsFn() if self._keep_order else MergeItemCountsFn()
         users = users | "MergePerUser" >> beam.CombinePerKey(merge)
         return (users, complete, malformed) if self._with_malformed else (users, complete)
+
+    def _file_partitions(self, pbegin, elements=None):
+        """The matching files, matched now (in the launcher), as ``Flatten`` of one
+        ``Create`` per file (at most ``MAX_FILE_PARTITIONS``, files dealt round-robin):
+        on a runner whose parallelism is the number of partitions of the ``Create``
+        a branch starts from (``Capabilities.redistributes`` False: Dask), every
+        later stage then has that many partitions. Elements as in the runtime match
+        (``(file index, path)`` with ``keep_order``), so the release is the same."""
+        if elements is None:
+            paths = match_files(self._pattern)
+            elements = list(enumerate(paths)) if self._keep_order else paths
+        n = min(len(elements), MAX_FILE_PARTITIONS)
+        if n <= 1:
+            return pbegin | "Files" >> beam.Create(elements)
+        return (tuple(pbegin | f"Files{i}" >> beam.Create(elements[i::n]) for i in range(n))
+                | "SpreadFiles" >> beam.Flatten())

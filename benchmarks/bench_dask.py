@@ -1,20 +1,28 @@
 """DirectRunner against DaskRunner (2 worker processes, 1 thread each) on synthetic users.
 
 Usage (from the repository root, PYTHONPATH=$PWD):
-    python benchmarks/bench_dask.py --users 100000 --repeats 1 \
-        --mechanisms weighted-gaussian,sips,policy-gaussian --out benchmarks/results/dask.json
+    python benchmarks/bench_dask.py --input '/tmp/syn8/part-*' --repeats 3 \
+        --mechanisms weighted-gaussian,sips,policy-gaussian --out benchmarks/results/dask-8.json
+    # without --input: generates --users synthetic users into one file under --workdir
 
 For each mechanism the two runners alternate (direct, dask, direct, dask, ...).
 Wall time is that of the whole command-line run (select_partitions.run), in
-this process; peak memory is the maximum RSS of this (launching) process and,
-for Dask, the peak RSS of each worker process (sampled every 0.2 s with
-psutil) and of the scheduler (here, in this process: LocalCluster). Every run
-uses --insecure-test-seed 1 and the released sets are compared.
+this process. Peak memory: the maximum RSS, sampled every 0.2 s with psutil
+during the run, of this (launching) process, which also hosts the dask
+scheduler (LocalCluster), and of each dask worker process. The workers are
+restarted before every Dask run (outside the timing) so that each run starts
+from fresh processes. Every run uses --insecure-test-seed 1 and the released
+sets are compared.
+
+Dask runs also record where the time goes (benchmarks/dask_stages.py): the
+ParDo seconds per Beam transform and per stage (read+parse, per-user merge,
+histogram, release, write, ...) summed over the workers, the scheduler's task
+stream (busy seconds of all tasks, of which the rest is dask's groupby shuffle
+and bag glue, and the transfer seconds between workers).
 """
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import threading
@@ -32,12 +40,21 @@ FLAGS = {
 
 
 class PeakRss(threading.Thread):
+    """Samples the RSS of ``pids`` every 0.2 s (peak kept); ``cpu_s()``: CPU seconds
+    (user + system) each used between construction and ``finish()``."""
+
     def __init__(self, pids):
         super().__init__(daemon=True)
         import psutil
         self.procs = [psutil.Process(p) for p in pids]
         self.peak = {p.pid: 0 for p in self.procs}
+        self.cpu0 = {p.pid: self._cpu(p) for p in self.procs}
         self.stop = False
+
+    @staticmethod
+    def _cpu(p):
+        t = p.cpu_times()
+        return t.user + t.system
 
     def run(self):
         while not self.stop:
@@ -48,56 +65,79 @@ class PeakRss(threading.Thread):
                     pass
             time.sleep(0.2)
 
+    def finish(self):
+        self.stop = True
+        self.join()
+        self.cpu = {p.pid: round(self._cpu(p) - self.cpu0[p.pid], 2) for p in self.procs}
+
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--users", type=int, default=100000)
+    ap.add_argument("--input", default=None, help="file or glob (default: generated)")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--mechanisms", default="weighted-gaussian,sips,policy-gaussian")
+    ap.add_argument("--runners", default="direct,dask", help="order within a repeat")
     ap.add_argument("--workdir", default="/tmp/bench_dask")
     ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "dask.json"))
     a = ap.parse_args()
     os.makedirs(a.workdir, exist_ok=True)
-    data = os.path.join(a.workdir, f"syn-{a.users}.tsv")
-    if not os.path.exists(data):
+    data = a.input or os.path.join(a.workdir, f"syn-{a.users}.tsv")
+    if not a.input and not os.path.exists(data):
         subprocess.run([sys.executable, "-m", "pipelines.generate", "--users", str(a.users),
                         "--output", data], check=True, cwd=ROOT)
-    from distributed import LocalCluster
+    from distributed import Client, LocalCluster, get_task_stream
+    from benchmarks import dask_stages
     from pipelines import select_partitions
+    dask_stages.install()
     rows = []
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                      dashboard_address=None) as cluster:
-        worker_pids = [w.process.pid for w in cluster.workers.values()]
+                      dashboard_address=None) as cluster, Client(cluster) as client:
         for mech in a.mechanisms.split(","):
             released = {}
             for rep in range(a.repeats):
-                for runner in ("direct", "dask"):
+                for runner in a.runners.split(","):
                     flags = (["--runner=DirectRunner"] if runner == "direct" else
                              ["--runner=DaskRunner",
                               f"--dask_client_address={cluster.scheduler_address}"])
                     out = os.path.join(a.workdir, f"{mech}-{runner}-{rep}")
+                    if runner == "dask":
+                        client.restart()
+                        dask_stages.collect(client)
+                    worker_pids = sorted(client.run(os.getpid).values())
                     mon = PeakRss([os.getpid()] + worker_pids)
                     mon.start()
+                    load = os.getloadavg()[0]
                     t0 = time.time()
-                    select_partitions.run(["--input", data, "--output", out, "--overwrite",
-                                           "--mechanism", mech, "--insecure-test-seed", "1"]
-                                          + FLAGS[mech] + flags)
+                    with get_task_stream(client=client) as ts:
+                        select_partitions.run(["--input", data, "--output", out, "--overwrite",
+                                               "--mechanism", mech, "--insecure-test-seed", "1",
+                                               "--quiet"] + FLAGS[mech] + flags)
                     wall = time.time() - t0
-                    mon.stop = True
-                    mon.join()
+                    mon.finish()
                     items = open(out + "-items-00000-of-00001").read().split()
                     released[runner] = items
                     row = {"mechanism": mech, "runner": runner, "repeat": rep,
                            "wall_s": round(wall, 2), "released": len(items),
-                           "launcher_peak_rss_mb": round(
-                               resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+                           "input": data,
+                           "load_1min_before": load,
+                           "launcher_peak_rss_mb": round(mon.peak[os.getpid()] / 2**20),
+                           "launcher_cpu_s": mon.cpu[os.getpid()],
+                           "worker_cpu_s": [mon.cpu[p] for p in worker_pids],
                            "worker_peak_rss_mb": [round(mon.peak[p] / 2**20)
                                                   for p in worker_pids] if runner == "dask"
                            else None}
+                    if runner == "dask":
+                        row["stages"] = dask_stages.summarise(dask_stages.collect(client),
+                                                              ts.data)
+                        row["profile_tasks"] = dask_stages.profile_summary(
+                            client.profile(start=t0))
                     print(json.dumps(row), flush=True)
                     rows.append(row)
-            rows.append({"mechanism": mech, "same_release": released["direct"] == released["dask"]})
-            print(json.dumps(rows[-1]), flush=True)
+            if len(released) == 2:
+                rows.append({"mechanism": mech,
+                             "same_release": released["direct"] == released["dask"]})
+                print(json.dumps(rows[-1]), flush=True)
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
     with open(a.out, "w") as f:
         json.dump(rows, f, indent=1)

@@ -137,3 +137,40 @@ def test_dask_flag_is_accepted_by_the_command_line(cluster, data, tmp_path):
     common.check_beam_args(dask_flags(cluster) + ["--dask_npartitions", "2"])
     with pytest.raises(common.UsageError):
         common.check_beam_args(["--dask_client_adress=x"])
+
+
+@pytest.fixture(scope="module")
+def three_files(data, tmp_path_factory):
+    """The test data in three files of consecutive lines (a user's lines may span files)."""
+    path, public = data
+    lines = open(path, encoding="utf-8").read().splitlines(keepends=True)
+    folder = tmp_path_factory.mktemp("three")
+    step = -(-len(lines) // 3)
+    for i in range(3):
+        (folder / f"part-{i}.tsv").write_text("".join(lines[i * step:(i + 1) * step]))
+    return str(folder / "part-*.tsv"), public
+
+
+def test_several_input_files_are_several_dask_partitions(cluster, three_files):
+    from apache_beam.runners.dask.dask_runner import DaskRunner
+    from apache_beam.runners.dask.overrides import dask_overrides
+    from beam_dpsu.textio import ReadUserItems
+    for keep_order in (False, True):
+        p = beam.Pipeline(argv=runners.resolve_runner_flag(dask_flags(cluster)))
+        p | "Read" >> ReadUserItems(three_files[0], keep_order=keep_order)
+        p.replace_all(dask_overrides())
+        visitor = DaskRunner.to_dask_bag_visitor()
+        p.visit(visitor)
+        merged = [bag for node, bag in visitor.bags.items()
+                  if node.full_label.startswith("Read/MergePerUser")]
+        assert merged and {bag.npartitions for bag in merged} == {3}
+
+
+@pytest.mark.parametrize("name", ["weighted-gaussian", "sips", "policy-gaussian", "gw"])
+def test_several_input_files_release_what_the_direct_runner_releases(cluster, three_files,
+                                                                     data, name, tmp_path):
+    _, items = run_select(data, name, ["--runner=DirectRunner"], str(tmp_path / "one"))
+    _, direct = run_select(three_files, name, ["--runner=DirectRunner"], str(tmp_path / "d"))
+    assert direct == items  # the same records, in the same order
+    _, other = run_select(three_files, name, dask_flags(cluster), str(tmp_path / "k"))
+    assert other == direct
