@@ -26,6 +26,7 @@ from beam_dpsu import policies as P
 from beam_dpsu import textio
 from beam_dpsu.noise import RunKey
 from beam_dpsu.ordered import GWKT
+from beam_dpsu.pipelines.compare import users_per_item
 
 E10 = math.exp(-10)
 BUCKETS = [(1, 50), (50, 100), (100, 200), (200, 500), (500, 1000), (1000, 10 ** 9)]
@@ -58,10 +59,7 @@ def main():
     args = ap.parse_args()
     load = lambda n: textio.read_per_user(os.path.join(args.data, n + ".pairs.tsv.gz"))
     per_user = load(args.private)
-    public = {}
-    for its in load(args.public).values():
-        for item in its:
-            public[item] = public.get(item, 0) + 1
+    public = users_per_item(load(args.public))  # distinct users per item
     print(f"private {args.private}, public {args.public}")
 
     full_at = {}

@@ -41,6 +41,7 @@ from beam_dpsu import policies as P
 from beam_dpsu import textio
 from beam_dpsu.noise import RunKey
 from beam_dpsu.ordered import GWKT
+from beam_dpsu.pipelines.compare import users_per_item
 
 E10 = math.exp(-10)
 EPS, ALPHA, ETA = 3.0, 3.0, 0.001
@@ -119,10 +120,7 @@ def main():
     args = ap.parse_args()
     load = lambda name: textio.read_per_user(os.path.join(args.data, name + ".pairs.tsv.gz"))
     per_user = load(args.private)
-    public = {}
-    for items in load(args.public).values():
-        for item in items:
-            public[item] = public.get(item, 0) + 1
+    public = users_per_item(load(args.public))  # distinct users per item
     print(f"private {args.private}, public {args.public}, metric {args.metric}, "
           f"{args.runs} runs", flush=True)
     for setting in args.settings:
