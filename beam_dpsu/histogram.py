@@ -128,13 +128,56 @@ class _PartialHistogramDoFn(beam.DoFn):
         self._hist = {}
 
 
-def _partial_fn(pcoll, weighting, flush_items, num_shards=None):
-    """The partial-histogram DoFn; on a runner that drops ``finish_bundle`` outputs
-    (``runners.Capabilities.bundle_outputs``) it flushes after every user."""
+#: Users per group is (users / DEFAULT_USER_GROUPS) where ``finish_bundle`` output is lost.
+DEFAULT_USER_GROUPS = 256
+
+
+def _user_group(element, groups: int):
+    return item_shard(element[0], groups), element
+
+
+class _GroupHistogramDoFn(beam.DoFn):
+    """``(group, [(user, {item: count}), ...])`` → the group's partial histogram.
+
+    Emits ``(item, partial weight)``, or with ``num_shards`` one
+    ``(shard, {item: partial weight})`` per shard the group touches.
+    """
+
+    def __init__(self, weighting: str, num_shards: Optional[int] = None):
+        self._weighting = weighting
+        self._num_shards = num_shards
+
+    def process(self, element):
+        hist: Dict[Any, float] = {}
+        for _, counts in element[1]:
+            add_user_to_histogram(hist, counts, self._weighting)
+        if self._num_shards is None:
+            yield from hist.items()
+        else:
+            yield from shard_histogram(hist, self._num_shards).items()
+
+
+def _partials(pcoll, label, weighting, flush_items, num_shards=None,
+              user_groups=DEFAULT_USER_GROUPS):
+    """Partial histograms of ``pcoll``'s users, to be summed per key.
+
+    Per bundle (``_PartialHistogramDoFn``, emitted at ``finish_bundle``) where
+    the runner keeps ``finish_bundle`` outputs. Where it does not
+    (``runners.Capabilities.bundle_outputs``: Beam's Dask runner), flushing
+    after every user would send one element per (user, shard) pair through the
+    shuffle; instead the users are grouped by a hash of their id into
+    ``user_groups`` groups (a ``GroupByKey`` of one element per user) and each
+    group emits its partial histogram: at most ``user_groups`` × shards
+    elements. A group holds its users' kept items in one worker's memory.
+    """
     from beam_dpsu import runners
     if runners.capabilities(pcoll.pipeline).bundle_outputs:
-        return _PartialHistogramDoFn(weighting, flush_items, num_shards)
-    return runners.per_element_flush(_PartialHistogramDoFn(weighting, 1, num_shards))
+        return pcoll | label >> beam.ParDo(
+            _PartialHistogramDoFn(weighting, flush_items, num_shards))
+    return (pcoll
+            | f"{label}/ToGroups" >> beam.Map(_user_group, user_groups)
+            | f"{label}/GroupUsers" >> beam.GroupByKey()
+            | f"{label}/PerGroup" >> beam.ParDo(_GroupHistogramDoFn(weighting, num_shards)))
 
 
 def _check_histogram_args(weighting, flush_items) -> None:
@@ -175,9 +218,7 @@ class WeightedHistogram(beam.PTransform):
 
     def expand(self, per_user):
         check_global_window(per_user, "WeightedHistogram")
-        return (per_user
-                | "PartialHistogram" >> beam.ParDo(
-                    _partial_fn(per_user, self._weighting, self._flush_items))
+        return (_partials(per_user, "PartialHistogram", self._weighting, self._flush_items)
                 | "SumPerItem" >> beam.CombinePerKey(sum))
 
 
@@ -217,13 +258,12 @@ class ShardedHistogram(beam.PTransform):
             partials = []
             for k, part in enumerate(per_user):
                 check_global_window(part, "ShardedHistogram")
-                partials.append(part | f"PartialHistogram{k}" >> beam.ParDo(
-                    _partial_fn(part, self._weighting, self._flush_items, self._num_shards)))
+                partials.append(_partials(part, f"PartialHistogram{k}", self._weighting,
+                                          self._flush_items, self._num_shards))
             return (partials
                     | "FlattenPartials" >> beam.Flatten()
                     | "SumPerShard" >> beam.CombinePerKey(MergeItemCountsFn()))
         check_global_window(per_user, "ShardedHistogram")
-        return (per_user
-                | "PartialHistogram" >> beam.ParDo(
-                    _partial_fn(per_user, self._weighting, self._flush_items, self._num_shards))
+        return (_partials(per_user, "PartialHistogram", self._weighting, self._flush_items,
+                          self._num_shards)
                 | "SumPerShard" >> beam.CombinePerKey(MergeItemCountsFn()))

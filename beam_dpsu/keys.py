@@ -23,6 +23,11 @@ attempt or retry, on any worker) reads that committed value. The key bytes
 travel only as pipeline data (the side input), like the private input
 itself, never as part of the job graph.
 
+On a runner that re-evaluates a side input in every task (Beam's Dask runner),
+``key_side_input`` passes a ``WorkerKey`` instead: a public name by which each
+worker fetches (or, the first, draws) the key from the cluster's scheduler
+once per process. Still no key bytes in the job graph.
+
 A ``RunKey`` built from explicit bytes (``RunKey(b'...')``) cannot be used in a
 pipeline: its bytes would have to be staged. Use ``RunKey.fresh()`` (or None)
 or, in tests, ``RunKey.from_test_seed``.
@@ -63,38 +68,6 @@ def _draw(seed: Optional[int]) -> bytes:
     return test_seed_material(seed)
 
 
-class _SharedDraw:
-    """``_draw`` made consistent on a runner that evaluates a side input once per reader.
-
-    Beam's Dask runner recomputes a side input inside every task that reads it
-    (``runners.Capabilities.side_inputs_once`` is False): a fresh key would be
-    drawn again, differently, for every partition. There the first evaluation
-    draws the key under a cluster-wide ``distributed.Lock`` and stores it in a
-    ``distributed.Variable`` named by a public, random per-pipeline ``name``;
-    every later evaluation reads it. The key then lives in the scheduler's
-    memory (pipeline data, like the side input itself on other runners) until
-    the launcher deletes the variable after the run
-    (``delete_shared_keys``). A test seed needs none of this.
-    """
-
-    def __init__(self, name: str):
-        self.name = name
-
-    def __call__(self, seed: Optional[int]) -> bytes:
-        if seed is not None:
-            return test_seed_material(seed)
-        from distributed import Lock, Variable, get_client
-        client = get_client()
-        with Lock(self.name):
-            var = Variable(self.name, client=client)
-            try:
-                return var.get(timeout=0.5)
-            except TimeoutError:
-                key = secrets.token_bytes(32)
-                var.set(key)
-                return key
-
-
 # pipeline -> names of the shared key variables it uses (Dask)
 _SHARED: "weakref.WeakKeyDictionary[beam.Pipeline, list]" = weakref.WeakKeyDictionary()
 
@@ -131,30 +104,111 @@ def pipeline_key(pipeline: beam.Pipeline, run_key: RunKey) -> beam.PCollection:
     pcoll = known.get(identity)
     if pcoll is None:
         label = f"DrawRunKey{len(known)}"
-        from beam_dpsu import runners
-        draw = _draw
-        if not runners.capabilities(pipeline).side_inputs_once and run_key.test_seed is None:
-            name = "beam-dpsu-run-key-" + secrets.token_hex(16)  # public, names the copy
-            _SHARED.setdefault(pipeline, []).append(name)
-            draw = _SharedDraw(name)
         # The seed (None for a fresh key) is the only value staged.
         pcoll = (pipeline
                  | f"{label}/Seed" >> beam.Create([run_key.test_seed])
-                 | f"{label}/Draw" >> beam.Map(draw).with_output_types(bytes))
+                 | f"{label}/Draw" >> beam.Map(_draw).with_output_types(bytes))
         known[identity] = pcoll
     return pcoll
 
 
+class WorkerKey:
+    """The run key's bytes, fetched by the worker itself (runners without once-only side inputs).
+
+    Beam's Dask runner evaluates a side input as a nested dask computation
+    inside every task that reads it (``runners.Capabilities.side_inputs_once``
+    is False): a fresh key would differ per partition, and every task waits on
+    the scheduler for it (65% of the task threads' time in a 100,000-user run,
+    ``benchmarks/RESULTS-dask.md``). There ``key_side_input`` passes this
+    object to the DoFn instead, as a plain extra argument; ``key_bytes(obj)``
+    resolves it once per worker process:
+
+    * a fresh key: the first resolution in the cluster draws 32 bytes from the
+      OS (``secrets``) under a cluster-wide ``distributed.Lock`` named ``name``
+      and stores them in a ``distributed.Variable`` of that name; every later
+      resolution (any worker, any retry) reads them. The key lives in the
+      scheduler's memory until the launcher deletes the variable after the run
+      (``delete_shared_keys``), and in each worker's memory (at most the last
+      ``_RESOLVED_MAX`` keys) while the process lives;
+    * a test seed: the bytes are derived from the seed.
+
+    Only ``name`` (public, random, naming the copy) and the test seed are
+    pickled into the job graph; never key bytes.
+    """
+
+    def __init__(self, name: str, seed: Optional[int] = None):
+        self.name = name
+        self.seed = seed
+
+    def resolve(self) -> bytes:
+        found = _RESOLVED.get(self.name)
+        if found is None:
+            found = _draw(self.seed) if self.seed is not None else _shared_draw(self.name)
+            while len(_RESOLVED) >= _RESOLVED_MAX:
+                _RESOLVED.pop(next(iter(_RESOLVED)))
+            _RESOLVED[self.name] = found
+        return found
+
+
+_RESOLVED: Dict[str, bytes] = {}  # per worker process: WorkerKey.name -> key bytes
+_RESOLVED_MAX = 4
+
+
+def _shared_draw(name: str) -> bytes:
+    """The cluster-wide fresh key called ``name``: drawn by the first caller, read by the rest."""
+    from distributed import Lock, Variable, get_client
+    client = get_client()
+    with Lock(name):
+        var = Variable(name, client=client)
+        try:
+            return var.get(timeout=0.5)
+        except TimeoutError:
+            key = secrets.token_bytes(32)
+            var.set(key)
+            return key
+
+
+def key_bytes(value) -> bytes:
+    """The key bytes a DoFn received from ``key_side_input``: the side input's bytes, or a
+    ``WorkerKey`` resolved on this worker."""
+    return value if isinstance(value, bytes) else value.resolve()
+
+
 def key_side_input(pcoll: beam.PCollection, run_key: RunKey):
-    """``AsSingleton`` of the key of ``run_key`` in ``pcoll``'s pipeline."""
-    return beam.pvalue.AsSingleton(pipeline_key(pcoll.pipeline, run_key))
+    """The extra ``ParDo`` argument carrying ``run_key`` to a DoFn in ``pcoll``'s pipeline.
+
+    ``AsSingleton`` of ``pipeline_key``'s PCollection on runners that compute a
+    side input once per run; a ``WorkerKey`` (the same object for every
+    transform given the same ``RunKey`` in one pipeline) on runners that
+    re-evaluate it per task (Dask). DoFns pass what they receive to a
+    ``KeyedCache`` (or ``key_bytes``).
+    """
+    pipeline = pcoll.pipeline
+    from beam_dpsu import runners
+    if runners.capabilities(pipeline).side_inputs_once:
+        return beam.pvalue.AsSingleton(pipeline_key(pipeline, run_key))
+    run_key = for_pipeline(run_key)
+    identity = ("seed", run_key.test_seed) if run_key.test_seed is not None else run_key.handle
+    known = _WORKER_KEYS.setdefault(pipeline, {})
+    if identity not in known:
+        name = "beam-dpsu-run-key-" + secrets.token_hex(16)  # public, names the copy
+        if run_key.test_seed is None:
+            _SHARED.setdefault(pipeline, []).append(name)
+        known[identity] = WorkerKey(name, run_key.test_seed)
+    return known[identity]
+
+
+# pipeline -> {key identity: WorkerKey}
+_WORKER_KEYS: "weakref.WeakKeyDictionary[beam.Pipeline, Dict[Any, WorkerKey]]" = \
+    weakref.WeakKeyDictionary()
 
 
 class KeyedCache:
     """``factory(RunKey(key_bytes))``, built once per worker and key.
 
     DoFns hold a ``KeyedCache`` (which holds no key when pickled) and call it
-    with the side-input bytes in ``process``.
+    in ``process`` with what ``key_side_input`` gave them (the side-input
+    bytes, or a ``WorkerKey`` it resolves).
 
     Args:
       factory: ``run_key -> value``, e.g. ``mechanism.release_rule`` or
@@ -166,7 +220,8 @@ class KeyedCache:
         self._bytes: Optional[bytes] = None
         self._value: Any = None
 
-    def __call__(self, key_bytes: bytes) -> Any:
+    def __call__(self, key_bytes) -> Any:
+        key_bytes = key_bytes if isinstance(key_bytes, bytes) else key_bytes.resolve()
         if key_bytes is not self._bytes:
             if key_bytes != self._bytes:
                 self._value = self._factory(RunKey(key_bytes))

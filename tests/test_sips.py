@@ -194,3 +194,36 @@ def test_published_numbers(dataset, rounds, authors, runs):
     sips = Sips(0.1, 1e-5, 100, rounds=rounds, ratio=1 / 3)
     mean = np.mean([expected_count(sips, per_user, RunKey.fresh()) for _ in range(runs)])
     assert abs(mean - authors) <= 0.03 * authors, (mean, authors)
+
+
+def test_grouped_removal_equals_removing_by_hand():
+    """The Dask removal (``_RemoveByGroups``), run here on the DirectRunner: every
+    user loses exactly the released items; users left empty disappear."""
+    import apache_beam as beam
+    from apache_beam.testing.util import assert_that, equal_to
+    from beam_dpsu.mechanisms.sips import _RemoveByGroups
+    from beam_dpsu.mechanisms.histogram import remove_items
+    per_user = {f"u{u}": {f"i{(u * 7 + k) % 23}": k + 1 for k in range(u % 5 + 1)}
+                for u in range(200)}
+    released = ["i0", "i3", "i4", "i11"]
+    expected = [(u, remove_items(c, set(released))) for u, c in per_user.items()]
+    expected = [(u, c) for u, c in expected if c]
+    assert len(expected) < len(per_user)  # some users are emptied
+    with beam.Pipeline() as p:
+        rel = p | "R" >> beam.Create(released)
+        out = (p | beam.Create(sorted(per_user.items()))
+               | _RemoveByGroups(rel, groups=7))
+        assert_that(out, equal_to(expected))
+
+
+def test_group_histogram_equals_the_per_user_sum():
+    from beam_dpsu.histogram import (_GroupHistogramDoFn, add_user_to_histogram,
+                                     shard_histogram)
+    users = [(f"u{u}", {f"i{(u + k) % 9}": 1 for k in range(u % 4 + 1)}) for u in range(50)]
+    want = {}
+    for _, c in users:
+        add_user_to_histogram(want, c, "l2")
+    got = dict(_GroupHistogramDoFn("l2").process((0, users)))
+    assert got == want
+    sharded = dict(_GroupHistogramDoFn("l2", 16).process((0, users)))
+    assert sharded == shard_histogram(want, 16)

@@ -17,7 +17,10 @@ Removing released items between rounds (``removal``):
   memory. Released sets are small next to the histogram: every released item
   needs weight above T_i ≥ 1, and a user's total ℓ1 weight is at most √Δ0, so
   at most n·√Δ0/T_i items can be released in round i, and in practice far
-  fewer (hundreds of thousands of strings take tens of MB).
+  fewer (hundreds of thousands of strings take tens of MB). On a runner that
+  re-evaluates side inputs in every task (Beam's Dask runner) the same removal is
+  done without a side input (``_RemoveByGroups``): the released list is sent to
+  ``REMOVAL_GROUPS`` groups of users through one ``GroupByKey``.
 * ``'join'``: a per-item join (``CoGroupByKey`` of ``(item, user)`` pairs with
   the released items) followed by a regroup per user. It scales to released
   sets of any size, at the price of two shuffles of all user-item pairs per
@@ -37,7 +40,7 @@ from beam_dpsu import runners
 from beam_dpsu.bounding import MergeItemCountsFn, SampleItems
 from beam_dpsu.calibration import (check_ratio, check_rounds, round_budgets,  # noqa: F401
                                    round_fractions)
-from beam_dpsu.histogram import ShardedHistogram
+from beam_dpsu.histogram import ShardedHistogram, item_shard
 from beam_dpsu.mechanisms.base import Mechanism, noise_purpose
 from beam_dpsu.mechanisms.histogram import WeightedGaussianZcdp, remove_items, round_histogram
 from beam_dpsu.noise import RunKey
@@ -184,6 +187,66 @@ class _RemoveByJoin(beam.PTransform):
                 | "Regroup" >> beam.CombinePerKey(MergeItemCountsFn()))
 
 
+#: Groups of users in the grouped removal (runners that evaluate side inputs per task).
+REMOVAL_GROUPS = 64
+
+
+def _to_group(element, groups: int):
+    return item_shard(element[0], groups), (False, element)
+
+
+def _released_to_every_group(element, groups: int):
+    items = tuple(element[1])
+    for g in range(groups):
+        yield g, (True, items)
+
+
+def _remove_in_group(element):
+    _, members = element
+    members = list(members)
+    released = set()
+    for is_release, value in members:
+        if is_release:
+            released.update(value)
+    for is_release, value in members:
+        if not is_release:
+            user, counts = value
+            remaining = remove_items(counts, released)
+            if remaining:
+                yield user, remaining
+
+
+class _RemoveByGroups(beam.PTransform):
+    """The ``'side-input'`` removal where a runner re-evaluates side inputs in every task.
+
+    Beam's Dask runner recomputes a side input inside each task that reads it
+    (``runners.Capabilities.side_inputs_once``), so ``AsList(released)`` would
+    recompute the round. Instead the released items are gathered into one list
+    and sent, as one element, to each of ``groups`` groups of users (users
+    grouped by a hash of their id): one ``GroupByKey`` of one element per user
+    plus ``groups`` copies of the released list, against ``_RemoveByJoin``'s
+    two shuffles of every user-item pair. A group holds users / ``groups``
+    users and the released list, like a worker holding the side input.
+    """
+
+    def __init__(self, released, groups: int = REMOVAL_GROUPS):
+        super().__init__()
+        self._released = released
+        self._groups = groups
+
+    def expand(self, per_user):
+        groups = self._groups
+        users = per_user | "UsersToGroups" >> beam.Map(_to_group, groups)
+        lists = (self._released
+                 | "OneKey" >> beam.Map(lambda item: (None, item))
+                 | "Gather" >> beam.GroupByKey()
+                 | "ToEveryGroup" >> beam.FlatMap(_released_to_every_group, groups))
+        return ((users, lists)
+                | "Together" >> beam.Flatten()
+                | "PerGroup" >> beam.GroupByKey()
+                | "Remove" >> beam.FlatMap(_remove_in_group))
+
+
 class SipsRounds(beam.PTransform):
     """``(user_id, {item: count})`` → ``(item, round)`` for every item DP-SIPS releases.
 
@@ -220,12 +283,11 @@ class SipsRounds(beam.PTransform):
                             metric=f"released_round_{i}", sharded=True))
             outputs.append(released | f"Tag{i}" >> beam.Map(lambda item, i=i: (item, i)))
             if i + 1 < len(sips.rounds):
-                # A runner that re-evaluates side inputs per task (Dask) removes
-                # nothing through AsList(released) (docs/runners.md): join instead.
-                if sips.removal == "side-input" and runners.capabilities(
-                        per_user.pipeline).side_inputs_once:
+                if sips.removal == "join":
+                    remaining = remaining | f"Remove{i}" >> _RemoveByJoin(released)
+                elif runners.capabilities(per_user.pipeline).side_inputs_once:
                     remaining = remaining | f"Remove{i}" >> beam.ParDo(
                         _RemoveReleasedDoFn(), beam.pvalue.AsList(released))
-                else:
-                    remaining = remaining | f"Remove{i}" >> _RemoveByJoin(released)
+                else:  # Dask: a side input would be recomputed per task
+                    remaining = remaining | f"Remove{i}" >> _RemoveByGroups(released)
         return tuple(outputs) | "Union" >> beam.Flatten()

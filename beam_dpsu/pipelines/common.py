@@ -499,8 +499,13 @@ def run_pipeline(beam_args: Sequence[str], build: Callable[[beam.Pipeline], None
             try:
                 result.wait_until_finish()
             finally:
-                if keys.shared_key_names(p) and getattr(result, "client", None) is not None:
-                    keys.delete_shared_keys(p, result.client)
+                client = getattr(result, "client", None)  # the Dask runner's
+                if client is not None:
+                    try:
+                        if keys.shared_key_names(p):
+                            keys.delete_shared_keys(p, client)
+                    finally:
+                        client.close()  # else it retries the scheduler after the run
     except BaseException:
         for path in _temp_dirs(output_prefixes) - before:
             shutil.rmtree(path, ignore_errors=True)
