@@ -78,13 +78,19 @@ def shared_key_names(pipeline: beam.Pipeline) -> list:
 
 
 def delete_shared_keys(pipeline: beam.Pipeline, client) -> None:
-    """Deletes, after a Dask run, the scheduler-held copies of the run keys."""
+    """Deletes, after a Dask run, the scheduler-held copies of the run keys.
+
+    ``Variable.delete`` is only sent, not awaited (a client closed right after
+    may never deliver it), so each copy is first overwritten by empty bytes
+    with ``Variable.set``, which waits for the scheduler.
+    """
     from distributed import Variable
     for name in shared_key_names(pipeline):
+        var = Variable(name, client=client)
         try:
-            Variable(name, client=client).delete()
-        except Exception:  # never set (no reader ran)
-            pass
+            var.set(b"")
+        finally:
+            var.delete()
 
 
 def pipeline_key(pipeline: beam.Pipeline, run_key: RunKey) -> beam.PCollection:
@@ -220,12 +226,12 @@ class KeyedCache:
         self._bytes: Optional[bytes] = None
         self._value: Any = None
 
-    def __call__(self, key_bytes) -> Any:
-        key_bytes = key_bytes if isinstance(key_bytes, bytes) else key_bytes.resolve()
-        if key_bytes is not self._bytes:
-            if key_bytes != self._bytes:
-                self._value = self._factory(RunKey(key_bytes))
-            self._bytes = key_bytes
+    def __call__(self, key) -> Any:
+        raw = key_bytes(key)
+        if raw is not self._bytes:
+            if raw != self._bytes:
+                self._value = self._factory(RunKey(raw))
+            self._bytes = raw
         return self._value
 
     def __getstate__(self):
