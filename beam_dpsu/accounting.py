@@ -12,8 +12,6 @@ import dataclasses
 import math
 from typing import Iterable, Optional, Tuple
 
-from scipy.optimize import minimize_scalar
-
 from beam_dpsu.calibration import (bisect, check_delta, check_epsilon, check_positive_int,
                                    check_rho)
 
@@ -85,6 +83,9 @@ def zcdp_delta_prime(rho: float, epsilon: float) -> Tuple[float, float]:
         if v < best_v:
             best_x, best_v = x, v
     width = (hi - lo) / steps
+    # Imported here: scipy.optimize costs ~0.5 s to import, paid otherwise by every
+    # process that imports the library (each Beam worker included).
+    from scipy.optimize import minimize_scalar
     res = minimize_scalar(f, bounds=(best_x - width, best_x + width), method="bounded",
                           options={"xatol": 1e-12})
     if res.fun < best_v:

@@ -13,6 +13,7 @@ uniformly random subset of Δ0 of them drawn by a generator seeded with
 """
 from __future__ import annotations
 
+import zlib
 from typing import Any, Dict, Hashable, Iterable, Optional, Tuple
 
 import apache_beam as beam
@@ -33,6 +34,48 @@ GLOBAL_TIMESTAMP = window.GlobalWindow().max_timestamp()
 
 # A bundle's partial aggregate is flushed when it holds this many (user, item) pairs.
 DEFAULT_FLUSH_PAIRS = 1_000_000
+
+#: Users per group is (users / DEFAULT_USER_GROUPS) where users are batched for a
+#: runner that drops ``finish_bundle`` outputs (``GroupUsers``).
+DEFAULT_USER_GROUPS = 256
+
+
+# CRC32 seeded with a tag, so that the groups are not those of a plain CRC32 of the
+# user id, which an upstream job may already have partitioned its files by.
+_CRC_USER_TAG = zlib.crc32(b"beam_dpsu/user-group")
+
+
+def user_group(user: Any, groups: int) -> int:
+    """The group in [0, groups) of a user id: a tagged CRC32 of its UTF-8 bytes (a str
+    id) or of its canonical bytes (``noise.encode_value``). Grouping only batches
+    users for a shuffle: it has no privacy role, and every record of a user lands
+    in one group."""
+    if type(user) is str:
+        return zlib.crc32(user.encode("utf-8", "surrogatepass"), _CRC_USER_TAG) % groups
+    return zlib.crc32(encode_value(user), _CRC_USER_TAG) % groups
+
+
+def _to_group(element, groups: int):
+    return user_group(element[0], groups), element
+
+
+class GroupUsers(beam.PTransform):
+    """``(user, value)``, one element per user → ``(group, [(user, value), ...])``.
+
+    A ``GroupByKey`` on ``user_group``: where a runner drops what a DoFn emits in
+    ``finish_bundle`` (Beam's Dask runner), a DoFn that would aggregate a bundle of
+    users aggregates a group instead, so what it emits is per group, not per user.
+    A group's users are held in one worker's memory (users / ``groups`` of them).
+    """
+
+    def __init__(self, groups: int = DEFAULT_USER_GROUPS, label: Optional[str] = None):
+        super().__init__(label)
+        self._groups = groups
+
+    def expand(self, per_user):
+        return (per_user
+                | "ToGroups" >> beam.Map(_to_group, self._groups)
+                | "GroupUsers" >> beam.GroupByKey())
 
 
 def canonical_items(items) -> list:

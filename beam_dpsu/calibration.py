@@ -14,8 +14,6 @@ import math
 from typing import Callable
 
 import numpy as np
-from scipy.special import log_ndtr, ndtri
-from scipy.stats import norm
 
 # Largest Δ0 whose threshold maximum is evaluated in one numpy array; larger
 # bounds are evaluated in chunks of this size.
@@ -116,9 +114,16 @@ def per_item_delta(delta: float, t):
         -math.expm1(math.log1p(-delta) / float(t))
 
 
+def _special():
+    # scipy.special is imported on first use: the calibration runs in the launcher,
+    # while every Beam worker imports this module (its checks) and never needs it.
+    from scipy import special
+    return special
+
+
 def normal_isf(p):
     """Φ⁻¹(1 − p), accurate for tiny ``p`` (never ``ppf(1 - p)``)."""
-    return -ndtri(p)
+    return -_special().ndtri(p)
 
 
 def _agm_excess_log(sigma: float, epsilon: float, delta: float, sensitivity: float) -> float:
@@ -130,6 +135,7 @@ def _agm_excess_log(sigma: float, epsilon: float, delta: float, sensitivity: flo
     a = sensitivity / (2.0 * sigma) - epsilon * sigma / sensitivity
     b = -sensitivity / (2.0 * sigma) - epsilon * sigma / sensitivity
     # Φ(a) − e^ε Φ(b) written as Φ(a)·(1 − exp(ε + logΦ(b) − logΦ(a))).
+    log_ndtr = _special().log_ndtr
     log_pa = float(log_ndtr(a))
     log_pb = float(log_ndtr(b))
     diff_log = epsilon + log_pb - log_pa  # always < 0 for a Gaussian

@@ -10,6 +10,7 @@ an item, and the per-element cost is paid per (bundle, item), not per
 from __future__ import annotations
 
 import math
+import pickle
 import zlib
 from typing import Any, Dict, Optional
 
@@ -17,8 +18,9 @@ import apache_beam as beam
 from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_dpsu.noise import encode_value
-from beam_dpsu.bounding import (DEFAULT_FLUSH_PAIRS, GLOBAL_TIMESTAMP, GLOBAL_WINDOWS,
-                                MergeItemCountsFn, check_global_window)
+from beam_dpsu.bounding import (DEFAULT_FLUSH_PAIRS, DEFAULT_USER_GROUPS, GLOBAL_TIMESTAMP,
+                                GLOBAL_WINDOWS, GroupUsers, check_global_window,
+                                merge_item_counts)
 
 DEFAULT_NUM_SHARDS = 1024
 
@@ -95,11 +97,27 @@ def shard_histogram(hist: Dict[Any, float], num_shards: int) -> Dict[int, Dict[A
     return out
 
 
+def packed_shards(hist: Dict[Any, float], num_shards: int):
+    """``(shard, pickled {item: weight})`` per non-empty shard of a partial histogram:
+    one opaque element per shard, which a runner's shuffle moves without decoding
+    its items (``_SumShardsDoFn`` unpacks and adds them)."""
+    for shard, part in shard_histogram(hist, num_shards).items():
+        yield shard, pickle.dumps(part, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+class _SumShardsDoFn(beam.DoFn):
+    """``(shard, [pickled partial {item: weight}, ...])`` → ``(shard, {item: weight})``."""
+
+    def process(self, element):
+        shard, blobs = element
+        yield shard, merge_item_counts(pickle.loads(b) for b in blobs)
+
+
 class _PartialHistogramDoFn(beam.DoFn):
     """Sums user weights per item inside a bundle.
 
     Emits ``(item, partial weight)``, or with ``num_shards`` the bundle's
-    partial histogram as ``(shard, {item: partial weight})`` dicts.
+    partial histogram packed per shard (``packed_shards``).
     """
 
     def __init__(self, weighting: str, flush_items: int, num_shards: Optional[int] = None):
@@ -113,7 +131,7 @@ class _PartialHistogramDoFn(beam.DoFn):
     def _parts(self):
         if self._num_shards is None:
             return self._hist.items()
-        return shard_histogram(self._hist, self._num_shards).items()
+        return packed_shards(self._hist, self._num_shards)
 
     def process(self, element):
         _, counts = element
@@ -128,19 +146,11 @@ class _PartialHistogramDoFn(beam.DoFn):
         self._hist = {}
 
 
-#: Users per group is (users / DEFAULT_USER_GROUPS) where ``finish_bundle`` output is lost.
-DEFAULT_USER_GROUPS = 256
-
-
-def _user_group(element, groups: int):
-    return item_shard(element[0], groups), element
-
-
 class _GroupHistogramDoFn(beam.DoFn):
     """``(group, [(user, {item: count}), ...])`` → the group's partial histogram.
 
-    Emits ``(item, partial weight)``, or with ``num_shards`` one
-    ``(shard, {item: partial weight})`` per shard the group touches.
+    Emits ``(item, partial weight)``, or with ``num_shards`` the group's
+    partial histogram packed per shard (``packed_shards``).
     """
 
     def __init__(self, weighting: str, num_shards: Optional[int] = None):
@@ -154,7 +164,7 @@ class _GroupHistogramDoFn(beam.DoFn):
         if self._num_shards is None:
             yield from hist.items()
         else:
-            yield from shard_histogram(hist, self._num_shards).items()
+            yield from packed_shards(hist, self._num_shards)
 
 
 def _partials(pcoll, label, weighting, flush_items, num_shards=None,
@@ -175,8 +185,7 @@ def _partials(pcoll, label, weighting, flush_items, num_shards=None,
         return pcoll | label >> beam.ParDo(
             _PartialHistogramDoFn(weighting, flush_items, num_shards))
     return (pcoll
-            | f"{label}/ToGroups" >> beam.Map(_user_group, user_groups)
-            | f"{label}/GroupUsers" >> beam.GroupByKey()
+            | label >> GroupUsers(user_groups)
             | f"{label}/PerGroup" >> beam.ParDo(_GroupHistogramDoFn(weighting, num_shards)))
 
 
@@ -230,10 +239,12 @@ class ShardedHistogram(beam.PTransform):
     only the partials are flattened.
 
     The same weights as ``WeightedHistogram``, with every item in exactly one
-    shard (``item_shard``). Each bundle emits one partial dict per shard, and
-    ``CombinePerKey`` (lifted into a per-bundle pre-combine) adds them per
-    shard, so the per-element cost of the Python SDK is paid per shard and
-    bundle, not per item; a worker holds one shard's items at a time.
+    shard (``item_shard``). Each bundle emits its partial histogram as one
+    pickled dict per shard (``packed_shards``), a ``GroupByKey`` brings a
+    shard's partials together and one DoFn call adds them, so the per-element
+    cost of the Python SDK (and the runner's decoding in its shuffle) is paid
+    per shard and bundle, not per item; a worker holds one shard's items at a
+    time.
     ``threshold.ApplyReleaseRule(rule, sharded=True)`` consumes the output.
 
     Args:
@@ -260,10 +271,14 @@ class ShardedHistogram(beam.PTransform):
                 check_global_window(part, "ShardedHistogram")
                 partials.append(_partials(part, f"PartialHistogram{k}", self._weighting,
                                           self._flush_items, self._num_shards))
-            return (partials
-                    | "FlattenPartials" >> beam.Flatten()
-                    | "SumPerShard" >> beam.CombinePerKey(MergeItemCountsFn()))
-        check_global_window(per_user, "ShardedHistogram")
-        return (_partials(per_user, "PartialHistogram", self._weighting, self._flush_items,
-                          self._num_shards)
-                | "SumPerShard" >> beam.CombinePerKey(MergeItemCountsFn()))
+            # Straight into the GroupByKey: a Flatten feeding a ParDo (a lifted
+            # combine's pre-combine) is a stage of its own on the FnApiRunner,
+            # which re-reads every partial.
+            partials = partials | "FlattenPartials" >> beam.Flatten()
+        else:
+            check_global_window(per_user, "ShardedHistogram")
+            partials = _partials(per_user, "PartialHistogram", self._weighting,
+                                 self._flush_items, self._num_shards)
+        return (partials
+                | "GroupShards" >> beam.GroupByKey()
+                | "SumPerShard" >> beam.ParDo(_SumShardsDoFn()))

@@ -91,7 +91,7 @@ from beam_dpsu import keys
 from beam_dpsu import runners
 from beam_dpsu import policies
 from beam_dpsu.accounting import PrivacyGuarantee
-from beam_dpsu.bounding import check_global_window
+from beam_dpsu.bounding import GroupUsers, check_global_window
 from beam_dpsu.noise import RunKey
 from beam_dpsu.threshold import ApplyReleaseRule, NoisyThresholdRule
 
@@ -258,6 +258,23 @@ class _PrepareDoFn(beam.DoFn):
         self._users.inc(self._n_users)
         self._pairs.inc(self._n_pairs)
         self._micros.inc(int(self._elapsed * 1e6))
+
+
+class _PrepareGroupDoFn(_PrepareDoFn):
+    """``(group, [(user, counts), ...])`` → what ``_PrepareDoFn`` emits for a bundle of
+    those users: the group's buckets and id-map shards, as envelopes. For runners that
+    drop ``finish_bundle`` outputs (Dask), where a per-user flush would send every
+    user's bucket entry and id shards through the shuffles as elements of their own."""
+
+    def __init__(self, make_policy, bucket_bits: int):
+        super().__init__(make_policy, bucket_bits, envelope=True)
+        self.FLUSH_PAIRS = _PrepareDoFn.FLUSH_PAIRS
+
+    def process(self, element, key_bytes, public_counts=None):
+        self.start_bundle()
+        for user in element[1]:
+            yield from super().process(user, key_bytes, public_counts)
+        yield from self._flush()
 
 
 class _PolicyAndOrderKey:
@@ -568,11 +585,17 @@ class OrderedUserPolicy(beam.PTransform):
             ).with_outputs(_PrepareDoFn.IDS, main="users")
             return prepared.users, prepared[_PrepareDoFn.IDS]
         # the runner mixes tagged outputs (Dask): one output of (tag, value)
-        split = runners.split_envelopes(
-            per_user | f"Prepare{suffix}" >> beam.ParDo(
-                _PrepareDoFn(self._make_policy, self._bucket_bits, envelope=True),
-                *prep_args),
-            f"SplitPrepared{suffix}", (None, _PrepareDoFn.IDS))
+        if runners.capabilities(per_user.pipeline).bundle_outputs:
+            prepared = per_user | f"Prepare{suffix}" >> beam.ParDo(
+                _PrepareDoFn(self._make_policy, self._bucket_bits, envelope=True), *prep_args)
+        else:  # finish_bundle outputs are dropped: prepare users in groups
+            prepared = (per_user
+                        | f"GroupUsers{suffix}" >> GroupUsers()
+                        | f"Prepare{suffix}" >> beam.ParDo(
+                            _PrepareGroupDoFn(self._make_policy, self._bucket_bits),
+                            *prep_args))
+        split = runners.split_envelopes(prepared, f"SplitPrepared{suffix}",
+                                        (None, _PrepareDoFn.IDS))
         return split[None], split[_PrepareDoFn.IDS]
 
     def expand(self, per_user):

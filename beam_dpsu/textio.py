@@ -20,6 +20,7 @@ import bz2
 import collections
 import gzip
 import os
+import pickle
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import apache_beam as beam
@@ -27,7 +28,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from beam_dpsu import runners
-from beam_dpsu.bounding import DEFAULT_FLUSH_PAIRS, ItemCounts, MergeItemCountsFn
+from beam_dpsu.bounding import DEFAULT_FLUSH_PAIRS, ItemCounts, user_group
 
 BLOCK_BYTES = 8 << 20
 #: ``ReadUserItems(complete_users=True)``: a single input file with at most this
@@ -36,6 +37,10 @@ DEFAULT_COMPLETE_MAX_PAIRS = 8 << 20
 #: On Dask (``runners.Capabilities.redistributes`` False), the most partitions the
 #: input files are dealt into: one ``Create`` each, so one dask partition each.
 MAX_FILE_PARTITIONS = 1024
+#: ``ReadUserItems`` merges the users' partial counts in this many groups (a
+#: hash of the user id picks the group): one shuffle element per (file chunk,
+#: group) instead of one per (file chunk, user).
+DEFAULT_USER_GROUPS = 1024
 
 
 def open_binary(path: str):
@@ -150,16 +155,22 @@ def read_user_items(path: str, flush_pairs: int = DEFAULT_FLUSH_PAIRS,
     whole input (file index, then place in the file); merge with
     ``MergeOrderedItemCountsFn``.
     """
+    for chunk, pending in enumerate(iter_line_counts(path, flush_pairs, block_bytes)):
+        yield from _drain(pending, file_index, chunk)
+
+
+def iter_line_counts(path: str, flush_pairs: int = DEFAULT_FLUSH_PAIRS,
+                     block_bytes: int = BLOCK_BYTES) -> Iterator[collections.Counter]:
+    """The file's lines counted in chunks: a ``Counter`` of distinct lines each time
+    it reaches ``flush_pairs`` entries, then the rest (always at least one)."""
     with open_binary(path) as f:
         pending: collections.Counter = collections.Counter()
-        chunk = 0
         for lines in iter_line_blocks(f, block_bytes):
             pending.update(lines)
             if len(pending) >= flush_pairs:
-                yield from _drain(pending, file_index, chunk)
+                yield pending
                 pending = collections.Counter()
-                chunk += 1
-        yield from _drain(pending, file_index, chunk)
+        yield pending
 
 
 def _drain(pending: Dict[bytes, int], file_index: Optional[int] = None, chunk: int = 0):
@@ -173,9 +184,97 @@ def _drain(pending: Dict[bytes, int], file_index: Optional[int] = None, chunk: i
         return
     # A user's dict is in first-occurrence order within this chunk (the
     # Counter keeps the order lines first appear); chunks follow each other.
+    for value in with_positions(users, file_index, chunk).items():
+        yield "user", value
+
+
+def pack_user_groups(users: Dict[str, Any], groups: int) -> Iterator[Tuple[int, bytes]]:
+    """``{user: value}`` → ``(group, pickled {user: value} of that group)`` per non-empty
+    group: a reader's partial counts as a few opaque elements, which a runner's
+    shuffle moves and groups without decoding the per-user dicts."""
+    parts: Dict[int, Dict[str, Any]] = {}
+    for user, value in users.items():
+        g = user_group(user, groups)
+        part = parts.get(g)
+        if part is None:
+            parts[g] = {user: value}
+        else:
+            part[user] = value
+    for g, part in parts.items():
+        yield g, pickle.dumps(part, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def with_positions(users: Dict[str, ItemCounts], file_index: int, chunk: int
+                   ) -> Dict[str, Tuple[ItemCounts, Dict[str, int]]]:
+    """Each user's counts with the positions that order its items in the whole input
+    (``file_index``, then ``chunk``, then first occurrence in the chunk): the
+    partial value ``MergeOrderedItemCountsFn`` merges."""
     base = (file_index << 64) | (chunk << 32)
-    for user, counts in users.items():
-        yield "user", (user, (counts, {item: base | i for i, item in enumerate(counts)}))
+    return {user: (counts, {item: base | i for i, item in enumerate(counts)})
+            for user, counts in users.items()}
+
+
+class _MergeGroupDoFn(beam.DoFn):
+    """``(group, [pickled {user: partial}, ...])`` → ``(user, merged counts)`` per user.
+
+    A user found in one part keeps its value as it is (with ``keep_order`` its
+    counts already iterate in position order); users in several parts are
+    merged with ``MergeItemCountsFn`` / ``MergeOrderedItemCountsFn``.
+    """
+
+    def __init__(self, keep_order: bool):
+        self._keep_order = keep_order
+
+    def process(self, element):
+        merged: Dict[str, Any] = {}
+        several = set()
+        for blob in element[1]:
+            part = pickle.loads(blob)
+            if not merged:
+                merged = part
+                continue
+            get = merged.get
+            for user, value in part.items():
+                old = get(user)
+                if old is None:
+                    merged[user] = value
+                    continue
+                if user not in several:  # copy: never mutate a decoded input in place
+                    several.add(user)
+                    old = (({**old[0]}, {**old[1]}) if self._keep_order else {**old})
+                    merged[user] = old
+                if self._keep_order:
+                    _ORDERED.add_input(old, value)
+                else:
+                    _add_counts(old, value)
+        if not self._keep_order:
+            yield from merged.items()
+            return
+        for user, (counts, positions) in merged.items():
+            yield user, (_ORDERED.extract_output((counts, positions)) if user in several
+                         else counts)
+
+
+def _add_counts(acc: ItemCounts, counts: ItemCounts) -> None:
+    get = acc.get
+    for item, c in counts.items():
+        acc[item] = get(item, 0) + c
+
+
+class MergeUserGroups(beam.PTransform):
+    """``(group, pickled {user: partial})`` from the readers → ``(user, counts)``, one
+    element per user: a ``GroupByKey`` on the group, then the merge per user
+    inside each group (``_MergeGroupDoFn``). A group's users are held in one
+    worker's memory while it is merged (users / groups of them)."""
+
+    def __init__(self, keep_order: bool, label: Optional[str] = None):
+        super().__init__(label)
+        self._keep_order = keep_order
+
+    def expand(self, packed):
+        return (packed
+                | "GroupUsers" >> beam.GroupByKey()
+                | "MergeGroups" >> beam.ParDo(_MergeGroupDoFn(self._keep_order)))
 
 
 class MergeOrderedItemCountsFn(beam.CombineFn):
@@ -210,6 +309,9 @@ class MergeOrderedItemCountsFn(beam.CombineFn):
         return {item: counts[item] for item in sorted(positions, key=positions.__getitem__)}
 
 
+_ORDERED = MergeOrderedItemCountsFn()
+
+
 def read_per_user(file_pattern: str, flush_pairs: int = DEFAULT_FLUSH_PAIRS
                   ) -> Dict[str, ItemCounts]:
     """All users of the matching files in memory, for the Beam-free core.
@@ -238,23 +340,43 @@ def read_per_user(file_pattern: str, flush_pairs: int = DEFAULT_FLUSH_PAIRS
 
 
 class _ReadFileDoFn(beam.DoFn):
+    """A file → its users' partial counts packed by merge group (``pack_user_groups``:
+    ``(group, pickled {user: counts})``, with ``(counts, positions)`` values when the
+    element carries a file index) on the main output, and ``(line, n)`` per
+    distinct malformed line on ``MALFORMED``."""
+
     MALFORMED = "malformed"
 
-    def __init__(self, flush_pairs: int, envelope: bool = False):
+    def __init__(self, flush_pairs: int, envelope: bool = False,
+                 user_groups: int = DEFAULT_USER_GROUPS):
         self._flush_pairs = flush_pairs
         self._envelope = envelope  # (tag, value) main outputs instead of TaggedOutput
+        self._user_groups = user_groups
         self._malformed = beam.metrics.Metrics.counter("beam_dpsu", "malformed_lines")
         self._files = beam.metrics.Metrics.counter("beam_dpsu", "input_files")
+
+    def _malformed_out(self, pending, malformed):
+        for line in malformed:
+            n = pending[line]
+            self._malformed.inc(n)
+            yield runners.tag((line, n), self.MALFORMED, self._envelope)
+
+    def _packed_out(self, users, file_index, chunk):
+        if file_index is not None:
+            users = with_positions(users, file_index, chunk)
+        for value in pack_user_groups(users, self._user_groups):
+            yield runners.main_output(value, self._envelope)
+
+    def _chunk_out(self, pending, file_index, chunk):
+        users: Dict[str, ItemCounts] = {}
+        yield from self._malformed_out(pending, group_line_counts(pending, users))
+        yield from self._packed_out(users, file_index, chunk)
 
     def process(self, element):
         self._files.inc()
         file_index, path = element if isinstance(element, tuple) else (None, element)
-        for kind, value in read_user_items(path, self._flush_pairs, file_index=file_index):
-            if kind == "user":
-                yield runners.main_output(value, self._envelope)
-            else:
-                self._malformed.inc(value[1])
-                yield runners.tag(value, self.MALFORMED, self._envelope)
+        for chunk, pending in enumerate(iter_line_counts(path, self._flush_pairs)):
+            yield from self._chunk_out(pending, file_index, chunk)
 
 
 class _ReadFileCompleteDoFn(_ReadFileDoFn):
@@ -274,30 +396,17 @@ class _ReadFileCompleteDoFn(_ReadFileDoFn):
     COMPLETE = "complete"
 
     def __init__(self, flush_pairs: int, complete_max_pairs: int, keep_order: bool,
-                 envelope: bool = False):
-        super().__init__(flush_pairs, envelope)
+                 envelope: bool = False, user_groups: int = DEFAULT_USER_GROUPS):
+        super().__init__(flush_pairs, envelope, user_groups)
         self._complete_max_pairs = complete_max_pairs
         self._keep_order = keep_order
-
-    def _malformed_out(self, pending, malformed):
-        for line in malformed:
-            n = pending[line]
-            self._malformed.inc(n)
-            yield runners.tag((line, n), self.MALFORMED, self._envelope)
 
     def _users_out(self, users, file_index, chunk, complete):
         if complete:
             for value in users.items():
                 yield runners.tag(value, self.COMPLETE, self._envelope)
-        elif file_index is None:
-            for value in users.items():
-                yield runners.main_output(value, self._envelope)
-        else:  # positions ordering the user's items (see ``_drain``)
-            base = (file_index << 64) | (chunk << 32)
-            for user, counts in users.items():
-                yield runners.main_output(
-                    (user, (counts, {item: base | i for i, item in enumerate(counts)})),
-                    self._envelope)
+        else:
+            yield from self._packed_out(users, file_index, chunk)
 
     def process(self, element):
         self._files.inc()
@@ -354,13 +463,7 @@ class _ParseBlockDoFn(_ReadFileDoFn):
 
     def process(self, element):
         file_index, n, block = element
-        pending = collections.Counter(block.split(b"\n"))
-        for kind, value in _drain(pending, file_index, n):
-            if kind == "user":
-                yield runners.main_output(value, self._envelope)
-            else:
-                self._malformed.inc(value[1])
-                yield runners.tag(value, self.MALFORMED, self._envelope)
+        yield from self._chunk_out(collections.Counter(block.split(b"\n")), file_index, n)
 
 
 def match_files(pattern: str) -> List[str]:
@@ -430,6 +533,17 @@ class ReadUserItems(beam.PTransform):
         Not with ``split_files``. No privacy effect (the same per-user counts).
       complete_max_pairs: see ``complete_users`` (default
         ``DEFAULT_COMPLETE_MAX_PAIRS``, 8M distinct lines).
+      user_groups: the users' partial counts are merged in this many groups
+        (``user_group``: a hash of the user id): each reader packs a chunk's
+        users into one pickled ``{user: counts}`` per group, a ``GroupByKey``
+        brings a group's packs together and one DoFn call merges them per user
+        (``MergeUserGroups``). The shuffle then carries (file chunks × groups)
+        opaque elements instead of one decoded dict per user and chunk, which
+        is what the per-element cost of the Python SDK and of Beam's Dask
+        runner made expensive. A worker holds one group's users while merging
+        them (about users / ``user_groups``); raise it when a group would not
+        fit in memory (default ``DEFAULT_USER_GROUPS``, 1024). No privacy
+        effect (the same per-user counts).
 
     Scaling: files are decompressed in parallel, one file per DoFn call, and
     their blocks parsed in parallel (``split_files``); a gzip file cannot be
@@ -446,8 +560,11 @@ class ReadUserItems(beam.PTransform):
                  keep_order: bool = False, with_malformed: bool = False,
                  label: Optional[str] = None, split_files: bool = False,
                  block_bytes: int = BLOCK_BYTES, complete_users: bool = False,
-                 complete_max_pairs: int = None):
+                 complete_max_pairs: int = None, user_groups: int = DEFAULT_USER_GROUPS):
         super().__init__(label)
+        if isinstance(user_groups, bool) or not isinstance(user_groups, int) or user_groups < 1:
+            raise ValueError(f"user_groups must be an integer >= 1, got {user_groups!r}")
+        self._user_groups = user_groups
         complete_max_pairs = (DEFAULT_COMPLETE_MAX_PAIRS if complete_max_pairs is None
                               else complete_max_pairs)
         if isinstance(complete_max_pairs, bool) or not isinstance(complete_max_pairs, int) \
@@ -494,15 +611,15 @@ class ReadUserItems(beam.PTransform):
             make_fn, label = _ReadFileDoFn, "ReadFiles"
         if runners.capabilities(pbegin.pipeline).tagged_outputs:
             outputs = files | label >> beam.ParDo(
-                make_fn(self._flush_pairs)).with_outputs(_ReadFileDoFn.MALFORMED, main="users")
+                make_fn(self._flush_pairs, user_groups=self._user_groups)).with_outputs(
+                    _ReadFileDoFn.MALFORMED, main="users")
             users, malformed = outputs.users, outputs[_ReadFileDoFn.MALFORMED]
         else:  # the runner mixes tagged outputs (Dask): one output of (tag, value)
             split = runners.split_envelopes(
-                files | label >> beam.ParDo(make_fn(self._flush_pairs, True)),
+                files | label >> beam.ParDo(make_fn(self._flush_pairs, True, self._user_groups)),
                 "SplitOutputs", (None, _ReadFileDoFn.MALFORMED))
             users, malformed = split[None], split[_ReadFileDoFn.MALFORMED]
-        merge = MergeOrderedItemCountsFn() if self._keep_order else MergeItemCountsFn()
-        users = users | "MergePerUser" >> beam.CombinePerKey(merge)
+        users = users | "MergePerUser" >> MergeUserGroups(self._keep_order)
         return (users, malformed) if self._with_malformed else users
 
     def _expand_complete(self, pbegin):
@@ -516,18 +633,19 @@ class ReadUserItems(beam.PTransform):
         complete_tag = _ReadFileCompleteDoFn.COMPLETE
         args = (self._flush_pairs, self._complete_max_pairs, self._keep_order)
         if runners.capabilities(pbegin.pipeline).tagged_outputs:
-            outputs = files | "ReadFiles" >> beam.ParDo(_ReadFileCompleteDoFn(*args)).with_outputs(
+            outputs = files | "ReadFiles" >> beam.ParDo(_ReadFileCompleteDoFn(
+                *args, user_groups=self._user_groups)).with_outputs(
                 _ReadFileDoFn.MALFORMED, complete_tag, main="users")
             users, complete = outputs.users, outputs[complete_tag]
             malformed = outputs[_ReadFileDoFn.MALFORMED]
         else:  # the runner mixes tagged outputs (Dask): one output of (tag, value)
             split = runners.split_envelopes(
-                files | "ReadFiles" >> beam.ParDo(_ReadFileCompleteDoFn(*args, envelope=True)),
+                files | "ReadFiles" >> beam.ParDo(_ReadFileCompleteDoFn(
+                    *args, envelope=True, user_groups=self._user_groups)),
                 "SplitOutputs", (None, _ReadFileDoFn.MALFORMED, complete_tag))
             users, complete = split[None], split[complete_tag]
             malformed = split[_ReadFileDoFn.MALFORMED]
-        merge = MergeOrderedItemCountsFn() if self._keep_order else MergeItemCountsFn()
-        users = users | "MergePerUser" >> beam.CombinePerKey(merge)
+        users = users | "MergePerUser" >> MergeUserGroups(self._keep_order)
         return (users, complete, malformed) if self._with_malformed else (users, complete)
 
     def _file_partitions(self, pbegin, elements=None):

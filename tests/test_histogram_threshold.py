@@ -128,14 +128,19 @@ def test_noisy_threshold_validates_at_construction():
 
 
 @pytest.mark.parametrize("num_shards,flush", [(1, 1000), (7, 3), (1024, 1000)])
-def test_sharded_histogram_holds_the_same_weights(num_shards, flush):
+@pytest.mark.parametrize("in_parts", [False, True])
+def test_sharded_histogram_holds_the_same_weights(num_shards, flush, in_parts):
     from beam_dpsu.histogram import ShardedHistogram, item_shard
     users = [(f"u{i}", {f"i{j}": 1 for j in range(i % 9 + 1)}) for i in range(60)]
     expected = {}
     for _, c in users:
         add_user_to_histogram(expected, list(c), "l2")
     with beam.Pipeline(options=beam_options()) as p:
-        out = p | beam.Create(users) | ShardedHistogram("l2", num_shards, flush_items=flush)
+        if in_parts:  # per-user parts (each user in one): partials of each, summed together
+            per_user = (p | "A" >> beam.Create(users[::2]), p | "B" >> beam.Create(users[1::2]))
+        else:
+            per_user = p | beam.Create(users)
+        out = per_user | ShardedHistogram("l2", num_shards, flush_items=flush)
 
         def check(shards):
             keys = [s for s, _ in shards]

@@ -206,3 +206,54 @@ def test_complete_users_count_malformed_lines_and_refuse_split_files(tmp_path):
         ReadUserItems("x", complete_users=True, split_files=True)
     with pytest.raises(ValueError, match="complete_max_pairs"):
         ReadUserItems("x", complete_users=True, complete_max_pairs=0)
+
+
+@pytest.mark.parametrize("user_groups", [1, 3, 1024])
+def test_user_groups_merge_every_part_of_a_user_whatever_the_grouping(tmp_path, user_groups):
+    # 3 files, each flushed every 7 distinct lines: each user has many partial
+    # dicts; they must meet in one group and merge to the record-order counts.
+    paths = _keep_order_files(tmp_path)
+    want = _first_occurrence(sorted(paths))
+    for keep_order in (False, True):
+        with beam.Pipeline(options=beam_options()) as p:
+            out = (p | ReadUserItems(str(tmp_path / "part-*"), flush_pairs=7,
+                                     keep_order=keep_order, user_groups=user_groups)
+                   | beam.Map(lambda kv, k: (kv[0], list(kv[1].items()) if k
+                                             else sorted(kv[1].items())), keep_order))
+            assert_that(out, equal_to([(u, list(c.items()) if keep_order else sorted(c.items()))
+                                       for u, c in want.items()]))
+
+
+def test_pack_user_groups_puts_each_user_in_its_group_once():
+    import pickle
+    users = {f"u{i}": {"a": i} for i in range(50)}
+    packed = list(textio.pack_user_groups(users, 4))
+    assert len({g for g, _ in packed}) == len(packed) <= 4
+    seen = {}
+    for g, blob in packed:
+        part = pickle.loads(blob)
+        assert all(textio.user_group(u, 4) == g for u in part)
+        seen.update(part)
+    assert seen == users
+    assert list(textio.pack_user_groups({}, 4)) == []
+
+
+def test_merge_group_sums_counts_and_orders_by_position_whatever_the_part_order():
+    import pickle
+    fn = textio._MergeGroupDoFn(keep_order=True)
+    late = {"u": ({"b": 1, "a": 1}, {"b": 10, "a": 11}), "v": ({"x": 1}, {"x": 5})}
+    early = {"u": ({"a": 2, "c": 1}, {"a": 3, "c": 4})}
+    for parts in ((late, early), (early, late)):
+        out = dict(fn.process((0, [pickle.dumps(p) for p in parts])))
+        assert list(out["u"].items()) == [("a", 3), ("c", 1), ("b", 1)]
+        assert out["v"] == {"x": 1}
+    plain = textio._MergeGroupDoFn(keep_order=False)
+    out = dict(plain.process((0, [pickle.dumps({"u": {"a": 1}}), pickle.dumps({"u": {"a": 2,
+                                                                                       "b": 1}})])))
+    assert out == {"u": {"a": 3, "b": 1}}
+
+
+def test_user_groups_must_be_a_positive_integer():
+    for bad in (0, -1, 1.5, True, "8"):
+        with pytest.raises(ValueError, match="user_groups"):
+            ReadUserItems("x", user_groups=bad)
