@@ -113,6 +113,16 @@ class _SumShardsDoFn(beam.DoFn):
         yield shard, merge_item_counts(pickle.loads(b) for b in blobs)
 
 
+class SumPackedShards(beam.PTransform):
+    """``(shard, pickled partial {item: weight})`` (``packed_shards``) → one
+    ``(shard, {item: weight})`` per shard: a ``GroupByKey`` per shard, then the sum."""
+
+    def expand(self, partials):
+        return (partials
+                | "GroupShards" >> beam.GroupByKey()
+                | "SumPerShard" >> beam.ParDo(_SumShardsDoFn()))
+
+
 class _PartialHistogramDoFn(beam.DoFn):
     """Sums user weights per item inside a bundle.
 
@@ -279,6 +289,4 @@ class ShardedHistogram(beam.PTransform):
             check_global_window(per_user, "ShardedHistogram")
             partials = _partials(per_user, "PartialHistogram", self._weighting,
                                  self._flush_items, self._num_shards)
-        return (partials
-                | "GroupShards" >> beam.GroupByKey()
-                | "SumPerShard" >> beam.ParDo(_SumShardsDoFn()))
+        return partials | "Sum" >> SumPackedShards()

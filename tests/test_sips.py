@@ -197,11 +197,13 @@ def test_published_numbers(dataset, rounds, authors, runs):
 
 
 def test_grouped_removal_equals_removing_by_hand():
-    """The Dask removal (``_RemoveByGroups``), run here on the DirectRunner: every
-    user loses exactly the released items; users left empty disappear."""
+    """The Dask removal (``_RemoveFromGroups``), run here on the DirectRunner: every
+    user loses exactly the released items, in its own group; users left empty (and
+    groups left empty) disappear; with nothing released the groups are unchanged."""
     import apache_beam as beam
     from apache_beam.testing.util import assert_that, equal_to
-    from beam_dpsu.mechanisms.sips import _RemoveByGroups
+    from beam_dpsu.bounding import GroupUsers
+    from beam_dpsu.mechanisms.sips import _RemoveFromGroups, _group_as_list
     from beam_dpsu.mechanisms.histogram import remove_items
     per_user = {f"u{u}": {f"i{(u * 7 + k) % 23}": k + 1 for k in range(u % 5 + 1)}
                 for u in range(200)}
@@ -209,11 +211,34 @@ def test_grouped_removal_equals_removing_by_hand():
     expected = [(u, remove_items(c, set(released))) for u, c in per_user.items()]
     expected = [(u, c) for u, c in expected if c]
     assert len(expected) < len(per_user)  # some users are emptied
-    with beam.Pipeline() as p:
-        rel = p | "R" >> beam.Create(released)
-        out = (p | beam.Create(sorted(per_user.items()))
-               | _RemoveByGroups(rel, groups=7))
-        assert_that(out, equal_to(expected))
+    for rel_items, want in ((released, expected), ([], sorted(per_user.items()))):
+        with beam.Pipeline() as p:
+            rel = p | "R" >> beam.Create(rel_items)
+            groups = (p | beam.Create(sorted(per_user.items()))
+                      | GroupUsers(7) | beam.Map(_group_as_list)
+                      | _RemoveFromGroups(rel, 7))
+            assert_that(groups | "Users" >> beam.FlatMap(lambda g: g[1]), equal_to(want))
+            assert_that(groups | "Sizes" >> beam.Map(lambda g: len(g[1]) > 0),
+                        equal_to([True] * 7), label="NoEmptyGroups")
+
+
+def test_group_round_equals_sampling_then_summing_each_user():
+    """One SIPS round on a group (``_GroupRoundDoFn``) gives the histogram that
+    ``round_histogram`` (the Beam-free core) computes for the same users and key."""
+    import pickle
+    from beam_dpsu.histogram import shard_histogram
+    from beam_dpsu.mechanisms.base import RoundCalibration
+    from beam_dpsu.mechanisms.histogram import round_histogram
+    from beam_dpsu.mechanisms.sips import _GroupRoundDoFn
+    users = {f"u{u}": {f"i{(u * 5 + k) % 31}": 1 for k in range(u % 12 + 1)}
+             for u in range(80)}
+    users["empty"] = {}
+    run_key = RunKey.from_test_seed(5)
+    r = RoundCalibration(3.0, "gaussian", 1.0, 4, "l2")
+    want = round_histogram(users, r, run_key, round_index=2)
+    fn = _GroupRoundDoFn(4, "sample/2", "l2", 8)
+    got = dict(fn.process((0, list(users.items())), run_key._material()))
+    assert {s: pickle.loads(b) for s, b in got.items()} == shard_histogram(want, 8)
 
 
 def test_group_histogram_equals_the_per_user_sum():

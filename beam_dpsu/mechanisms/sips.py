@@ -18,9 +18,9 @@ Removing released items between rounds (``removal``):
   needs weight above T_i ≥ 1, and a user's total ℓ1 weight is at most √Δ0, so
   at most n·√Δ0/T_i items can be released in round i, and in practice far
   fewer (hundreds of thousands of strings take tens of MB). On a runner that
-  re-evaluates side inputs in every task (Beam's Dask runner) the same removal is
-  done without a side input (``_RemoveByGroups``): the released list is sent to
-  ``REMOVAL_GROUPS`` groups of users through one ``GroupByKey``.
+  re-evaluates side inputs in every task (Beam's Dask runner) the rounds run on
+  users kept in ``bounding.DEFAULT_USER_GROUPS`` groups (``SipsRounds._expand_in_groups``)
+  and the released list is sent to every group through one ``GroupByKey``.
 * ``'join'``: a per-item join (``CoGroupByKey`` of ``(item, user)`` pairs with
   the released items) followed by a regroup per user. It scales to released
   sets of any size, at the price of two shuffles of all user-item pairs per
@@ -37,10 +37,12 @@ from beam_dpsu import calibration as cal
 from beam_dpsu import keys
 from beam_dpsu.accounting import PrivacyGuarantee, dp_to_zcdp_rho, zcdp_guarantee
 from beam_dpsu import runners
-from beam_dpsu.bounding import MergeItemCountsFn, SampleItems
+from beam_dpsu.bounding import (DEFAULT_USER_GROUPS, GroupUsers, MergeItemCountsFn, SampleItems,
+                                sample_items)
 from beam_dpsu.calibration import (check_ratio, check_rounds, round_budgets,  # noqa: F401
                                    round_fractions)
-from beam_dpsu.histogram import ShardedHistogram, item_shard
+from beam_dpsu.histogram import (DEFAULT_NUM_SHARDS, ShardedHistogram, SumPackedShards,
+                                 add_user_to_histogram, packed_shards)
 from beam_dpsu.mechanisms.base import Mechanism, noise_purpose
 from beam_dpsu.mechanisms.histogram import WeightedGaussianZcdp, remove_items, round_histogram
 from beam_dpsu.noise import RunKey
@@ -187,12 +189,30 @@ class _RemoveByJoin(beam.PTransform):
                 | "Regroup" >> beam.CombinePerKey(MergeItemCountsFn()))
 
 
-#: Groups of users in the grouped removal (runners that evaluate side inputs per task).
-REMOVAL_GROUPS = 64
+def _group_as_list(element):
+    group, users = element
+    return group, list(users)
 
 
-def _to_group(element, groups: int):
-    return item_shard(element[0], groups), (False, element)
+class _GroupRoundDoFn(beam.DoFn):
+    """``(group, [(user, counts), ...])`` → one round's partial histogram of the group:
+    each user sampled to Δ0 under ``purpose`` (``sample_items``, as ``SampleItems``)
+    and weighted (``add_user_to_histogram``), packed per shard (``packed_shards``)."""
+
+    def __init__(self, max_items: int, purpose: str, weighting: str, num_shards: int):
+        self._max_items = max_items
+        self._key = keys.KeyedCache(keys.Subkey(purpose))
+        self._weighting = weighting
+        self._num_shards = num_shards
+
+    def process(self, element, key_bytes):
+        key = self._key(key_bytes)
+        hist: Dict[Any, float] = {}
+        for user, counts in element[1]:
+            if counts:
+                add_user_to_histogram(hist, sample_items(user, counts, self._max_items, key),
+                                      self._weighting)
+        yield from packed_shards(hist, self._num_shards)
 
 
 def _released_to_every_group(element, groups: int):
@@ -202,45 +222,46 @@ def _released_to_every_group(element, groups: int):
 
 
 def _remove_in_group(element):
-    _, members = element
-    members = list(members)
-    released = set()
+    """``(group, [(True, released items)..., (False, users)])`` → ``(group, users left)``:
+    every user without the released items; users left empty disappear."""
+    group, members = element
+    released: Set[Any] = set()
+    users = []
     for is_release, value in members:
         if is_release:
             released.update(value)
-    for is_release, value in members:
-        if not is_release:
-            user, counts = value
-            remaining = remove_items(counts, released)
-            if remaining:
-                yield user, remaining
+        else:
+            users = value
+    left = []
+    for user, counts in users:
+        remaining = remove_items(counts, released)
+        if remaining:
+            left.append((user, remaining))
+    if left:
+        yield group, left
 
 
-class _RemoveByGroups(beam.PTransform):
-    """The ``'side-input'`` removal where a runner re-evaluates side inputs in every task.
+class _RemoveFromGroups(beam.PTransform):
+    """``(group, users)`` → the same groups without the released items.
 
-    Beam's Dask runner recomputes a side input inside each task that reads it
-    (``runners.Capabilities.side_inputs_once``), so ``AsList(released)`` would
-    recompute the round. Instead the released items are gathered into one list
-    and sent, as one element, to each of ``groups`` groups of users (users
-    grouped by a hash of their id): one ``GroupByKey`` of one element per user
-    plus ``groups`` copies of the released list, against ``_RemoveByJoin``'s
-    two shuffles of every user-item pair. A group holds users / ``groups``
-    users and the released list, like a worker holding the side input.
+    The released items are gathered into one list and sent, as one element, to
+    each of ``groups`` groups, which meet their users in one ``GroupByKey``: no
+    side input (Beam's Dask runner re-evaluates one in every task) and no
+    shuffle of per-user elements. A group holds its users and the released
+    list, as a worker holds the side input elsewhere.
     """
 
-    def __init__(self, released, groups: int = REMOVAL_GROUPS):
+    def __init__(self, released, groups: int):
         super().__init__()
         self._released = released
         self._groups = groups
 
-    def expand(self, per_user):
-        groups = self._groups
-        users = per_user | "UsersToGroups" >> beam.Map(_to_group, groups)
+    def expand(self, user_groups):
         lists = (self._released
                  | "OneKey" >> beam.Map(lambda item: (None, item))
                  | "Gather" >> beam.GroupByKey()
-                 | "ToEveryGroup" >> beam.FlatMap(_released_to_every_group, groups))
+                 | "ToEveryGroup" >> beam.FlatMap(_released_to_every_group, self._groups))
+        users = user_groups | "Mark" >> beam.MapTuple(lambda g, users: (g, (False, users)))
         return ((users, lists)
                 | "Together" >> beam.Flatten()
                 | "PerGroup" >> beam.GroupByKey()
@@ -271,6 +292,9 @@ class SipsRounds(beam.PTransform):
         self._run_key = keys.for_pipeline(run_key)
 
     def expand(self, per_user):
+        if (self._sips.removal == "side-input"
+                and not runners.capabilities(per_user.pipeline).side_inputs_once):
+            return self._expand_in_groups(per_user)
         sips, run_key = self._sips, self._run_key
         remaining = per_user
         outputs = []
@@ -285,9 +309,35 @@ class SipsRounds(beam.PTransform):
             if i + 1 < len(sips.rounds):
                 if sips.removal == "join":
                     remaining = remaining | f"Remove{i}" >> _RemoveByJoin(released)
-                elif runners.capabilities(per_user.pipeline).side_inputs_once:
+                else:
                     remaining = remaining | f"Remove{i}" >> beam.ParDo(
                         _RemoveReleasedDoFn(), beam.pvalue.AsList(released))
-                else:  # Dask: a side input would be recomputed per task
-                    remaining = remaining | f"Remove{i}" >> _RemoveByGroups(released)
+        return tuple(outputs) | "Union" >> beam.Flatten()
+
+    def _expand_in_groups(self, per_user):
+        """The rounds on users kept in groups (``bounding.GroupUsers``), for runners that
+        re-evaluate side inputs in every task and drop ``finish_bundle`` outputs (Dask):
+        per round, each group's users are sampled and summed into a partial histogram
+        packed per shard (``_GroupRoundDoFn``) and lose the released items in the group
+        (``_RemoveFromGroups``), so only groups, packed shards and released lists cross
+        the shuffles. The same samples, weights and rules as the per-user expansion."""
+        sips, run_key = self._sips, self._run_key
+        key = keys.key_side_input(per_user, run_key)
+        groups = (per_user
+                  | "GroupUsers" >> GroupUsers(DEFAULT_USER_GROUPS)
+                  | "AsLists" >> beam.Map(_group_as_list))
+        outputs = []
+        for i, r in enumerate(sips.rounds):
+            released = (groups
+                        | f"Histogram{i}/PerGroup" >> beam.ParDo(
+                            _GroupRoundDoFn(r.max_items, f"sample/{i}", r.weighting,
+                                            DEFAULT_NUM_SHARDS), key)
+                        | f"Histogram{i}/Sum" >> SumPackedShards()
+                        | f"Release{i}" >> ApplyReleaseRule(
+                            functools.partial(sips.release_rule, round_index=i), run_key,
+                            metric=f"released_round_{i}", sharded=True))
+            outputs.append(released | f"Tag{i}" >> beam.Map(lambda item, i=i: (item, i)))
+            if i + 1 < len(sips.rounds):
+                groups = groups | f"Remove{i}" >> _RemoveFromGroups(released,
+                                                                     DEFAULT_USER_GROUPS)
         return tuple(outputs) | "Union" >> beam.Flatten()
