@@ -19,8 +19,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_dpsu.noise import encode_value
 from beam_dpsu.bounding import (DEFAULT_FLUSH_PAIRS, DEFAULT_USER_GROUPS, GLOBAL_TIMESTAMP,
-                                GLOBAL_WINDOWS, GroupUsers, check_global_window,
-                                merge_item_counts)
+                                GLOBAL_WINDOWS, GroupUsers, check_global_window)
 
 DEFAULT_NUM_SHARDS = 1024
 
@@ -97,37 +96,62 @@ def shard_histogram(hist: Dict[Any, float], num_shards: int) -> Dict[int, Dict[A
     return out
 
 
+#: ``packed_shards`` packs this many shards into one shuffle element.
+SHARDS_PER_PACK = 16
+
+
+def shard_pack(shard: int) -> int:
+    """The pack (shuffle key) of a shard: ``shard // SHARDS_PER_PACK``."""
+    return shard // SHARDS_PER_PACK
+
+
 def packed_shards(hist: Dict[Any, float], num_shards: int):
-    """``(shard, pickled {item: weight})`` per non-empty shard of a partial histogram:
-    one opaque element per shard, which a runner's shuffle moves without decoding
-    its items (``_SumShardsDoFn`` unpacks and adds them)."""
+    """A partial histogram as ``(pack, pickled {shard: {item: weight}})`` elements, one per
+    non-empty pack of ``SHARDS_PER_PACK`` shards (``shard_pack``): a few opaque
+    elements, which a runner's shuffle moves without decoding their items
+    (``SumPackedShards`` unpacks and adds them). With many partials (Dask: one per
+    user group) a pack per shard would make groups × shards elements."""
+    packs: Dict[int, Dict[int, Dict[Any, float]]] = {}
     for shard, part in shard_histogram(hist, num_shards).items():
-        yield shard, pickle.dumps(part, protocol=pickle.HIGHEST_PROTOCOL)
+        pack = packs.get(shard // SHARDS_PER_PACK)
+        if pack is None:
+            packs[shard // SHARDS_PER_PACK] = {shard: part}
+        else:
+            pack[shard] = part
+    for key, pack in packs.items():
+        yield key, pickle.dumps(pack, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-class _SumShardsDoFn(beam.DoFn):
-    """``(shard, [pickled partial {item: weight}, ...])`` → ``(shard, {item: weight})``."""
-
-    def process(self, element):
-        shard, blobs = element
-        yield shard, merge_item_counts(pickle.loads(b) for b in blobs)
+def _sum_pack(element):
+    """``(pack, [pickled {shard: partial}, ...])`` → ``(shard, {item: weight})`` per shard."""
+    sums: Dict[int, Dict[Any, float]] = {}
+    for blob in element[1]:
+        for shard, part in pickle.loads(blob).items():
+            acc = sums.get(shard)
+            if acc is None:
+                sums[shard] = part
+            else:
+                get = acc.get
+                for item, w in part.items():
+                    acc[item] = get(item, 0.0) + w
+    return sums.items()
 
 
 class SumPackedShards(beam.PTransform):
-    """``(shard, pickled partial {item: weight})`` (``packed_shards``) → one
-    ``(shard, {item: weight})`` per shard: a ``GroupByKey`` per shard, then the sum."""
+    """``packed_shards`` partials → one ``(shard, {item: weight})`` per shard: a
+    ``GroupByKey`` per pack of shards, then the sum of each shard's partials."""
 
     def expand(self, partials):
         return (partials
                 | "GroupShards" >> beam.GroupByKey()
-                | "SumPerShard" >> beam.ParDo(_SumShardsDoFn()))
+                | "SumPerShard" >> beam.FlatMap(_sum_pack))
 
 
 class _PartialHistogramDoFn(beam.DoFn):
     """Sums user weights per item inside a bundle.
 
     Emits ``(item, partial weight)``, or with ``num_shards`` the bundle's
-    partial histogram packed per shard (``packed_shards``).
+    partial histogram in packs of shards (``packed_shards``).
     """
 
     def __init__(self, weighting: str, flush_items: int, num_shards: Optional[int] = None):
@@ -160,7 +184,7 @@ class _GroupHistogramDoFn(beam.DoFn):
     """``(group, [(user, {item: count}), ...])`` → the group's partial histogram.
 
     Emits ``(item, partial weight)``, or with ``num_shards`` the group's
-    partial histogram packed per shard (``packed_shards``).
+    partial histogram in packs of shards (``packed_shards``).
     """
 
     def __init__(self, weighting: str, num_shards: Optional[int] = None):
@@ -250,11 +274,11 @@ class ShardedHistogram(beam.PTransform):
 
     The same weights as ``WeightedHistogram``, with every item in exactly one
     shard (``item_shard``). Each bundle emits its partial histogram as one
-    pickled dict per shard (``packed_shards``), a ``GroupByKey`` brings a
-    shard's partials together and one DoFn call adds them, so the per-element
-    cost of the Python SDK (and the runner's decoding in its shuffle) is paid
-    per shard and bundle, not per item; a worker holds one shard's items at a
-    time.
+    pickled dict per pack of ``SHARDS_PER_PACK`` shards (``packed_shards``), a
+    ``GroupByKey`` brings a pack's partials together and one call adds them per
+    shard (``SumPackedShards``), so the per-element cost of the Python SDK (and
+    the runner's decoding in its shuffle) is paid per pack and bundle, not per
+    item; a worker holds one pack's items at a time.
     ``threshold.ApplyReleaseRule(rule, sharded=True)`` consumes the output.
 
     Args:

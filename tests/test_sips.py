@@ -222,6 +222,18 @@ def test_grouped_removal_equals_removing_by_hand():
                         equal_to([True] * 7), label="NoEmptyGroups")
 
 
+def _unpack(packs):
+    """``packed_shards`` output → ``{shard: {item: weight}}``, checking each shard's pack."""
+    import pickle
+    from beam_dpsu.histogram import shard_pack
+    out = {}
+    for key, blob in packs.items():
+        for shard, part in pickle.loads(blob).items():
+            assert shard_pack(shard) == key and shard not in out
+            out[shard] = part
+    return out
+
+
 def test_group_round_equals_sampling_then_summing_each_user():
     """One SIPS round on a group (``_GroupRoundDoFn``) gives the histogram that
     ``round_histogram`` (the Beam-free core) computes for the same users and key."""
@@ -238,7 +250,7 @@ def test_group_round_equals_sampling_then_summing_each_user():
     want = round_histogram(users, r, run_key, round_index=2)
     fn = _GroupRoundDoFn(4, "sample/2", "l2", 8)
     got = dict(fn.process((0, list(users.items())), run_key._material()))
-    assert {s: pickle.loads(b) for s, b in got.items()} == shard_histogram(want, 8)
+    assert _unpack(got) == shard_histogram(want, 8)
 
 
 def test_group_histogram_equals_the_per_user_sum():
@@ -252,4 +264,4 @@ def test_group_histogram_equals_the_per_user_sum():
     got = dict(_GroupHistogramDoFn("l2").process((0, users)))
     assert got == want
     sharded = dict(_GroupHistogramDoFn("l2", 16).process((0, users)))
-    assert {s: pickle.loads(b) for s, b in sharded.items()} == shard_histogram(want, 16)
+    assert _unpack(sharded) == shard_histogram(want, 16)

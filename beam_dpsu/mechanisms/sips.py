@@ -197,7 +197,7 @@ def _group_as_list(element):
 class _GroupRoundDoFn(beam.DoFn):
     """``(group, [(user, counts), ...])`` → one round's partial histogram of the group:
     each user sampled to Δ0 under ``purpose`` (``sample_items``, as ``SampleItems``)
-    and weighted (``add_user_to_histogram``), packed per shard (``packed_shards``)."""
+    and weighted (``add_user_to_histogram``), in packs of shards (``packed_shards``)."""
 
     def __init__(self, max_items: int, purpose: str, weighting: str, num_shards: int):
         self._max_items = max_items
