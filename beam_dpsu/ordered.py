@@ -74,6 +74,7 @@ Throughput: the sequential stage runs on one core by construction; see
 from __future__ import annotations
 
 import math
+import pickle
 import time
 from typing import Any, Dict, Hashable, Iterator, List, Mapping, Optional, Tuple
 
@@ -161,6 +162,10 @@ def shard_arrays(ids: np.ndarray, values) -> Iterator[Tuple[int, Dict[int, Any]]
         yield s, dict(zip(sorted_ids[lo:hi], sorted_values[lo:hi]))
 
 
+def _pack(part) -> bytes:
+    return pickle.dumps(part, protocol=pickle.HIGHEST_PROTOCOL)
+
+
 def _collision():
     return policies.ItemIdCollision(
         "two distinct items share a 63-bit item id; rerun with a fresh run key")
@@ -204,14 +209,16 @@ class _PrepareDoFn(beam.DoFn):
         self._elapsed = 0.0
 
     def _id_shards(self):
-        """The bundle's ``{id: item}`` map in shards (fails on an id collision)."""
+        """The bundle's ``{id: item}`` map in shards, each pickled (``_join_shard``
+        unpickles them: the runners' shuffles move opaque bytes, not one decoded
+        entry per item); fails on an id collision."""
         known = self._item_ids
         self._item_ids = {}
         ids = np.fromiter(known.values(), dtype=np.int64, count=len(known))
         parts = list(shard_arrays(ids, list(known)))
         if sum(len(part) for _, part in parts) != len(known):  # two items, one id
             raise _collision()
-        return parts
+        return [(shard, _pack(part)) for shard, part in parts]
 
     def _flush(self):
         for entry in self._buckets.items():
@@ -332,10 +339,12 @@ class _SequentialBase(beam.DoFn):
              for lengths, ids in packed_buckets), self._policy)
 
     def _emit(self, hist):
-        """``(shard, {id: weight})`` for the ids with weight > 0, ``ID_SHARDS`` shards."""
+        """``(shard, pickled {id: weight})`` for the ids with weight > 0, ``ID_SHARDS``
+        shards (``_join_shard`` unpickles them)."""
         ids, weights = hist
         positive = weights > 0
-        yield from shard_arrays(ids[positive], weights[positive])
+        for shard, part in shard_arrays(ids[positive], weights[positive]):
+            yield shard, _pack(part)
 
 
 _BUCKET_CODER = coders.TupleCoder([coders.BytesCoder(), coders.BytesCoder()])
@@ -434,13 +443,14 @@ class _MergeIdMapsFn(beam.CombineFn):
 
 
 def _join_shard(element):
-    """``(shard, {'w': [{id: weight}...], 'ids': [{id: item}...]})`` →
-    ``(shard, {item: weight})`` (nothing for a shard without weights)."""
+    """``(shard, {'w': [pickled {id: weight}...], 'ids': [pickled {id: item}...]})`` →
+    ``(shard, {item: weight})`` (nothing for a shard without weights). The id maps
+    of several bundles are merged here (``_MergeIdMapsFn``: a collision fails)."""
     shard, grouped = element
-    parts = list(grouped["w"])
+    parts = [pickle.loads(b) for b in grouped["w"]]
     if not parts:
         return
-    maps = list(grouped["ids"])
+    maps = [pickle.loads(b) for b in grouped["ids"]]
     id_to_item = maps[0] if len(maps) == 1 else _MergeIdMapsFn().merge_accumulators(maps)
     to_item = id_to_item.__getitem__
     out: Dict[Any, float] = {}
@@ -627,8 +637,8 @@ class OrderedUserPolicy(beam.PTransform):
             seq_fn = (_OrderedListDoFn if state == "ordered_list" else _BagDoFn)(
                 self._update_policy)
             weights = sorted_buckets | "Sequential" >> beam.ParDo(seq_fn)
-        id_maps = ids | "ItemPerId" >> beam.CombinePerKey(_MergeIdMapsFn())
-        shards = ({"w": weights, "ids": id_maps}
+        # The bundles' id maps go straight into the join (merged per shard there).
+        shards = ({"w": weights, "ids": ids}
                   | "JoinShards" >> beam.CoGroupByKey()
                   | "ToItems" >> beam.FlatMap(_join_shard))
         if self._sharded:

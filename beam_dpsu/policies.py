@@ -535,13 +535,20 @@ class ItemIds:
         return i
 
     def many(self, items: Iterable[Hashable]) -> List[int]:
-        """``[self(item) for item in items]``, with the cache lookups done in C."""
+        """``[self(item) for item in items]``, with the cache lookups done in C and the
+        missing ids hashed in one batch (``KeyedHash64.many``)."""
         items = items if isinstance(items, (list, tuple)) else list(items)
-        ids = list(map(self._cache.get, items))
+        cache = self._cache
+        ids = list(map(cache.get, items))
         if None in ids:
-            for k, i in enumerate(ids):
-                if i is None:
-                    ids[k] = self(items[k])
+            missing = [k for k, i in enumerate(ids) if i is None]
+            new = self._hash.many(
+                b"s" + items[k].encode("utf-8", "surrogatepass") if type(items[k]) is str
+                else encode_value(items[k]) for k in missing)
+            if len(cache) + len(missing) > self._max_cache:
+                cache.clear()
+            for k, h in zip(missing, new):
+                ids[k] = cache[items[k]] = h >> 1
         return ids
 
 

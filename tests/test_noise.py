@@ -87,8 +87,11 @@ def test_keyed_hash64_object_equals_the_function_and_pickles():
     key = RunKey.from_test_seed(3).subkey("noise/0")
     h = noise.KeyedHash64(key)
     h2 = pickle.loads(pickle.dumps(h))
-    for m in [b"", b"s", b"sitem", bytes(range(256)) * 3]:
+    messages = [b"", b"s", b"sitem", bytes(range(256)) * 3]
+    for m in messages:
         assert h(m) == h2(m) == noise.keyed_hash64(key, m)
+    assert h.many(iter(messages)) == [noise.keyed_hash64(key, m) for m in messages]
+    assert h.many([]) == []
 
 
 @pytest.mark.parametrize("kind,scale,dist", [
