@@ -28,7 +28,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from beam_dpsu import runners
-from beam_dpsu.bounding import DEFAULT_FLUSH_PAIRS, ItemCounts, user_group
+from beam_dpsu.bounding import DEFAULT_FLUSH_PAIRS, ItemCounts, MergeItemCountsFn, user_group
 
 BLOCK_BYTES = 8 << 20
 #: ``ReadUserItems(complete_users=True)``: a single input file with at most this
@@ -239,26 +239,14 @@ class _MergeGroupDoFn(beam.DoFn):
                 if old is None:
                     merged[user] = value
                     continue
-                if user not in several:  # copy: never mutate a decoded input in place
-                    several.add(user)
-                    old = (({**old[0]}, {**old[1]}) if self._keep_order else {**old})
-                    merged[user] = old
-                if self._keep_order:
-                    _ORDERED.add_input(old, value)
-                else:
-                    _add_counts(old, value)
+                several.add(user)  # the parts are fresh from pickle: merged in place
+                merged[user] = (_ORDERED if self._keep_order else _COUNTS).add_input(old, value)
         if not self._keep_order:
             yield from merged.items()
             return
         for user, (counts, positions) in merged.items():
             yield user, (_ORDERED.extract_output((counts, positions)) if user in several
                          else counts)
-
-
-def _add_counts(acc: ItemCounts, counts: ItemCounts) -> None:
-    get = acc.get
-    for item, c in counts.items():
-        acc[item] = get(item, 0) + c
 
 
 class MergeUserGroups(beam.PTransform):
@@ -310,6 +298,7 @@ class MergeOrderedItemCountsFn(beam.CombineFn):
 
 
 _ORDERED = MergeOrderedItemCountsFn()
+_COUNTS = MergeItemCountsFn()
 
 
 def read_per_user(file_pattern: str, flush_pairs: int = DEFAULT_FLUSH_PAIRS
