@@ -13,6 +13,7 @@ uniformly random subset of Δ0 of them drawn by a generator seeded with
 """
 from __future__ import annotations
 
+import pickle
 import zlib
 from typing import Any, Dict, Hashable, Iterable, Optional, Tuple
 
@@ -53,6 +54,23 @@ def user_group(user: Any, groups: int) -> int:
     if type(user) is str:
         return zlib.crc32(user.encode("utf-8", "surrogatepass"), _CRC_USER_TAG) % groups
     return zlib.crc32(encode_value(user), _CRC_USER_TAG) % groups
+
+
+def pack_by(entries: Dict[Any, Any], part_of) -> Iterable[Tuple[int, bytes]]:
+    """``{key: value}`` → ``(part_of(key), pickled {key: value} of that part)`` for each
+    non-empty part: a dict as a few opaque elements, which a runner's shuffle moves
+    and groups without decoding their entries (the readers' users by group, partial
+    histograms by pack of shards)."""
+    parts: Dict[int, Dict[Any, Any]] = {}
+    for key, value in entries.items():
+        p = part_of(key)
+        part = parts.get(p)
+        if part is None:
+            parts[p] = {key: value}
+        else:
+            part[key] = value
+    for p, part in parts.items():
+        yield p, pickle.dumps(part, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def _to_group(element, groups: int):

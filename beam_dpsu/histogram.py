@@ -19,7 +19,8 @@ from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_dpsu.noise import encode_value
 from beam_dpsu.bounding import (DEFAULT_FLUSH_PAIRS, DEFAULT_USER_GROUPS, GLOBAL_TIMESTAMP,
-                                GLOBAL_WINDOWS, GroupUsers, check_global_window)
+                                GLOBAL_WINDOWS, GroupUsers, check_global_window,
+                                merge_item_counts, pack_by)
 
 DEFAULT_NUM_SHARDS = 1024
 
@@ -111,30 +112,16 @@ def packed_shards(hist: Dict[Any, float], num_shards: int):
     elements, which a runner's shuffle moves without decoding their items
     (``SumPackedShards`` unpacks and adds them). With many partials (Dask: one per
     user group) a pack per shard would make groups × shards elements."""
-    packs: Dict[int, Dict[int, Dict[Any, float]]] = {}
-    for shard, part in shard_histogram(hist, num_shards).items():
-        pack = packs.get(shard // SHARDS_PER_PACK)
-        if pack is None:
-            packs[shard // SHARDS_PER_PACK] = {shard: part}
-        else:
-            pack[shard] = part
-    for key, pack in packs.items():
-        yield key, pickle.dumps(pack, protocol=pickle.HIGHEST_PROTOCOL)
+    return pack_by(shard_histogram(hist, num_shards), shard_pack)
 
 
 def _sum_pack(element):
     """``(pack, [pickled {shard: partial}, ...])`` → ``(shard, {item: weight})`` per shard."""
-    sums: Dict[int, Dict[Any, float]] = {}
+    parts: Dict[int, list] = {}
     for blob in element[1]:
         for shard, part in pickle.loads(blob).items():
-            acc = sums.get(shard)
-            if acc is None:
-                sums[shard] = part
-            else:
-                get = acc.get
-                for item, w in part.items():
-                    acc[item] = get(item, 0.0) + w
-    return sums.items()
+            parts.setdefault(shard, []).append(part)
+    return ((shard, merge_item_counts(p)) for shard, p in parts.items())
 
 
 class SumPackedShards(beam.PTransform):
@@ -305,9 +292,9 @@ class ShardedHistogram(beam.PTransform):
                 check_global_window(part, "ShardedHistogram")
                 partials.append(_partials(part, f"PartialHistogram{k}", self._weighting,
                                           self._flush_items, self._num_shards))
-            # Straight into the GroupByKey: a Flatten feeding a ParDo (a lifted
-            # combine's pre-combine) is a stage of its own on the FnApiRunner,
-            # which re-reads every partial.
+            # Into a GroupByKey, not a lifted combine: a Flatten feeding the
+            # combine's pre-combine ParDo made a stage that decoded every partial
+            # (feeding a GroupByKey, the FnApiRunner only moves the packed bytes).
             partials = partials | "FlattenPartials" >> beam.Flatten()
         else:
             check_global_window(per_user, "ShardedHistogram")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import bz2
 import collections
+import functools
 import gzip
 import os
 import pickle
@@ -28,7 +29,8 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from beam_dpsu import runners
-from beam_dpsu.bounding import DEFAULT_FLUSH_PAIRS, ItemCounts, MergeItemCountsFn, user_group
+from beam_dpsu.bounding import (DEFAULT_FLUSH_PAIRS, ItemCounts, MergeItemCountsFn, pack_by,
+                                user_group)
 
 BLOCK_BYTES = 8 << 20
 #: ``ReadUserItems(complete_users=True)``: a single input file with at most this
@@ -192,16 +194,7 @@ def pack_user_groups(users: Dict[str, Any], groups: int) -> Iterator[Tuple[int, 
     """``{user: value}`` → ``(group, pickled {user: value} of that group)`` per non-empty
     group: a reader's partial counts as a few opaque elements, which a runner's
     shuffle moves and groups without decoding the per-user dicts."""
-    parts: Dict[int, Dict[str, Any]] = {}
-    for user, value in users.items():
-        g = user_group(user, groups)
-        part = parts.get(g)
-        if part is None:
-            parts[g] = {user: value}
-        else:
-            part[user] = value
-    for g, part in parts.items():
-        yield g, pickle.dumps(part, protocol=pickle.HIGHEST_PROTOCOL)
+    return pack_by(users, functools.partial(user_group, groups=groups))
 
 
 def with_positions(users: Dict[str, ItemCounts], file_index: int, chunk: int
