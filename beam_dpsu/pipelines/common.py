@@ -453,19 +453,25 @@ _QUIET_WORKERS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__
 
 
 class quiet_worker_processes:
-    """While active (and ``quiet``), worker subprocesses that Beam starts on this
-    machine (DirectRunner ``multi_processing``) log errors only: see
+    """While active, worker subprocesses that Beam starts on this machine
+    (DirectRunner ``multi_processing``) end without tearing their interpreter
+    down, and (when ``quiet``) log errors only: see
     ``beam_dpsu/_quiet_workers/sitecustomize.py``. Restores the environment after."""
+
+    VARIABLES = ("PYTHONPATH", "BEAM_DPSU_QUIET_WORKER", "BEAM_DPSU_QUICK_EXIT")
 
     def __init__(self, quiet: bool):
         self.quiet = quiet
 
     def __enter__(self):
-        self.saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "BEAM_DPSU_QUIET_WORKER")}
+        self.saved = {k: os.environ.get(k) for k in self.VARIABLES}
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            [_QUIET_WORKERS] + [p for p in [self.saved["PYTHONPATH"]] if p])
+        os.environ["BEAM_DPSU_QUICK_EXIT"] = "1"
         if self.quiet:
-            os.environ["PYTHONPATH"] = os.pathsep.join(
-                [_QUIET_WORKERS] + [p for p in [self.saved["PYTHONPATH"]] if p])
             os.environ["BEAM_DPSU_QUIET_WORKER"] = "1"
+        else:
+            os.environ.pop("BEAM_DPSU_QUIET_WORKER", None)
         return self
 
     def __exit__(self, *exc):
