@@ -63,7 +63,7 @@ from beam_dpsu.budget import PrivacyBudget
 from beam_dpsu.mechanisms import Mechanism, SelectPartitions, params
 from beam_dpsu.noise import RunKey
 from beam_dpsu.registry import REGISTRY, MechanismParams, make_mechanism
-from beam_dpsu.textio import ReadUserItems
+from beam_dpsu.textio import ReadUserItems, match_files
 from beam_dpsu.topk import TopK, TopKMechanism
 from beam_dpsu.pipelines import common, run_budget, top_k as top_k_pipeline
 from beam_dpsu.pipelines.common import UsageError  # noqa: F401  (re-exported for callers)
@@ -178,9 +178,15 @@ def build_pipeline(p: beam.Pipeline, input_pattern: str, output_prefix: str,
                    top_k: Optional[TopKMechanism] = None) -> None:
     """Adds the read → select → write graph to ``p`` (one sorted items file).
 
-    The users of a single input file read whole (``ReadUserItems(...,
-    complete_users=True)``) go to the mechanism without the per-user merge;
-    the others are merged first. Each user is in exactly one of the two parts.
+    When ``input_pattern`` matches one file (matched now, while the graph is
+    built), the users that file holds whole (``ReadUserItems(...,
+    complete_users=True)``) go to the mechanism without the per-user merge; the
+    others are merged first, and each user is in exactly one of the two parts.
+    When it matches several files, no user can be known whole from one file:
+    every user goes through the merge and the graph has no second part (whose
+    partial histograms would cost a ``Flatten`` stage of their own). Either
+    way, and whatever the pattern matches when the run reads it, the mechanism
+    sees the same per-user counts.
 
     With ``top_k``, the same per-user data (both parts) also feeds ``TopK``,
     written in rank order to ``PREFIX-top-k-00000-of-00001``. Both releases use
@@ -188,17 +194,23 @@ def build_pipeline(p: beam.Pipeline, input_pattern: str, output_prefix: str,
     top-k's subkeys differ), so their randomness is independent, as composition
     needs.
     """
-    users, complete, malformed = p | "ReadUserItems" >> ReadUserItems(
-        input_pattern, keep_order=mechanism.needs_record_order, with_malformed=True,
-        complete_users=True)
-    per_user = users | "CountUsers" >> beam.ParDo(common.CountUsers())
-    complete = complete | "CountCompleteUsers" >> beam.ParDo(common.CountUsers())
+    order = mechanism.needs_record_order
+    if len(match_files(input_pattern)) > 1:
+        users, malformed = p | "ReadUserItems" >> ReadUserItems(
+            input_pattern, keep_order=order, with_malformed=True)
+        parts = everyone = users | "CountUsers" >> beam.ParDo(common.CountUsers())
+    else:
+        users, complete, malformed = p | "ReadUserItems" >> ReadUserItems(
+            input_pattern, keep_order=order, with_malformed=True, complete_users=True)
+        parts = (users | "CountUsers" >> beam.ParDo(common.CountUsers()),
+                 complete | "CountCompleteUsers" >> beam.ParDo(common.CountUsers()))
+        everyone = None
     common.write_dead_letter(malformed, dead_letter)
-    items = ((per_user, complete)
-             | "SelectPartitions" >> SelectPartitions(mechanism, run_key, per_user=True))
+    items = parts | "SelectPartitions" >> SelectPartitions(mechanism, run_key, per_user=True)
     common.write_items(items | "ToLine" >> beam.Map(_to_line), output_prefix)
     if top_k is not None:
-        everyone = (per_user, complete) | "AllUsersForTopK" >> beam.Flatten()
+        if everyone is None:
+            everyone = parts | "AllUsersForTopK" >> beam.Flatten()
         ranked = everyone | "TopK" >> TopK(top_k, run_key, per_user=True)
         common.write_items(ranked, output_prefix, arrange=top_k_pipeline.ranked_text,
                            label="TopK", kind=common.TOPK_KIND)
