@@ -130,6 +130,28 @@ def capabilities(pipeline_or_name: Any) -> Capabilities:
     return Capabilities(name, **_TABLE.get(name, dict(ordered_list_state=False)))
 
 
+#: Runner names that run a pipeline on Beam's FnApiRunner (the DirectRunner's
+#: portable path), which deals each stage's input to its ``direct_num_workers``
+#: workers: a ``GroupByKey``'s keys in the order they first arrived, key i to
+#: worker i mod n (``GroupingBuffer.partition``, Beam 2.77).
+_DEALING_RUNNERS = ("DirectRunner", "SwitchingDirectRunner", "FnApiRunner", "TestDirectRunner")
+
+
+def dealt_workers(pipeline: beam.Pipeline) -> int:
+    """How many workers ``pipeline``'s runner deals a ``GroupByKey``'s keys to in turn,
+    so that a transform with n keys on n workers gives each worker one key; 1 when
+    it runs on one worker or spreads keys otherwise (every other runner: a
+    hash, dynamic rebalancing)."""
+    if runner_name(pipeline) not in _DEALING_RUNNERS:
+        return 1
+    from apache_beam.options.pipeline_options import DirectOptions
+    n = pipeline.options.view_as(DirectOptions).direct_num_workers
+    if n == 0:  # the FnApiRunner's "one per core"
+        import multiprocessing
+        n = multiprocessing.cpu_count()
+    return max(1, n or 1)
+
+
 def resolve_runner_flag(beam_args: List[str]) -> List[str]:
     """``--runner=DaskRunner`` → the fully qualified class Beam needs; imports its options.
 

@@ -22,7 +22,7 @@ import functools
 import gzip
 import os
 import pickle
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
@@ -455,10 +455,69 @@ def match_files(pattern: str) -> List[str]:
     ``./out-items-*``: Beam's local filesystem finds nothing for it otherwise,
     which would hide a release file from the stale-output check.
     """
+    return [path for path, _ in match_sized(pattern)]
+
+
+def match_sized(pattern: str) -> List[Tuple[str, int]]:
+    """``(path, size in bytes)`` of the files matching ``pattern``, sorted by path
+    (as ``match_files``)."""
     if "://" not in pattern and not os.path.dirname(pattern):
         pattern = os.path.join(os.curdir, pattern)
     result = FileSystems.match([pattern])[0]
-    return sorted(m.path for m in result.metadata_list)
+    return sorted((m.path, m.size_in_bytes) for m in result.metadata_list)
+
+
+def balanced_bins(sizes: Sequence[int], bins: int) -> List[int]:
+    """The bin in ``[0, bins)`` of each of ``sizes``: largest first, each into the bin
+    with the smallest total so far (the lowest such bin on a tie). This greedy
+    rule (LPT) makes the largest total at most 4/3 of the best possible."""
+    totals = [0] * bins
+    out = [0] * len(sizes)
+    for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+        b = min(range(bins), key=lambda b: (totals[b], b))
+        out[i] = b
+        totals[b] += sizes[i]
+    return out
+
+
+def _match_dealt(pattern: str, workers: int, ordered: bool, counted: bool):
+    """The matching files as ``(bin, element)``: ``balanced_bins`` of their sizes over
+    ``workers`` bins. Elements as the other matches make them: ``(file index,
+    path, number of files)`` when ``counted``, ``(file index, path)`` when
+    ``ordered``, else the path."""
+    sized = match_sized(pattern)
+    bins = balanced_bins([size for _, size in sized], workers)
+    for i, ((path, _), b) in enumerate(zip(sized, bins)):
+        yield b, ((i, path, len(sized)) if counted else (i, path) if ordered else path)
+
+
+class _SpreadFiles(beam.PTransform):
+    """The files matching a pattern, spread over the workers: one element per file
+    (see ``_match_dealt`` for its form), after a ``Reshuffle``, or, on a runner
+    that deals a ``GroupByKey``'s keys to its workers in turn
+    (``runners.dealt_workers``: the multi-worker DirectRunner), in one group per
+    worker whose files' sizes add up to about the same total (``balanced_bins``),
+    so that a few large files do not all land on one worker. Which worker reads
+    which file changes only the time a run takes."""
+
+    def __init__(self, pattern: str, ordered: bool, counted: bool):
+        super().__init__()
+        self._args = (pattern, ordered, counted)
+
+    def expand(self, pbegin):
+        pattern, ordered, counted = self._args
+        workers = runners.dealt_workers(pbegin.pipeline)
+        matched = (pbegin
+                   | "Pattern" >> beam.Create([pattern])
+                   | "MatchFiles" >> beam.FlatMap(_match_dealt, max(workers, 1), ordered,
+                                                  counted))
+        if workers > 1:
+            return (matched
+                    | "DealFiles" >> beam.GroupByKey()
+                    | "Files" >> beam.FlatMap(lambda kv: kv[1]))
+        return (matched
+                | "DropBins" >> beam.Map(lambda kv: kv[1])
+                | "SpreadFiles" >> beam.Reshuffle())
 
 
 class ReadUserItems(beam.PTransform):
@@ -575,13 +634,7 @@ class ReadUserItems(beam.PTransform):
         if self._complete_users:
             return self._expand_complete(pbegin)
         if runners.capabilities(pbegin.pipeline).redistributes:
-            files = (pbegin
-                     | "Pattern" >> beam.Create([self._pattern])
-                     | "MatchFiles" >> beam.FlatMap(
-                         lambda pattern, ordered: (list(enumerate(match_files(pattern)))
-                                                   if ordered else match_files(pattern)),
-                         self._keep_order))
-            files = files | "SpreadFiles" >> beam.Reshuffle()
+            files = pbegin | "Files" >> _SpreadFiles(self._pattern, self._keep_order, False)
         else:  # Dask: one partition per Create, so one Create per file (or group of files)
             files = self._file_partitions(pbegin)
         if self._split_files:
@@ -606,10 +659,7 @@ class ReadUserItems(beam.PTransform):
 
     def _expand_complete(self, pbegin):
         if runners.capabilities(pbegin.pipeline).redistributes:
-            files = (pbegin
-                     | "Pattern" >> beam.Create([self._pattern])
-                     | "MatchFiles" >> beam.FlatMap(_match_counted)
-                     | "SpreadFiles" >> beam.Reshuffle())
+            files = pbegin | "Files" >> _SpreadFiles(self._pattern, True, True)
         else:  # Dask: one partition per file (see _file_partitions)
             files = self._file_partitions(pbegin, _match_counted(self._pattern))
         complete_tag = _ReadFileCompleteDoFn.COMPLETE

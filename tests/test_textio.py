@@ -257,3 +257,78 @@ def test_user_groups_must_be_a_positive_integer():
     for bad in (0, -1, 1.5, True, "8"):
         with pytest.raises(ValueError, match="user_groups"):
             ReadUserItems("x", user_groups=bad)
+
+
+def _best_makespan(sizes, bins):
+    import itertools
+    return min(max(sum(s for s, b in zip(sizes, assign) if b == k) for k in range(bins))
+               for assign in itertools.product(range(bins), repeat=len(sizes)))
+
+
+def test_balanced_bins_is_within_four_thirds_of_the_best_split():
+    import numpy as np
+    rng = np.random.default_rng(3)
+    for _ in range(60):
+        n, bins = int(rng.integers(1, 8)), int(rng.integers(1, 4))
+        sizes = [int(x) for x in rng.integers(0, 100, size=n)]
+        got = textio.balanced_bins(sizes, bins)
+        assert len(got) == n and all(0 <= b < bins for b in got)
+        makespan = max(sum(s for s, b in zip(sizes, got) if b == k) for k in range(bins))
+        assert makespan * 3 <= 4 * _best_makespan(sizes, bins)
+    # the benchmark's 8 files (sizes in kB): 11.61 and 11.32 MB, where taking the
+    # files in turn (sorted names) gives 10.7 and 12.1 MB
+    sizes = [3524, 4349, 2216, 3115, 2313, 2366, 2715, 2333]
+    assert textio.balanced_bins(sizes, 2) == [1, 0, 0, 1, 1, 1, 0, 0]
+    assert textio.balanced_bins([], 2) == [] and textio.balanced_bins([5, 5], 3) == [0, 1]
+
+
+def test_match_sized_gives_each_matching_file_with_its_size(tmp_path):
+    paths = _keep_order_files(tmp_path)
+    assert textio.match_sized(str(tmp_path / "part-*")) == [
+        (str(p), p.stat().st_size) for p in sorted(paths)]
+    assert textio.match_files(str(tmp_path / "part-*")) == [str(p) for p in sorted(paths)]
+
+
+@pytest.mark.parametrize("complete_users", [False, True])
+def test_files_dealt_to_two_workers_read_the_same_users_in_record_order(tmp_path,
+                                                                        complete_users):
+    # On the DirectRunner with two workers the files go to the workers in bins of
+    # about equal size (a GroupByKey of the bin), not through a Reshuffle.
+    from beam_dpsu import runners
+    paths = _keep_order_files(tmp_path)
+    want = _first_occurrence(sorted(paths))
+    options = beam_options("--direct_num_workers=2", "--direct_running_mode=multi_threading")
+    with beam.Pipeline(options=options) as p:
+        assert runners.dealt_workers(p) == 2
+        read = ReadUserItems(str(tmp_path / "part-*"), keep_order=True, flush_pairs=7,
+                             complete_users=complete_users)
+        out = p | read
+        if complete_users:
+            assert_that(out[1], equal_to([]), label="complete")
+            out = out[0]
+        assert_that(out | beam.Map(lambda kv: (kv[0], list(kv[1].items()))),
+                    equal_to([(u, list(c.items())) for u, c in want.items()]))
+    assert any(label.endswith("DealFiles") for label in _all_labels(p))
+
+
+def _all_labels(p):
+    out, stack = [], [p._root_transform()]
+    while stack:
+        t = stack.pop()
+        out.append(t.full_label)
+        stack.extend(t.parts)
+    return out
+
+
+def test_dealt_workers_is_the_direct_runners_worker_count_only():
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from beam_dpsu import runners
+    assert runners.dealt_workers(beam.Pipeline(options=beam_options())) == 1
+    assert runners.dealt_workers(beam.Pipeline(options=beam_options(
+        "--direct_num_workers=3", "--direct_running_mode=multi_processing"))) == 3
+    import multiprocessing
+    assert runners.dealt_workers(beam.Pipeline(options=beam_options(
+        "--direct_num_workers=0"))) == multiprocessing.cpu_count()
+    portable = beam.Pipeline(options=PipelineOptions([
+        "--runner=PortableRunner", "--job_endpoint=embed", "--direct_num_workers=2"]))
+    assert runners.dealt_workers(portable) == 1
