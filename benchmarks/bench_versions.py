@@ -1,7 +1,7 @@
 """Two source trees of the library on the same input, alternated: before/after figures.
 
-Runs ``pipelines.select_partitions`` (one worker, DirectRunner) in a child process per
-run, with ``PYTHONPATH`` set to each named tree, alternating trees and mechanisms
+Runs ``pipelines.select_partitions`` (DirectRunner; one worker, or with ``--workers 1 2``
+also two worker processes) in a child process per run, with ``PYTHONPATH`` set to each named tree, alternating trees and mechanisms
 round by round, and prints one line per run and a table of medians (wall, CPU of the
 child, peak RSS).
 
@@ -34,17 +34,23 @@ def main(argv=None) -> int:
     ap.add_argument("--tree", action="append", required=True, help="NAME=PATH (repeatable)")
     ap.add_argument("--mechanisms", nargs="+", default=["weighted-gaussian", "policy-gaussian"])
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--workers", type=int, choices=(1, 2), nargs="+", default=[1],
+                    help="1: one worker; 2: --direct_num_workers=2 "
+                         "--direct_running_mode=multi_processing (both: alternated)")
     args = ap.parse_args(argv)
     trees = dict(t.split("=", 1) for t in args.tree)
-    configs = [(m, t) for m in args.mechanisms for t in trees]
+    configs = [(m if w == 1 else f"{m} (2 workers)", t) for m in args.mechanisms
+               for w in args.workers for t in trees]
     res = {c: [] for c in configs}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.repeats):
-            for mech, tree in configs:
+            for config, tree in configs:
+                mech, two = config.split(" ")[0], config.endswith("(2 workers)")
                 root = os.path.abspath(trees[tree])
                 cmd = [sys.executable, "-c", bs.CHILD, "--input", args.input,
-                       "--output", os.path.join(tmp, f"{tree}-{mech}-{r}"), "--mechanism", mech,
-                       "--epsilon", "3", "--delta", "1e-5", "--max-items-per-user", "100"]
+                       "--output", os.path.join(tmp, f"{tree}-{mech}-{two}-{r}"),
+                       "--mechanism", mech, "--epsilon", "3", "--delta", "1e-5",
+                       "--max-items-per-user", "100"] + (bs.TWO_WORKERS if two else [])
                 c0, t0 = bs._children_cpu(), time.perf_counter()
                 proc = subprocess.run(cmd, capture_output=True, text=True, cwd=root,
                                       env=dict(os.environ, PYTHONPATH=root))
@@ -53,8 +59,8 @@ def main(argv=None) -> int:
                 if not lines:
                     raise RuntimeError(f"child failed: {proc.stderr[-3000:]}")
                 s = json.loads(lines[0][len("RESULT "):])
-                res[(mech, tree)].append((wall, cpu, s["peak_rss_mib"]))
-                print(json.dumps({"round": r, "tree": tree, "mechanism": mech,
+                res[(config, tree)].append((wall, cpu, s["peak_rss_mib"]))
+                print(json.dumps({"round": r, "tree": tree, "mechanism": config,
                                   "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
                                   "released": s["num_released"]}), flush=True)
     print("\n| mechanism | tree | median wall s (min–max) | median CPU s | peak RSS MiB |\n"

@@ -58,6 +58,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import apache_beam as beam
 
+from beam_dpsu import runners
 from beam_dpsu.accounting import PayWhatYouGetAccountant
 from beam_dpsu.budget import PrivacyBudget
 from beam_dpsu.mechanisms import Mechanism, SelectPartitions, params
@@ -178,15 +179,22 @@ def build_pipeline(p: beam.Pipeline, input_pattern: str, output_prefix: str,
                    top_k: Optional[TopKMechanism] = None) -> None:
     """Adds the read → select → write graph to ``p`` (one sorted items file).
 
-    When ``input_pattern`` matches one file (matched now, while the graph is
-    built), the users that file holds whole (``ReadUserItems(...,
-    complete_users=True)``) go to the mechanism without the per-user merge; the
-    others are merged first, and each user is in exactly one of the two parts.
-    When it matches several files, no user can be known whole from one file:
-    every user goes through the merge and the graph has no second part (whose
-    partial histograms would cost a ``Flatten`` stage of their own). Either
-    way, and whatever the pattern matches when the run reads it, the mechanism
-    sees the same per-user counts.
+    How the input is read depends on what ``input_pattern`` matches now, while
+    the graph is built, and on the runner; whatever it matches when the run
+    reads it, the mechanism sees the same per-user counts:
+
+    * one file, one worker: the users that file holds whole
+      (``ReadUserItems(..., complete_users=True)``) go to the mechanism without
+      the per-user merge; the others are merged first, and each user is in
+      exactly one of the two parts;
+    * one file on a runner that deals work to several workers
+      (``runners.dealt_workers``: the DirectRunner with ``direct_num_workers``
+      > 1): ``split_files=True``, so that the worker that decompresses the file
+      is not the only one to count and parse it (whole-file users would keep
+      the rest of the work on that worker too);
+    * several files: no user can be known whole from one file, so every user
+      goes through the merge, and the graph has no second part (whose partial
+      histograms would cost a ``Flatten`` stage of their own).
 
     With ``top_k``, the same per-user data (both parts) also feeds ``TopK``,
     written in rank order to ``PREFIX-top-k-00000-of-00001``. Both releases use
@@ -195,9 +203,12 @@ def build_pipeline(p: beam.Pipeline, input_pattern: str, output_prefix: str,
     needs.
     """
     order = mechanism.needs_record_order
-    if len(match_files(input_pattern)) > 1:
+    several_files = len(match_files(input_pattern)) > 1
+    several_workers = runners.dealt_workers(p) > 1
+    if several_files or several_workers:
         users, malformed = p | "ReadUserItems" >> ReadUserItems(
-            input_pattern, keep_order=order, with_malformed=True)
+            input_pattern, keep_order=order, with_malformed=True,
+            split_files=several_workers and not several_files)
         parts = everyone = users | "CountUsers" >> beam.ParDo(common.CountUsers())
     else:
         users, complete, malformed = p | "ReadUserItems" >> ReadUserItems(
