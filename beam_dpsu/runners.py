@@ -140,12 +140,19 @@ _DEALING_RUNNERS = ("DirectRunner", "SwitchingDirectRunner", "FnApiRunner", "Tes
 def dealt_workers(pipeline: beam.Pipeline) -> int:
     """How many workers ``pipeline``'s runner deals a ``GroupByKey``'s keys to in turn,
     so that a transform with n keys on n workers gives each worker one key; 1 when
-    it runs on one worker or spreads keys otherwise (every other runner: a
-    hash, dynamic rebalancing)."""
+    it runs on one worker (``direct_running_mode=in_memory`` runs the parts one
+    after the other) or spreads keys otherwise (every other runner: a hash,
+    dynamic rebalancing). Only a hint for spreading work: a transform that
+    follows it gives the same result on any runner. (The DirectRunner runs a
+    graph on Prism instead when Prism supports every transform of it; the
+    library's command-line graphs run on the FnApiRunner.)"""
     if runner_name(pipeline) not in _DEALING_RUNNERS:
         return 1
     from apache_beam.options.pipeline_options import DirectOptions
-    n = pipeline.options.view_as(DirectOptions).direct_num_workers
+    direct = pipeline.options.view_as(DirectOptions)
+    if direct.direct_running_mode not in ("multi_threading", "multi_processing"):
+        return 1
+    n = direct.direct_num_workers
     if n == 0:  # the FnApiRunner's "one per core"
         import multiprocessing
         n = multiprocessing.cpu_count()

@@ -468,15 +468,20 @@ def match_sized(pattern: str) -> List[Tuple[str, int]]:
 
 
 def balanced_bins(sizes: Sequence[int], bins: int) -> List[int]:
-    """The bin in ``[0, bins)`` of each of ``sizes``: largest first, each into the bin
-    with the smallest total so far (the lowest such bin on a tie). This greedy
-    rule (LPT) makes the largest total at most 4/3 of the best possible."""
-    totals = [0] * bins
+    """The bin in ``[0, bins)`` of each of ``sizes`` (e.g. files' sizes in bytes as
+    stored): largest first, each into the bin with the smallest total so far (on
+    a tie, the one with the fewest sizes, then the lowest). This greedy rule
+    (LPT) makes the largest total at most 4/3 of the best possible; sizes of 0
+    (a filesystem that reports none) are dealt out in turn. ``bins`` >= 1."""
+    if isinstance(bins, bool) or not isinstance(bins, int) or bins < 1:
+        raise ValueError(f"bins must be an integer >= 1, got {bins!r}")
+    totals, counts = [0] * bins, [0] * bins
     out = [0] * len(sizes)
     for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
-        b = min(range(bins), key=lambda b: (totals[b], b))
+        b = min(range(bins), key=lambda b: (totals[b], counts[b], b))
         out[i] = b
         totals[b] += sizes[i]
+        counts[b] += 1
     return out
 
 

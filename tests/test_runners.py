@@ -149,3 +149,37 @@ def test_several_files_with_top_k_release_what_one_file_releases(data, tmp_path)
         outputs.append([open(f, encoding="utf-8").read()
                         for f in sorted(glob.glob(prefix + "-*-000*"))])
     assert len(outputs[0]) == 2 and all(outputs[0]) and outputs[0] == outputs[1]
+
+
+def _labels(p):
+    out, stack = [], [p._root_transform()]
+    while stack:
+        t = stack.pop()
+        out.append(t.full_label)
+        stack.extend(t.parts)
+    return out
+
+
+@pytest.mark.parametrize("workers, limit, want", [
+    (["--direct_num_workers=2", "--direct_running_mode=multi_processing"], None, "split"),
+    (["--direct_num_workers=2", "--direct_running_mode=multi_processing"], 0, "whole"),
+    ([], None, "whole"),
+    (["--direct_num_workers=2"], None, "whole"),  # in_memory: the parts run in turn
+])
+def test_one_file_is_split_only_on_several_direct_workers_and_below_the_size_limit(
+        data, monkeypatch, workers, limit, want):
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from beam_dpsu.noise import RunKey
+    if limit is not None:
+        monkeypatch.setattr(select_partitions, "SPLIT_ONE_FILE_MAX_BYTES", limit)
+    args, plan, _ = select_partitions.parse_plan(
+        ["--input", data[0], "--output", "/nonexistent/out", "--mechanism",
+         "weighted-gaussian"] + FLAGS["weighted-gaussian"])
+    p = beam.Pipeline(options=PipelineOptions(["--runner=DirectRunner"] + workers))
+    select_partitions.build_pipeline(p, data[0], "/nonexistent/out", plan.mechanism,
+                                     RunKey.from_test_seed(1))
+    labels = _labels(p)
+    split = any(label.endswith("ReadBlocks") for label in labels)
+    whole = any(label.endswith("CountCompleteUsers") for label in labels)
+    assert (split, whole) == ((True, False) if want == "split" else (False, True))

@@ -280,6 +280,10 @@ def test_balanced_bins_is_within_four_thirds_of_the_best_split():
     sizes = [3524, 4349, 2216, 3115, 2313, 2366, 2715, 2333]
     assert textio.balanced_bins(sizes, 2) == [1, 0, 0, 1, 1, 1, 0, 0]
     assert textio.balanced_bins([], 2) == [] and textio.balanced_bins([5, 5], 3) == [0, 1]
+    assert textio.balanced_bins([0] * 5, 2) == [0, 1, 0, 1, 0]  # no sizes: in turn
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="bins"):
+            textio.balanced_bins([1], bad)
 
 
 def test_match_sized_gives_each_matching_file_with_its_size(tmp_path):
@@ -328,7 +332,11 @@ def test_dealt_workers_is_the_direct_runners_worker_count_only():
         "--direct_num_workers=3", "--direct_running_mode=multi_processing"))) == 3
     import multiprocessing
     assert runners.dealt_workers(beam.Pipeline(options=beam_options(
-        "--direct_num_workers=0"))) == multiprocessing.cpu_count()
+        "--direct_num_workers=0", "--direct_running_mode=multi_threading"))) == \
+        multiprocessing.cpu_count()
+    # in_memory runs the parts one after the other: nothing to deal
+    assert runners.dealt_workers(beam.Pipeline(options=beam_options(
+        "--direct_num_workers=3"))) == 1
     portable = beam.Pipeline(options=PipelineOptions([
         "--runner=PortableRunner", "--job_endpoint=embed", "--direct_num_workers=2"]))
     assert runners.dealt_workers(portable) == 1

@@ -459,6 +459,9 @@ class quiet_worker_processes:
     ``beam_dpsu/_quiet_workers/sitecustomize.py``. Restores the environment after."""
 
     VARIABLES = ("PYTHONPATH", "BEAM_DPSU_QUIET_WORKER", "BEAM_DPSU_QUICK_EXIT")
+    #: The module Beam's worker processes run (``python -m ...``): the only
+    #: processes that exit without tearing their interpreter down.
+    WORKER_MODULE = "apache_beam.runners.worker.sdk_worker_main"
 
     def __init__(self, quiet: bool):
         self.quiet = quiet
@@ -467,7 +470,7 @@ class quiet_worker_processes:
         self.saved = {k: os.environ.get(k) for k in self.VARIABLES}
         os.environ["PYTHONPATH"] = os.pathsep.join(
             [_QUIET_WORKERS] + [p for p in [self.saved["PYTHONPATH"]] if p])
-        os.environ["BEAM_DPSU_QUICK_EXIT"] = "1"
+        os.environ["BEAM_DPSU_QUICK_EXIT"] = self.WORKER_MODULE
         if self.quiet:
             os.environ["BEAM_DPSU_QUIET_WORKER"] = "1"
         else:
