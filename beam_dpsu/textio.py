@@ -458,13 +458,14 @@ def match_files(pattern: str) -> List[str]:
     return [path for path, _ in match_sized(pattern)]
 
 
-def match_sized(pattern: str) -> List[Tuple[str, int]]:
-    """``(path, size in bytes)`` of the files matching ``pattern``, sorted by path
-    (as ``match_files``)."""
+def match_sized(pattern: str) -> List[Tuple[str, Optional[int]]]:
+    """``(path, size in bytes as stored)`` of the files matching ``pattern``, sorted by
+    path (as ``match_files``); the size is None where the filesystem reports none."""
     if "://" not in pattern and not os.path.dirname(pattern):
         pattern = os.path.join(os.curdir, pattern)
     result = FileSystems.match([pattern])[0]
-    return sorted((m.path, m.size_in_bytes) for m in result.metadata_list)
+    return sorted((m.path, m.size_in_bytes if isinstance(m.size_in_bytes, int)
+                   and m.size_in_bytes >= 0 else None) for m in result.metadata_list)
 
 
 def balanced_bins(sizes: Sequence[int], bins: int) -> List[int]:
@@ -491,7 +492,7 @@ def _match_dealt(pattern: str, workers: int, ordered: bool, counted: bool):
     path, number of files)`` when ``counted``, ``(file index, path)`` when
     ``ordered``, else the path."""
     sized = match_sized(pattern)
-    bins = balanced_bins([size for _, size in sized], workers)
+    bins = balanced_bins([size or 0 for _, size in sized], workers)
     for i, ((path, _), b) in enumerate(zip(sized, bins)):
         yield b, ((i, path, len(sized)) if counted else (i, path) if ordered else path)
 

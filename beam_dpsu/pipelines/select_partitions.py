@@ -213,7 +213,8 @@ def build_pipeline(p: beam.Pipeline, input_pattern: str, output_prefix: str,
     order = mechanism.needs_record_order
     sized = match_sized(input_pattern)
     several_files = len(sized) > 1
-    split_one_file = (len(sized) == 1 and sized[0][1] <= SPLIT_ONE_FILE_MAX_BYTES
+    split_one_file = (len(sized) == 1 and sized[0][1] is not None  # (size unknown: whole)
+                      and sized[0][1] <= SPLIT_ONE_FILE_MAX_BYTES
                       and runners.dealt_workers(p) > 1)
     if several_files or split_one_file:
         users, malformed = p | "ReadUserItems" >> ReadUserItems(
