@@ -37,6 +37,16 @@ def tmp_prefix(tmp_path):
     return str(tmp_path / "out")
 
 
+def transform_labels(p):
+    """The full labels of every transform of pipeline ``p`` (composites and leaves)."""
+    out, stack = [], [p._root_transform()]
+    while stack:
+        t = stack.pop()
+        out.append(t.full_label)
+        stack.extend(t.parts)
+    return out
+
+
 def beam_options(*extra):
     from apache_beam.options.pipeline_options import PipelineOptions
     return PipelineOptions(["--runner=DirectRunner", *extra])

@@ -19,6 +19,8 @@ from beam_dpsu import synthetic
 from beam_dpsu.registry import REGISTRY
 from pipelines import select_partitions
 
+from conftest import transform_labels
+
 PORTABLE = ["--runner=PortableRunner", "--job_endpoint=embed", "--environment_type=LOOPBACK"]
 MULTI = ["--runner=DirectRunner", "--direct_num_workers=2",
          "--direct_running_mode=multi_processing"]
@@ -151,15 +153,6 @@ def test_several_files_with_top_k_release_what_one_file_releases(data, tmp_path)
     assert len(outputs[0]) == 2 and all(outputs[0]) and outputs[0] == outputs[1]
 
 
-def _labels(p):
-    out, stack = [], [p._root_transform()]
-    while stack:
-        t = stack.pop()
-        out.append(t.full_label)
-        stack.extend(t.parts)
-    return out
-
-
 @pytest.mark.parametrize("workers, limit, want", [
     (["--direct_num_workers=2", "--direct_running_mode=multi_processing"], None, "split"),
     (["--direct_num_workers=2", "--direct_running_mode=multi_processing"], 0, "whole"),
@@ -179,7 +172,7 @@ def test_one_file_is_split_only_on_several_direct_workers_and_below_the_size_lim
     p = beam.Pipeline(options=PipelineOptions(["--runner=DirectRunner"] + workers))
     select_partitions.build_pipeline(p, data[0], "/nonexistent/out", plan.mechanism,
                                      RunKey.from_test_seed(1))
-    labels = _labels(p)
+    labels = transform_labels(p)
     split = any(label.endswith("ReadBlocks") for label in labels)
     whole = any(label.endswith("CountCompleteUsers") for label in labels)
     assert (split, whole) == ((True, False) if want == "split" else (False, True))

@@ -9,7 +9,7 @@ from apache_beam.testing.util import assert_that, equal_to
 from beam_dpsu import textio
 from beam_dpsu.textio import ReadUserItems
 
-from conftest import beam_options
+from conftest import beam_options, transform_labels
 
 CONTENT = (b"u1\ta\nu1\ta\nu1\tb\r\nu2\ta\tb\n"      # duplicate, CRLF, extra tab
            b"no-tab-line\n\tmissing-user\n\n"         # 3 malformed
@@ -312,16 +312,7 @@ def test_files_dealt_to_two_workers_read_the_same_users_in_record_order(tmp_path
             out = out[0]
         assert_that(out | beam.Map(lambda kv: (kv[0], list(kv[1].items()))),
                     equal_to([(u, list(c.items())) for u, c in want.items()]))
-    assert any(label.endswith("DealFiles") for label in _all_labels(p))
-
-
-def _all_labels(p):
-    out, stack = [], [p._root_transform()]
-    while stack:
-        t = stack.pop()
-        out.append(t.full_label)
-        stack.extend(t.parts)
-    return out
+    assert any(label.endswith("DealFiles") for label in transform_labels(p))
 
 
 def test_dealt_workers_is_the_direct_runners_worker_count_only():
