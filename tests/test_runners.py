@@ -163,9 +163,10 @@ def test_one_file_is_split_only_on_several_direct_workers_and_below_the_size_lim
         data, monkeypatch, workers, limit, want):
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
+    from beam_dpsu import textio
     from beam_dpsu.noise import RunKey
     if limit is not None:
-        monkeypatch.setattr(select_partitions, "SPLIT_ONE_FILE_MAX_BYTES", limit)
+        monkeypatch.setattr(textio, "SPLIT_ONE_FILE_MAX_BYTES", limit)
     args, plan, _ = select_partitions.parse_plan(
         ["--input", data[0], "--output", "/nonexistent/out", "--mechanism",
          "weighted-gaussian"] + FLAGS["weighted-gaussian"])
@@ -176,3 +177,20 @@ def test_one_file_is_split_only_on_several_direct_workers_and_below_the_size_lim
     split = any(label.endswith("ReadBlocks") for label in labels)
     whole = any(label.endswith("CountCompleteUsers") for label in labels)
     assert (split, whole) == ((True, False) if want == "split" else (False, True))
+
+
+@pytest.mark.parametrize("workers, want_split", [
+    (["--direct_num_workers=2", "--direct_running_mode=multi_processing"], True),
+    ([], False),
+])
+def test_top_k_splits_one_file_only_on_several_direct_workers(data, workers, want_split):
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from beam_dpsu.noise import RunKey
+    from beam_dpsu.topk import TopKMechanism
+    from pipelines import top_k
+    p = beam.Pipeline(options=PipelineOptions(["--runner=DirectRunner"] + workers))
+    top_k.build_pipeline(p, data[0], "/nonexistent/out",
+                         TopKMechanism(k=3, k_bar=5, epsilon=1.0, delta=1e-6),
+                         RunKey.from_test_seed(1))
+    assert any(l.endswith("ReadBlocks") for l in transform_labels(p)) == want_split

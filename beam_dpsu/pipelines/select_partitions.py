@@ -58,13 +58,12 @@ from typing import List, Optional, Sequence, Tuple
 
 import apache_beam as beam
 
-from beam_dpsu import runners
 from beam_dpsu.accounting import PayWhatYouGetAccountant
 from beam_dpsu.budget import PrivacyBudget
 from beam_dpsu.mechanisms import Mechanism, SelectPartitions, params
 from beam_dpsu.noise import RunKey
 from beam_dpsu.registry import REGISTRY, MechanismParams, make_mechanism
-from beam_dpsu.textio import ReadUserItems, match_sized
+from beam_dpsu.textio import ReadUserItems, match_sized, split_one_file
 from beam_dpsu.topk import TopK, TopKMechanism
 from beam_dpsu.pipelines import common, run_budget, top_k as top_k_pipeline
 from beam_dpsu.pipelines.common import UsageError  # noqa: F401  (re-exported for callers)
@@ -169,13 +168,6 @@ def _top_k_flags(message: str) -> str:
     return message
 
 
-#: ``build_pipeline``: the largest single input file (bytes as stored) read with
-#: ``split_files=True`` on the multi-worker DirectRunner, whose launcher then
-#: holds the file's decompressed text (several times this for gzip) in memory
-#: between two stages; a larger file is read whole by one worker.
-SPLIT_ONE_FILE_MAX_BYTES = 256 << 20
-
-
 def _to_line(item) -> str:
     return item if isinstance(item, str) else str(item)
 
@@ -190,9 +182,9 @@ def build_pipeline(p: beam.Pipeline, input_pattern: str, output_prefix: str,
     the graph is built, and on the runner; whatever it matches when the run
     reads it, the mechanism sees the same per-user counts:
 
-    * one file of at most ``SPLIT_ONE_FILE_MAX_BYTES`` (as stored) on the
+    * one file of at most ``textio.SPLIT_ONE_FILE_MAX_BYTES`` (as stored) on the
       DirectRunner with several worker processes or threads
-      (``runners.dealt_workers``): ``split_files=True``, so that the worker that
+      (``textio.split_one_file``): ``split_files=True``, so that the worker that
       decompresses the file is not the only one to count and parse it
       (whole-file users would keep the rest of the work on that worker too);
       the launcher then holds the decompressed text between two stages;
@@ -212,13 +204,10 @@ def build_pipeline(p: beam.Pipeline, input_pattern: str, output_prefix: str,
     """
     order = mechanism.needs_record_order
     sized = match_sized(input_pattern)
-    several_files = len(sized) > 1
-    split_one_file = (len(sized) == 1 and sized[0][1] is not None  # (size unknown: whole)
-                      and sized[0][1] <= SPLIT_ONE_FILE_MAX_BYTES
-                      and runners.dealt_workers(p) > 1)
-    if several_files or split_one_file:
+    split = split_one_file(p, sized)
+    if len(sized) > 1 or split:
         users, malformed = p | "ReadUserItems" >> ReadUserItems(
-            input_pattern, keep_order=order, with_malformed=True, split_files=split_one_file)
+            input_pattern, keep_order=order, with_malformed=True, split_files=split)
         parts = everyone = users | "CountUsers" >> beam.ParDo(common.CountUsers())
     else:
         users, complete, malformed = p | "ReadUserItems" >> ReadUserItems(

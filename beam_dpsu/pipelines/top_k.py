@@ -49,7 +49,7 @@ import apache_beam as beam
 
 from beam_dpsu.mechanisms import params
 from beam_dpsu.noise import RunKey
-from beam_dpsu.textio import ReadUserItems
+from beam_dpsu.textio import ReadUserItems, match_sized, split_one_file
 from beam_dpsu.topk import TopK, TopKMechanism, format_line
 from beam_dpsu.pipelines import common, run_budget
 from beam_dpsu.pipelines.common import UsageError  # noqa: F401  (re-exported for callers)
@@ -112,9 +112,13 @@ def ranked_text(rows) -> List[str]:
 def build_pipeline(p: beam.Pipeline, input_pattern: str, output_prefix: str,
                    mechanism: TopKMechanism, run_key: RunKey,
                    dead_letter: Optional[str] = None) -> None:
-    """Adds the read → top-k → write graph to ``p`` (one output file, rank order)."""
-    per_user, malformed = p | "ReadUserItems" >> ReadUserItems(input_pattern,
-                                                                with_malformed=True)
+    """Adds the read → top-k → write graph to ``p`` (one output file, rank order).
+
+    One input file on the DirectRunner's several workers is read with
+    ``split_files=True`` (``textio.split_one_file``); the users are the same."""
+    per_user, malformed = p | "ReadUserItems" >> ReadUserItems(
+        input_pattern, with_malformed=True,
+        split_files=split_one_file(p, match_sized(input_pattern)))
     common.write_dead_letter(malformed, dead_letter)
     ranked = (per_user
               | "CountUsers" >> beam.ParDo(common.CountUsers())
