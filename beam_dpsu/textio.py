@@ -419,9 +419,12 @@ class _ReadFileCompleteDoFn(_ReadFileDoFn):
             yield from self._users_out(users, file_index, chunk, whole)
 
 
-def _match_counted(pattern: str) -> List[Tuple[int, str, int]]:
-    paths = match_files(pattern)
-    return [(i, path, len(paths)) for i, path in enumerate(paths)]
+def _file_elements(paths: List[str], ordered: bool, counted: bool) -> list:
+    """The readers' input elements for ``paths`` (sorted): ``(file index, path, number
+    of files)`` when ``counted``, ``(file index, path)`` when ``ordered``, else the path."""
+    if counted:
+        return [(i, path, len(paths)) for i, path in enumerate(paths)]
+    return list(enumerate(paths)) if ordered else list(paths)
 
 
 class _ReadBlocksDoFn(beam.DoFn):
@@ -508,13 +511,10 @@ def balanced_bins(sizes: Sequence[int], bins: int) -> List[int]:
 
 def _match_dealt(pattern: str, workers: int, ordered: bool, counted: bool):
     """The matching files as ``(bin, element)``: ``balanced_bins`` of their sizes over
-    ``workers`` bins. Elements as the other matches make them: ``(file index,
-    path, number of files)`` when ``counted``, ``(file index, path)`` when
-    ``ordered``, else the path."""
+    ``workers`` bins, elements by ``_file_elements``."""
     sized = match_sized(pattern)
     bins = balanced_bins([size or 0 for _, size in sized], workers)
-    for i, ((path, _), b) in enumerate(zip(sized, bins)):
-        yield b, ((i, path, len(sized)) if counted else (i, path) if ordered else path)
+    return zip(bins, _file_elements([path for path, _ in sized], ordered, counted))
 
 
 class _SpreadFiles(beam.PTransform):
@@ -687,7 +687,8 @@ class ReadUserItems(beam.PTransform):
         if runners.capabilities(pbegin.pipeline).redistributes:
             files = pbegin | "Files" >> _SpreadFiles(self._pattern, True, True)
         else:  # Dask: one partition per file (see _file_partitions)
-            files = self._file_partitions(pbegin, _match_counted(self._pattern))
+            files = self._file_partitions(
+                pbegin, _file_elements(match_files(self._pattern), True, True))
         complete_tag = _ReadFileCompleteDoFn.COMPLETE
         args = (self._flush_pairs, self._complete_max_pairs, self._keep_order)
         if runners.capabilities(pbegin.pipeline).tagged_outputs:
@@ -715,7 +716,7 @@ class ReadUserItems(beam.PTransform):
         (``(file index, path)`` with ``keep_order``), so the release is the same."""
         if elements is None:
             paths = match_files(self._pattern)
-            elements = list(enumerate(paths)) if self._keep_order else paths
+            elements = _file_elements(paths, self._keep_order, False)
         n = min(len(elements), MAX_FILE_PARTITIONS)
         if n <= 1:
             return pbegin | "Files" >> beam.Create(elements)
