@@ -178,13 +178,20 @@ class _PrepareDoFn(beam.DoFn):
 
     The bucket is the top ``bucket_bits`` bits of the user's sort hash, so
     buckets in increasing order hold the users in increasing hash order.
-    Users are grouped per bucket inside a bundle before they are emitted, and
-    the bundle's items are collected into one ``{id: item}`` map, emitted in
-    ``ID_SHARDS`` shards (one element per shard and bundle, not per item).
+    Users are grouped per bucket inside a bundle before they are emitted (every
+    ``FLUSH_PAIRS`` prepared ids, and at the end of the bundle), and the
+    bundle's items are collected into one ``{id: item}`` map, emitted in
+    ``ID_SHARDS`` shards (one element per shard, not per item) at the end of
+    the bundle or once it holds ``FLUSH_IDS`` items: each item once per bundle.
+    For the sampled policies (``ids_follow_items``) the map is the policy's
+    ``ItemIds`` cache itself, emptied at the start of each bundle
+    (``ItemIds.record_into``): the ids it looks up are the items it keeps, so
+    no second dict is built per user.
     """
 
     IDS = "ids"
     FLUSH_PAIRS = 1 << 20
+    FLUSH_IDS = 1 << 20
 
     def __init__(self, make_policy, bucket_bits: int, envelope: bool = False):
         # The policy (its sampling and item-id keys) and the order key are built
@@ -195,7 +202,7 @@ class _PrepareDoFn(beam.DoFn):
         # outputs (Dask): (tag, value) main outputs, buckets flushed per user.
         self._envelope = envelope
         if envelope:
-            self.FLUSH_PAIRS = 0
+            self.FLUSH_PAIRS = self.FLUSH_IDS = 0
             runners.per_element_flush(self)
         self._users = beam.metrics.Metrics.counter("beam_dpsu", "ordered_users")
         self._pairs = beam.metrics.Metrics.counter("beam_dpsu", "ordered_pairs")
@@ -205,15 +212,28 @@ class _PrepareDoFn(beam.DoFn):
         self._buckets: Dict[int, list] = {}
         self._pending_pairs = 0
         self._item_ids: Dict[Any, int] = {}  # this bundle's items → ids
+        self._recorder = None  # the ItemIds whose cache is self._item_ids
         self._n_users = self._n_pairs = 0
         self._elapsed = 0.0
+
+    def _record(self, policy) -> bool:
+        """True when ``policy``'s item-id cache is this bundle's id map (see the
+        class docstring); binds it on the bundle's first user."""
+        if self._envelope or not getattr(policy, "ids_follow_items", False):
+            return False
+        if self._recorder is not policy.item_ids:
+            self._recorder = policy.item_ids
+            self._recorder.record_into(self._item_ids)
+        return True
 
     def _id_shards(self):
         """The bundle's ``{id: item}`` map in shards, each pickled (``_join_shard``
         unpickles them: the runners' shuffles move opaque bytes, not one decoded
-        entry per item); fails on an id collision."""
+        entry per item); fails on an id collision. Starts a new, empty map."""
         known = self._item_ids
         self._item_ids = {}
+        if self._recorder is not None:
+            self._recorder.record_into(self._item_ids)
         ids = np.fromiter(known.values(), dtype=np.int64, count=len(known))
         parts = list(shard_arrays(ids, list(known)))
         if sum(len(part) for _, part in parts) != len(known):  # two items, one id
@@ -223,14 +243,17 @@ class _PrepareDoFn(beam.DoFn):
     def _flush(self):
         for entry in self._buckets.items():
             yield runners.main_output(entry, self._envelope)
+        self._buckets, self._pending_pairs = {}, 0
+
+    def _flush_ids(self):
         for part in self._id_shards():
             yield runners.tag(part, self.IDS, self._envelope)
-        self._buckets, self._pending_pairs = {}, 0
 
     def process(self, element, key_bytes, public_counts=None):
         t0 = time.perf_counter()
         user, counts = element
         policy, order_key = self._keyed(key_bytes)
+        recorded = self._record(policy)
         ids, items = policy.prepare(user, counts, public_counts)
         if not ids:
             return
@@ -245,7 +268,9 @@ class _PrepareDoFn(beam.DoFn):
         self._n_pairs += len(ids)
         self._pending_pairs += len(ids)
         # item -> id (an id is a function of the item: re-recording one is a no-op)
-        if getattr(policy, "ids_follow_items", False):  # ids[k] is the id of the k-th item
+        if recorded:  # the lookups in prepare recorded them
+            pass
+        elif getattr(policy, "ids_follow_items", False):  # ids[k] is the id of the k-th item
             self._item_ids.update(zip(items, ids))
         else:
             items = items if isinstance(items, (list, tuple)) else list(items)
@@ -253,6 +278,8 @@ class _PrepareDoFn(beam.DoFn):
         self._elapsed += time.perf_counter() - t0
         if self._pending_pairs >= self.FLUSH_PAIRS:
             yield from self._flush()
+        if len(self._item_ids) >= self.FLUSH_IDS:
+            yield from self._flush_ids()
 
     def finish_bundle(self):
         gw = window.GlobalWindow()
@@ -261,6 +288,9 @@ class _PrepareDoFn(beam.DoFn):
             yield WindowedValue((bucket, users), ts, [gw])
         for part in self._id_shards():
             yield beam.pvalue.TaggedOutput(self.IDS, WindowedValue(part, ts, [gw]))
+        if self._recorder is not None:  # the policy's cache is its own again
+            self._recorder.record_into(None)
+            self._recorder = None
         self._buckets, self._pending_pairs = {}, 0
         self._users.inc(self._n_users)
         self._pairs.inc(self._n_pairs)

@@ -517,6 +517,7 @@ class ItemIds:
         self._hash = KeyedHash64(item_key)  # keyed_hash64(item_key, ·)
         self._max_cache = max_cache
         self._cache: Dict[Hashable, int] = {}
+        self._recording = False
 
     def __getstate__(self):
         return {"_key": self._key, "_max_cache": self._max_cache, "_cache": {}}
@@ -524,10 +525,19 @@ class ItemIds:
     def __setstate__(self, state):
         self.__init__(state["_key"], state["_max_cache"])
 
+    def record_into(self, mapping: Optional[Dict[Hashable, int]]) -> None:
+        """Uses ``mapping`` as the cache from now on, and never clears it: it then
+        holds ``item -> id`` for every item looked up since (plus what it held),
+        so a caller that needs the items it looked up gets them without a second
+        dict. The caller bounds its size (replace it, or call again). ``None``:
+        back to a private cache of at most ``max_cache`` entries."""
+        self._recording = mapping is not None
+        self._cache = mapping if mapping is not None else {}
+
     def __call__(self, item: Hashable) -> int:
         i = self._cache.get(item)
         if i is None:
-            if len(self._cache) >= self._max_cache:
+            if len(self._cache) >= self._max_cache and not self._recording:
                 self._cache.clear()
             i = self._cache[item] = self._hash(
                 b"s" + item.encode("utf-8", "surrogatepass") if type(item) is str
@@ -545,7 +555,7 @@ class ItemIds:
             new = self._hash.many(
                 b"s" + items[k].encode("utf-8", "surrogatepass") if type(items[k]) is str
                 else encode_value(items[k]) for k in missing)
-            if len(cache) + len(missing) > self._max_cache:
+            if len(cache) + len(missing) > self._max_cache and not self._recording:
                 cache.clear()
             for k, h in zip(missing, new):
                 ids[k] = cache[items[k]] = h >> 1

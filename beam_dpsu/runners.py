@@ -38,6 +38,8 @@ from typing import Any, Callable, List, Optional
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+from apache_beam.runners.runner import PipelineRunner
 
 DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
 #: Short runner names Beam does not resolve itself (``--runner=DaskRunner``).
@@ -94,6 +96,7 @@ _TABLE = {
     "DirectRunner": _DIRECT,
     "SwitchingDirectRunner": _DIRECT,
     "FnApiRunner": _DIRECT,
+    "FnApiDirectRunner": _DIRECT,
     "BundleBasedDirectRunner": _DIRECT,
     "TestDirectRunner": _DIRECT,
     # OrderedListState: Flink (apache/beam#21358), Spark (#33211) and Dataflow
@@ -134,7 +137,8 @@ def capabilities(pipeline_or_name: Any) -> Capabilities:
 #: portable path), which deals each stage's input to its ``direct_num_workers``
 #: workers: a ``GroupByKey``'s keys in the order they first arrived, key i to
 #: worker i mod n (``GroupingBuffer.partition``, Beam 2.77).
-_DEALING_RUNNERS = ("DirectRunner", "SwitchingDirectRunner", "FnApiRunner", "TestDirectRunner")
+_DEALING_RUNNERS = ("DirectRunner", "SwitchingDirectRunner", "FnApiRunner", "FnApiDirectRunner",
+                    "TestDirectRunner")
 
 
 def dealt_workers(pipeline: beam.Pipeline) -> int:
@@ -143,9 +147,9 @@ def dealt_workers(pipeline: beam.Pipeline) -> int:
     it runs on one worker (``direct_running_mode=in_memory`` runs the parts one
     after the other) or spreads keys otherwise (every other runner: a hash,
     dynamic rebalancing). Only a hint for spreading work: a transform that
-    follows it gives the same result on any runner. (The DirectRunner runs a
-    graph on Prism instead when Prism supports every transform of it; the
-    library's command-line graphs run on the FnApiRunner.)"""
+    follows it gives the same result on any runner. (Beam's DirectRunner may run a
+    graph on Prism instead, see ``FnApiDirectRunner``; the library's command
+    lines run it on the FnApiRunner.)"""
     if runner_name(pipeline) not in _DEALING_RUNNERS:
         return 1
     from apache_beam.options.pipeline_options import DirectOptions
@@ -157,6 +161,58 @@ def dealt_workers(pipeline: beam.Pipeline) -> int:
         import multiprocessing
         n = multiprocessing.cpu_count()
     return max(1, n or 1)
+
+
+# -- the DirectRunner, pinned to the FnApiRunner ----------------------------------
+
+#: ``--runner`` values that mean Beam's DirectRunner (also the default: no ``--runner``).
+DIRECT_RUNNER_NAMES = ("DirectRunner", "SwitchingDirectRunner")
+
+
+class FnApiDirectRunner(PipelineRunner):
+    """Beam's DirectRunner for batch pipelines, always on the FnApiRunner.
+
+    Since Beam 2.68 the DirectRunner (``SwitchingDirectRunner``) first tries to
+    run a graph on Prism, a separate runner written in Go, whenever Prism
+    supports every transform of it: it downloads the Prism binary for this
+    Beam version from GitHub (or uses a cached one) and submits the job to it;
+    only when the download or the submission fails does it fall back to the
+    FnApiRunner. So the same command ran on Prism on a machine that can reach
+    GitHub and on the FnApiRunner on one that cannot. This library is tested,
+    benchmarked and documented on the FnApiRunner (``--direct_num_workers``,
+    ``--direct_running_mode``, metrics under their own names, the worker
+    processes of ``docs/runners.md``); Prism is not verified here (it names
+    metrics differently, its support of ``OrderedListState`` is not verified).
+    The failed attempt also cost a second translation of the graph and left empty
+    temporary directories behind (``beam-temp*``, ``tmp*`` in the system's
+    temporary directory) on every run.
+
+    This runner does what the DirectRunner does after that attempt: the
+    FnApiRunner, with the pipeline options handed to its workers. The command
+    lines use it when ``--runner`` is ``DirectRunner`` or absent
+    (``local_runner``); ``--runner=PrismRunner`` still runs on Prism. In a
+    pipeline of your own: ``beam.Pipeline(runner=FnApiDirectRunner(),
+    options=...)``.
+    """
+
+    def run_pipeline(self, pipeline, options):
+        from apache_beam.portability.api import beam_provision_api_pb2
+        from apache_beam.runners.portability.fn_api_runner import fn_runner
+        from apache_beam.runners.portability.portable_runner import JobServiceHandle
+        encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
+        info = fn_runner.ExtendedProvisionInfo(
+            beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded))
+        return fn_runner.FnApiRunner(provision_info=info).run_pipeline(pipeline, options)
+
+
+def local_runner(options: PipelineOptions) -> Optional[PipelineRunner]:
+    """The runner object for ``beam.Pipeline(runner=..., options=options)``:
+    ``FnApiDirectRunner()`` when ``options`` ask for the DirectRunner (or for no
+    runner), else None (Beam resolves ``--runner`` itself)."""
+    name = options.view_as(StandardOptions).runner
+    if name is None or name.rsplit(".", 1)[-1] in DIRECT_RUNNER_NAMES:
+        return FnApiDirectRunner()
+    return None
 
 
 def resolve_runner_flag(beam_args: List[str]) -> List[str]:

@@ -39,6 +39,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from beam_dpsu import runners  # noqa: E402
 from beam_dpsu.bounding import PerUserItemCounts  # noqa: E402
 from beam_dpsu.mechanisms import SelectPartitions, WeightedGaussian  # noqa: E402
 
@@ -99,7 +100,10 @@ DEFAULT_VARIANTS = ["read", "read+dp", "read+dp-bundle-dofn"]
 def run_once(name, path, tmp):
     out = os.path.join(tmp, f"{name}-{time.time_ns()}")
     t0, c0 = time.perf_counter(), time.process_time()
-    with beam.Pipeline(options=PipelineOptions(["--runner=DirectRunner"])) as p:
+    # Beam's DirectRunner would try Prism first where it can download it: both arms
+    # run on its FnApiRunner, as the library's command lines do.
+    with beam.Pipeline(runner=runners.FnApiDirectRunner(),
+                       options=PipelineOptions(["--runner=DirectRunner"])) as p:
         VARIANTS[name](p, path, out)
     return time.perf_counter() - t0, time.process_time() - c0
 

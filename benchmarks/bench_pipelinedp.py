@@ -72,6 +72,7 @@ from typing import Callable, Dict, List, Tuple
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from beam_dpsu import runners  # noqa: E402
 from beam_dpsu.mechanisms import CountGaussian, SelectPartitions, WeightedGaussian
 from beam_dpsu.textio import ReadUserItems
 
@@ -106,7 +107,7 @@ def _partition_key(row):
 def run_ours(mechanism_cls, path: str, epsilon: float, delta: float, max_items: int,
              out_prefix: str) -> None:
     mechanism = mechanism_cls(epsilon=epsilon, delta=delta, max_items=max_items)
-    with beam.Pipeline(options=_options()) as p:
+    with beam.Pipeline(runner=runners.FnApiDirectRunner(), options=_options()) as p:
         items = p | "Read" >> ReadUserItems(path) | "DPSU" >> SelectPartitions(
             mechanism, per_user=True)
         items | "Write" >> beam.io.WriteToText(out_prefix)
@@ -120,7 +121,7 @@ def run_pipelinedp(strategy, path: str, epsilon: float, delta: float, max_items:
         max_partitions_contributed=max_items, partition_selection_strategy=strategy)
     extractors = pipeline_dp.DataExtractors(privacy_id_extractor=_privacy_id,
                                             partition_extractor=_partition_key)
-    with beam.Pipeline(options=_options()) as p:
+    with beam.Pipeline(runner=runners.FnApiDirectRunner(), options=_options()) as p:
         rows = (p
                 | "ReadText" >> beam.io.ReadFromText(path)
                 | "SplitTab" >> beam.Map(split_first_tab))

@@ -52,6 +52,15 @@ def beam_options(*extra):
     return PipelineOptions(["--runner=DirectRunner", *extra])
 
 
+def local_pipeline(*extra):
+    """A pipeline on the DirectRunner's FnApiRunner, as the command lines run it
+    (``runners.FnApiDirectRunner``: never Prism, whether or not this machine can
+    download it), with ``beam_options(*extra)``."""
+    import apache_beam as beam
+    from beam_dpsu import runners
+    return beam.Pipeline(runner=runners.FnApiDirectRunner(), options=beam_options(*extra))
+
+
 # Reaches only the subprocesses tests start (CLI runs, multi-process runner
 # workers); this process's own str hashing was seeded at start-up. No test
 # may rely on str hash values (test_kernels seeds its data with crc32).

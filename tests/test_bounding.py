@@ -11,7 +11,7 @@ from scipy import stats
 from beam_dpsu.bounding import PerUserItemCounts, SampleItems, merge_item_counts, sample_items
 from beam_dpsu.noise import RunKey
 
-from conftest import beam_options
+from conftest import local_pipeline
 
 
 def key(i=0):
@@ -68,7 +68,7 @@ def test_per_user_item_counts_in_beam():
     occ = [("u1", "a"), ("u1", "a"), ("u1", "b"), ("u2", "a"), (None, "x"), ("u3", None),
            ("u2", "é"), ("u2", "é")]
     for flush in (1, 2, 1000):
-        with beam.Pipeline(options=beam_options()) as p:
+        with local_pipeline() as p:
             out = p | beam.Create(occ) | PerUserItemCounts(flush_pairs=flush)
             assert_that(out, equal_to([("u1", {"a": 2, "b": 1}), ("u2", {"a": 1, "é": 2})]))
 
@@ -77,7 +77,7 @@ def test_sample_items_in_beam_matches_pure_function():
     rk = RunKey.from_test_seed(9)
     data = [(f"u{i}", {f"i{j}": 1 for j in range(i)}) for i in range(0, 30)]
     expected = [(u, sample_items(u, c, 5, rk.subkey("sample/0"))) for u, c in data if c]
-    with beam.Pipeline(options=beam_options()) as p:
+    with local_pipeline() as p:
         out = p | beam.Create(data) | SampleItems(5, rk)
         assert_that(out, equal_to(expected))
 
@@ -90,7 +90,7 @@ def test_bad_parameters_fail_at_construction():
 
 
 def test_windowed_input_is_rejected_at_construction():
-    p = beam.Pipeline(options=beam_options())
+    p = local_pipeline()
     windowed = (p | beam.Create([("u", "a")])
                 | beam.WindowInto(beam.window.FixedWindows(10)))
     with pytest.raises(ValueError, match="global window"):
@@ -101,7 +101,7 @@ def test_per_user_item_counts_designs_agree():
     occ = [("u1", "a"), ("u1", "a"), ("u1", "b"), ("u2", "a"), (None, "x"), ("u3", None),
            (None, None), ("u2", "é"), ("u2", "é"), (7, 8)]
     for design in ("combine", "bundle-dofn"):
-        with beam.Pipeline(options=beam_options()) as p:
+        with local_pipeline() as p:
             out = p | beam.Create(occ) | PerUserItemCounts(design=design)
             assert_that(out, equal_to([("u1", {"a": 2, "b": 1}), ("u2", {"a": 1, "é": 2}),
                                        (7, {8: 1})]))

@@ -13,7 +13,7 @@ from beam_dpsu.histogram import WeightedHistogram, add_user_to_histogram, user_w
 from beam_dpsu.noise import RunKey
 from beam_dpsu.threshold import NoisyThreshold, NoisyThresholdRule, TruncatedGeometricRule
 
-from conftest import beam_options, bernstein_radius
+from conftest import bernstein_radius, local_pipeline
 
 
 def test_user_weight():
@@ -42,7 +42,7 @@ def test_weighted_histogram_in_beam(weighting):
     expected = {}
     for _, c in users:
         add_user_to_histogram(expected, list(c), weighting)
-    with beam.Pipeline(options=beam_options()) as p:
+    with local_pipeline() as p:
         out = p | beam.Create(users) | WeightedHistogram(weighting, flush_items=2)
 
         def close(actual):
@@ -113,7 +113,7 @@ def test_noisy_threshold_in_beam_is_deterministic_under_a_key():
     rule = NoisyThresholdRule("gaussian", 1.0, 3.0, rk)
     expected = [item for item, w in hist if rule(item, w)]
     assert 0 < len(expected) < len(hist)
-    with beam.Pipeline(options=beam_options()) as p:
+    with local_pipeline() as p:
         out = p | beam.Create(hist) | NoisyThreshold("gaussian", 1.0, 3.0, rk)
         assert_that(out, equal_to(expected))
 
@@ -135,7 +135,7 @@ def test_sharded_histogram_holds_the_same_weights(num_shards, flush, in_parts):
     expected = {}
     for _, c in users:
         add_user_to_histogram(expected, list(c), "l2")
-    with beam.Pipeline(options=beam_options()) as p:
+    with local_pipeline() as p:
         if in_parts:  # per-user parts (each user in one): partials of each, summed together
             per_user = (p | "A" >> beam.Create(users[::2]), p | "B" >> beam.Create(users[1::2]))
         else:
@@ -163,7 +163,7 @@ def test_sharded_release_equals_per_item_release():
     expected = sorted(i for i, w in hist.items() if rule(i, w))
     shards = [(0, dict(list(hist.items())[:100])), (1, dict(list(hist.items())[100:]))]
     make_rule = functools.partial(NoisyThresholdRule, "laplace", 1.0, 3.0)
-    with beam.Pipeline(options=beam_options()) as p:
+    with local_pipeline() as p:
         out = p | beam.Create(shards) | ApplyReleaseRule(make_rule, rk, sharded=True)
         assert_that(out, equal_to(expected))
 

@@ -14,7 +14,7 @@ from beam_dpsu.mechanisms import (CountGaussian, CountLaplace, SelectPartitions,
 from beam_dpsu.registry import REGISTRY, make_mechanism
 from beam_dpsu.noise import RunKey
 
-from conftest import beam_options
+from conftest import local_pipeline
 
 E10 = math.exp(-10)
 
@@ -65,13 +65,13 @@ def test_beam_and_core_release_the_same_set(mechanism):
     # item would be released with probability at most δ.
     assert "common" in expected and "everyone" in expected
     assert not any(i.startswith("rare") for i in expected)
-    with beam.Pipeline(options=beam_options()) as p:
+    with local_pipeline() as p:
         out = p | beam.Create(occ) | SelectPartitions(mechanism, rk)
         assert_that(out, equal_to(sorted(expected)))
 
 
 def test_empty_input_releases_nothing():
-    with beam.Pipeline(options=beam_options()) as p:
+    with local_pipeline() as p:
         out = p | beam.Create([]) | SelectPartitions(WeightedGaussian(1, 1e-5, 3))
         assert_that(out, equal_to([]))
 
@@ -79,7 +79,7 @@ def test_empty_input_releases_nothing():
 def test_non_string_items_pass_through_unchanged():
     occ = [(u, 7) for u in range(200)] + [(u, ("a", 1)) for u in range(200)]
     rk = RunKey.from_test_seed(1)
-    with beam.Pipeline(options=beam_options()) as p:
+    with local_pipeline() as p:
         out = p | beam.Create(occ) | SelectPartitions(CountGaussian(1, 1e-5, 2), rk)
         assert_that(out, equal_to([7, ("a", 1)]))
 

@@ -20,7 +20,7 @@ from beam_dpsu.ordered import (DEFAULT_GW_ETA, DEFAULT_GW_MAX_ITEMS, GW, GWKT,
                                OrderedUserPolicy, PolicyGaussian, PolicyLaplace)
 from beam_dpsu.registry import make_mechanism
 
-from conftest import beam_options
+from conftest import local_pipeline
 from test_mechanisms import small_dataset
 
 RK = RunKey.from_test_seed(11)
@@ -35,7 +35,7 @@ def test_beam_and_core_release_the_same_set(mechanism):
     occ = small_dataset()
     expected = core.run_local(core.per_user_counts(occ), mechanism, RK)
     assert "common" in expected and not any(i.startswith("rare") for i in expected)
-    with beam.Pipeline(options=beam_options()) as p:
+    with local_pipeline() as p:
         out = p | beam.Create(occ) | SelectPartitions(mechanism, RK)
         assert_that(out, equal_to(sorted(expected)))
 
@@ -46,7 +46,7 @@ def test_histogram_is_exactly_the_cores_in_both_state_backends(state):
     mechanism = PolicyGaussian(1.0, 1e-5, 3)
     expected = P.run_sequential(per_user, mechanism.policy(RK), RK)
     assert expected and all(w > 0 for w in expected.values())
-    with beam.Pipeline(options=beam_options()) as p:
+    with local_pipeline() as p:
         out = (p | beam.Create(sorted(per_user.items()))
                | OrderedUserPolicy(mechanism.policy, RK, state=state, bucket_bits=2))
         assert_that(out, equal_to(sorted(expected.items())))  # same floats, bit for bit
@@ -96,7 +96,7 @@ def test_first_occurrence_tie_break_reads_record_order_in_beam_as_in_the_core(tm
     expected = P.run_sequential(per_user, by_record(RK), RK)
     # The tie-break matters on this data: the hash gives another histogram.
     assert expected != P.run_sequential(per_user, GW(1.0, 0.3).policy(RK), RK)
-    with beam.Pipeline(options=beam_options()) as p:
+    with local_pipeline() as p:
         out = (p | ReadUserItems(pattern, flush_pairs=5, keep_order=True)
                | OrderedUserPolicy(by_record, RK, state=state, bucket_bits=2))
         assert_that(out, equal_to(sorted(expected.items())))
@@ -136,7 +136,7 @@ def test_first_occurrence_needs_per_user_counts_in_record_order():
 
 
 def test_empty_input_releases_nothing():
-    with beam.Pipeline(options=beam_options()) as p:
+    with local_pipeline() as p:
         out = p | beam.Create([]) | SelectPartitions(GW(1.0, 1e-5), RunKey.from_test_seed(1))
         assert_that(out, equal_to([]))
 
@@ -166,7 +166,7 @@ def _greedy_policy(run_key):
 def test_any_number_of_buckets_gives_the_cores_histogram(bits):
     per_user = core.per_user_counts(small_dataset())
     expected = P.run_sequential(per_user, _greedy_policy(RK), RK)
-    with beam.Pipeline(options=beam_options()) as p:
+    with local_pipeline() as p:
         out = (p | beam.Create(sorted(per_user.items()))
                | OrderedUserPolicy(_greedy_policy, RK, state="bag", bucket_bits=bits))
         assert_that(out, equal_to(sorted(expected.items())))
@@ -240,7 +240,7 @@ def test_validation():
 
 def test_auto_state_choice():
     t = OrderedUserPolicy(GW(1, 1e-5).policy, RK)
-    assert t._resolve_state(beam.Pipeline(options=beam_options())) == "ordered_list"
+    assert t._resolve_state(local_pipeline()) == "ordered_list"
 
     class OtherRunner:
         pass
@@ -259,7 +259,7 @@ def test_runner_capabilities_choose_the_fallback_or_fail_clearly():
     assert auto._resolve_state(p) == "bag"          # Flink has no OrderedListState
     with pytest.raises(ValueError, match="FlinkRunner does not support"):
         _ = users | OrderedUserPolicy(policy, RK, state="ordered_list")
-    direct = beam.Pipeline(options=beam_options())
+    direct = local_pipeline()
     assert OrderedUserPolicy(policy, RK)._resolve_state(direct) == "ordered_list"
 
 

@@ -21,7 +21,7 @@ from beam_dpsu.ordered import GW, GWKT, PolicyGaussian, PolicyLaplace
 from beam_dpsu.sips import Sips
 from beam_dpsu.topk import TopK, TopKMechanism, top_k_local
 
-from conftest import beam_options
+from conftest import local_pipeline
 
 SEED = 1515
 EPS, DELTA = 3.0, 1e-5
@@ -115,7 +115,7 @@ def _digest_of_list(name):
 
 def test_beam_releases_are_pinned():
     per_user = list(_per_user().items())
-    with beam.Pipeline(options=beam_options()) as p:
+    with local_pipeline() as p:
         users = p | beam.Create(per_user, reshuffle=False)
         results = []
         for name, m in list(mechanisms().items()) + list(topk_mechanisms().items()):
@@ -134,7 +134,7 @@ def test_beam_releases_from_per_user_parts_are_pinned():
     # The users in two PCollections, each user in one of them (as the command line
     # passes ReadUserItems' merged and complete users): the same releases.
     per_user = list(_per_user().items())
-    with beam.Pipeline(options=beam_options()) as p:
+    with local_pipeline() as p:
         parts = (p | "Even" >> beam.Create(per_user[0::2], reshuffle=False),
                  p | "Odd" >> beam.Create(per_user[1::2], reshuffle=False))
         results = []

@@ -10,6 +10,7 @@ pipeline_dp = pytest.importorskip("pipeline_dp")
 from beam_dpsu.mechanisms import SelectPartitions, WeightedGaussian  # noqa: E402
 from beam_dpsu.noise import RunKey  # noqa: E402
 from beam_dpsu.pipelinedp import AccountantMechanism, accountant_total, from_accountant  # noqa: E402
+from conftest import local_pipeline  # noqa: E402
 
 # 200 users share "a" and "b"; each has one rare key (values 0..3). Each test
 # states its selection (ε, δ) and its false-failure probability.
@@ -25,7 +26,7 @@ def _read(prefix):
 
 
 def _select_then_aggregate(tmp_path, accountant, select, seed, compute=True):
-    with beam.Pipeline() as p:
+    with local_pipeline() as p:
         data = p | "Rows" >> beam.Create(ROWS)
         keys = (data | "UserKey" >> beam.Map(lambda r: (r[0], r[1]))
                 | "Select" >> SelectPartitions(select, run_key=RunKey.from_test_seed(seed)))
@@ -79,7 +80,7 @@ def test_deferred_calibration_releases_what_the_eager_mechanism_releases(tmp_pat
     deferred, _ = _select_then_aggregate(tmp_path / "deferred", accountant, select, seed=3)
     eps, delta = select.spec.eps, select.spec.delta
     eager = WeightedGaussian(eps, delta, 3)
-    with beam.Pipeline() as p:
+    with local_pipeline() as p:
         (p | beam.Create([(r[0], r[1]) for r in ROWS])
          | SelectPartitions(eager, run_key=RunKey.from_test_seed(3))
          | beam.io.WriteToText(str(tmp_path / "eager")))

@@ -18,7 +18,7 @@ from beam_dpsu.mechanisms import CountGaussian, SelectPartitions, WeightedGaussi
 from beam_dpsu.noise import RunKey
 from pipelines import select_partitions
 
-from conftest import beam_options
+from conftest import local_pipeline
 
 
 def read_items(prefix):
@@ -84,7 +84,7 @@ def test_duplicate_lines_count_once_per_user(tmp_path):
 def test_none_user_ids_and_items_are_rejected_and_counted():
     occ = [(None, "x")] * 500 + [(f"u{i}", None) for i in range(500)] + \
           [(f"u{i}", "ok") for i in range(300)]
-    with beam.Pipeline(options=beam_options()) as p:
+    with local_pipeline() as p:
         out = p | beam.Create(occ) | SelectPartitions(CountGaussian(2, 1e-6, 3),
                                                        RunKey.from_test_seed(1))
         assert_that(out, equal_to(["ok"]))
@@ -97,7 +97,7 @@ def test_none_user_ids_and_items_are_rejected_and_counted():
 def test_bytes_and_other_types_are_released_unchanged():
     items = [b"\xff\x00raw", 42, 4.5, ("tuple", 1), "42"]
     occ = [(u, it) for u in range(300) for it in items]
-    with beam.Pipeline(options=beam_options()) as p:
+    with local_pipeline() as p:
         out = p | beam.Create(occ) | SelectPartitions(CountGaussian(2, 1e-6, 10),
                                                        RunKey.from_test_seed(2))
         assert_that(out, equal_to(items))
@@ -129,7 +129,7 @@ def test_a_retried_bundle_draws_the_same_sample():
 
 def test_users_with_one_item_and_empty_users():
     per_user = [("a", {"x": 1}), ("b", {}), ("c", {"x": 5})]
-    with beam.Pipeline(options=beam_options()) as p:
+    with local_pipeline() as p:
         out = p | beam.Create(per_user) | SampleItems(1, RunKey.from_test_seed(0))
         assert_that(out, equal_to([("a", {"x": 1}), ("c", {"x": 5})]))
 
@@ -157,3 +157,60 @@ def test_a_retried_bundle_gets_the_same_user_order_and_preparation():
     # The order key of a user depends on the run key and the user id only.
     assert policies.user_sort_key(rk.subkey("order"), "u3") == \
         policies.user_sort_key(RunKey.from_test_seed(5).subkey("order"), "u3")
+
+
+def _prepare_outputs(fn, users, key_bytes, abandon_after=None):
+    """Runs one bundle of ``_PrepareDoFn`` by hand: (buckets {bucket: users}, id map
+    {id: item}) of what it emitted, merged over its flushes. ``abandon_after``: the
+    bundle fails after that many users (nothing is returned, as a runner drops it)."""
+    buckets, id_map = {}, {}
+
+    def take(o):
+        tagged = isinstance(o, beam.pvalue.TaggedOutput)
+        value = getattr(o.value if tagged else o, "value", o.value if tagged else o)
+        if tagged:
+            part = pickle.loads(value[1])
+            assert all(id_map.get(i, item) == item for i, item in part.items())
+            id_map.update(part)
+        else:
+            buckets.setdefault(value[0], []).extend(value[1])
+
+    fn.start_bundle()
+    for k, u in enumerate(users):
+        if abandon_after is not None and k == abandon_after:
+            return None
+        for o in fn.process(u, key_bytes):
+            take(o)
+    for o in fn.finish_bundle():
+        take(o)
+    return {b: sorted(v) for b, v in buckets.items()}, id_map
+
+
+@pytest.mark.parametrize("mechanism", ["policy-gaussian", "gw"])
+def test_prepare_id_maps_hold_every_prepared_item_once_per_bundle(mechanism):
+    """The id map a bundle emits holds exactly the items its users' ids stand for,
+    whatever the flush sizes, and a bundle retried on the same DoFn instance (its
+    policy's item-id cache then already holds the items) emits all of them again."""
+    from beam_dpsu import ordered
+    rk = RunKey.from_test_seed(6)
+    mech = (ordered.PolicyGaussian(1.0, 1e-6, 5) if mechanism == "policy-gaussian"
+            else ordered.GW(1.0, 1e-6))
+    users = [(f"u{i}", {f"i{(i * 7 + j) % 60}": 1 + j % 3 for j in range(i % 13 + 1)})
+             for i in range(80)]
+    policy = mech.policy(rk)
+    expected_items = set()
+    for user, counts in users:
+        ids, items = policy.prepare(user, counts)
+        expected_items |= set(items) if ids else set()
+
+    fn = ordered._PrepareDoFn(mech.policy, 8)
+    whole = _prepare_outputs(fn, users, rk._material())
+    assert set(whole[1].values()) == expected_items
+    assert all(policy.item_ids(item) == i for i, item in whole[1].items())
+    # Retried on the same instance after a failure half way: the same outputs.
+    assert _prepare_outputs(fn, users, rk._material(), abandon_after=40) is None
+    assert _prepare_outputs(fn, users, rk._material()) == whole
+    # Small flushes: the same users per bucket, the same id map.
+    small = ordered._PrepareDoFn(mech.policy, 8)
+    small.FLUSH_PAIRS, small.FLUSH_IDS = 7, 11
+    assert _prepare_outputs(small, users, rk._material()) == whole

@@ -12,6 +12,7 @@ from the run key carried inside the pipeline, not from process state).
 import glob
 import json
 import os
+import tempfile
 
 import pytest
 
@@ -194,3 +195,40 @@ def test_top_k_splits_one_file_only_on_several_direct_workers(data, workers, wan
                          TopKMechanism(k=3, k_bar=5, epsilon=1.0, delta=1e-6),
                          RunKey.from_test_seed(1))
     assert any(l.endswith("ReadBlocks") for l in transform_labels(p)) == want_split
+
+
+@pytest.mark.parametrize("flags, pinned", [
+    ([], True), (["--runner=DirectRunner"], True), (["--runner=SwitchingDirectRunner"], True),
+    (["--runner=apache_beam.runners.direct.direct_runner.DirectRunner"], True),
+    (["--runner=PrismRunner"], False), (["--runner=PortableRunner"], False),
+    (["--runner=FlinkRunner"], False)])
+def test_the_direct_runner_is_pinned_to_the_fnapi_runner(flags, pinned):
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from beam_dpsu import runners
+    runner = runners.local_runner(PipelineOptions(flags))
+    assert isinstance(runner, runners.FnApiDirectRunner) if pinned else runner is None
+    if pinned:
+        import apache_beam as beam
+        p = beam.Pipeline(runner=runner, options=PipelineOptions(flags + MULTI[1:]))
+        assert runners.capabilities(p).ordered_list_state and runners.dealt_workers(p) == 2
+
+
+def test_the_command_line_never_tries_prism(data, tmp_path, monkeypatch):
+    """Beam's DirectRunner (SwitchingDirectRunner) tries Prism first, downloading it
+    where it can: the command lines run the DirectRunner's FnApiRunner directly, on
+    one worker and on several, with the pipeline options handed to the workers."""
+    from apache_beam.runners.direct import direct_runner
+    from apache_beam.runners.portability import prism_runner
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the command line went through Beam's SwitchingDirectRunner")
+    monkeypatch.setattr(direct_runner.SwitchingDirectRunner, "run_pipeline", refuse)
+    monkeypatch.setattr(prism_runner.PrismRunner, "run_pipeline", refuse)
+    before = set(os.listdir(tempfile.gettempdir()))
+    _, one = run(data, "weighted-gaussian", [], str(tmp_path / "one"))
+    _, two = run(data, "weighted-gaussian", MULTI, str(tmp_path / "two"))
+    assert one == two and one
+    # The failed Prism attempt used to leave beam-temp* and tmp* directories here.
+    left = {n for n in set(os.listdir(tempfile.gettempdir())) - before
+            if n.startswith(("beam-temp", "tmp"))}
+    assert not left

@@ -18,7 +18,7 @@ from beam_dpsu.registry import make_mechanism
 from beam_dpsu.sips import Sips, SipsRounds, remove_items, round_budgets, round_fractions
 from pipelines import select_partitions
 
-from conftest import beam_options, shared_dataset
+from conftest import local_pipeline, shared_dataset
 
 
 def test_thresholds_match_the_authors():
@@ -103,7 +103,7 @@ def test_beam_rounds_equal_the_core(removal):
     rk = RunKey.from_test_seed(21)
     expected = sips.run_local_with_rounds(users, rk)
     assert len(set(expected.values())) == 3      # every round released something
-    with beam.Pipeline(options=beam_options()) as p:
+    with local_pipeline() as p:
         out = p | beam.Create(sorted(users.items())) | SipsRounds(sips, rk)
         assert_that(out, equal_to(sorted(expected.items())))
 
@@ -123,7 +123,7 @@ def test_select_partitions_with_sips_outputs_items():
     sips = Sips(0.5, 1e-6, 10)
     rk = RunKey.from_test_seed(2)
     occ = [(u, i) for u, c in users.items() for i in c]
-    with beam.Pipeline(options=beam_options()) as p:
+    with local_pipeline() as p:
         out = p | beam.Create(occ) | SelectPartitions(sips, rk)
         assert_that(out, equal_to(sorted(core.run_local(users, sips, rk))))
 
@@ -212,7 +212,7 @@ def test_grouped_removal_equals_removing_by_hand():
     expected = [(u, c) for u, c in expected if c]
     assert len(expected) < len(per_user)  # some users are emptied
     for rel_items, want in ((released, expected), ([], sorted(per_user.items()))):
-        with beam.Pipeline() as p:
+        with local_pipeline() as p:
             rel = p | "R" >> beam.Create(rel_items)
             groups = (p | beam.Create(sorted(per_user.items()))
                       | GroupUsers(7) | beam.Map(_group_as_list)

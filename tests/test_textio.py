@@ -9,7 +9,7 @@ from apache_beam.testing.util import assert_that, equal_to
 from beam_dpsu import textio
 from beam_dpsu.textio import ReadUserItems
 
-from conftest import beam_options, transform_labels
+from conftest import local_pipeline, transform_labels
 
 CONTENT = (b"u1\ta\nu1\ta\nu1\tb\r\nu2\ta\tb\n"      # duplicate, CRLF, extra tab
            b"no-tab-line\n\tmissing-user\n\n"         # 3 malformed
@@ -49,14 +49,14 @@ def test_read_user_items(tmp_path, suffix, compress, block):
 def test_read_user_items_transform_merges_across_files(tmp_path):
     (tmp_path / "a.tsv").write_bytes(b"u1\tx\nu2\ty\n")
     (tmp_path / "b.tsv.gz").write_bytes(gzip.compress(b"u1\tx\nu1\tz\nbad\n"))
-    with beam.Pipeline(options=beam_options()) as p:
+    with local_pipeline() as p:
         out = p | ReadUserItems(str(tmp_path / "*"))
         assert_that(out, equal_to([("u1", {"x": 2, "z": 1}), ("u2", {"y": 1})]))
 
 
 def test_read_user_items_with_malformed_returns_both(tmp_path):
     (tmp_path / "a.tsv").write_bytes(b"u1\tx\nbad\nu2\ty\nbad\n\tnouser\n")
-    with beam.Pipeline(options=beam_options()) as p:
+    with local_pipeline() as p:
         users, malformed = p | ReadUserItems(str(tmp_path / "*"), with_malformed=True)
         assert_that(users, equal_to([("u1", {"x": 1}), ("u2", {"y": 1})]), label="Users")
         assert_that(malformed, equal_to([(b"bad", 2), (b"\tnouser", 1)]), label="Malformed")
@@ -64,7 +64,7 @@ def test_read_user_items_with_malformed_returns_both(tmp_path):
 
 def test_empty_file(tmp_path):
     (tmp_path / "empty.tsv").write_bytes(b"")
-    with beam.Pipeline(options=beam_options()) as p:
+    with local_pipeline() as p:
         out = p | ReadUserItems(str(tmp_path / "empty.tsv"))
         assert_that(out, equal_to([]))
 
@@ -107,7 +107,7 @@ def test_keep_order_gives_each_user_their_record_order_across_flushes_and_files(
     assert all(list(textio.read_per_user(str(tmp_path / "part-*"), flush_pairs=7)[u]) == list(c)
                for u, c in want.items())
     # flush_pairs=7 splits every file into many partial dicts, merged in any order.
-    with beam.Pipeline(options=beam_options()) as p:
+    with local_pipeline() as p:
         out = (p | ReadUserItems(str(tmp_path / "part-*"), flush_pairs=7, keep_order=True)
                | beam.Map(lambda kv: (kv[0], list(kv[1].items()))))
         assert_that(out, equal_to([(u, list(c.items())) for u, c in want.items()]))
@@ -144,7 +144,7 @@ def test_split_files_reads_the_same_users_in_the_same_order(tmp_path):
     pattern = str(tmp_path / "part-*")
     expected = textio.read_per_user(pattern)
     for keep_order in (False, True):
-        with beam.Pipeline(options=beam_options()) as p:
+        with local_pipeline() as p:
             reader = ReadUserItems(pattern, keep_order=keep_order, split_files=True,
                                    block_bytes=64, with_malformed=True)
             users, malformed = p | reader
@@ -160,7 +160,7 @@ def test_split_files_reads_the_same_users_in_the_same_order(tmp_path):
 
 def _complete_run(pattern, **kwargs):
     """(merged users, complete users, malformed total) of ReadUserItems(complete_users=True)."""
-    with beam.Pipeline(options=beam_options()) as p:
+    with local_pipeline() as p:
         users, complete, malformed = p | ReadUserItems(pattern, with_malformed=True,
                                                        complete_users=True, **kwargs)
         key = lambda kv: (kv[0], list(kv[1].items()))  # noqa: E731
@@ -170,7 +170,7 @@ def _complete_run(pattern, **kwargs):
 def test_complete_users_one_file_read_whole_go_to_the_complete_output(tmp_path):
     paths = _keep_order_files(tmp_path)
     want = _first_occurrence(paths[:1])
-    with beam.Pipeline(options=beam_options()) as p:
+    with local_pipeline() as p:
         users, complete, malformed = p | ReadUserItems(
             str(paths[0]), with_malformed=True, complete_users=True, keep_order=True)
         assert_that(users, equal_to([]), label="merged")
@@ -186,7 +186,7 @@ def test_complete_users_need_one_file_read_without_a_flush(tmp_path, case):
     pattern = str(tmp_path / "part-*") if case == "several-files" else str(paths[0])
     want = _first_occurrence(sorted(paths) if case == "several-files" else paths[:1])
     limit = {"complete_max_pairs": 7, "flush_pairs": 5} if case == "flush" else {}
-    with beam.Pipeline(options=beam_options()) as p:
+    with local_pipeline() as p:
         users, complete, _ = p | ReadUserItems(pattern, with_malformed=True, complete_users=True,
                                                keep_order=True, **limit)
         assert_that(complete, equal_to([]), label="complete")
@@ -196,7 +196,7 @@ def test_complete_users_need_one_file_read_without_a_flush(tmp_path, case):
 
 def test_complete_users_count_malformed_lines_and_refuse_split_files(tmp_path):
     (tmp_path / "a.tsv").write_bytes(b"u1\tx\nbad\nu2\ty\nbad\n\tnouser\nu1\tx\n")
-    with beam.Pipeline(options=beam_options()) as p:
+    with local_pipeline() as p:
         users, complete, malformed = p | ReadUserItems(str(tmp_path / "a.tsv"),
                                                        with_malformed=True, complete_users=True)
         assert_that(users, equal_to([]), label="merged")
@@ -215,7 +215,7 @@ def test_user_groups_merge_every_part_of_a_user_whatever_the_grouping(tmp_path, 
     paths = _keep_order_files(tmp_path)
     want = _first_occurrence(sorted(paths))
     for keep_order in (False, True):
-        with beam.Pipeline(options=beam_options()) as p:
+        with local_pipeline() as p:
             out = (p | ReadUserItems(str(tmp_path / "part-*"), flush_pairs=7,
                                      keep_order=keep_order, user_groups=user_groups)
                    | beam.Map(lambda kv, k: (kv[0], list(kv[1].items()) if k
@@ -301,8 +301,7 @@ def test_files_dealt_to_two_workers_read_the_same_users_in_record_order(tmp_path
     from beam_dpsu import runners
     paths = _keep_order_files(tmp_path)
     want = _first_occurrence(sorted(paths))
-    options = beam_options("--direct_num_workers=2", "--direct_running_mode=multi_threading")
-    with beam.Pipeline(options=options) as p:
+    with local_pipeline("--direct_num_workers=2", "--direct_running_mode=multi_threading") as p:
         assert runners.dealt_workers(p) == 2
         read = ReadUserItems(str(tmp_path / "part-*"), keep_order=True, flush_pairs=7,
                              complete_users=complete_users)
@@ -318,16 +317,16 @@ def test_files_dealt_to_two_workers_read_the_same_users_in_record_order(tmp_path
 def test_dealt_workers_is_the_direct_runners_worker_count_only():
     from apache_beam.options.pipeline_options import PipelineOptions
     from beam_dpsu import runners
-    assert runners.dealt_workers(beam.Pipeline(options=beam_options())) == 1
-    assert runners.dealt_workers(beam.Pipeline(options=beam_options(
-        "--direct_num_workers=3", "--direct_running_mode=multi_processing"))) == 3
+    assert runners.dealt_workers(local_pipeline()) == 1
+    assert runners.dealt_workers(local_pipeline(
+        "--direct_num_workers=3", "--direct_running_mode=multi_processing")) == 3
     import multiprocessing
-    assert runners.dealt_workers(beam.Pipeline(options=beam_options(
-        "--direct_num_workers=0", "--direct_running_mode=multi_threading"))) == \
+    assert runners.dealt_workers(local_pipeline(
+        "--direct_num_workers=0", "--direct_running_mode=multi_threading")) == \
         multiprocessing.cpu_count()
     # in_memory runs the parts one after the other: nothing to deal
-    assert runners.dealt_workers(beam.Pipeline(options=beam_options(
-        "--direct_num_workers=3"))) == 1
+    assert runners.dealt_workers(local_pipeline(
+        "--direct_num_workers=3")) == 1
     portable = beam.Pipeline(options=PipelineOptions([
         "--runner=PortableRunner", "--job_endpoint=embed", "--direct_num_workers=2"]))
     assert runners.dealt_workers(portable) == 1

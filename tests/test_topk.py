@@ -18,7 +18,7 @@ from beam_dpsu.noise import RunKey
 from beam_dpsu.textio import read_user_items
 from beam_dpsu.topk import TopK, TopKMechanism
 
-from conftest import beam_options, bernstein_radius, shared_dataset
+from conftest import bernstein_radius, local_pipeline, shared_dataset
 
 
 # --------------------------------------------------------------------------
@@ -360,14 +360,14 @@ def test_beam_topk_equals_local(kwargs):
     occ = _occurrences()
     expected = topk.top_k_local(per_user_counts(occ), m, key)
     assert len(expected) >= 2
-    with beam.Pipeline(options=beam_options()) as p:
+    with local_pipeline() as p:
         out = p | beam.Create(occ) | TopK(m, key)
         assert_that(out, equal_to(expected))
 
 
 def test_beam_topk_empty_input():
     m = TopKMechanism(k=3, epsilon=1.0, delta=1e-3)
-    with beam.Pipeline(options=beam_options()) as p:
+    with local_pipeline() as p:
         out = p | beam.Create([], reshuffle=False).with_output_types(tuple) | TopK(m)
         assert_that(out, equal_to([]))
 

@@ -499,7 +499,7 @@ def run_pipeline(beam_args: Sequence[str], build: Callable[[beam.Pipeline], None
     before = _temp_dirs(output_prefixes)
     start = time.time()
     try:
-        p = beam.Pipeline(options=options)
+        p = beam.Pipeline(runner=runners.local_runner(options), options=options)
         build(p)
         runners.join_leaves(p)  # a runner computing only the last branch computes all
         runners.check_pipeline(p)  # refuses what the runner would silently mistranslate
