@@ -238,14 +238,19 @@ class KeyedHash64:
 
     def many(self, messages: Iterable[bytes]) -> List[int]:
         """``[self(m) for m in messages]`` in one loop (no call per message)."""
-        copy, from_bytes = self._base.copy, int.from_bytes
-        out = []
-        append = out.append
+        return self.many_array(messages).tolist()
+
+    def many_array(self, messages: Iterable[bytes]) -> np.ndarray:
+        """``many(messages)`` as a uint64 array: the digests are joined and read by
+        numpy, with no Python integer made per message."""
+        copy = self._base.copy
+        digests = []
+        append = digests.append
         for message in messages:
             h = copy()
             h.update(message)
-            append(from_bytes(h.digest(), "big"))
-        return out
+            append(h.digest())
+        return np.frombuffer(b"".join(digests), dtype=">u8").astype(np.uint64)
 
     def __getstate__(self):
         return self._key

@@ -552,13 +552,13 @@ class ItemIds:
         ids = list(map(cache.get, items))
         if None in ids:
             missing = [k for k, i in enumerate(ids) if i is None]
-            new = self._hash.many(
+            new = (self._hash.many_array([
                 b"s" + items[k].encode("utf-8", "surrogatepass") if type(items[k]) is str
-                else encode_value(items[k]) for k in missing)
+                else encode_value(items[k]) for k in missing]) >> np.uint64(1)).tolist()
             if len(cache) + len(missing) > self._max_cache and not self._recording:
                 cache.clear()
             for k, h in zip(missing, new):
-                ids[k] = cache[items[k]] = h >> 1
+                ids[k] = cache[items[k]] = h
         return ids
 
 

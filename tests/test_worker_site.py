@@ -127,3 +127,55 @@ def test_quiet_worker_processes_sets_then_restores_the_environment(monkeypatch, 
     assert os.environ["PYTHONPATH"] == "/elsewhere"
     assert "BEAM_DPSU_QUICK_EXIT" not in os.environ
     assert os.environ["BEAM_DPSU_QUIET_WORKER"] == "stale"
+
+
+LEAN_PROGRAM = r"""
+import sys
+print("io" if "apache_beam.io" in sys.modules else "no io",
+      "pymongo" if "pymongo" in sys.modules else "no pymongo",
+      "bigquery" if "apache_beam.io.gcp.bigquery" in sys.modules else "no bigquery")
+import pymongo  # importable again after start-up
+print("pymongo importable")
+"""
+
+
+@pytest.mark.parametrize("lean, want", [
+    ("prog", "io no pymongo no bigquery"), (None, "no io no pymongo no bigquery"),
+    ("another.module", "no io no pymongo no bigquery")])
+def test_lean_imports_keep_beams_unused_connectors_out_of_the_worker_only(tmp_path, lean, want):
+    pytest.importorskip("pymongo")
+    done = _run(tmp_path, LEAN_PROGRAM, **({"BEAM_DPSU_LEAN_IMPORTS": lean} if lean else {}))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [want, "pymongo importable"]
+
+
+def test_import_without_falls_back_when_the_package_needs_a_blocked_module(tmp_path, monkeypatch):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("site_under_test",
+                                                  os.path.join(SITE, "sitecustomize.py"))
+    site = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(site)
+    (tmp_path / "needs_it").mkdir()
+    (tmp_path / "needs_it" / "__init__.py").write_text("import blocked_dep\nfrom . import part\n")
+    (tmp_path / "needs_it" / "part.py").write_text("VALUE = 1\n")
+    (tmp_path / "guarded").mkdir()
+    (tmp_path / "guarded" / "__init__.py").write_text(
+        "try:\n    import blocked_dep\nexcept ImportError:\n    blocked_dep = None\n")
+    (tmp_path / "blocked_dep.py").write_text("X = 2\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("needs_it", "needs_it.part", "guarded", "blocked_dep"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    # An unguarded import of a blocked module: the import fails, nothing of it stays,
+    # and the package then imports as usual.
+    assert site.import_without("needs_it", ["blocked_dep"]) is False
+    assert "needs_it" not in sys.modules and "blocked_dep" not in sys.modules
+    import needs_it
+    assert needs_it.blocked_dep.X == 2 and needs_it.part.VALUE == 1
+    # A guarded one: the package is imported without it, which is importable after.
+    del sys.modules["blocked_dep"]
+    assert site.import_without("guarded", ["blocked_dep"]) is True
+    assert sys.modules["guarded"].blocked_dep is None
+    import blocked_dep
+    assert blocked_dep.X == 2
+    # Already imported: nothing to do.
+    assert site.import_without("guarded", ["blocked_dep"]) is False
