@@ -182,7 +182,8 @@ class _PrepareDoFn(beam.DoFn):
     ``FLUSH_PAIRS`` prepared ids, and at the end of the bundle), and the
     bundle's items are collected into one ``{id: item}`` map, emitted in
     ``ID_SHARDS`` shards (one element per shard, not per item) at the end of
-    the bundle or once it holds ``FLUSH_IDS`` items: each item once per bundle.
+    the bundle or once it holds ``FLUSH_IDS`` items (then a new map starts, so
+    an item may be sent again in the same bundle).
     For the sampled policies (``ids_follow_items``) the map is the policy's
     ``ItemIds`` cache itself, emptied at the start of each bundle
     (``ItemIds.record_into``): the ids it looks up are the items it keeps, so
@@ -306,12 +307,14 @@ class _PrepareGroupDoFn(_PrepareDoFn):
     def __init__(self, make_policy, bucket_bits: int):
         super().__init__(make_policy, bucket_bits, envelope=True)
         self.FLUSH_PAIRS = _PrepareDoFn.FLUSH_PAIRS
+        self.FLUSH_IDS = _PrepareDoFn.FLUSH_IDS
 
     def process(self, element, key_bytes, public_counts=None):
         self.start_bundle()
         for user in element[1]:
             yield from super().process(user, key_bytes, public_counts)
         yield from self._flush()
+        yield from self._flush_ids()
 
 
 class _PolicyAndOrderKey:

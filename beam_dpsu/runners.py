@@ -165,8 +165,9 @@ def dealt_workers(pipeline: beam.Pipeline) -> int:
 
 # -- the DirectRunner, pinned to the FnApiRunner ----------------------------------
 
-#: ``--runner`` values that mean Beam's DirectRunner (also the default: no ``--runner``).
-DIRECT_RUNNER_NAMES = ("DirectRunner", "SwitchingDirectRunner")
+#: ``--runner`` values that mean Beam's DirectRunner (also the default: no ``--runner``),
+#: lower case: Beam reads them in any case, with or without "Runner" and a module path.
+DIRECT_RUNNER_NAMES = ("direct", "directrunner", "switchingdirect", "switchingdirectrunner")
 
 
 class FnApiDirectRunner(PipelineRunner):
@@ -191,8 +192,10 @@ class FnApiDirectRunner(PipelineRunner):
     FnApiRunner, with the pipeline options handed to its workers. The command
     lines use it when ``--runner`` is ``DirectRunner`` or absent
     (``local_runner``); ``--runner=PrismRunner`` still runs on Prism. In a
-    pipeline of your own: ``beam.Pipeline(runner=FnApiDirectRunner(),
-    options=...)``.
+    batch pipeline of your own: ``beam.Pipeline(runner=FnApiDirectRunner(),
+    options=...)``. Batch only: unlike the DirectRunner it does not turn to
+    Beam's older bundle-based runner for ``TestStream``, Pub/Sub or real-time
+    timers, which the FnApiRunner does not run.
     """
 
     def run_pipeline(self, pipeline, options):
@@ -210,7 +213,7 @@ def local_runner(options: PipelineOptions) -> Optional[PipelineRunner]:
     ``FnApiDirectRunner()`` when ``options`` ask for the DirectRunner (or for no
     runner), else None (Beam resolves ``--runner`` itself)."""
     name = options.view_as(StandardOptions).runner
-    if name is None or name.rsplit(".", 1)[-1] in DIRECT_RUNNER_NAMES:
+    if name is None or name.rsplit(".", 1)[-1].lower() in DIRECT_RUNNER_NAMES:
         return FnApiDirectRunner()
     return None
 

@@ -20,7 +20,7 @@ import apache_beam as beam
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from beam_dpsu import keys
+from beam_dpsu import keys, runners
 from beam_dpsu.mechanisms import SelectPartitions
 from beam_dpsu.noise import RunKey
 from beam_dpsu.ordered import GWKT
@@ -135,7 +135,7 @@ def _run_serialised_twice(tmp_path, run_key):
     proto = p.to_runner_api()
     runs = []
     for _ in range(2):
-        again = beam.Pipeline.from_runner_api(proto, runner=beam.runners.DirectRunner(),
+        again = beam.Pipeline.from_runner_api(proto, runner=runners.FnApiDirectRunner(),
                                               options=PipelineOptions([]))
         again.run().wait_until_finish()
         runs.append(_released_lines("released", tmp_path))

@@ -214,3 +214,28 @@ def test_prepare_id_maps_hold_every_prepared_item_once_per_bundle(mechanism):
     small = ordered._PrepareDoFn(mech.policy, 8)
     small.FLUSH_PAIRS, small.FLUSH_IDS = 7, 11
     assert _prepare_outputs(small, users, rk._material()) == whole
+
+
+def test_prepare_per_group_sends_the_id_map_once_per_group():
+    """Where finish_bundle outputs are dropped (Dask), a group of users is prepared as
+    one bundle: its buckets and its id map leave once per group (each id shard once),
+    not once per user, and hold every prepared item."""
+    from beam_dpsu import ordered
+    rk = RunKey.from_test_seed(7)
+    mech = ordered.PolicyGaussian(1.0, 1e-6, 5)
+    users = [(f"u{i}", {f"i{(i * 5 + j) % 40}": 1 for j in range(i % 9 + 1)})
+             for i in range(60)]
+    fn = ordered._PrepareGroupDoFn(mech.policy, 8)
+    out = list(fn.process(("group", users), rk._material()))
+    id_parts = [value for tag, value in out if tag == ordered._PrepareDoFn.IDS]
+    shards = [shard for shard, _ in id_parts]
+    assert len(shards) == len(set(shards))  # each shard once for the whole group
+    id_map = {}
+    for _, blob in id_parts:
+        id_map.update(pickle.loads(blob))
+    policy = mech.policy(rk)
+    want = set()
+    for user, counts in users:
+        ids, items = policy.prepare(user, counts)
+        want |= set(items)
+    assert set(id_map.values()) == want

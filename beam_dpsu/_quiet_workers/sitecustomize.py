@@ -28,18 +28,6 @@ imported as ``beam_dpsu._quiet_workers.sitecustomize``):
   bundle's outputs before it reports the bundle done, and the launcher stops
   the workers only after every bundle is done.
 
-* ``BEAM_DPSU_LEAN_IMPORTS=<module>``: in a process started as ``python -m
-  <module>`` (``quiet_worker_processes`` names Beam's SDK worker), imports
-  ``apache_beam.io`` before the main program, with ``UNUSED_CONNECTORS``
-  (Beam's MongoDB client library and its BigQuery connector) kept out: Beam's
-  ``apache_beam/io/__init__.py`` imports them for its namespace only, inside
-  ``try``/``except ImportError`` (Beam 2.77), and our graphs never use them.
-  That is about 0.15 s of each worker's start (0.75 s in all) before its first
-  bundle. The modules are blocked only during that import: anything importing
-  them later gets them as usual. If that import fails with them blocked (a
-  Beam whose layout differs), the worker imports what failed again, as usual.
-  The variable is removed at start-up.
-
 When imported as the interpreter's ``sitecustomize``, it then runs the next
 ``sitecustomize`` found on ``sys.path`` (one of the environment's own), which
 its place at the front of ``PYTHONPATH`` would otherwise hide.
@@ -116,39 +104,6 @@ if _QUICK and _main_module() == _QUICK:
     sys.excepthook = _note_uncaught
     sys.exit = _note_exit
     atexit.register(_quick_exit)
-
-
-#: Modules the workers' import of ``apache_beam.io`` loads for connectors our
-#: command lines' graphs never use (``BEAM_DPSU_LEAN_IMPORTS``).
-UNUSED_CONNECTORS = ("pymongo", "apache_beam.io.gcp.bigquery")
-
-
-def import_without(package: str, blocked) -> bool:
-    """Imports ``package`` with the modules ``blocked`` unavailable (an import of
-    one raises ImportError), then makes them importable again. True when the
-    import succeeded; False when it failed (as always, Python keeps none of the
-    modules whose import failed, so a later import imports them again, with the
-    blocked modules available) or when ``package`` or a blocked module was
-    already imported (nothing to save)."""
-    if package in sys.modules or any(m in sys.modules for m in blocked):
-        return False
-    for name in blocked:
-        sys.modules[name] = None
-    try:
-        __import__(package)
-        ok = True
-    except Exception:  # noqa: BLE001 (any failure: import as usual instead)
-        ok = False
-    finally:
-        for name in blocked:
-            if name in sys.modules and sys.modules[name] is None:
-                del sys.modules[name]
-    return ok
-
-
-_LEAN = os.environ.pop("BEAM_DPSU_LEAN_IMPORTS", None)
-if _LEAN and _main_module() == _LEAN:
-    import_without("apache_beam.io", UNUSED_CONNECTORS)
 
 
 def _run_next_sitecustomize():

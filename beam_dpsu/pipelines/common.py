@@ -454,13 +454,11 @@ _QUIET_WORKERS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__
 
 class quiet_worker_processes:
     """While active, worker subprocesses that Beam starts on this machine
-    (DirectRunner ``multi_processing``) start without Beam's unused connectors,
-    end without tearing their interpreter down, and (when ``quiet``) log errors
-    only: see
+    (DirectRunner ``multi_processing``) end without tearing their interpreter
+    down, and (when ``quiet``) log errors only: see
     ``beam_dpsu/_quiet_workers/sitecustomize.py``. Restores the environment after."""
 
-    VARIABLES = ("PYTHONPATH", "BEAM_DPSU_QUIET_WORKER", "BEAM_DPSU_QUICK_EXIT",
-                 "BEAM_DPSU_LEAN_IMPORTS")
+    VARIABLES = ("PYTHONPATH", "BEAM_DPSU_QUIET_WORKER", "BEAM_DPSU_QUICK_EXIT")
     #: The module Beam's worker processes run (``python -m ...``): the only
     #: processes that exit without tearing their interpreter down.
     WORKER_MODULE = "apache_beam.runners.worker.sdk_worker_main"
@@ -473,7 +471,6 @@ class quiet_worker_processes:
         os.environ["PYTHONPATH"] = os.pathsep.join(
             [_QUIET_WORKERS] + [p for p in [self.saved["PYTHONPATH"]] if p])
         os.environ["BEAM_DPSU_QUICK_EXIT"] = self.WORKER_MODULE
-        os.environ["BEAM_DPSU_LEAN_IMPORTS"] = self.WORKER_MODULE
         if self.quiet:
             os.environ["BEAM_DPSU_QUIET_WORKER"] = "1"
         else:
