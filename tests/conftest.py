@@ -32,6 +32,25 @@ def bernstein_radius(variance: float, false_failure: float, bound: float = 1.0) 
     return 0.5 * (a + math.sqrt(a * a + 8.0 * log_term * variance))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _session_temp_dir(tmp_path_factory):
+    """The system's temporary directory, for this session and the processes it
+    starts, is one of pytest's own: Beam's portable job service and SDK harness
+    leave directories there (``beam-temp*``, ``tmp*``) that nothing removes, and
+    pytest keeps only its last few session directories."""
+    import tempfile
+    private = str(tmp_path_factory.mktemp("system-tmp"))
+    saved = tempfile.tempdir, os.environ.get("TMPDIR")
+    tempfile.tempdir = private
+    os.environ["TMPDIR"] = private
+    yield private
+    tempfile.tempdir = saved[0]
+    if saved[1] is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = saved[1]
+
+
 @pytest.fixture
 def tmp_prefix(tmp_path):
     return str(tmp_path / "out")
