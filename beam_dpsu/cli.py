@@ -107,6 +107,11 @@ COMMANDS = {
     "audit": ("beam_dpsu.audit", "empirical privacy audit: a lower bound on epsilon"),
 }
 
+#: the subcommands that run one pipeline with the Beam flags they are given: with a
+#: multi-process DirectRunner, ``run_command`` starts its worker processes before
+#: importing Beam (``beam_dpsu.warm_workers.start_early``).
+PIPELINE_COMMANDS = ("select", "top-k")
+
 #: checkout module names (``python -m pipelines.NAME``) → subcommand.
 MODULE_COMMANDS = {"select_partitions": "select", "top_k": "top-k", "compare": "compare",
                    "generate": "generate"}
@@ -169,7 +174,11 @@ def run_command(command: str, argv: Sequence[str], prog: Optional[str] = None) -
         module's own name (``select_partitions``), as ``python -m pipelines.NAME``.
     """
     argv = list(argv)
-    configure_logging(wants_verbose(argv))
+    verbose = wants_verbose(argv)
+    configure_logging(verbose)
+    if command in PIPELINE_COMMANDS:
+        from beam_dpsu import warm_workers  # no Beam import: see its start_early
+        warm_workers.start_early(argv, quiet=not verbose)
     module = importlib.import_module(COMMANDS[command][0])
     token = _PROG.set("beam-dpsu " + command if prog is None else (prog or None))
     try:

@@ -41,6 +41,8 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 from apache_beam.runners.runner import PipelineRunner
 
+from beam_dpsu import warm_workers as _warm
+
 DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
 #: Short runner names Beam does not resolve itself (``--runner=DaskRunner``).
 RUNNER_ALIASES = {"DaskRunner": DASK_RUNNER}
@@ -167,7 +169,7 @@ def dealt_workers(pipeline: beam.Pipeline) -> int:
 
 #: ``--runner`` values that mean Beam's DirectRunner (also the default: no ``--runner``),
 #: lower case: Beam reads them in any case, with or without "Runner" and a module path.
-DIRECT_RUNNER_NAMES = ("direct", "directrunner", "switchingdirect", "switchingdirectrunner")
+DIRECT_RUNNER_NAMES = _warm.DIRECT_RUNNER_NAMES
 
 
 class FnApiDirectRunner(PipelineRunner):
@@ -196,7 +198,22 @@ class FnApiDirectRunner(PipelineRunner):
     options=...)``. Batch only: unlike the DirectRunner it does not turn to
     Beam's older bundle-based runner for ``TestStream``, Pub/Sub or real-time
     timers, which the FnApiRunner does not run.
+
+    With ``--direct_running_mode=multi_processing`` its worker processes are
+    started when the run starts, while the graph is still being translated,
+    rather than when the first stage is ready (``beam_dpsu.warm_workers``);
+    the results are the same.
+
+    Args:
+      warm_workers: a ``warm_workers.WarmWorkers`` already started for this run
+        (the command lines start it before they build the graph); the runner
+        then uses it and does not close it. Default None: the runner starts
+        and closes its own for a multi-process run.
     """
+
+    def __init__(self, warm_workers=None):
+        super().__init__()
+        self._warm_workers = warm_workers
 
     def run_pipeline(self, pipeline, options):
         from apache_beam.portability.api import beam_provision_api_pb2
@@ -205,17 +222,31 @@ class FnApiDirectRunner(PipelineRunner):
         encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
         info = fn_runner.ExtendedProvisionInfo(
             beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded))
-        return fn_runner.FnApiRunner(provision_info=info).run_pipeline(pipeline, options)
+        pool, n = self._warm_workers, _warm.pool_size(options)
+        if n is None:
+            return fn_runner.FnApiRunner(provision_info=info).run_pipeline(pipeline, options)
+        own = pool is None
+        if own:
+            pool = _warm.WarmWorkers(n)
+        try:
+            return _warm.fn_api_runner(pool, provision_info=info).run_pipeline(
+                pipeline, options)
+        finally:
+            if own:
+                pool.close()
 
 
-def local_runner(options: PipelineOptions) -> Optional[PipelineRunner]:
-    """The runner object for ``beam.Pipeline(runner=..., options=options)``:
-    ``FnApiDirectRunner()`` when ``options`` ask for the DirectRunner (or for no
-    runner), else None (Beam resolves ``--runner`` itself)."""
+def is_direct(options: PipelineOptions) -> bool:
+    """Whether ``options`` ask for Beam's DirectRunner (also: no ``--runner``)."""
     name = options.view_as(StandardOptions).runner
-    if name is None or name.rsplit(".", 1)[-1].lower() in DIRECT_RUNNER_NAMES:
-        return FnApiDirectRunner()
-    return None
+    return name is None or name.rsplit(".", 1)[-1].lower() in DIRECT_RUNNER_NAMES
+
+
+def local_runner(options: PipelineOptions, warm_workers=None) -> Optional[PipelineRunner]:
+    """The runner object for ``beam.Pipeline(runner=..., options=options)``:
+    ``FnApiDirectRunner(warm_workers)`` when ``options`` ask for the DirectRunner
+    (``is_direct``), else None (Beam resolves ``--runner`` itself)."""
+    return FnApiDirectRunner(warm_workers) if is_direct(options) else None
 
 
 def resolve_runner_flag(beam_args: List[str]) -> List[str]:

@@ -46,11 +46,22 @@ FLAGS = {
 DEFAULT_FLAGS = ["--epsilon", "3", "--delta", "1e-5"]
 TWO_WORKERS = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
 
+#: The command line as a user runs it (``python -m pipelines.select_partitions``, i.e.
+#: ``cli.run_command``: logging set up, warm workers started before Beam is
+#: imported), reading the public summary it writes next to the release.
 CHILD = r"""
 import json, resource, sys, time
-from pipelines import select_partitions
 start = time.time()
-summary = select_partitions.run(sys.argv[1:])
+from beam_dpsu import cli
+argv = sys.argv[1:] + ["--quiet"]
+status = cli.run_command("select", argv, prog="")
+if status:
+    sys.exit(status)
+prefix = argv[argv.index("--output") + 1]
+with open(prefix + ".json") as f:
+    summary = json.load(f)
+with open(prefix + ".PRIVATE-run-details.json") as f:
+    summary["PRIVATE_run_details"] = json.load(f)
 summary["child_wall_seconds"] = time.time() - start
 summary["peak_rss_mib"] = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
                               resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024

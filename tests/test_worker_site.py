@@ -7,9 +7,10 @@ import sys
 
 import pytest
 
+from beam_dpsu import _quiet_workers
 from beam_dpsu.pipelines import common
 
-SITE = common._QUIET_WORKERS
+SITE = _quiet_workers.DIRECTORY
 
 
 def _run(tmp_path, code, quick=None, extra_path=(), **env):

@@ -26,6 +26,7 @@ Conventions of every pipeline here:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import contextvars
@@ -42,7 +43,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
-from beam_dpsu import __version__, keys, runners
+from beam_dpsu import __version__, _quiet_workers, keys, runners, warm_workers
 from beam_dpsu import cli
 from beam_dpsu.cli import UsageError, last_line as _last_line, run_main
 from beam_dpsu.noise import RunKey
@@ -448,33 +449,27 @@ def runner_name(beam_args: Sequence[str]) -> str:
     return (options.view_as(StandardOptions).runner or "DirectRunner").rsplit(".", 1)[-1]
 
 
-_QUIET_WORKERS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                              "_quiet_workers")
-
-
 class quiet_worker_processes:
     """While active, worker subprocesses that Beam starts on this machine
     (DirectRunner ``multi_processing``) end without tearing their interpreter
-    down, and (when ``quiet``) log errors only: see
-    ``beam_dpsu/_quiet_workers/sitecustomize.py``. Restores the environment after."""
+    down, and (when ``quiet``) log errors only: ``os.environ`` is
+    ``_quiet_workers.worker_environment`` (see
+    ``beam_dpsu/_quiet_workers/sitecustomize.py``). Restores the environment after."""
 
-    VARIABLES = ("PYTHONPATH", "BEAM_DPSU_QUIET_WORKER", "BEAM_DPSU_QUICK_EXIT")
-    #: The module Beam's worker processes run (``python -m ...``): the only
-    #: processes that exit without tearing their interpreter down.
-    WORKER_MODULE = "apache_beam.runners.worker.sdk_worker_main"
+    VARIABLES = _quiet_workers.VARIABLES
+    WORKER_MODULE = _quiet_workers.WORKER_MODULE
 
     def __init__(self, quiet: bool):
         self.quiet = quiet
 
     def __enter__(self):
         self.saved = {k: os.environ.get(k) for k in self.VARIABLES}
-        os.environ["PYTHONPATH"] = os.pathsep.join(
-            [_QUIET_WORKERS] + [p for p in [self.saved["PYTHONPATH"]] if p])
-        os.environ["BEAM_DPSU_QUICK_EXIT"] = self.WORKER_MODULE
-        if self.quiet:
-            os.environ["BEAM_DPSU_QUIET_WORKER"] = "1"
-        else:
-            os.environ.pop("BEAM_DPSU_QUIET_WORKER", None)
+        env = _quiet_workers.worker_environment(os.environ, self.quiet)
+        for k in self.VARIABLES:
+            if k in env:
+                os.environ[k] = env[k]
+            else:
+                os.environ.pop(k, None)
         return self
 
     def __exit__(self, *exc):
@@ -484,6 +479,20 @@ class quiet_worker_processes:
             else:
                 os.environ[k] = v
         return False
+
+
+@contextlib.contextmanager
+def _warm_workers_for(options: PipelineOptions):
+    """The ``WarmWorkers`` of a multi-process DirectRunner run: those the console
+    command started before importing Beam (``warm_workers.start_early``), else
+    started now, before the graph is built, so that the workers' imports overlap
+    it; closed after the run. None for any other run."""
+    n = warm_workers.pool_size(options) if runners.is_direct(options) else None
+    if n is None:
+        yield None
+        return
+    with warm_workers.take_early(n) or warm_workers.WarmWorkers(n, os.environ) as pool:
+        yield pool
 
 
 def run_pipeline(beam_args: Sequence[str], build: Callable[[beam.Pipeline], None],
@@ -499,11 +508,12 @@ def run_pipeline(beam_args: Sequence[str], build: Callable[[beam.Pipeline], None
     before = _temp_dirs(output_prefixes)
     start = time.time()
     try:
-        p = beam.Pipeline(runner=runners.local_runner(options), options=options)
-        build(p)
-        runners.join_leaves(p)  # a runner computing only the last branch computes all
-        runners.check_pipeline(p)  # refuses what the runner would silently mistranslate
-        with quiet_worker_processes(not cli.beam_logs_shown()):
+        with quiet_worker_processes(not cli.beam_logs_shown()), \
+                _warm_workers_for(options) as pool:
+            p = beam.Pipeline(runner=runners.local_runner(options, pool), options=options)
+            build(p)
+            runners.join_leaves(p)  # a runner computing only the last branch computes all
+            runners.check_pipeline(p)  # refuses what the runner would silently mistranslate
             result = p.run()
             try:
                 result.wait_until_finish()
