@@ -176,15 +176,16 @@ def run_command(command: str, argv: Sequence[str], prog: Optional[str] = None) -
     argv = list(argv)
     verbose = wants_verbose(argv)
     configure_logging(verbose)
+    from beam_dpsu import warm_workers  # no Beam import: see its start_early
     if command in PIPELINE_COMMANDS:
-        from beam_dpsu import warm_workers  # no Beam import: see its start_early
         warm_workers.start_early(argv, quiet=not verbose)
-    module = importlib.import_module(COMMANDS[command][0])
     token = _PROG.set("beam-dpsu " + command if prog is None else (prog or None))
     try:
+        module = importlib.import_module(COMMANDS[command][0])
         return module.main(argv)
     finally:
         _PROG.reset(token)
+        warm_workers.discard_early()  # when the command ended before its run took them
 
 
 def run_module(name: str, argv: Sequence[str]) -> int:

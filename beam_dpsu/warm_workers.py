@@ -31,12 +31,17 @@ with its status. Correctness rests on four conditions, each tested in
    never depends on the pool for correctness.
 4. No process outlives the run: an unclaimed process exits when its standard
    input (a pipe from the launcher) closes (``close()``, or the launcher's
-   death); a claimed one exits when its claim (the process Beam waits for)
+   death, even by SIGKILL), and ignores SIGINT until then (a Ctrl-C ends the
+   launcher); a claimed one exits when its claim (the process Beam waits for)
    ends or its control channel closes, as Beam's own worker does.
 
-The warm processes talk to their claims over Unix sockets in a directory
-created with ``tempfile.mkdtemp`` (mode 0700, only this user can connect);
-``close()`` removes it. Only POSIX systems with Unix sockets use the pool
+The warm processes talk to their claims over Unix sockets that the launcher
+binds in a directory created with ``tempfile.mkdtemp`` (mode 0700, only this
+user can connect) and hands to each process (so a claim finds every socket
+from the start); ``close()`` removes the directory (a launcher killed by a
+signal leaves it, empty of processes). A pool that cannot be set up (no
+temporary directory, no more processes) has no process, and Beam starts its
+workers as usual. Only POSIX systems with Unix sockets use the pool
 (``available()``); elsewhere Beam starts its workers itself. No privacy
 effect: the same worker code runs the same bundles; only when the workers'
 imports happen changes.
@@ -70,8 +75,9 @@ DIRECT_RUNNER_NAMES = ("direct", "directrunner", "switchingdirect", "switchingdi
 
 
 def available() -> bool:
-    """Whether this system can use warm workers (POSIX with Unix sockets)."""
-    return os.name == "posix" and hasattr(socket, "AF_UNIX")
+    """Whether this system can use warm workers (POSIX with Unix sockets, and the
+    script installed as a file)."""
+    return os.name == "posix" and hasattr(socket, "AF_UNIX") and os.path.isfile(SCRIPT)
 
 
 def _socket_directory(name_length: int) -> Optional[str]:
@@ -109,13 +115,22 @@ class WarmWorkers:
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be an integer >= 1, got {n!r}")
         env = dict(os.environ if env is None else env)
-        self.dir = _socket_directory(len(f"{n - 1}.sock"))
+        self.dir: Optional[str] = None
         self.processes: List[subprocess.Popen] = []
         try:
+            self.dir = _socket_directory(len(f"{n - 1}.sock"))
             for i in range(n if self.dir else 0):
-                path = os.path.join(self.dir, f"{i}.sock")
-                self.processes.append(subprocess.Popen(
-                    [sys.executable, SCRIPT, "serve", path], stdin=subprocess.PIPE, env=env))
+                # Bound here, so that a claim finds every socket from the start.
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+                    listener.bind(os.path.join(self.dir, f"{i}.sock"))
+                    listener.listen(1)
+                    fd = listener.fileno()
+                    self.processes.append(subprocess.Popen(
+                        [sys.executable, SCRIPT, "serve", str(fd)], stdin=subprocess.PIPE,
+                        env=env, pass_fds=(fd,)))
+        except OSError:  # no pool (a full temporary disk, no more processes): Beam's start
+            self.close()
+            self.processes = []
         except BaseException:
             self.close()
             raise
@@ -126,7 +141,8 @@ class WarmWorkers:
         Beam's own command when this pool has no process."""
         if not self.processes:
             return BEAM_WORKER_COMMAND
-        return " ".join(shlex.quote(a) for a in (sys.executable, SCRIPT, "claim", self.dir))
+        return " ".join(shlex.quote(a) for a in (sys.executable, "-S", SCRIPT, "claim",
+                                                  self.dir))
 
     def close(self, timeout: float = 10.0) -> None:
         """Ends the unclaimed processes, waits for every process (killing one that

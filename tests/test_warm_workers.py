@@ -36,7 +36,7 @@ def _run_two_workers(pool, kinds):
     def which_process(x):  # (defined here: pickled by value for the worker processes)
         import os
         import sys
-        argv = " ".join(sys.argv)
+        argv = " ".join(sys.orig_argv)  # (sys.argv is Beam's worker's in both)
         kind = ("warm" if "warm_worker.py serve" in argv
                 else "cold" if "sdk_worker_main" in argv else argv)
         return x, kind, os.getpid()
@@ -153,6 +153,7 @@ def test_a_warm_process_started_with_another_environment_is_refused():
     env = dict(os.environ, BEAM_DPSU_TEST_ONLY_MARK="1")  # not what Beam gives its workers
     with warm_workers.WarmWorkers(2, env) as pool:
         _run_two_workers(pool, ["cold"])
+        assert sorted(os.listdir(pool.dir)) == ["0.claimed", "1.claimed"]  # asked, refused
     assert [p.returncode for p in pool.processes] == [0, 0]  # refused: ran nothing, ended
 
 
@@ -160,6 +161,7 @@ def test_a_warm_process_started_in_another_directory_is_refused(tmp_path, monkey
     with warm_workers.WarmWorkers(2) as pool:
         monkeypatch.chdir(tmp_path)  # Beam starts its workers in the directory of the run
         _run_two_workers(pool, ["cold"])
+        assert sorted(os.listdir(pool.dir)) == ["0.claimed", "1.claimed"]  # asked, refused
 
 
 def test_a_failing_bundle_in_a_warm_worker_fails_the_run():
@@ -186,9 +188,12 @@ def test_other_running_modes_start_no_pool(monkeypatch):
 
 def test_unclaimed_processes_end_when_the_launcher_dies(tmp_path):
     script = (
-        "import os, signal, sys\n"
+        "import os, signal, sys, time\n"
         "from beam_dpsu import warm_workers\n"
         "pool = warm_workers.WarmWorkers(2)\n"
+        "time.sleep(0.5)\n"
+        "assert [p.poll() for p in pool.processes] == [None, None]\n"  # waiting, not crashed
+        "assert sorted(os.listdir(pool.dir)) == ['0.sock', '1.sock']\n"
         "print(' '.join(str(p.pid) for p in pool.processes), pool.dir, flush=True)\n"
         "os.kill(os.getpid(), signal.SIGKILL)\n")
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
@@ -201,12 +206,43 @@ def test_unclaimed_processes_end_when_the_launcher_dies(tmp_path):
     shutil.rmtree(pool_dir, ignore_errors=True)  # what a killed launcher cannot do
 
 
+def test_an_unclaimed_process_ignores_ctrl_c_and_ends_with_the_launcher():
+    """A Ctrl-C reaches every process of the terminal's group: a waiting process
+    leaves it to the launcher (whose end closes the pool) instead of failing."""
+    with warm_workers.WarmWorkers(1) as pool:
+        time.sleep(0.3)
+        pool.processes[0].send_signal(signal.SIGINT)
+        time.sleep(1.0)
+        assert pool.processes[0].poll() is None
+    assert pool.processes[0].returncode == 0
+
+
+def test_start_early_starts_the_workers_without_importing_beam(tmp_path):
+    script = (
+        "import sys\n"
+        "from beam_dpsu import warm_workers\n"
+        "warm_workers.start_early(['--direct_num_workers=2',"
+        " '--direct_running_mode=multi_processing'], quiet=True)\n"
+        "print('apache_beam' in sys.modules, len(warm_workers._EARLY[0].processes))\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          cwd=str(tmp_path), env=dict(os.environ, PYTHONPATH=_repo()),
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["False", "2"]
+
+
+def test_a_pool_that_cannot_be_set_up_has_no_process(monkeypatch):
+    def no_directory(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(warm_workers, "_socket_directory", no_directory)
+    with warm_workers.WarmWorkers(2) as pool:
+        assert pool.processes == [] and pool.command == warm_workers.BEAM_WORKER_COMMAND
+        _run_two_workers(pool, ["cold"])
+
+
 def test_a_claimed_process_ends_when_its_claim_ends():
     with warm_workers.WarmWorkers(1) as pool:
         path = os.path.join(pool.dir, "0.sock")
-        deadline = time.time() + 30
-        while not os.path.exists(path) and time.time() < deadline:
-            time.sleep(0.02)
         mine = os.path.join(pool.dir, "0.claimed")
         os.rename(path, mine)
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -228,7 +264,7 @@ def test_a_claim_without_a_free_process_becomes_beams_worker(tmp_path):
     """An empty pool directory: the claim execs Beam's worker, which fails here only
     because no control service is given (the status and message are Beam's own)."""
     env = {k: v for k, v in os.environ.items() if k != "CONTROL_API_SERVICE_DESCRIPTOR"}
-    proc = subprocess.run([sys.executable, warm_workers.SCRIPT, "claim", str(tmp_path)],
+    proc = subprocess.run([sys.executable, "-S", warm_workers.SCRIPT, "claim", str(tmp_path)],
                           capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode != 0
     assert "CONTROL_API_SERVICE_DESCRIPTOR" in proc.stderr  # raised by sdk_worker_main

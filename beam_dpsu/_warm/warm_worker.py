@@ -6,27 +6,31 @@ directory (first on ``sys.path`` then) holds nothing else to import. The pool
 side is ``beam_dpsu.warm_workers``; the design and its conditions are in
 ``docs/runners.md`` ("Worker processes started early").
 
-``serve SOCKET``: listen on the Unix socket SOCKET (in a directory only this
-user can enter), import Beam's SDK worker, then wait for ONE claim. The
-claim sends its environment; if it equals this process's own (ignoring the
-variables Beam sets per worker and the ones a shell adds: ``comparable``) and
-the working directories match, reply ``S`` and run Beam's ``sdk_worker_main.main`` with
-that environment, then send ``X`` and the exit status and exit at once (after
-the exit handlers, as ``beam_dpsu/_quiet_workers`` does for Beam's own
-workers). Otherwise reply ``R`` and exit. The process ends without running
-anything when its standard input (a pipe from the launcher) closes before it
-is claimed, and at once when its claim's connection drops.
+``serve FD``: FD is a Unix socket the launcher bound (in a directory only
+this user can enter) and listens on. Import Beam's SDK worker, then wait for
+ONE claim. The claim sends its environment and working directory; if they
+equal this process's own (ignoring the variables Beam sets per worker and the
+ones a shell adds: ``comparable``), reply ``S`` and run Beam's
+``sdk_worker_main.main`` with that environment and Beam's ``sys.argv``, run
+the exit handlers, send ``X`` and the exit status and exit at once (as
+``beam_dpsu/_quiet_workers`` does for Beam's own workers). Otherwise reply
+``R`` and exit. Until claimed it ignores SIGINT (a Ctrl-C ends the launcher,
+which ends it) and exits without running anything when its standard input (a
+pipe from the launcher) closes or anything fails; once claimed, it exits at
+once when its claim's connection drops.
 
-``claim DIR``: what the launcher's worker command runs in place of ``python -m
-apache_beam.runners.worker.sdk_worker_main``. Takes a free warm process in DIR
-(an atomic rename of its socket, so two claims never take the same one),
-hands it this process's environment and exits with its status. When no
-warm process takes the claim before running anything (none left, refused,
-gone), it becomes Beam's own worker (``exec``), exactly the command Beam
-would have run.
+``claim DIR``: what the launcher's worker command runs (``python -S``: no
+site hooks, so the environment it hands on is exactly Beam's) in place of
+``python -m apache_beam.runners.worker.sdk_worker_main``. Takes a free warm
+process in DIR (an atomic rename of its socket, so two claims never take the
+same one), hands it this process's environment and exits with its status.
+When no warm process takes the claim before running anything (none left,
+refused, gone), it becomes Beam's own worker (``exec`` with the same
+environment), exactly the command Beam would have run.
 """
 import json
 import os
+import signal
 import socket
 import struct
 import sys
@@ -61,8 +65,24 @@ def _recv_exactly(conn, n: int) -> bytes:
     return b"".join(chunks)
 
 
-def _exit_now(status: int) -> None:
-    """Runs the exit handlers, flushes logging and the standard streams, exits."""
+def _exit_status(code) -> int:
+    """The status Python gives ``sys.exit(code)``; prints a non-integer message."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    try:
+        sys.stderr.write(f"{code}\n")
+    except Exception:  # noqa: BLE001 (stderr gone: the status still says it)
+        pass
+    return 1
+
+
+def _run_exit_handlers() -> None:
+    """The exit handlers of every imported module (grpc's, Beam's), then logging's
+    shutdown and a flush of the standard streams: what an interpreter's exit runs
+    before its teardown, which ``os._exit`` then skips (as the command lines'
+    quick exit of Beam's workers, ``beam_dpsu/_quiet_workers``)."""
     try:
         import atexit
         import logging
@@ -71,21 +91,22 @@ def _exit_now(status: int) -> None:
         for stream in (sys.stdout, sys.stderr):
             if stream is not None:
                 stream.flush()
-    finally:
-        os._exit(status)
+    except BaseException:  # noqa: BLE001 (the status is sent whatever the handlers did)
+        pass
 
 
-def serve(sock_path: str) -> None:
+def _wait_for_claim(listen_fd: int):
+    """Everything before a claim: ``(connection, environment)`` of the claim this
+    process will run, or None (after answering ``R`` when refused). Beam's worker
+    module is imported meanwhile."""
     own_env = comparable(os.environ)
     own_cwd = os.getcwd()
     # The module search path of ``python -m``, which Beam's workers are started
     # with: the working directory first (not this script's directory), unless
-    # the interpreter runs with safe_path (-P, PYTHONSAFEPATH): then neither.
-    if not sys.flags.safe_path:
+    # the interpreter runs with safe_path (-P, PYTHONSAFEPATH, Python 3.11+): then neither.
+    if not getattr(sys.flags, "safe_path", False):
         sys.path[0] = own_cwd
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(sock_path)
-    listener.listen(1)
+    listener = socket.socket(fileno=listen_fd)  # bound and listening: see WarmWorkers
     claimed = threading.Event()
 
     def launcher_gone():  # standard input is a pipe from the launcher
@@ -98,22 +119,35 @@ def serve(sock_path: str) -> None:
             os._exit(0)
 
     threading.Thread(target=launcher_gone, daemon=True).start()
-    from apache_beam.runners.worker import sdk_worker_main  # the point of warming up
+    from apache_beam.runners.worker import sdk_worker_main  # noqa: F401 (the point of warming up)
     conn, _ = listener.accept()
     claimed.set()
     listener.close()
+    size = struct.unpack("!Q", _recv_exactly(conn, 8))[0]
+    env, cwd = json.loads(_recv_exactly(conn, size).decode("utf-8"))
+    if comparable(env) != own_env or cwd != own_cwd:
+        conn.sendall(b"R")
+        return None
+    return conn, env
+
+
+def serve(listen_fd: int) -> None:
+    # Until claimed, a Ctrl-C in the terminal (SIGINT reaches the whole process
+    # group) is the launcher's business: it ends the run, which closes our stdin.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        size = struct.unpack("!Q", _recv_exactly(conn, 8))[0]
-        env, cwd = json.loads(_recv_exactly(conn, size).decode("utf-8"))
-        if comparable(env) != own_env or cwd != own_cwd:
-            conn.sendall(b"R")
+        claim = _wait_for_claim(listen_fd)
+        if claim is None:
             os._exit(0)
+        conn, env = claim
         os.environ.clear()
         os.environ.update(env)
+        # As the quiet workers' sitecustomize does at a worker's start (see there).
+        os.environ.pop("BEAM_DPSU_QUICK_EXIT", None)
         conn.sendall(b"S")
-    except (OSError, EOFError, ValueError):
-        os._exit(0)  # the claim went away before anything ran: it starts a worker itself
-
+    except BaseException:  # noqa: BLE001 (nothing ran: the claim starts Beam's worker itself)
+        os._exit(0)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as in Beam's worker
     finished = threading.Event()
 
     def claim_gone():  # the claim is the process Beam started and waits for
@@ -126,21 +160,24 @@ def serve(sock_path: str) -> None:
             os._exit(1)
 
     threading.Thread(target=claim_gone, daemon=True).start()
+    from apache_beam.runners.worker import sdk_worker_main
+    sys.argv = [sdk_worker_main.__file__]  # what ``python -m`` gives Beam's worker
     status = 0
     try:
         sdk_worker_main.main(sys.argv)
     except SystemExit as e:
-        status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        status = _exit_status(e.code)
     except BaseException:  # noqa: BLE001 (reported as Beam's own worker would: a traceback)
         import traceback
         traceback.print_exc()
         status = 1
+    _run_exit_handlers()
     finished.set()
     try:
         conn.sendall(b"X" + struct.pack("!i", status))
     except OSError:
         pass
-    _exit_now(status)
+    os._exit(status)
 
 
 def _try_claim(path: str):
@@ -185,8 +222,8 @@ def claim(pool_dir: str) -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "serve":
-        serve(sys.argv[2])
+        serve(int(sys.argv[2]))
     elif len(sys.argv) == 3 and sys.argv[1] == "claim":
         sys.exit(claim(sys.argv[2]))
     else:
-        sys.exit("usage: warm_worker.py serve SOCKET | claim DIR")
+        sys.exit("usage: warm_worker.py serve FD | claim DIR")
