@@ -276,7 +276,7 @@ def _repo():
     return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_the_command_line_starts_its_workers_before_importing_beam(tmp_path, monkeypatch):
+def test_the_command_line_takes_the_workers_it_started_early(tmp_path, monkeypatch):
     """``cli.run_command`` starts the pool (``start_early``) and the run takes it: both
     workers are warm processes, and the release equals the one-worker release."""
     from beam_dpsu import synthetic
