@@ -23,7 +23,11 @@ with its status. Correctness rests on four conditions, each tested in
    environment and working directory, and the warm process refuses (the claim
    then starts Beam's own worker) unless they equal its own except for the
    per-worker variables (``PER_WORKER_VARIABLES``); it was started with
-   ``sys.executable``, as Beam starts its workers.
+   ``sys.executable``, as Beam starts its workers, with the module search path
+   of ``python -m`` and Beam's worker's ``sys.argv``. What still differs: its
+   ``__main__`` module is the warm script, its standard input is the pool's
+   pipe (Beam's worker inherits the launcher's), and a warm worker killed by a
+   signal is reported to Beam as exit status 1.
 2. Each warm process serves at most one claim: a claim takes a process by an
    atomic rename of its socket.
 3. A claim that finds no warm process able to run (none left, refused,
