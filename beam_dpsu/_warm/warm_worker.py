@@ -65,19 +65,6 @@ def _recv_exactly(conn, n: int) -> bytes:
     return b"".join(chunks)
 
 
-def _exit_status(code) -> int:
-    """The status Python gives ``sys.exit(code)``; prints a non-integer message."""
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code & 0xFF
-    try:
-        sys.stderr.write(f"{code}\n")
-    except Exception:  # noqa: BLE001 (stderr gone: the status still says it)
-        pass
-    return 1
-
-
 def _run_exit_handlers() -> None:
     """The exit handlers of every imported module (grpc's, Beam's), then logging's
     shutdown and a flush of the standard streams: what an interpreter's exit runs
@@ -165,8 +152,10 @@ def serve(listen_fd: int) -> None:
     status = 0
     try:
         sdk_worker_main.main(sys.argv)
-    except SystemExit as e:
-        status = _exit_status(e.code)
+    except SystemExit as e:  # the status Python gives sys.exit(e.code), its message printed
+        status = e.code & 0xFF if isinstance(e.code, int) else int(e.code is not None)
+        if e.code is not None and not isinstance(e.code, int):
+            print(e.code, file=sys.stderr)
     except BaseException:  # noqa: BLE001 (reported as Beam's own worker would: a traceback)
         import traceback
         traceback.print_exc()
