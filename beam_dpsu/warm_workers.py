@@ -62,12 +62,14 @@ import sys
 import tempfile
 from typing import List, Mapping, Optional, Sequence
 
+from beam_dpsu import _quiet_workers  # (standard library only, as this module)
+
 #: The script a warm process and a claim run (by path: see its docstring).
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_warm", "warm_worker.py")
 
 #: The command Beam's FnApiRunner gives its workers in ``multi_processing`` mode
 #: (``fn_runner.FnApiRunner.run_pipeline``, Beam 2.60–2.77).
-BEAM_WORKER_COMMAND = "%s -m apache_beam.runners.worker.sdk_worker_main" % sys.executable
+BEAM_WORKER_COMMAND = "%s -m %s" % (sys.executable, _quiet_workers.WORKER_MODULE)
 
 #: Unix socket paths longer than this are refused by some systems (108 bytes on Linux).
 _MAX_SOCKET_PATH = 100
@@ -235,7 +237,6 @@ def start_early(argv: Sequence[str], quiet: bool) -> None:
     command's quiet workers (``beam_dpsu.pipelines.common.quiet_worker_processes``,
     whose environment they get). ``take_early`` hands them to the run; the
     process's exit (or the next ``start_early``) ends them if none takes them."""
-    from beam_dpsu import _quiet_workers
     discard_early()
     n = argv_pool_size(argv)
     if n is not None:
