@@ -354,7 +354,9 @@ class _SequentialBase(beam.DoFn):
 
     def setup(self):
         from beam_dpsu import kernels
-        kernels.warm_up()
+        kernel = policies.compiled_kernel(self._policy)
+        if kernel is not None:  # only this policy's kernel (each costs ~0.1 s to load)
+            kernels.warm_up([kernel])
 
     def __init__(self, policy: policies.UserPolicy):
         self._policy = policy

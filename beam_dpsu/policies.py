@@ -515,6 +515,8 @@ class ItemIds:
     def __init__(self, item_key: bytes, max_cache: int = 1 << 21):
         self._key = item_key
         self._hash = KeyedHash64(item_key)  # keyed_hash64(item_key, ·)
+        # keyed_hash64(item_key, b"s" + ·): a string's encode_value is b"s" + its UTF-8
+        self._str_hash = KeyedHash64(item_key, prefix=b"s")
         self._max_cache = max_cache
         self._cache: Dict[Hashable, int] = {}
         self._recording = False
@@ -539,26 +541,34 @@ class ItemIds:
         if i is None:
             if len(self._cache) >= self._max_cache and not self._recording:
                 self._cache.clear()
-            i = self._cache[item] = self._hash(
-                b"s" + item.encode("utf-8", "surrogatepass") if type(item) is str
-                else encode_value(item)) >> 1
+            i = self._cache[item] = (
+                self._str_hash(item.encode("utf-8", "surrogatepass")) if type(item) is str
+                else self._hash(encode_value(item))) >> 1
         return i
 
     def many(self, items: Iterable[Hashable]) -> List[int]:
-        """``[self(item) for item in items]``, with the cache lookups done in C and the
-        missing ids hashed in one batch (``KeyedHash64.many``)."""
+        """``[self(item) for item in items]``: the cache lookups done in C, and the
+        missing ids hashed in one loop (no call per item; this runs once per kept
+        user-item pair of the sampled policies)."""
         items = items if isinstance(items, (list, tuple)) else list(items)
         cache = self._cache
         ids = list(map(cache.get, items))
-        if None in ids:
-            missing = [k for k, i in enumerate(ids) if i is None]
-            new = (self._hash.many_array([
-                b"s" + items[k].encode("utf-8", "surrogatepass") if type(items[k]) is str
-                else encode_value(items[k]) for k in missing]) >> np.uint64(1)).tolist()
-            if len(cache) + len(missing) > self._max_cache and not self._recording:
-                cache.clear()
-            for k, h in zip(missing, new):
-                ids[k] = cache[items[k]] = h
+        if None not in ids:
+            return ids
+        if len(cache) + len(items) > self._max_cache and not self._recording:
+            cache.clear()
+        str_state = self._str_hash.fresh
+        from_bytes = int.from_bytes
+        for k, i in enumerate(ids):
+            if i is None:
+                item = items[k]
+                if type(item) is str:
+                    h = str_state()
+                    h.update(item.encode("utf-8", "surrogatepass"))
+                    i = from_bytes(h.digest(), "big") >> 1
+                else:
+                    i = self._hash(encode_value(item)) >> 1
+                ids[k] = cache[item] = i
         return ids
 
 
@@ -732,6 +742,13 @@ _KERNEL_OF_UPDATE = {
 }
 
 
+def compiled_kernel(policy: UserPolicy) -> Optional[str]:
+    """The name of the compiled kernel (``beam_dpsu.kernels``) that mirrors
+    ``policy.update``, or None when the update is not exactly a built-in one
+    (a subclass that overrides it runs in Python)."""
+    return _KERNEL_OF_UPDATE.get(type(policy).update)
+
+
 def run_in_order(prepared_users: Iterable[Sequence[int]], policy: UserPolicy,
                  hist: Optional[Histogram] = None) -> Histogram:
     """Applies already-ordered, prepared users (their id lists) to a histogram; returns it.
@@ -765,7 +782,7 @@ def run_packed_arrays(batches: Iterable[Tuple[np.ndarray, np.ndarray]], policy: 
                       ) -> Tuple[np.ndarray, np.ndarray]:
     """``run_packed`` with the histogram as two arrays: ids (int64) and their weights."""
     from beam_dpsu import kernels
-    kernel = _KERNEL_OF_UPDATE.get(type(policy).update)
+    kernel = compiled_kernel(policy)
     if kernel is not None and kernels.available():
         runner = kernels.DenseRunner(kernel, policy.cutoff, eta=getattr(policy, "eta", 0.0))
         for lengths, ids in batches:

@@ -92,6 +92,24 @@ def test_keyed_hash64_object_equals_the_function_and_pickles():
         assert h(m) == h2(m) == noise.keyed_hash64(key, m)
     assert h.many(iter(messages)) == [noise.keyed_hash64(key, m) for m in messages]
     assert h.many([]) == []
+    for m in messages:  # a fresh state, updated and digested, is the same hash
+        state = h.fresh()
+        state.update(m)
+        assert int.from_bytes(state.digest(), "big") == h(m)
+
+
+def test_keyed_hash64_prefix_is_absorbed_before_each_message():
+    key = RunKey.from_test_seed(3).subkey("item-order")
+    h = noise.KeyedHash64(key, prefix=b"s")
+    h2 = pickle.loads(pickle.dumps(h))
+    messages = [b"", b"item", "\u00e9t\u00e9".encode(), bytes(range(256)) * 3]
+    for m in messages:
+        assert h(m) == h2(m) == noise.keyed_hash64(key, b"s" + m)
+        state = h.fresh()
+        state.update(m)
+        assert int.from_bytes(state.digest(), "big") == noise.keyed_hash64(key, b"s" + m)
+    assert h.many(messages) == [noise.keyed_hash64(key, b"s" + m) for m in messages]
+    assert h(b"x") != noise.KeyedHash64(key)(b"x")
 
 
 @pytest.mark.parametrize("kind,scale,dist", [

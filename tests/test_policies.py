@@ -319,3 +319,23 @@ def test_item_ids_many_equals_one_by_one():
     items = [f"i{k % 9}" for k in range(40)] + [3, b"x"]
     assert ids.many(items) == [ItemIds(b"k" * 32)(u) for u in items]
     assert ids.many({"a": 1, "b": 2}) == [ids("a"), ids("b")]
+
+
+def test_item_ids_are_the_keyed_hash_of_the_encoded_item():
+    """The id is keyed_hash64(key, encode_value(item)) >> 1, computed here without ItemIds,
+    for strings (hashed through the prefixed state), a lone surrogate, bytes, ints and tuples,
+    one by one and in batches, from an empty and from a warm cache."""
+    from beam_dpsu.noise import encode_value, keyed_hash64
+    from beam_dpsu.policies import ItemIds
+    key = b"k" * 32
+    items = ["", "a", "\u00e9t\u00e9", "\ud800x", b"a", 7, ("a", 1), "a"]
+    expected = [keyed_hash64(key, encode_value(u)) >> 1 for u in items]
+    assert all(0 <= i < 2 ** 63 for i in expected)
+    assert len(set(expected)) == len(items) - 1  # "a" twice; b"a" and 7 differ from "a"
+    cold = ItemIds(key)
+    assert [cold(u) for u in items] == expected
+    assert ItemIds(key).many(items) == expected
+    warm = ItemIds(key)
+    warm.many(items[:3])
+    assert warm.many(items) == expected
+    assert ItemIds(key, max_cache=2).many(items) == expected
