@@ -128,16 +128,28 @@ ID_SHARDS = 1024
 _ID_SHARD_MASK = ID_SHARDS - 1
 
 
-def shard_ids(id_to_value: Mapping[int, Any]) -> Dict[int, Dict[int, Any]]:
-    """``{id: value}`` → ``{shard: {id: value}}`` with shard = ``id % ID_SHARDS``."""
-    ids = np.fromiter(id_to_value.keys(), dtype=np.int64, count=len(id_to_value))
-    return dict(shard_arrays(ids, list(id_to_value.values())))
+def shard_id_map(item_to_id: Mapping[Any, int]) -> List[Tuple[int, Dict[int, Any]]]:
+    """``{item: id}`` → ``[(shard, {id: item})]`` for the non-empty shards (shard =
+    ``id % ID_SHARDS``), in increasing shard order; within a shard the entries keep
+    the mapping's order. Two items with one id leave one entry (callers compare
+    the total size with the mapping's).
+
+    A plain loop over the mapping: it visits the items in the order they were
+    stored, about twice as fast for a million items as sorting the ids into
+    shard order with numpy and gathering the items in that order (each item
+    then a random memory access).
+    """
+    shards: List[Dict[int, Any]] = [{} for _ in range(ID_SHARDS)]
+    mask = _ID_SHARD_MASK
+    for item, i in item_to_id.items():
+        shards[i & mask][i] = item
+    return [(shard, part) for shard, part in enumerate(shards) if part]
 
 
-def shard_arrays(ids: np.ndarray, values) -> Iterator[Tuple[int, Dict[int, Any]]]:
+def shard_arrays(ids: np.ndarray, values: np.ndarray) -> Iterator[Tuple[int, Dict[int, Any]]]:
     """``(shard, {id: value})`` for the non-empty shards (shard = ``id % ID_SHARDS``),
     in increasing shard order; ``ids`` is an int64 array of ids ≥ 0 and ``values``
-    the matching values (a list or an array).
+    the array of the matching values (the finished histogram's weights).
 
     The grouping is done by numpy (a stable sort of the shard numbers), and
     each shard's dict is built by ``dict(zip(...))``: no Python loop per id.
@@ -150,10 +162,7 @@ def shard_arrays(ids: np.ndarray, values) -> Iterator[Tuple[int, Dict[int, Any]]
     shards = ids & _ID_SHARD_MASK
     order = np.argsort(shards, kind="stable")
     sorted_ids = ids[order].tolist()
-    if isinstance(values, np.ndarray):
-        sorted_values = values[order].tolist()
-    else:  # any values (items may be tuples, which an object array would unpack)
-        sorted_values = list(map(values.__getitem__, order.tolist()))
+    sorted_values = values[order].tolist()
     sorted_shards = shards[order]
     starts = np.flatnonzero(np.diff(sorted_shards)) + 1
     bounds = [0] + starts.tolist() + [len(sorted_ids)]
@@ -235,8 +244,7 @@ class _PrepareDoFn(beam.DoFn):
         self._item_ids = {}
         if self._recorder is not None:
             self._recorder.record_into(self._item_ids)
-        ids = np.fromiter(known.values(), dtype=np.int64, count=len(known))
-        parts = list(shard_arrays(ids, list(known)))
+        parts = shard_id_map(known)
         if sum(len(part) for _, part in parts) != len(known):  # two items, one id
             raise _collision()
         return [(shard, _pack(part)) for shard, part in parts]

@@ -158,6 +158,25 @@ def test_buckets_sort_by_full_key_then_user_and_pack_ids():
         OrderedUserPolicy(PolicyGaussian(1.0, 1e-5, 3).policy, RK, bucket_bits=40)
 
 
+def test_id_map_shards_by_the_ids_low_bits_and_a_shared_id_is_caught():
+    n = ordered.ID_SHARDS
+    item_to_id = {"a": 5, "b": 3 * n + 5, "c": 2, "d": n + 2, ("t", 1): 7 * n - 1}
+    parts = ordered.shard_id_map(item_to_id)
+    assert [s for s, _ in parts] == [2, 5, n - 1]                 # increasing, non-empty only
+    assert [list(p.items()) for _, p in parts] == [             # the mapping's order within one
+        [(2, "c"), (n + 2, "d")], [(5, "a"), (3 * n + 5, "b")], [(7 * n - 1, ("t", 1))]]
+    assert ordered.shard_id_map({}) == []
+    # The prepare step checks the sizes: two items with one id fail the run.
+    fn = ordered._PrepareDoFn(PolicyGaussian(1.0, 1e-5, 3).policy, 2)
+    fn.start_bundle()
+    fn._item_ids = dict(item_to_id)
+    shards = fn._id_shards()
+    assert [s for s, _ in shards] == [2, 5, n - 1] and fn._item_ids == {}
+    fn._item_ids = {"a": 5, "b": 3 * n + 5, "e": 5}
+    with pytest.raises(P.ItemIdCollision):
+        fn._id_shards()
+
+
 def _greedy_policy(run_key):
     return P.GreedyPolicy(2.0, run_key.subkey("item-order"))
 
