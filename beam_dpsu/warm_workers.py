@@ -15,7 +15,7 @@ the graph, ``beam_dpsu.pipelines.common.run_pipeline``) and has Beam start a
 small *claim* command instead of its worker. The claim hands its
 environment to a warm process, which runs Beam's worker entry point
 (``sdk_worker_main.main``) exactly as the started worker would, and exits
-with its status. Correctness rests on four conditions, each tested in
+with its status. Correctness rests on five conditions, each tested in
 ``tests/test_warm_workers.py``:
 
 1. A warm worker runs with the environment, working directory and
@@ -38,6 +38,11 @@ with its status. Correctness rests on four conditions, each tested in
    death, even by SIGKILL), and ignores SIGINT until then (a Ctrl-C ends the
    launcher); a claimed one exits when its claim (the process Beam waits for)
    ends or its control channel closes, as Beam's own worker does.
+5. A warm worker runs at the launcher's priority. Only its import runs lower
+   (a thread 10 nice steps down, Linux; ``import_at_low_priority`` in the
+   script), so that on a machine with fewer cores than processes the
+   launcher's own import and graph building, which the first stage waits for,
+   go first; that thread ends before the claim is served.
 
 The warm processes talk to their claims over Unix sockets that the launcher
 binds in a directory created with ``tempfile.mkdtemp`` (mode 0700, only this

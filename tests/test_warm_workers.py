@@ -130,6 +130,54 @@ def test_a_two_worker_run_runs_in_warm_processes_and_leaves_none_behind():
     assert not os.path.exists(pool.dir)
 
 
+def test_warm_workers_run_at_the_launchers_priority():
+    """The import runs in a thread of lower priority; the claimed worker must not."""
+    def nice(_):
+        import os
+        return os.getpriority(os.PRIO_PROCESS, 0)
+
+    launcher = os.getpriority(os.PRIO_PROCESS, 0)
+    pool = warm_workers.WarmWorkers(2)
+    try:
+        with beam.Pipeline(runner=runners.FnApiDirectRunner(pool),
+                           options=beam_options(*TWO)) as p:
+            out = (p | beam.Create(range(40)) | beam.Reshuffle() | beam.Map(nice)
+                   | beam.Distinct())
+            assert_that(out, equal_to([launcher]))
+        claimed = sorted(os.listdir(pool.dir))
+    finally:
+        pool.close()
+    assert claimed == ["0.claimed", "1.claimed"]
+
+
+def _warm_script_module():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("_warm_worker_script", warm_workers.SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice is Linux's")
+def test_the_warm_import_runs_in_a_lower_priority_thread_and_raises_its_errors(
+        tmp_path, monkeypatch):
+    script = _warm_script_module()
+    (tmp_path / "probe_nice.py").write_text(
+        "import os, threading\n"
+        "NICE = os.getpriority(os.PRIO_PROCESS, 0)\n"
+        "THREAD = threading.current_thread().name\n")
+    (tmp_path / "probe_broken.py").write_text("raise RuntimeError('broken at import')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    script.import_at_low_priority("probe_nice")
+    probe = sys.modules["probe_nice"]
+    assert probe.THREAD == "warm-import"
+    assert probe.NICE == min(19, before + script.IMPORT_NICENESS) > before
+    assert os.getpriority(os.PRIO_PROCESS, 0) == before  # the caller's thread is unchanged
+    with pytest.raises(RuntimeError, match="broken at import"):
+        script.import_at_low_priority("probe_broken")
+
+
 def test_the_runner_starts_and_closes_its_own_pool(monkeypatch):
     made = []
     real = warm_workers.WarmWorkers
