@@ -262,8 +262,7 @@ class KeyedHash64:
         return (self._key, self._prefix)
 
     def __setstate__(self, state):
-        key, prefix = state if isinstance(state, tuple) else (state, b"")
-        self.__init__(key, prefix)
+        self.__init__(*state)
 
 
 def keyed_seed(key: bytes, message: bytes) -> int:
