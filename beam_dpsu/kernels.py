@@ -22,7 +22,7 @@ directory), so only the first process on a machine pays the compilation
 from __future__ import annotations
 
 import math
-from typing import Dict, Iterator, Optional, Sequence, Tuple
+from typing import Dict, Iterator, Tuple
 
 import numpy as np
 
@@ -35,7 +35,6 @@ except ImportError:  # pragma: no cover
 KINDS = {"l1-descent": 0, "l2-descent": 1, "greedy": 2, "greedy-public": 2,
          "cascade-free-greedy": 3, "cascade-free-greedy-public": 3}
 _EMPTY = -1
-_ONE_NAME_PER_KIND = ("l1-descent", "l2-descent", "greedy", "cascade-free-greedy")
 
 
 def available() -> bool:
@@ -173,22 +172,20 @@ if numba is not None:
                 new_slots[t] = slots[s]
 
 
-def warm_up(names: Optional[Sequence[str]] = None) -> None:
-    """Compiles (or loads from numba's on-disk cache) the named kernels once.
+def warm_up() -> None:
+    """Compiles (or loads from numba's on-disk cache) every kernel once.
 
     Call it where start-up cost is acceptable (a DoFn's ``setup``), so that the
-    first real batch does not pay for compilation. A no-op without numba.
-
-    Args:
-      names: kernel names, keys of ``KINDS`` (default: one of each kind). Each
-        costs about 0.1 s even from numba's cache, so a stage that runs one
-        policy names its own.
+    first real batch does not pay for compilation. A no-op without numba. The
+    four policies share one compiled function (the kind is an argument); the
+    second batch here outgrows the table, which compiles its growth (``_rehash``).
     """
     if not available():
         return
-    for name in _ONE_NAME_PER_KIND if names is None else names:
-        DenseRunner(name, 1.0, initial_items=2, eta=0.5).add_users(
-            np.array([3, 5], dtype=np.int64), np.array([2], dtype=np.int64))
+    for name in ("l1-descent", "l2-descent", "greedy", "cascade-free-greedy"):
+        runner = DenseRunner(name, 1.0, initial_items=2, eta=0.5)
+        runner.add_users(np.array([3, 5], dtype=np.int64), np.array([2], dtype=np.int64))
+        runner.add_users(np.arange(7, 23, dtype=np.int64), np.array([16], dtype=np.int64))
 
 
 class DenseRunner:

@@ -33,7 +33,7 @@ import hmac
 import math
 import secrets
 from statistics import NormalDist
-from typing import Any, Iterable, List, Optional
+from typing import Any, Optional
 
 import numpy as np
 
@@ -245,18 +245,6 @@ class KeyedHash64:
         ``.update(message)``, its 8-byte big-endian ``digest()`` is ``self(message)``.
         For loops that cannot afford a call per message."""
         return self._base.copy()
-
-    def many(self, messages: Iterable[bytes]) -> List[int]:
-        """``[self(m) for m in messages]`` in one loop (no call per message)."""
-        copy = self._base.copy
-        from_bytes = int.from_bytes
-        out = []
-        append = out.append
-        for message in messages:
-            h = copy()
-            h.update(message)
-            append(from_bytes(h.digest(), "big"))
-        return out
 
     def __getstate__(self):
         return (self._key, self._prefix)

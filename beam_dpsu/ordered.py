@@ -137,13 +137,19 @@ def shard_id_map(item_to_id: Mapping[Any, int]) -> List[Tuple[int, Dict[int, Any
     A plain loop over the mapping: it visits the items in the order they were
     stored, about twice as fast for a million items as sorting the ids into
     shard order with numpy and gathering the items in that order (each item
-    then a random memory access).
+    then a random memory access). Shards are made as they are needed, so a
+    small map (one user's, on runners that flush per user) costs little.
     """
-    shards: List[Dict[int, Any]] = [{} for _ in range(ID_SHARDS)]
+    shards: Dict[int, Dict[int, Any]] = {}
+    get = shards.get
     mask = _ID_SHARD_MASK
     for item, i in item_to_id.items():
-        shards[i & mask][i] = item
-    return [(shard, part) for shard, part in enumerate(shards) if part]
+        part = get(i & mask)
+        if part is None:
+            shards[i & mask] = {i: item}
+        else:
+            part[i] = item
+    return sorted(shards.items())
 
 
 def shard_arrays(ids: np.ndarray, values: np.ndarray) -> Iterator[Tuple[int, Dict[int, Any]]]:
@@ -362,9 +368,7 @@ class _SequentialBase(beam.DoFn):
 
     def setup(self):
         from beam_dpsu import kernels
-        kernel = policies.compiled_kernel(self._policy)
-        if kernel is not None:  # only this policy's kernel (each costs ~0.1 s to load)
-            kernels.warm_up([kernel])
+        kernels.warm_up()
 
     def __init__(self, policy: policies.UserPolicy):
         self._policy = policy

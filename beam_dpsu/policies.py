@@ -548,14 +548,14 @@ class ItemIds:
 
     def many(self, items: Iterable[Hashable]) -> List[int]:
         """``[self(item) for item in items]``: the cache lookups done in C, and the
-        missing ids hashed in one loop (no call per item; this runs once per kept
-        user-item pair of the sampled policies)."""
+        missing ids hashed in one loop (strings without a call per item: this runs
+        once per kept user-item pair of the sampled policies)."""
         items = items if isinstance(items, (list, tuple)) else list(items)
         cache = self._cache
         ids = list(map(cache.get, items))
         if None not in ids:
             return ids
-        if len(cache) + len(items) > self._max_cache and not self._recording:
+        if len(cache) + ids.count(None) > self._max_cache and not self._recording:
             cache.clear()
         str_state = self._str_hash.fresh
         from_bytes = int.from_bytes
@@ -742,13 +742,6 @@ _KERNEL_OF_UPDATE = {
 }
 
 
-def compiled_kernel(policy: UserPolicy) -> Optional[str]:
-    """The name of the compiled kernel (``beam_dpsu.kernels``) that mirrors
-    ``policy.update``, or None when the update is not exactly a built-in one
-    (a subclass that overrides it runs in Python)."""
-    return _KERNEL_OF_UPDATE.get(type(policy).update)
-
-
 def run_in_order(prepared_users: Iterable[Sequence[int]], policy: UserPolicy,
                  hist: Optional[Histogram] = None) -> Histogram:
     """Applies already-ordered, prepared users (their id lists) to a histogram; returns it.
@@ -782,7 +775,7 @@ def run_packed_arrays(batches: Iterable[Tuple[np.ndarray, np.ndarray]], policy: 
                       ) -> Tuple[np.ndarray, np.ndarray]:
     """``run_packed`` with the histogram as two arrays: ids (int64) and their weights."""
     from beam_dpsu import kernels
-    kernel = compiled_kernel(policy)
+    kernel = _KERNEL_OF_UPDATE.get(type(policy).update)
     if kernel is not None and kernels.available():
         runner = kernels.DenseRunner(kernel, policy.cutoff, eta=getattr(policy, "eta", 0.0))
         for lengths, ids in batches:

@@ -39,10 +39,13 @@ with its status. Correctness rests on five conditions, each tested in
    launcher); a claimed one exits when its claim (the process Beam waits for)
    ends or its control channel closes, as Beam's own worker does.
 5. A warm worker runs at the launcher's priority. Only its import runs lower
-   (a thread 10 nice steps down, Linux; ``import_at_low_priority`` in the
+   (a thread 3 nice steps down, Linux; ``import_at_low_priority`` in the
    script), so that on a machine with fewer cores than processes the
    launcher's own import and graph building, which the first stage waits for,
-   go first; that thread ends before the claim is served.
+   go first; that thread ends before the claim is served. numpy is imported
+   first at normal priority (its BLAS threads start at import and would keep
+   the lower priority); only background threads that Beam's imports start
+   (e.g. pyarrow's allocator's) run 3 steps lower.
 
 The warm processes talk to their claims over Unix sockets that the launcher
 binds in a directory created with ``tempfile.mkdtemp`` (mode 0700, only this

@@ -91,34 +91,14 @@ def test_a_policy_with_its_own_update_is_not_replaced_by_a_kernel():
     assert calls == [2, 1] and out
 
 
-def test_each_built_in_policy_names_its_own_kernel_and_warm_up_loads_only_those(monkeypatch):
-    rk = RunKey.from_test_seed(2)
-    built_in = {
-        "l1-descent": policies.L1DescentPolicy(2.0, 5, rk.subkey("sample/0"), rk.subkey("i")),
-        "l2-descent": policies.L2DescentPolicy(2.0, 5, rk.subkey("sample/0"), rk.subkey("i")),
-        "greedy": policies.GreedyPolicy(2.0, rk.subkey("i")),
-        "cascade-free-greedy": policies.CascadeFreeGreedyPolicy(2.0, rk.subkey("i"), 5, 0.1),
-    }
-    for name, policy in built_in.items():
-        assert policies.compiled_kernel(policy) == name
 
-    class Custom(policies.L2DescentPolicy):
-        def update(self, hist, prepared):
-            super().update(hist, prepared)
-
-    assert policies.compiled_kernel(Custom(2.0, 5, b"s" * 32, b"i" * 32)) is None
-    started = []
-    real = kernels.DenseRunner
-
-    class Spy(real):
-        def __init__(self, name, *args, **kwargs):
-            started.append(name)
-            super().__init__(name, *args, **kwargs)
-
-    monkeypatch.setattr(kernels, "DenseRunner", Spy)
-    kernels.warm_up(["l2-descent"])
-    assert started == ["l2-descent"]
+def test_warm_up_compiles_the_batch_and_the_table_growth():
+    # A first real batch that outgrows the table must not compile anything more.
     kernels.warm_up()
-    assert sorted(started[1:]) == sorted(built_in)
-    with pytest.raises(ValueError, match="no compiled kernel"):
-        kernels.warm_up(["l3-descent"])
+    assert len(kernels._apply_batch.signatures) == 1
+    assert len(kernels._rehash.signatures) == 1
+    runner = kernels.DenseRunner("l2-descent", 2.0, initial_items=4)
+    runner.add_users(np.frombuffer(np.arange(1000, dtype="<i8").tobytes(), dtype="<i8"),
+                     np.array([10] * 100))
+    assert len(kernels._apply_batch.signatures) == 1
+    assert len(kernels._rehash.signatures) == 1

@@ -90,8 +90,6 @@ def test_keyed_hash64_object_equals_the_function_and_pickles():
     messages = [b"", b"s", b"sitem", bytes(range(256)) * 3]
     for m in messages:
         assert h(m) == h2(m) == noise.keyed_hash64(key, m)
-    assert h.many(iter(messages)) == [noise.keyed_hash64(key, m) for m in messages]
-    assert h.many([]) == []
     for m in messages:  # a fresh state, updated and digested, is the same hash
         state = h.fresh()
         state.update(m)
@@ -108,7 +106,6 @@ def test_keyed_hash64_prefix_is_absorbed_before_each_message():
         state = h.fresh()
         state.update(m)
         assert int.from_bytes(state.digest(), "big") == noise.keyed_hash64(key, b"s" + m)
-    assert h.many(messages) == [noise.keyed_hash64(key, b"s" + m) for m in messages]
     assert h(b"x") != noise.KeyedHash64(key)(b"x")
 
 

@@ -339,3 +339,13 @@ def test_item_ids_are_the_keyed_hash_of_the_encoded_item():
     warm.many(items[:3])
     assert warm.many(items) == expected
     assert ItemIds(key, max_cache=2).many(items) == expected
+
+
+def test_item_ids_cache_is_cleared_only_when_the_new_ids_would_overflow_it():
+    from beam_dpsu.policies import ItemIds
+    ids = ItemIds(b"k" * 32, max_cache=4)
+    ids.many(["a", "b", "c"])
+    ids.many(["a", "b", "c", "d"])          # one new id: 3 + 1 fits
+    assert sorted(ids._cache) == ["a", "b", "c", "d"]
+    ids.many(["a", "e"])                     # 4 + 1 does not: cleared, then the new id
+    assert sorted(ids._cache) == ["e"]

@@ -12,6 +12,7 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 
 import apache_beam as beam
@@ -159,23 +160,31 @@ def _warm_script_module():
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice is Linux's")
+@pytest.mark.skipif(os.getpriority(os.PRIO_PROCESS, 0) >= 19, reason="already at the lowest priority")
 def test_the_warm_import_runs_in_a_lower_priority_thread_and_raises_its_errors(
         tmp_path, monkeypatch):
     script = _warm_script_module()
-    (tmp_path / "probe_nice.py").write_text(
-        "import os, threading\n"
-        "NICE = os.getpriority(os.PRIO_PROCESS, 0)\n"
-        "THREAD = threading.current_thread().name\n")
+    probe = ("import os, threading\n"
+             "NICE = os.getpriority(os.PRIO_PROCESS, 0)\n"
+             "THREAD = threading.current_thread().name\n")
+    (tmp_path / "probe_low.py").write_text(probe)
+    (tmp_path / "probe_first.py").write_text(probe)   # stands for numpy (threads at import)
     (tmp_path / "probe_broken.py").write_text("raise RuntimeError('broken at import')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("probe_low", "probe_first", "probe_broken"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.setattr(script, "IMPORTED_AT_NORMAL_PRIORITY", ("probe_first", "not_installed_x"))
     before = os.getpriority(os.PRIO_PROCESS, 0)
-    script.import_at_low_priority("probe_nice")
-    probe = sys.modules["probe_nice"]
-    assert probe.THREAD == "warm-import"
-    assert probe.NICE == min(19, before + script.IMPORT_NICENESS) > before
+    script.import_at_low_priority("probe_low")
+    low, first = sys.modules["probe_low"], sys.modules["probe_first"]
+    assert low.THREAD == "warm-import"
+    assert low.NICE == min(19, before + script.IMPORT_NICENESS) > before
+    assert (first.THREAD, first.NICE) == (threading.current_thread().name, before)
     assert os.getpriority(os.PRIO_PROCESS, 0) == before  # the caller's thread is unchanged
     with pytest.raises(RuntimeError, match="broken at import"):
         script.import_at_low_priority("probe_broken")
+    for name in ("probe_low", "probe_first"):
+        del sys.modules[name]
 
 
 def test_the_runner_starts_and_closes_its_own_pool(monkeypatch):

@@ -83,8 +83,14 @@ def _run_exit_handlers() -> None:
 
 
 #: How much lower than the launcher's the priority of the import is (a nice
-#: increment), where a thread can have its own (Linux).
-IMPORT_NICENESS = 10
+#: increment), where a thread can have its own (Linux). 3 steps halve its weight:
+#: with two workers on two cores the launcher keeps nearly a whole core, and on a
+#: machine busy with other work the import still gets half a normal share.
+IMPORT_NICENESS = 3
+
+#: Imported first at normal priority: they start threads when imported (numpy's
+#: BLAS pool), which keep the nice value of the thread that imports them.
+IMPORTED_AT_NORMAL_PRIORITY = ("numpy",)
 
 
 def import_at_low_priority(module: str) -> None:
@@ -93,12 +99,21 @@ def import_at_low_priority(module: str) -> None:
 
     The launcher imports Beam and builds the job graph while its warm
     processes import Beam: with fewer cores than processes, the launcher goes
-    first and the imports take the time it leaves (they have until it needs
-    them). Linux gives each thread its own nice value: only the importing
-    thread is lowered, and it ends before a claim is served, so the worker
-    runs at the launcher's priority (an unprivileged process could not raise
-    its own priority again). Elsewhere the import runs at normal priority.
+    first and the imports take the time it leaves. Linux gives each thread its
+    own nice value, and a thread inherits its creator's: only the importing
+    thread is lowered, and it ends before a claim is served, so the worker's
+    own threads run at the launcher's priority (an unprivileged process could
+    not raise a priority again). Threads started by the import itself keep
+    the lower one; ``IMPORTED_AT_NORMAL_PRIORITY`` (numpy, whose BLAS threads
+    do a worker's matrix work) are imported first in the caller's thread, so
+    what is left is background threads (e.g. an allocator's). Elsewhere the
+    import runs at normal priority.
     """
+    for name in IMPORTED_AT_NORMAL_PRIORITY:
+        try:
+            __import__(name)
+        except ImportError:
+            pass
     failures = []
 
     def run():
