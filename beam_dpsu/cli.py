@@ -60,6 +60,22 @@ def add_output_flags(parser: argparse.ArgumentParser) -> None:
                              "run details)")
 
 
+def write_line(text: str, stream=None) -> None:
+    """Writes ``text`` and its newline to ``stream`` (default ``sys.stderr``) in ONE
+    write, then flushes.
+
+    A command's workers share its stderr. ``print`` writes the text and the
+    newline separately, and with ``PYTHONUNBUFFERED`` set (common in containers
+    and CI) each write is its own system call: two processes printing at once
+    then leave one line holding both texts and an empty line. One write of a
+    whole line shorter than the pipe's atomic size (4 KiB on Linux) is never
+    split by another process's.
+    """
+    stream = sys.stderr if stream is None else stream
+    stream.write(text + "\n")
+    stream.flush()
+
+
 class Progress:
     """Progress lines on stderr: ``PROG: [12.3 s] message``, unless quiet.
 
@@ -73,8 +89,7 @@ class Progress:
 
     def __call__(self, message: str) -> None:
         if not self.quiet:
-            print(f"{self.prog}: [{time.time() - self.start:.1f} s] {message}",
-                  file=sys.stderr, flush=True)
+            write_line(f"{self.prog}: [{time.time() - self.start:.1f} s] {message}")
 
 
 def run_main(prog: str, body: Callable[[], int]) -> int:
@@ -83,15 +98,15 @@ def run_main(prog: str, body: Callable[[], int]) -> int:
     try:
         return body()
     except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
+        write_line(f"{prog}: interrupted")
         return 130
     except Exception as e:  # one line per failure
         status = getattr(e, "exit_status", None)
         if isinstance(status, int):
-            print(f"{prog}: error: {e}", file=sys.stderr)
+            write_line(f"{prog}: error: {e}")
             return status
         logging.debug("%s failed", prog, exc_info=True)
-        print(f"{prog}: failed: {last_line(e)}", file=sys.stderr)
+        write_line(f"{prog}: failed: {last_line(e)}")
         return 1
 
 

@@ -111,8 +111,45 @@ def test_multi_processing_workers_are_quiet_too(data, tmp_path):
     proc = run_cli("select", "--input", data, "--output", str(tmp_path / "o"), *SELECT,
                    "--direct_running_mode=multi_processing", "--direct_num_workers=2")
     assert proc.returncode == 0, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert lines and all(PROGRESS_LINE.match(l) for l in lines), lines
+    assert PROGRESS_LINE.match(proc.stderr)
+    assert without_progress(proc.stderr) == []  # (an empty line: two lines' writes interleaved)
+
+
+class _Writes:
+    """A stream recording each ``write`` call."""
+
+    def __init__(self):
+        self.calls = []
+
+    def write(self, text):
+        self.calls.append(text)
+
+    def flush(self):
+        self.calls.append(None)
+
+
+def test_progress_and_error_lines_are_each_one_write(monkeypatch):
+    # Workers share the command's stderr: a line written in two calls (print's text,
+    # then its newline: two system calls when PYTHONUNBUFFERED is set) can be split by
+    # another process's line. Each line is one write, followed by a flush.
+    stream = _Writes()
+    monkeypatch.setattr(sys, "stderr", stream)
+    cli.Progress("beam-dpsu select")("3 users read")
+    from beam_dpsu.pipelines import common
+    monkeypatch.setattr(common, "_WORKER_PROGRESS", {"users": 0, "last": 0.0})
+    token = common._RUN_PROGRESS.set(("beam-dpsu select", 0.0, 0.0))
+    try:
+        count = common.CountUsers()
+    finally:
+        common._RUN_PROGRESS.reset(token)
+    assert list(count.process(("u1", {"a": 1}))) == [("u1", {"a": 1})]
+    assert cli.run_main("beam-dpsu select", lambda: 1 // 0) == 1
+    writes = [c for c in stream.calls if c is not None]
+    assert len(writes) == 3 and stream.calls == [w for c in writes for w in (c, None)]
+    assert all(w.endswith("\n") and w.count("\n") == 1 for w in writes), writes
+    assert PROGRESS_LINE.match(writes[0]) and writes[0].endswith("] 3 users read\n")
+    assert writes[1].endswith("] 1 users read and grouped so far (this worker)\n")
+    assert writes[2].startswith("beam-dpsu select: failed: ")
 
 
 def test_quiet_subprocess_prints_nothing_on_stderr(data, tmp_path):

@@ -386,8 +386,8 @@ class CountUsers(beam.DoFn):
                 return
             _WORKER_PROGRESS["last"] = now
             users = _WORKER_PROGRESS["users"]
-        print(f"{prog}: [{now - start:.1f} s] {users} users read and grouped so far "
-              f"(this worker)", file=sys.stderr, flush=True)
+        cli.write_line(f"{prog}: [{now - start:.1f} s] {users} users read and grouped so far "
+                       f"(this worker)")  # one write: other workers print too
 
 
 # -- the release file -----------------------------------------------------------
