@@ -13,7 +13,7 @@ setup(
     python_requires=">=3.10",
     # Only beam_dpsu: the checkout's top-level ``pipelines/`` shims are not installed.
     packages=find_packages(include=["beam_dpsu", "beam_dpsu.*"]),
-    entry_points={"console_scripts": ["beam-dpsu=beam_dpsu.cli:main"]},
+    entry_points={"console_scripts": ["beam-dpsu=beam_dpsu.cli:console"]},
     install_requires=[
         "apache-beam>=2.60",
         "numpy>=1.24",

@@ -48,7 +48,8 @@ TWO_WORKERS = ["--direct_num_workers=2", "--direct_running_mode=multi_processing
 
 #: The command line as a user runs it (``python -m pipelines.select_partitions``, i.e.
 #: ``cli.run_command``: logging set up, warm workers started before Beam is
-#: imported), reading the public summary it writes next to the release.
+#: imported), reading the public summary it writes next to the release, and
+#: ending as the command does (``cli.exit_process``).
 CHILD = r"""
 import json, resource, sys, time
 start = time.time()
@@ -66,6 +67,7 @@ summary["child_wall_seconds"] = time.time() - start
 summary["peak_rss_mib"] = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
                               resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024
 print("RESULT " + json.dumps(summary))
+getattr(cli, "exit_process", sys.exit)(0)  # the command's own exit (a tree without it: sys.exit)
 """
 
 

@@ -17,5 +17,5 @@ def shim(name: str, module: str) -> None:
     """
     if name == "__main__":
         from beam_dpsu import cli
-        sys.exit(cli.run_module(module, sys.argv[1:]))
+        cli.exit_process(cli.run_module(module, sys.argv[1:]))
     sys.modules[name] = importlib.import_module(f"beam_dpsu.pipelines.{module}")

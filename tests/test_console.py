@@ -152,6 +152,63 @@ def test_progress_and_error_lines_are_each_one_write(monkeypatch):
     assert writes[2].startswith("beam-dpsu select: failed: ")
 
 
+EXIT_PROBE = r"""
+import atexit, sys, threading, time
+from beam_dpsu import cli
+out = sys.argv[1]
+def handler():
+    with open(out, "a") as f:
+        f.write("handler;")
+def late():
+    time.sleep(0.3)
+    with open(out, "a") as f:
+        f.write("thread;")
+atexit.register(handler)
+threading.Thread(target=late).start()
+class Teardown:
+    def __del__(self, open=open):  # (builtins may be gone in the teardown)
+        with open(out, "a") as f:
+            f.write("teardown;")
+keep = Teardown()
+print("buffered", end="")
+cli.exit_process(int(sys.argv[2]))
+"""
+
+
+@pytest.mark.parametrize("status", [0, 3, 258])
+def test_exit_process_keeps_what_an_exit_does_and_skips_the_teardown(tmp_path, status):
+    # Waits for a non-daemon thread, runs the exit handlers and flushes a buffered
+    # stdout (all before the handlers, in that order, as the interpreter's exit),
+    # exits with the status modulo 256, and frees no object (no __del__ at the end).
+    out = tmp_path / "events"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("PYTHONUNBUFFERED", None)
+    proc = subprocess.run([sys.executable, "-c", EXIT_PROBE, str(out), str(status)],
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == status % 256, proc.stderr
+    assert proc.stdout == "buffered" and proc.stderr == ""
+    assert out.read_text() == "thread;handler;"
+    # the same program ending with sys.exit runs the teardown: the probe can tell
+    normal = subprocess.run([sys.executable, "-c", EXIT_PROBE.replace("cli.exit_process(",
+                                                                      "sys.exit("),
+                             str(tmp_path / "normal"), "0"], env=env, timeout=60)
+    assert normal.returncode == 0
+    assert (tmp_path / "normal").read_text() == "thread;handler;teardown;"
+
+
+def test_exit_process_reports_a_failed_flush_as_python_does(tmp_path):
+    # stdout is a closed pipe: Python's own exit gives status 120; so does ours.
+    code = ("import sys; from beam_dpsu import cli; sys.stdout.write('x' * 100); "
+            "cli.exit_process(0)")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("PYTHONUNBUFFERED", None)
+    for program in (code, code.replace("cli.exit_process(", "sys.exit(")):
+        proc = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, env=env)
+        proc.stdout.close()
+        assert proc.wait(timeout=60) == 120
+
+
 def test_quiet_subprocess_prints_nothing_on_stderr(data, tmp_path):
     proc = run_cli("select", "--input", data, "--output", str(tmp_path / "o"), "--quiet",
                    *SELECT)
@@ -190,11 +247,11 @@ def setup_arguments(monkeypatch):
 
 def test_setup_installs_the_console_command_and_no_generic_package(monkeypatch):
     kw = setup_arguments(monkeypatch)
-    assert "beam-dpsu=beam_dpsu.cli:main" in kw["entry_points"]["console_scripts"]
+    assert "beam-dpsu=beam_dpsu.cli:console" in kw["entry_points"]["console_scripts"]
     packages = kw["packages"]
     assert "beam_dpsu.pipelines" in packages and "beam_dpsu._quiet_workers" in packages
     assert all(p == "beam_dpsu" or p.startswith("beam_dpsu.") for p in packages), packages
-    module, func = "beam_dpsu.cli:main".split(":")
+    module, func = "beam_dpsu.cli:console".split(":")
     assert callable(getattr(__import__(module, fromlist=[func]), func))
 
 

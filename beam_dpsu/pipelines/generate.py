@@ -50,4 +50,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":  # python -m beam_dpsu.pipelines.X: see beam_dpsu.cli
-    sys.exit(main())
+    from beam_dpsu import cli as _cli
+    _cli.exit_process(main())
