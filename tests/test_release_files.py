@@ -317,24 +317,45 @@ def test_a_read_only_output_directory_exits_2(tmp_path, capsys):
         locked.chmod(0o755)
 
 
-def test_a_failed_run_leaves_no_temporary_directory(tmp_path, capsys, monkeypatch):
-    # A failure inside the pipeline (writing the items file raises, in-process) exits 1
-    # with one line and removes the beam-temp-* directory and the output directory the
-    # run created.
-    from apache_beam.io import textio
+def test_a_failed_run_leaves_no_temporary_file(tmp_path, capsys, monkeypatch):
+    # A failure inside the pipeline (writing the items file raises half way, in-process)
+    # exits 1 with one line, leaves no partial release and removes the temporary
+    # file and the output directory the run created.
+    from beam_dpsu import runners
     data = small_input(tmp_path)
     seen = []
+    write = runners._write_parts
 
-    def failing_write(self, file_handle, encoded_value):
-        seen.extend(glob.glob(str(tmp_path / "new" / "beam-temp-*")))
+    def failing_write(f, parts):
+        write(f, list(parts)[:1])
+        f.flush()
+        seen.extend((p, os.path.getsize(p))
+                    for p in glob.glob(str(tmp_path / "new" / "beam-temp-out-items-*")))
         raise RuntimeError("injected failure")
 
-    monkeypatch.setattr(textio._TextSink, "write_encoded_record", failing_write)
+    monkeypatch.setattr(runners, "_write_parts", failing_write)
     rc = select_partitions.main(sp_args(data, str(tmp_path / "new" / "out")))
     err = without_progress(capsys.readouterr().err)
     assert rc == 1 and len(err) == 1 and "injected failure" in err[0], err
-    assert seen  # the sink's temporary directory existed when the run failed
+    assert len(seen) == 1 and seen[0][1] > 0  # it existed, partly written
     assert sorted(os.listdir(tmp_path)) == ["in.tsv"]
+
+
+def test_a_temporary_file_left_by_a_killed_run_is_removed_when_a_run_fails(tmp_path, capsys,
+                                                                            monkeypatch):
+    # Only what the failing run made is removed: a file that was there before stays.
+    from beam_dpsu import runners
+    data = small_input(tmp_path)
+    (tmp_path / "new").mkdir()
+    before = tmp_path / "new" / "beam-temp-out-items-00000-of-00001-old"
+    before.write_text("x")
+
+    def failing_write(f, parts):
+        raise RuntimeError("injected failure")
+
+    monkeypatch.setattr(runners, "_write_parts", failing_write)
+    assert select_partitions.main(sp_args(data, str(tmp_path / "new" / "out"))) == 1
+    assert os.listdir(tmp_path / "new") == [before.name]
 
 
 # -- top-k's stated ε -------------------------------------------------------------

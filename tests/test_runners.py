@@ -234,3 +234,50 @@ def test_the_command_line_never_tries_prism(data, tmp_path, monkeypatch):
     assert one == two and one
     # The failed Prism attempt used to leave beam-temp* and tmp* directories there.
     assert os.listdir(private_tmp) == []
+
+
+# -- writing one file -----------------------------------------------------------------
+
+def test_write_one_file_writes_each_part_as_a_line_and_leaves_no_temporary_file(tmp_path):
+    from beam_dpsu import runners
+    path = str(tmp_path / "sub" / "out-items-00000-of-00001")
+    runners.write_one_file(path, ["a\nb", b"c", 7])
+    assert open(path, "rb").read() == b"a\nb\nc\n7\n"
+    assert os.listdir(tmp_path / "sub") == ["out-items-00000-of-00001"]
+    runners.write_one_file(path, [])  # a retried attempt replaces the file
+    assert open(path, "rb").read() == b""
+    assert os.listdir(tmp_path / "sub") == ["out-items-00000-of-00001"]
+
+
+def test_write_one_file_never_shows_a_partial_file(tmp_path, monkeypatch):
+    # While the text is written, the final name does not exist; when writing fails,
+    # neither it nor the temporary file is left.
+    from beam_dpsu import runners
+    path = tmp_path / "out-items-00000-of-00001"
+    seen = []
+
+    def parts():
+        yield "first"
+        seen.append(sorted(os.listdir(tmp_path)))
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        runners.write_one_file(str(path), parts())
+    assert len(seen) == 1 and len(seen[0]) == 1
+    assert seen[0][0].startswith(runners.TEMP_PREFIX + path.name + "-")
+    assert os.listdir(tmp_path) == []
+
+
+def test_the_release_is_written_in_one_step_on_the_direct_runner(tmp_path):
+    # WriteOneFile (GroupByKey + one ParDo), not ToList + WriteToText; the file is
+    # the sorted lines, and nothing but the release and its summaries is left.
+    import apache_beam as beam
+    from beam_dpsu.pipelines import common
+    prefix = str(tmp_path / "out")
+    with beam.Pipeline() as p:
+        common.write_items(p | beam.Create(["b\t1", "a\t2", "c\t3"]), prefix)
+        labels = transform_labels(p)
+    assert any(l.endswith("WriteItems/Write") for l in labels), labels
+    assert not any("WriteToText" in l or "CollectRelease" in l for l in labels)
+    assert open(prefix + "-items-00000-of-00001").read() == "a\t2\nb\t1\nc\t3\n"
+    assert os.listdir(tmp_path) == ["out-items-00000-of-00001"]

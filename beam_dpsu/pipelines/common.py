@@ -409,27 +409,20 @@ def write_items(lines: beam.PCollection, prefix: str,
     the runner produced them, which could reflect the input order and so
     individual users. ``label`` prefixes the steps' labels (a second release
     of the same pipeline needs its own).
+
+    Written by ``runners.WriteOneFile`` on every runner: one step collects the
+    lines, one writes them to a temporary file next to the release and renames
+    it, so the file appears whole or not at all (an empty release writes no
+    file; ``run_release`` then creates it empty).
     """
-    if not runners.capabilities(lines.pipeline).file_sinks:
-        # No working file sink (Dask): GroupByKey under one key, one ParDo writes the
-        # file (an empty release writes none; run_release then creates it empty).
-        lines | label + "WriteItems" >> runners.WriteOneFile(f"{prefix}-{kind}{SHARD}", arrange)
-        return
-    (lines
-     | label + "CollectRelease" >> beam.combiners.ToList()
-     | label + "ArrangeRelease" >> beam.FlatMap(arrange)
-     # The whole name, no shard template: Beam's sink deletes the files matching
-     # its output glob before writing, and with a template that glob
-     # (PREFIX-KIND-*-of-00001) also matches other runs' files, e.g. the items of
-     # a run whose prefix is PREFIX-top-k. Without one it is this file alone.
-     | label + "WriteItems" >> beam.io.WriteToText(f"{prefix}-{kind}{SHARD}", num_shards=1,
-                                                   shard_name_template=""))
+    lines | label + "WriteItems" >> runners.WriteOneFile(f"{prefix}-{kind}{SHARD}", arrange)
 
 
 # -- running --------------------------------------------------------------------
 
 def _temp_dirs(prefixes: Sequence[str]) -> set:
-    """Local ``beam-temp-*`` directories Beam's file sinks make for these prefixes."""
+    """Local ``beam-temp-*`` directories Beam's file sinks make for these prefixes, and
+    the temporary files of ``runners.write_one_file``."""
     out = set()
     for prefix in prefixes:
         if not prefix or _is_remote(prefix):
@@ -499,7 +492,7 @@ def run_pipeline(beam_args: Sequence[str], build: Callable[[beam.Pipeline], None
                  output_prefixes: Sequence[Optional[str]] = ()):
     """Builds and runs a pipeline; returns (result, wall seconds, runner name).
 
-    When the run fails, the ``beam-temp-*`` directories it made for
+    When the run fails, the ``beam-temp-*`` directories and files it made for
     ``output_prefixes`` (local disks) are removed.
     """
     beam_args = runners.resolve_runner_flag(list(beam_args))
@@ -527,7 +520,13 @@ def run_pipeline(beam_args: Sequence[str], build: Callable[[beam.Pipeline], None
                         client.close()  # else it retries the scheduler after the run
     except BaseException:
         for path in _temp_dirs(output_prefixes) - before:
-            shutil.rmtree(path, ignore_errors=True)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                try:
+                    os.remove(path)
+                except OSError:
+                    pass
         raise
     return result, time.time() - start, runner
 
@@ -627,7 +626,7 @@ def run_release(args, beam_args: Sequence[str],
     files = [args.output + ITEMS_SUFFIX] + [f"{args.output}-{k}{SHARD}" for k in sub_releases]
     for path in files:
         if not FileSystems.exists(path):
-            # a writer without file sink writes no file for an empty release (Dask)
+            # runners.WriteOneFile writes no file for an empty release
             with FileSystems.create(path) as f:
                 f.write(b"")
     users = counter(result, "users")
