@@ -241,3 +241,72 @@ def test_gw_cascade_free_threshold_tiny_delta_and_validation():
     with pytest.raises(ValueError, match="eta"):
         cal.check_eta(1.0)
     assert cal.check_eta(0.05) == 0.05
+
+
+# -- Φ without scipy.special (the launcher no longer imports it) ----------------------
+
+def test_log_ndtr_matches_scipy_in_both_tails():
+    from scipy import special
+    xs = np.concatenate([-np.logspace(-8, 6, 3000), np.logspace(-8, 1.6, 1500),
+                         np.linspace(-40.0, 10.0, 5001), [0.0, -20.0, -19.999999]])
+    for x in xs:
+        got, want = cal.log_ndtr(x), float(special.log_ndtr(x))
+        assert abs(got - want) <= 1e-13 * abs(want) + 1e-300, (x, got, want)
+    assert cal.log_ndtr(math.inf) == 0.0 and cal.log_ndtr(-math.inf) == -math.inf
+
+
+def test_normal_isf_matches_scipy_from_1e300_to_one():
+    from scipy import special
+    ps = np.concatenate([np.logspace(-300, math.log10(0.4999), 12000),
+                         np.linspace(1e-6, 0.999, 4000)])
+    assert ps.size <= cal._PURE_ISF_MAX_SIZE  # the pure path
+    got, want = cal.normal_isf(ps), -special.ndtri(ps)
+    assert np.all(np.abs(got - want) <= 1e-14 * np.abs(want)), ps[np.argmax(np.abs(got - want))]
+    assert isinstance(cal.normal_isf(1e-5), float)
+    assert cal.normal_isf(1e-5) == pytest.approx(4.264890793922825, rel=1e-15)
+    # scipy's path: a large array, and p below what AS241 was fitted on
+    big = np.linspace(1e-9, 0.1, cal._PURE_ISF_MAX_SIZE + 1)
+    assert np.array_equal(cal.normal_isf(big), -special.ndtri(big))
+    assert cal.normal_isf(1e-310) == -special.ndtri(1e-310)
+
+
+@pytest.mark.parametrize("epsilon", [0.01, 0.1, 1.0, 3.0, 10.0, 50.0])
+@pytest.mark.parametrize("delta", [1e-300, 1e-50, 1e-12, 1e-6, 1e-3, 0.3])
+def test_analytic_gaussian_sigma_agrees_with_the_scipy_computation(epsilon, delta, monkeypatch):
+    # The same bisection with scipy's log Φ: σ agrees to the conditioning of the
+    # formula (log Φ(a) − log Φ(b) cancels when ε is small and δ tiny: 5e-11 at
+    # ε = 0.01, δ = 1e-300; about 1e-13 for ε ≥ 0.1 and δ ≥ 1e-12).
+    from scipy import special
+    ours = cal.analytic_gaussian_sigma(epsilon, delta, 2.0)
+    monkeypatch.setattr(cal, "log_ndtr", lambda x: float(special.log_ndtr(x)))
+    theirs = cal.analytic_gaussian_sigma(epsilon, delta, 2.0)
+    tol = 1e-12 if epsilon >= 0.1 and delta >= 1e-12 else 1e-10
+    assert ours == pytest.approx(theirs, rel=tol)
+
+
+def test_the_gaussian_thresholds_agree_with_the_scipy_computation(monkeypatch):
+    from scipy import special
+    ours = [cal.weighted_gaussian_threshold(3.0, 1e-5, 100),
+            cal.count_gaussian_threshold(1.0, 1e-8, 30),
+            cal.zcdp_weighted_gaussian_threshold(0.1, 1e-6, 1000)]
+    monkeypatch.setattr(cal, "log_ndtr", lambda x: float(special.log_ndtr(x)))
+    monkeypatch.setattr(cal, "normal_isf", lambda p: -special.ndtri(p))
+    theirs = [cal.weighted_gaussian_threshold(3.0, 1e-5, 100),
+              cal.count_gaussian_threshold(1.0, 1e-8, 30),
+              cal.zcdp_weighted_gaussian_threshold(0.1, 1e-6, 1000)]
+    assert ours == pytest.approx(theirs, rel=1e-13)
+
+
+def test_a_gaussian_calibration_imports_no_scipy_special():
+    # The launcher of a command line calibrates before its first stage: importing
+    # scipy.special took about 0.33 s of it.
+    import subprocess
+    import sys
+    code = ("import sys; from beam_dpsu import calibration as c; "
+            "c.weighted_gaussian_threshold(3.0, 1e-5, 100); c.count_gaussian_threshold(1, 1e-6, 10); "
+            "print('scipy.special' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, env=dict(__import__("os").environ,
+                                               PYTHONPATH=str(__import__("pathlib").Path(
+                                                   __file__).resolve().parents[1])))
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
