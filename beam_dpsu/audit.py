@@ -685,4 +685,5 @@ def main(argv: Optional[Sequence[str]] = None,
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from beam_dpsu import cli as _cli
+    _cli.exit_process(main())

@@ -310,18 +310,28 @@ def write_one_file(path: str, parts) -> None:
     (``beam-temp-NAME-<random hex>``: ``TEMP_PREFIX``), which is then renamed to
     ``path``: on a local disk a rename within a directory is atomic (and replaces
     a file a retried attempt wrote); an object store shows an object only once it
-    is complete. When writing or renaming fails, the temporary file is deleted
-    and the error raised. Compression follows ``path``'s suffix, as Beam's.
+    is complete. Where a rename does not replace an existing file (HDFS), a
+    file a retried attempt left at ``path`` is deleted and the rename tried
+    again. When writing or renaming fails, the temporary file is deleted and
+    the error raised. Compression follows ``path``'s suffix, as Beam's; the
+    type is ``text/plain``, as ``WriteToText``'s.
     """
     import uuid
     from apache_beam.io.filesystem import CompressionTypes
     directory, name = FileSystems.split(path)
     temp = FileSystems.join(directory, f"{TEMP_PREFIX}{name}-{uuid.uuid4().hex}")
     try:
-        with FileSystems.create(temp, compression_type=CompressionTypes.detect_compression_type(
-                path)) as f:
+        with FileSystems.create(temp, mime_type="text/plain",
+                                compression_type=CompressionTypes.detect_compression_type(
+                                    path)) as f:
             _write_parts(f, parts)
-        FileSystems.rename([temp], [path])
+        try:
+            FileSystems.rename([temp], [path])
+        except Exception:
+            if not FileSystems.exists(path):
+                raise
+            FileSystems.delete([path])  # a retried attempt's, which this rename would not replace
+            FileSystems.rename([temp], [path])
     except BaseException:
         try:
             if FileSystems.exists(temp):

@@ -10,6 +10,7 @@ not done here (minutes); ``.ci/run`` installs the package before the tests.
 """
 import json
 import os
+import re
 import pathlib
 import subprocess
 import sys
@@ -113,6 +114,8 @@ def test_multi_processing_workers_are_quiet_too(data, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert PROGRESS_LINE.match(proc.stderr)
     assert without_progress(proc.stderr) == []  # (an empty line: two lines' writes interleaved)
+    stamps = [len(re.findall(r"\[\d+\.\d s\]", l)) for l in proc.stderr.splitlines()]
+    assert stamps and set(stamps) == {1}, proc.stderr  # (two lines' texts on one line)
 
 
 class _Writes:
@@ -196,10 +199,12 @@ def test_exit_process_keeps_what_an_exit_does_and_skips_the_teardown(tmp_path, s
     assert (tmp_path / "normal").read_text() == "thread;handler;teardown;"
 
 
-def test_exit_process_reports_a_failed_flush_as_python_does(tmp_path):
-    # stdout is a closed pipe: Python's own exit gives status 120; so does ours.
+@pytest.mark.parametrize("status", [0, 3])
+def test_exit_process_reports_a_failed_flush_as_python_does(tmp_path, status):
+    # stdout is a closed pipe: Python's own exit gives status 120 whatever the status
+    # asked for; so does ours. A stdout the program closed itself is not flushed (0).
     code = ("import sys; from beam_dpsu import cli; sys.stdout.write('x' * 100); "
-            "cli.exit_process(0)")
+            f"cli.exit_process({status})")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     env.pop("PYTHONUNBUFFERED", None)
     for program in (code, code.replace("cli.exit_process(", "sys.exit(")):
@@ -207,6 +212,30 @@ def test_exit_process_reports_a_failed_flush_as_python_does(tmp_path):
                                 stderr=subprocess.DEVNULL, env=env)
         proc.stdout.close()
         assert proc.wait(timeout=60) == 120
+    closed = code.replace("sys.stdout.write('x' * 100)", "sys.stdout.close()")
+    proc = subprocess.run([sys.executable, "-c", closed], env=env, timeout=60)
+    assert proc.returncode == status
+
+
+def test_exit_process_runs_the_exit_handlers_after_a_ctrl_c_while_waiting(tmp_path):
+    # A Ctrl-C while the exit waits for a non-daemon thread: printed, and the exit
+    # handlers still run (the warm worker pool's among them), as in Python's exit.
+    import signal
+    import time
+    out = tmp_path / "events"
+    code = ("import atexit, sys, threading, time; from beam_dpsu import cli; "
+            f"atexit.register(lambda: open({str(out)!r}, 'a').write('handler;')); "
+            "threading.Thread(target=time.sleep, args=(5,)).start(); "
+            "print('exiting', flush=True); cli.exit_process(0)")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout.readline().strip() == "exiting"
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert out.read_text() == "handler;"
+    assert "KeyboardInterrupt" in err
 
 
 def test_quiet_subprocess_prints_nothing_on_stderr(data, tmp_path):

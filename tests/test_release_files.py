@@ -317,10 +317,24 @@ def test_a_read_only_output_directory_exits_2(tmp_path, capsys):
         locked.chmod(0o755)
 
 
+class _FileSystemsWithoutDelete:
+    """``runners.FileSystems`` whose ``delete`` fails: ``write_one_file`` cannot remove its
+    temporary file, so only the launcher's cleanup can."""
+
+    def __getattr__(self, name):
+        from apache_beam.io.filesystems import FileSystems
+        return getattr(FileSystems, name)
+
+    @staticmethod
+    def delete(paths):
+        raise OSError("no delete")
+
+
 def test_a_failed_run_leaves_no_temporary_file(tmp_path, capsys, monkeypatch):
-    # A failure inside the pipeline (writing the items file raises half way, in-process)
-    # exits 1 with one line, leaves no partial release and removes the temporary
-    # file and the output directory the run created.
+    # A failure inside the pipeline (writing the items file raises half way, in-process,
+    # and the writer cannot delete its temporary file) exits 1 with one line, leaves no
+    # partial release, and the launcher removes the temporary file and the output
+    # directory the run created.
     from beam_dpsu import runners
     data = small_input(tmp_path)
     seen = []
@@ -334,6 +348,7 @@ def test_a_failed_run_leaves_no_temporary_file(tmp_path, capsys, monkeypatch):
         raise RuntimeError("injected failure")
 
     monkeypatch.setattr(runners, "_write_parts", failing_write)
+    monkeypatch.setattr(runners, "FileSystems", _FileSystemsWithoutDelete())
     rc = select_partitions.main(sp_args(data, str(tmp_path / "new" / "out")))
     err = without_progress(capsys.readouterr().err)
     assert rc == 1 and len(err) == 1 and "injected failure" in err[0], err
@@ -341,9 +356,9 @@ def test_a_failed_run_leaves_no_temporary_file(tmp_path, capsys, monkeypatch):
     assert sorted(os.listdir(tmp_path)) == ["in.tsv"]
 
 
-def test_a_temporary_file_left_by_a_killed_run_is_removed_when_a_run_fails(tmp_path, capsys,
-                                                                            monkeypatch):
-    # Only what the failing run made is removed: a file that was there before stays.
+def test_a_failed_run_keeps_temporary_files_it_did_not_make(tmp_path, capsys, monkeypatch):
+    # Only what the failing run made is removed: a temporary file that was there before
+    # (a killed run's) stays, and so does another prefix's (out2, a concurrent run).
     from beam_dpsu import runners
     data = small_input(tmp_path)
     (tmp_path / "new").mkdir()
@@ -351,11 +366,25 @@ def test_a_temporary_file_left_by_a_killed_run_is_removed_when_a_run_fails(tmp_p
     before.write_text("x")
 
     def failing_write(f, parts):
+        (tmp_path / "new" / "beam-temp-out2-items-00000-of-00001-abc").write_text("y")
         raise RuntimeError("injected failure")
 
     monkeypatch.setattr(runners, "_write_parts", failing_write)
+    monkeypatch.setattr(runners, "FileSystems", _FileSystemsWithoutDelete())
     assert select_partitions.main(sp_args(data, str(tmp_path / "new" / "out"))) == 1
-    assert os.listdir(tmp_path / "new") == [before.name]
+    assert sorted(os.listdir(tmp_path / "new")) == [
+        before.name, "beam-temp-out2-items-00000-of-00001-abc"]
+
+
+def test_a_release_counted_but_not_written_fails_the_run(tmp_path, capsys, monkeypatch):
+    # A missing items file is created empty only for an empty release: when the run
+    # counted released items, a missing file is an error, never an empty release.
+    from beam_dpsu import runners
+    data = small_input(tmp_path)
+    monkeypatch.setattr(runners, "write_one_file", lambda path, parts: None)
+    rc = select_partitions.main(sp_args(data, str(tmp_path / "out")))
+    err = without_progress(capsys.readouterr().err)
+    assert rc == 1 and len(err) == 1 and "released item(s) but wrote no" in err[0], err
 
 
 # -- top-k's stated ε -------------------------------------------------------------

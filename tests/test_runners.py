@@ -281,3 +281,27 @@ def test_the_release_is_written_in_one_step_on_the_direct_runner(tmp_path):
     assert not any("WriteToText" in l or "CollectRelease" in l for l in labels)
     assert open(prefix + "-items-00000-of-00001").read() == "a\t2\nb\t1\nc\t3\n"
     assert os.listdir(tmp_path) == ["out-items-00000-of-00001"]
+
+
+def test_write_one_file_replaces_a_retried_attempts_file_where_rename_does_not(tmp_path,
+                                                                              monkeypatch):
+    # HDFS: a rename onto an existing file fails; the earlier attempt's file is deleted
+    # and the rename tried again.
+    from apache_beam.io.filesystems import FileSystems
+    from beam_dpsu import runners
+    path = str(tmp_path / "out-items-00000-of-00001")
+    runners.write_one_file(path, ["first"])
+
+    class NoReplace:
+        def __getattr__(self, name):
+            return getattr(FileSystems, name)
+
+        @staticmethod
+        def rename(sources, destinations):
+            if any(os.path.exists(d) for d in destinations):
+                raise OSError("destination exists")
+            FileSystems.rename(sources, destinations)
+
+    monkeypatch.setattr(runners, "FileSystems", NoReplace())
+    runners.write_one_file(path, ["second"])
+    assert open(path).read() == "second\n" and os.listdir(tmp_path) == [os.path.basename(path)]

@@ -428,7 +428,7 @@ def _temp_dirs(prefixes: Sequence[str]) -> set:
         if not prefix or _is_remote(prefix):
             continue
         parent = os.path.dirname(os.path.abspath(prefix))
-        start = "beam-temp-" + os.path.basename(prefix)
+        start = "beam-temp-" + os.path.basename(prefix) + "-"  # (not PREFIX2's)
         try:
             out |= {os.path.join(parent, n) for n in os.listdir(parent) if n.startswith(start)}
         except OSError:
@@ -624,8 +624,12 @@ def run_release(args, beam_args: Sequence[str],
     finally:
         _RUN_PROGRESS.reset(token)
     files = [args.output + ITEMS_SUFFIX] + [f"{args.output}-{k}{SHARD}" for k in sub_releases]
+    counted = counter(result, "released") if not sub_releases else None
     for path in files:
         if not FileSystems.exists(path):
+            if path == files[0] and counted:
+                raise RuntimeError(f"the run counted {counted} released item(s) but wrote no "
+                                   f"{path}")
             # runners.WriteOneFile writes no file for an empty release
             with FileSystems.create(path) as f:
                 f.write(b"")
