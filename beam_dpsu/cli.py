@@ -129,10 +129,18 @@ def write_line(text: str, stream=None) -> None:
     then leave one line holding both texts and an empty line. One write of a
     whole line shorter than the pipe's atomic size (4 KiB on Linux) is never
     split by another process's.
+
+    Best effort: when the stream cannot be written (its reader is gone, e.g.
+    ``beam-dpsu select ... 2>&1 | head -1``, or it is closed), the line is
+    dropped and the run goes on; a worker whose progress line failed used to
+    fail its bundle, and a two-worker run then waited forever.
     """
     stream = sys.stderr if stream is None else stream
-    stream.write(text + "\n")
-    stream.flush()
+    try:
+        stream.write(text + "\n")
+        stream.flush()
+    except (OSError, ValueError):  # BrokenPipeError; ValueError: a closed file
+        pass
 
 
 class Progress:

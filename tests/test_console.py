@@ -118,6 +118,29 @@ def test_multi_processing_workers_are_quiet_too(data, tmp_path):
     assert stamps and set(stamps) == {1}, proc.stderr  # (two lines' texts on one line)
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_run_whose_stderr_reader_is_gone_still_releases(data, tmp_path, workers):
+    # `beam-dpsu select ... 2> >(head -1)`: progress lines are dropped once stderr
+    # cannot be written. Before, the worker's failed line failed its bundle, a
+    # one-worker run exited 1 and a two-worker run waited forever.
+    extra = (["--direct_running_mode=multi_processing", f"--direct_num_workers={workers}"]
+             if workers > 1 else [])
+    env = dict(os.environ, PYTHONPATH=str(ROOT), BEAM_DPSU_PROGRESS_SECONDS="0")
+    env.pop("BEAM_DPSU_DEBUG", None)
+    proc = subprocess.Popen([sys.executable, "-m", "beam_dpsu.cli", "select", "--input", data,
+                             "--output", str(tmp_path / "o"), *SELECT, *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=str(ROOT), env=env)
+    proc.stderr.close()
+    try:
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0
+    assert json.loads(out)["num_released"] == len(
+        (tmp_path / "o-items-00000-of-00001").read_text().splitlines())
+
+
 class _Writes:
     """A stream recording each ``write`` call."""
 
