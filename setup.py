@@ -11,9 +11,9 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    # Only beam_dpsu: the checkout's top-level ``pipelines/`` shims are not installed.
+    # Only beam_dpsu: the checkout's top-level ``pipelines/`` entry points are not installed.
     packages=find_packages(include=["beam_dpsu", "beam_dpsu.*"]),
-    entry_points={"console_scripts": ["beam-dpsu=beam_dpsu.cli:console"]},
+    entry_points={"console_scripts": ["beam-dpsu=beam_dpsu.pipelines.cli:console"]},
     install_requires=[
         "apache-beam>=2.60",
         "numpy>=1.24",
@@ -23,14 +23,16 @@ setup(
         # pipeline-dp and dp-accounting install beside apache-beam 2.77 / numpy 2 without
         # changing either; the suite runs the PipelineDP example and checks the zCDP
         # conversion against dp-accounting's RDP conversion. dask[distributed]: the suite
-        # runs every pipeline on a two-worker Dask cluster.
-        "test": ["pytest>=7", "matplotlib>=3.5", "numba>=0.59",
+        # runs every pipeline on a two-worker Dask cluster. import-linter: the suite checks
+        # the layer contract of setup.cfg (pipelines -> transforms -> dp, no Beam in dp)
+        # with it rather than with an import walker of our own.
+        "test": ["pytest>=7", "import-linter>=2.0", "matplotlib>=3.5", "numba>=0.59",
                  "pipeline-dp>=0.3.1,<0.4", "dp-accounting>=0.4", "dask[distributed]>=2024.1",
                  "wheel"],
         "dask": ["dask[distributed]>=2024.1"],
         "plots": ["matplotlib>=3.5"],
         "fast": ["numba>=0.59"],
-        # beam_dpsu.pipelinedp relies on NaiveBudgetAccountant's lazy MechanismSpec
+        # beam_dpsu.transforms.pipelinedp relies on NaiveBudgetAccountant's lazy MechanismSpec
         # (eps/delta filled by compute_budgets()); the upper bound guards that contract.
         "pipelinedp": ["pipeline-dp>=0.3.1,<0.4"],
     },

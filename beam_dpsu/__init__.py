@@ -1,14 +1,16 @@
 """beam_dpsu: differentially private set union (partition selection) on Apache Beam.
 
-Building blocks (each a PTransform, see their modules):
-  bounding.PerUserItemCounts, bounding.SampleItems, histogram.WeightedHistogram,
-  threshold.NoisyThreshold / threshold.ApplyReleaseRule, textio.ReadUserItems.
-Complete mechanisms (the ``mechanisms`` package: one module per family on the
-contract of ``mechanisms.base``) with their calibration stated up front,
-applied with ``mechanisms.SelectPartitions``; ``core.run_local`` runs any of
-them without Beam. Calibration and accounting are pure functions in
-calibration and accounting; randomness is in noise.
-"""
-__version__ = "0.1.0"
+Three layers, each a package (``docs/architecture.md``):
 
-from beam_dpsu.noise import RunKey  # noqa: E402,F401
+* ``beam_dpsu.dp``: the pure core (no Beam): noise, calibration, accounting,
+  contribution bounding, release rules and the mechanisms with their
+  guarantee and Beam-free run;
+* ``beam_dpsu.transforms``: the Beam PTransforms over it (``ReadUserItems``,
+  ``SelectPartitions``, ``TopK``, ``WriteRelease``, the building blocks);
+* ``beam_dpsu.pipelines``: the ``beam-dpsu`` command line.
+
+Every public name is imported from the module that defines it.
+"""
+__all__ = ["__version__"]
+
+__version__ = "0.1.0"

@@ -2,7 +2,7 @@
 
 NOT PRIVATE, on purpose. Each broken variant differs from a real mechanism
 in one bug only, so that ``tests/test_audit.py`` and
-``benchmarks/audit_all.py`` can show that the auditor (``beam_dpsu.audit``)
+``benchmarks/audit_all.py`` can show that the auditor (``beam_dpsu.dp.audit``)
 catches it:
 
 * ``threshold-delta-x100``: T calibrated with 100·δ;
@@ -14,8 +14,8 @@ catches it:
 ``standard_configs`` and ``BROKEN_CONFIGS`` are the configurations the CI
 tests and ``benchmarks/audit_all.py`` audit. The auditor's command line
 accepts ``--broken VARIANT`` only when it is given these variants
-(``audit.main(argv, broken=BROKEN)``, as ``python benchmarks/audit_variants.py``
-does). Never use any of this for a release.
+(``beam_dpsu.pipelines.audit.main(argv, broken=BROKEN)``, as ``python
+benchmarks/audit_variants.py`` does). Never use any of this for a release.
 """
 from __future__ import annotations
 
@@ -28,11 +28,10 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 if __package__ in (None, ""):
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from beam_dpsu import calibration as cal  # noqa: E402
-from beam_dpsu.audit import main as _audit_main  # noqa: E402
-from beam_dpsu.mechanisms import Mechanism  # noqa: E402
-from beam_dpsu.noise import encode_value  # noqa: E402
-from beam_dpsu.threshold import NoisyThresholdRule  # noqa: E402
+from beam_dpsu.dp import calibration as cal  # noqa: E402
+from beam_dpsu.dp.mechanisms.base import Mechanism  # noqa: E402
+from beam_dpsu.dp.noise import encode_value  # noqa: E402
+from beam_dpsu.dp.release_rules import NoisyThresholdRule  # noqa: E402
 
 
 def threshold_delta_x100(mechanism: Mechanism) -> Mechanism:
@@ -90,12 +89,12 @@ class ZeroWeightKeys(Mechanism):
 
 
 def _closest_policy_class():
-    from beam_dpsu import policies
+    from beam_dpsu.dp import sequential
 
-    class ClosestToCutoffGreedyPolicy(policies.GreedyPolicy):
+    class ClosestToCutoffGreedyPolicy(sequential.GreedyPolicy):
         """BROKEN ON PURPOSE: the greedy walk visits the items closest to Γ first.
 
-        Identical to ``policies.GreedyPolicy`` except that each user re-sorts
+        Identical to ``sequential.GreedyPolicy`` except that each user re-sorts
         their items by the current gap ``Γ − H[u]`` (ties in the real walk
         order) before the greedy fill: the choice ranks items by the histogram,
         which Gopi et al. show is not private (``docs/mechanisms.md`` section 4).
@@ -103,8 +102,8 @@ def _closest_policy_class():
 
         def update(self, hist, prepared):
             get, cutoff = hist.get, self.cutoff
-            policies.apply_greedy(hist, sorted(prepared, key=lambda i: cutoff - get(i, 0.0)),
-                                  cutoff)
+            sequential.apply_greedy(
+                hist, sorted(prepared, key=lambda i: cutoff - get(i, 0.0)), cutoff)
 
     return ClosestToCutoffGreedyPolicy
 
@@ -151,7 +150,7 @@ def standard_configs(public_counts_path: Optional[str] = None) -> List[Tuple[str
     is given (write ``STANDARD_PUBLIC_COUNTS`` there). Small Δ0 and moderate δ
     keep the scenarios small (tens of users) so that thousands of runs are cheap.
     """
-    from beam_dpsu.registry import REGISTRY, make_mechanism
+    from beam_dpsu.dp.registry import REGISTRY, make_mechanism
     out = []
     for name in sorted(REGISTRY):
         accepts = REGISTRY[name].accepts
@@ -207,4 +206,5 @@ def describe_params(params: Mapping[str, Any]) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(_audit_main(broken=BROKEN))
+    from beam_dpsu.pipelines.audit import main as _audit_main
+    raise SystemExit(_audit_main(broken=BROKEN))

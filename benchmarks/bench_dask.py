@@ -1,24 +1,21 @@
 """DirectRunner against DaskRunner (2 worker processes, 1 thread each) on synthetic users.
 
-Usage (from the repository root, PYTHONPATH=$PWD):
+Usage (from the repository root, PYTHONPATH=$PWD; needs ``pip install '.[dask]'``):
     python benchmarks/bench_dask.py --input '/tmp/syn8/part-*' --repeats 3 \
-        --mechanisms weighted-gaussian,sips,policy-gaussian --out benchmarks/results/dask-8.json
+        --mechanisms weighted-gaussian,sips,policy-gaussian --out /tmp/bench_dask.json
     # without --input: generates --users synthetic users into one file under --workdir
 
 For each mechanism the two runners alternate (direct, dask, direct, dask, ...).
-Wall time is that of the whole command-line run (select_partitions.run), in
-this process. Peak memory: the maximum RSS, sampled every 0.2 s with psutil
-during the run, of this (launching) process, which also hosts the dask
-scheduler (LocalCluster), and of each dask worker process. The workers are
-restarted before every Dask run (outside the timing) so that each run starts
-from fresh processes. Every run uses --insecure-test-seed 1 and the released
-sets are compared.
-
-Dask runs also record where the time goes (benchmarks/dask_stages.py): the
-ParDo seconds per Beam transform and per stage (read+parse, per-user merge,
-histogram, release, write, ...) summed over the workers, the scheduler's task
-stream (busy seconds of all tasks, of which the rest is dask's groupby shuffle
-and bag glue, and the transfer seconds between workers).
+Wall time is that of the whole command-line run
+(``beam_dpsu.pipelines.select_partitions.run``), in this process. Peak memory:
+the maximum RSS, sampled every 0.2 s with psutil during the run, of this
+(launching) process, which also hosts the dask scheduler (LocalCluster), and of
+each dask worker process. The workers are restarted before every Dask run
+(outside the timing) so that each run starts from fresh processes. CPU: user +
+system seconds of the launcher and of each worker during the run. Every run
+uses --insecure-test-seed 1 and the released sets of the two runners are
+compared. One JSON line per run is printed, and all rows are written to
+``--out``.
 """
 import argparse
 import json
@@ -40,8 +37,8 @@ FLAGS = {
 
 
 class PeakRss(threading.Thread):
-    """Samples the RSS of ``pids`` every 0.2 s (peak kept); ``cpu_s()``: CPU seconds
-    (user + system) each used between construction and ``finish()``."""
+    """Samples the RSS of ``pids`` every 0.2 s (peak kept); after ``finish()``,
+    ``cpu`` holds the CPU seconds (user + system) each used since construction."""
 
     def __init__(self, pids):
         super().__init__(daemon=True)
@@ -79,17 +76,17 @@ def main():
     ap.add_argument("--mechanisms", default="weighted-gaussian,sips,policy-gaussian")
     ap.add_argument("--runners", default="direct,dask", help="order within a repeat")
     ap.add_argument("--workdir", default="/tmp/bench_dask")
-    ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "dask.json"))
+    ap.add_argument("--out", default=None, help="JSON rows (default: WORKDIR/bench_dask.json)")
     a = ap.parse_args()
     os.makedirs(a.workdir, exist_ok=True)
+    out_path = a.out or os.path.join(a.workdir, "bench_dask.json")
     data = a.input or os.path.join(a.workdir, f"syn-{a.users}.tsv")
     if not a.input and not os.path.exists(data):
-        subprocess.run([sys.executable, "-m", "pipelines.generate", "--users", str(a.users),
+        subprocess.run([sys.executable, "-m", "beam_dpsu.pipelines.cli", "generate",
+                        "--users", str(a.users),
                         "--output", data], check=True, cwd=ROOT)
-    from distributed import Client, LocalCluster, get_task_stream
-    from benchmarks import dask_stages
-    from pipelines import select_partitions
-    dask_stages.install()
+    from distributed import Client, LocalCluster
+    from beam_dpsu.pipelines import select_partitions
     rows = []
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                       dashboard_address=None) as cluster, Client(cluster) as client:
@@ -103,16 +100,14 @@ def main():
                     out = os.path.join(a.workdir, f"{mech}-{runner}-{rep}")
                     if runner == "dask":
                         client.restart()
-                        dask_stages.collect(client)
                     worker_pids = sorted(client.run(os.getpid).values())
                     mon = PeakRss([os.getpid()] + worker_pids)
                     mon.start()
                     load = os.getloadavg()[0]
                     t0 = time.time()
-                    with get_task_stream(client=client) as ts:
-                        select_partitions.run(["--input", data, "--output", out, "--overwrite",
-                                               "--mechanism", mech, "--insecure-test-seed", "1",
-                                               "--quiet"] + FLAGS[mech] + flags)
+                    select_partitions.run(["--input", data, "--output", out, "--overwrite",
+                                           "--mechanism", mech, "--insecure-test-seed", "1",
+                                           "--quiet"] + FLAGS[mech] + flags)
                     wall = time.time() - t0
                     mon.finish()
                     items = open(out + "-items-00000-of-00001").read().split()
@@ -127,21 +122,17 @@ def main():
                            "worker_peak_rss_mb": [round(mon.peak[p] / 2**20)
                                                   for p in worker_pids] if runner == "dask"
                            else None}
-                    if runner == "dask":
-                        row["stages"] = dask_stages.summarise(dask_stages.collect(client),
-                                                              ts.data)
-                        row["profile_tasks"] = dask_stages.profile_summary(
-                            client.profile(start=t0))
                     print(json.dumps(row), flush=True)
                     rows.append(row)
             if len(released) == 2:
                 rows.append({"mechanism": mech,
                              "same_release": released["direct"] == released["dask"]})
                 print(json.dumps(rows[-1]), flush=True)
-    os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    with open(a.out, "w") as f:
+    os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+    with open(out_path, "w") as f:
         json.dump(rows, f, indent=1)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

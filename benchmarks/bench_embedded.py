@@ -2,12 +2,13 @@
 
 A user's pipeline reads ``user<TAB>item`` lines with ``ReadFromText`` and a
 ``Map`` that splits each line: one ``(user, item)`` element per occurrence.
-This script runs, alternating, in one process on the DirectRunner:
+This script runs, alternating, in one process on Beam's FnApiRunner (what the
+DirectRunner runs locally, without its Prism attempt):
 
 * ``read``: that read and split, then a trivial sink (the baseline: no DP);
 * ``read+dp``: the same plus ``SelectPartitions(WeightedGaussian(ε, δ, Δ0))``
   and ``WriteToText`` of the released items;
-* ``read+dp-bundle-dofn``: ``read+dp`` with the previous per-user design
+* ``read+dp-bundle-dofn``: ``read+dp`` with the alternative per-user design
   (``PerUserItemCounts(design='bundle-dofn')``: a DoFn aggregating each
   bundle's occurrences in its own dict), to compare the designs;
 * ``read+pipelinedp``: the same pipeline with PipelineDP's ``SelectPartitions``
@@ -39,9 +40,9 @@ from apache_beam.options.pipeline_options import PipelineOptions
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from beam_dpsu import runners  # noqa: E402
-from beam_dpsu.bounding import PerUserItemCounts  # noqa: E402
-from beam_dpsu.mechanisms import SelectPartitions, WeightedGaussian  # noqa: E402
+from beam_dpsu.dp.mechanisms.histogram_threshold import WeightedGaussian  # noqa: E402
+from beam_dpsu.transforms.bounding import PerUserItemCounts  # noqa: E402
+from beam_dpsu.transforms.select import SelectPartitions  # noqa: E402
 
 DEFAULT_INPUT = ROOT.parent / "shared" / "data" / "commits-rails.pairs.tsv.gz"
 
@@ -100,10 +101,9 @@ DEFAULT_VARIANTS = ["read", "read+dp", "read+dp-bundle-dofn"]
 def run_once(name, path, tmp):
     out = os.path.join(tmp, f"{name}-{time.time_ns()}")
     t0, c0 = time.perf_counter(), time.process_time()
-    # Beam's DirectRunner would try Prism first where it can download it: both arms
-    # run on its FnApiRunner, as the library's command lines do.
-    with beam.Pipeline(runner=runners.FnApiDirectRunner(),
-                       options=PipelineOptions(["--runner=DirectRunner"])) as p:
+    # Beam's DirectRunner would try Prism first where it can download it: every
+    # variant runs on the FnApiRunner, as the library's command lines do.
+    with beam.Pipeline(options=PipelineOptions(["--runner=FnApiRunner"])) as p:
         VARIANTS[name](p, path, out)
     return time.perf_counter() - t0, time.process_time() - c0
 
@@ -143,4 +143,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -1,11 +1,11 @@
 """Wall time, CPU time and peak memory of select_partitions at scale, alternated.
 
-Generates N synthetic users (Synthetic_80M recipe, ``pipelines.generate``) once
+Generates N synthetic users (Synthetic_80M recipe, ``beam-dpsu generate``) once
 (or reuses ``--keep PATH``), then runs, alternating round by round, each
 requested configuration in its own child process (so each peak RSS is that
 run's alone) on the DirectRunner:
 
-* ``cli:<mechanism>``: ``pipelines.select_partitions`` on the input, one worker;
+* ``cli:<mechanism>``: ``beam-dpsu select`` on the input, one worker;
 * ``cli2:<mechanism>``: the same with ``--direct_num_workers=2
   --direct_running_mode=multi_processing``;
 * ``plain:<mechanism>``: ``benchmarks/plain_inmemory.py``, the same mechanism
@@ -46,14 +46,13 @@ FLAGS = {
 DEFAULT_FLAGS = ["--epsilon", "3", "--delta", "1e-5"]
 TWO_WORKERS = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
 
-#: The command line as a user runs it (``python -m pipelines.select_partitions``, i.e.
-#: ``cli.run_command``: logging set up, warm workers started before Beam is
-#: imported), reading the public summary it writes next to the release, and
-#: ending as the command does (``cli.exit_process``).
+#: The command line as a user runs it (``beam-dpsu select``, i.e.
+#: ``beam_dpsu.pipelines.cli.run_command``), reading the public summary it
+#: writes next to the release.
 CHILD = r"""
 import json, resource, sys, time
 start = time.time()
-from beam_dpsu import cli
+from beam_dpsu.pipelines import cli
 argv = sys.argv[1:] + ["--quiet"]
 status = cli.run_command("select", argv, prog="")
 if status:
@@ -67,7 +66,6 @@ summary["child_wall_seconds"] = time.time() - start
 summary["peak_rss_mib"] = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
                               resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024
 print("RESULT " + json.dumps(summary))
-getattr(cli, "exit_process", sys.exit)(0)  # the command's own exit (a tree without it: sys.exit)
 """
 
 
@@ -128,7 +126,7 @@ def main(argv=None) -> int:
         data = args.input or args.keep or os.path.join(tmp, "synthetic.tsv.gz")
         if not args.input and not os.path.exists(data):
             start = time.time()
-            from beam_dpsu import synthetic
+            from beam_dpsu.dp import synthetic
             lines = synthetic.write_tsv(data, args.users, args.seed)
             print(json.dumps({"generated": data, "users": args.users, "lines": lines,
                               "seconds": round(time.time() - start, 1)}), flush=True)
@@ -153,4 +151,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -1,4 +1,4 @@
-"""Runs pipelines.compare on every shared dataset and on synthetic data.
+"""Runs ``beam-dpsu compare`` on every shared dataset and on synthetic data.
 
 Writes ``benchmarks/results/<dataset>/results.md`` (+ JSON and plots) and an
 index ``benchmarks/results/README.md`` with the commands that made them.
@@ -20,8 +20,8 @@ import tempfile
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from beam_dpsu import synthetic, textio  # noqa: E402
-from pipelines import compare  # noqa: E402
+from beam_dpsu.dp import synthetic  # noqa: E402
+from beam_dpsu.pipelines import compare  # noqa: E402
 
 MECHANISMS = ("gw-kt,weighted-gaussian:max_items=300,gw,policy-laplace:max_items=10,"
               "weighted-laplace:max_items=10,policy-gaussian:max_items=300:alpha=5,"
@@ -90,11 +90,11 @@ def main(argv=None) -> int:
                      "--output", f"benchmarks/results/{name}"] + argv_[4:]
             if extra:
                 shown[-1] = f"<users per item of {PUBLIC[name]}>"
-            index.append(f"- [{name}]({name}/results.md): `python -m pipelines.compare "
+            index.append(f"- [{name}]({name}/results.md): `beam-dpsu compare "
                          f"{' '.join(shown)}`")
     (out_root / "README.md").write_text("\n".join(index) + "\n", encoding="utf-8")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

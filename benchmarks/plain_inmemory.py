@@ -2,10 +2,11 @@
 
 What the command line computes, done the most direct way in one process: read
 every input file (decompress, count identical lines with ``collections.Counter``,
-parse the distinct lines into ``{user: {item: count}}``: ``textio.read_per_user``),
+parse the distinct lines into ``{user: {item: count}}``:
+``transforms.textio.read_per_user``),
 sample each user to Δ0, sum the weighted histogram in one dict and apply the
 mechanism's keyed release rule to every item. It uses the library's own
-per-user and per-item functions (``core.run_local``), so it releases exactly
+per-user and per-item functions (``dp.mechanisms.base.run_local``), so it releases exactly
 the set the pipeline releases under the same key; what it does not pay is
 Beam: no elements, coders, shuffles, bundles or side inputs.
 
@@ -13,8 +14,8 @@ Beam: no elements, coders, shuffles, bundles or side inputs.
         [--epsilon 3] [--delta 1e-5] [--max-items-per-user 100] [--test-seed N]
 
 Prints one ``RESULT {json}`` line: wall and CPU seconds (total and per phase),
-the number released and the peak RSS of the process. ``benchmarks/bench_scale.py
---plain`` runs it alternated with the command line.
+the number released and the peak RSS of the process. ``benchmarks/bench_scale.py``
+runs it (configuration ``plain:MECHANISM``) alternated with the command line.
 """
 from __future__ import annotations
 
@@ -28,16 +29,17 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from beam_dpsu import core, textio  # noqa: E402
-from beam_dpsu.noise import RunKey  # noqa: E402
-from beam_dpsu.registry import MechanismParams, make_mechanism  # noqa: E402
+from beam_dpsu.dp.mechanisms.base import run_local  # noqa: E402
+from beam_dpsu.dp.noise import RunKey  # noqa: E402
+from beam_dpsu.dp.registry import MechanismParams, make_mechanism  # noqa: E402
+from beam_dpsu.transforms.textio import read_per_user  # noqa: E402
 
 
 def run(input_pattern: str, mechanism, run_key: RunKey) -> dict:
     t0, c0 = time.perf_counter(), time.process_time()
-    per_user = textio.read_per_user(input_pattern)
+    per_user = read_per_user(input_pattern)
     t1, c1 = time.perf_counter(), time.process_time()
-    released = core.run_local(per_user, mechanism, run_key)
+    released = run_local(per_user, mechanism, run_key)
     t2, c2 = time.perf_counter(), time.process_time()
     return {"users": len(per_user), "released": len(released),
             "wall_seconds": t2 - t0, "cpu_seconds": c2 - c0,
@@ -64,4 +66,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -1,11 +1,12 @@
 """Released counts of the command-line pipeline against the authors' published means.
 
-Runs ``pipelines.select_partitions`` (DirectRunner, fresh OS randomness each run)
-N times per configuration on the shared datasets and writes a Markdown table of
-mean, standard deviation and the authors' figure to ``--output`` (default
-``benchmarks/RESULTS-reproduce.md``).
+Runs ``beam-dpsu select`` (``beam_dpsu.pipelines.select_partitions.run``;
+DirectRunner, fresh OS randomness each run) N times per configuration on the
+shared datasets and prints a Markdown table of mean, standard deviation and the
+authors' figure (also written to ``--output`` when given).
 
     python benchmarks/reproduce.py [--runs 5] [--data ../shared/data] [--only NAME ...]
+        [--output FILE]
 
 The datasets are not part of the project; point ``--data`` at a folder holding
 them (``commits-rails.pairs.tsv.gz`` and the others).
@@ -25,7 +26,7 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pipelines import select_partitions  # noqa: E402
+from beam_dpsu.pipelines import select_partitions  # noqa: E402
 
 E10 = math.exp(-10)
 # (label, dataset, mechanism flags, authors' mean of 5 runs, source)
@@ -59,7 +60,7 @@ def main(argv=None) -> int:
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
     p.add_argument("--only", nargs="*", help="labels to run (default: all)")
-    p.add_argument("--output", default=str(ROOT / "benchmarks" / "RESULTS-reproduce.md"))
+    p.add_argument("--output", help="also write the table to this file")
     args = p.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -93,10 +94,13 @@ def main(argv=None) -> int:
     for label, dataset, flags, mean, sd, authors, dev, wall, counts in rows:
         lines.append(f"| {label} | {dataset} | `{flags}` | {mean:.1f} | {sd:.1f} | {authors} | "
                      f"{dev:+.1%} | {wall:.2f} | {counts} |")
-    pathlib.Path(args.output).write_text("\n".join(lines) + "\n", encoding="utf-8")
-    print(f"wrote {args.output}")
+    table = "\n".join(lines) + "\n"
+    print(table)
+    if args.output:
+        pathlib.Path(args.output).write_text(table, encoding="utf-8")
+        print(f"wrote {args.output}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -1,21 +1,7 @@
-"""Checkout shims for the command-line pipelines, which live in ``beam_dpsu.pipelines``.
+"""The runnable pipelines, as plain entry points: ``python -m pipelines.NAME [FLAGS]``.
 
-Not installed (``setup.py`` packages ``beam_dpsu`` only): an install gives the
-``beam-dpsu`` console command instead.
+Each module here runs the command-line pipeline of the installed package
+(``beam_dpsu.pipelines``), the same code as ``beam-dpsu COMMAND``: run them
+locally, or submit them to Flink or Dataflow with Beam's ``--runner`` flags.
+This folder is not installed (``setup.py`` packages ``beam_dpsu`` only).
 """
-
-import importlib
-import sys
-
-
-def shim(name: str, module: str) -> None:
-    """Makes the checkout module ``name`` (``pipelines.MODULE``) the real one.
-
-    Imported, ``sys.modules[name]`` becomes ``beam_dpsu.pipelines.MODULE`` itself
-    (one module object: patches and imports agree); run as ``python -m
-    pipelines.MODULE``, it runs that command and exits with its status.
-    """
-    if name == "__main__":
-        from beam_dpsu import cli
-        cli.exit_process(cli.run_module(module, sys.argv[1:]))
-    sys.modules[name] = importlib.import_module(f"beam_dpsu.pipelines.{module}")

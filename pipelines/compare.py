@@ -1,8 +1,10 @@
-"""Checkout shim: the code lives in ``beam_dpsu.pipelines.compare``.
+"""Entry point: compare mechanisms on your data (the output is NOT private) (``beam-dpsu compare``).
 
-Kept so that ``python -m pipelines.compare`` and ``from pipelines import compare``
-work from a checkout; installs use the ``beam-dpsu`` console command.
+    python -m pipelines.compare --help
 """
-from pipelines import shim
+import sys
 
-shim(__name__, "compare")
+from beam_dpsu.pipelines import cli
+
+if __name__ == "__main__":
+    sys.exit(cli.run_module("compare", sys.argv[1:]))

@@ -1,8 +1,10 @@
-"""Checkout shim: the code lives in ``beam_dpsu.pipelines.generate``.
+"""Entry point: write synthetic user<TAB>item data (``beam-dpsu generate``).
 
-Kept so that ``python -m pipelines.generate`` and ``from pipelines import generate``
-work from a checkout; installs use the ``beam-dpsu`` console command.
+    python -m pipelines.generate --help
 """
-from pipelines import shim
+import sys
 
-shim(__name__, "generate")
+from beam_dpsu.pipelines import cli
+
+if __name__ == "__main__":
+    sys.exit(cli.run_module("generate", sys.argv[1:]))

@@ -1,8 +1,10 @@
-"""Checkout shim: the code lives in ``beam_dpsu.pipelines.select_partitions``.
+"""Entry point: differentially private set union of a user<TAB>item file (``beam-dpsu select``).
 
-Kept so that ``python -m pipelines.select_partitions`` and ``from pipelines import select_partitions``
-work from a checkout; installs use the ``beam-dpsu`` console command.
+    python -m pipelines.select_partitions --help
 """
-from pipelines import shim
+import sys
 
-shim(__name__, "select_partitions")
+from beam_dpsu.pipelines import cli
+
+if __name__ == "__main__":
+    sys.exit(cli.run_module("select_partitions", sys.argv[1:]))

@@ -1,8 +1,10 @@
-"""Checkout shim: the code lives in ``beam_dpsu.pipelines.top_k``.
+"""Entry point: differentially private top-k items (``beam-dpsu top-k``).
 
-Kept so that ``python -m pipelines.top_k`` and ``from pipelines import top_k``
-work from a checkout; installs use the ``beam-dpsu`` console command.
+    python -m pipelines.top_k --help
 """
-from pipelines import shim
+import sys
 
-shim(__name__, "top_k")
+from beam_dpsu.pipelines import cli
+
+if __name__ == "__main__":
+    sys.exit(cli.run_module("top_k", sys.argv[1:]))

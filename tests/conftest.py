@@ -73,11 +73,11 @@ def beam_options(*extra):
 
 def local_pipeline(*extra):
     """A pipeline on the DirectRunner's FnApiRunner, as the command lines run it
-    (``runners.FnApiDirectRunner``: never Prism, whether or not this machine can
-    download it), with ``beam_options(*extra)``."""
+    (``runners.pipeline_options``: never Prism, whether or not this machine can
+    download it), with the DirectRunner options ``extra``."""
     import apache_beam as beam
-    from beam_dpsu import runners
-    return beam.Pipeline(runner=runners.FnApiDirectRunner(), options=beam_options(*extra))
+    from beam_dpsu.transforms import runners
+    return beam.Pipeline(options=runners.pipeline_options(["--runner=DirectRunner", *extra]))
 
 
 # Reaches only the subprocesses tests start (CLI runs, multi-process runner
@@ -86,10 +86,46 @@ def local_pipeline(*extra):
 os.environ.setdefault("PYTHONHASHSEED", "0")
 
 
-#: A progress line of a command (``PROG: [12.3 s] ...``, see ``beam_dpsu.cli.Progress``).
+#: A progress line of a command (``PROG: [12.3 s] ...``, see ``beam_dpsu.pipelines.cli.Progress``).
 PROGRESS_LINE = re.compile(r"^[\w -]+: \[\d+\.\d s\] ")
 
 
 def without_progress(err: str) -> list:
     """The stderr lines of a command that are not progress lines (errors, warnings)."""
     return [l for l in err.strip().splitlines() if not PROGRESS_LINE.match(l)]
+
+
+#: Tests that run for more than a few seconds on the 2-core CI machine (measured with
+#: ``pytest --durations``); deselect them with ``-m "not slow"``.
+SLOW = {
+    "test_pinned_releases::test_beam_releases_are_pinned",
+    "test_pinned_releases::test_beam_releases_from_per_user_parts_are_pinned",
+    "test_pinned_releases::test_local_releases_are_pinned",
+    "test_audit::test_every_registered_mechanism_passes",
+    "test_audit::test_gw_kt_passes",
+    "test_robustness::test_unicode_long_and_empty_items_round_trip",
+    "test_runners::test_portable_and_multiprocess_release_the_same_set",
+    "test_runners::test_top_k_on_portable_and_multiprocess",
+    "test_sips::test_beam_rounds_equal_the_core",
+    "test_console::test_the_installed_console_script_runs_from_another_directory",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Marks each test by what it starts: ``dask`` (a local Dask cluster: test_dask.py),
+    ``subprocess`` (the command line or another Python process) and ``slow`` (``SLOW``),
+    so that ``pytest -m "not slow and not dask and not subprocess"`` runs the fast part."""
+    import inspect
+    for item in items:
+        module = item.module.__name__ if item.module else ""
+        if module == "test_dask":
+            item.add_marker(pytest.mark.dask)
+        func = getattr(item, "function", None)
+        try:
+            source = inspect.getsource(func) if func is not None else ""
+        except (OSError, TypeError):
+            source = ""
+        if re.search(r"\bsubprocess\.(run|Popen|check_output|call)\b|\brun_cli\(", source):
+            item.add_marker(pytest.mark.subprocess)
+        if f"{module}::{item.originalname}" in SLOW:
+            item.add_marker(pytest.mark.slow)

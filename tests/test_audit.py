@@ -38,11 +38,13 @@ import math
 
 import pytest
 
-from beam_dpsu import audit, core
+from beam_dpsu.dp import audit
+from beam_dpsu.pipelines import audit as audit_cli
+from beam_dpsu.dp.mechanisms.base import run_local
 from benchmarks import audit_variants as variants
-from beam_dpsu.mechanisms import WeightedLaplace
-from beam_dpsu.noise import RunKey
-from beam_dpsu.registry import REGISTRY, make_mechanism
+from beam_dpsu.dp.mechanisms import WeightedLaplace
+from beam_dpsu.dp.noise import RunKey
+from beam_dpsu.dp.registry import REGISTRY, make_mechanism
 
 CI_TRIALS = audit.FAST_TRIALS
 
@@ -102,7 +104,7 @@ def test_best_bound_checks_complements_and_both_directions():
 
 @pytest.mark.parametrize("position", audit.POSITIONS)
 def test_canary_is_placed_where_asked_in_the_real_user_order(position):
-    from beam_dpsu import policies
+    from beam_dpsu.dp import sequential as policies
     m = make_mechanism("gw", epsilon=1.0, delta=1e-2)
     sc = audit.build_scenario(m, "near-cutoff", position)
     _, d_prime = sc.datasets()
@@ -186,13 +188,13 @@ def test_scenarios_are_neighbours_and_the_canary_is_the_only_difference():
 
 def test_auditor_runs_the_core_code_path(monkeypatch):
     calls = []
-    real = core.run_local
+    real = run_local
 
     def spy(per_user, mechanism, run_key=None):
         calls.append(type(run_key))
         return real(per_user, mechanism, run_key)
 
-    monkeypatch.setattr(core, "run_local", spy)
+    monkeypatch.setattr(audit, "run_local", spy)
     audit.audit(WeightedLaplace(1.0, 1e-3, 4), 5, plan=[("unique", "first")])
     assert len(calls) == 10 and set(calls) == {audit.PinnedOrderKey}
 
@@ -313,11 +315,11 @@ def test_cascade_scenario_fails_the_published_and_passes_the_cascade_free(pair, 
 def test_cli_runs_the_published_variant_only_with_allow_unproven(capsys):
     base = ["--mechanism", "gw", "--epsilon", "1", "--delta", "0.1", "--variant", "published",
             "--trials", "20", "--scenarios", "cascade"]
-    assert audit.main(base) == 2
+    assert audit_cli.main(base) == 2
     err = capsys.readouterr().err.strip()
     assert "--allow-unproven" in err and len(err.splitlines()) == 1
     alpha = audit.cascade_configs()[0][1]["alpha"]
-    assert audit.main(base + ["--alpha", repr(alpha), "--allow-unproven"]) == 0
+    assert audit_cli.main(base + ["--alpha", repr(alpha), "--allow-unproven"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["scenario"] == "cascade" and report["runs"] == 40
 
@@ -348,13 +350,13 @@ def test_broken_variants_differ_from_the_real_mechanism_only_by_the_bug():
     # Zero-weight keys: same release as the real mechanism when every key has weight.
     per_user = {f"u{i}": {"a": 1} for i in range(30)}
     key = RunKey.from_test_seed(3)
-    assert variants.ZeroWeightKeys(real).run_local(per_user, key) == core.run_local(
+    assert variants.ZeroWeightKeys(real).run_local(per_user, key) == run_local(
         per_user, real, key)
     gw = make_mechanism("gw", epsilon=1.0, delta=1e-2, variant="published",
                         allow_unproven=True)
     closest = variants.closest_to_cutoff_greedy(gw)
     # One item per user: the walk order cannot matter, so the releases agree.
-    assert closest.run_local(per_user, key) == core.run_local(per_user, gw, key)
+    assert closest.run_local(per_user, key) == run_local(per_user, gw, key)
     with pytest.raises(ValueError):
         variants.closest_to_cutoff_greedy(real)
 
@@ -364,7 +366,7 @@ def test_broken_variants_differ_from_the_real_mechanism_only_by_the_bug():
 # ---------------------------------------------------------------------------
 
 def test_cli_prints_one_json_object(capsys):
-    rc = audit.main(["--mechanism", "weighted-laplace", "--epsilon", "1", "--delta", "1e-3",
+    rc = audit_cli.main(["--mechanism", "weighted-laplace", "--epsilon", "1", "--delta", "1e-3",
                      "--max-items-per-user", "4", "--trials", "50", "--scenarios", "unique"])
     assert rc == 0
     out = capsys.readouterr().out.strip().splitlines()
@@ -378,7 +380,7 @@ def test_cli_prints_one_json_object(capsys):
 
 
 def test_cli_broken_variant(capsys):
-    rc = audit.main(["--mechanism", "weighted-laplace", "--epsilon", "1", "--delta", "1e-3",
+    rc = audit_cli.main(["--mechanism", "weighted-laplace", "--epsilon", "1", "--delta", "1e-3",
                      "--max-items-per-user", "8", "--trials", "3000", "--scenarios", "unique",
                      "--broken", "threshold-delta-x100"], broken=variants.BROKEN)
     assert rc == 0
@@ -403,6 +405,6 @@ def test_cli_broken_variant(capsys):
     ["--mechanism", "weighted-laplace", "--epsilon", "1", "--delta", "1e-3", "--bogus"],
 ])
 def test_cli_bad_parameters_exit_2_with_one_line(argv, capsys):
-    assert audit.main(argv, broken=variants.BROKEN) == 2
+    assert audit_cli.main(argv, broken=variants.BROKEN) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("beam_dpsu.audit: error:") and len(err.splitlines()) == 1
+    assert err.startswith("beam_dpsu.pipelines.audit: error:") and len(err.splitlines()) == 1

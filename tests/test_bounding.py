@@ -1,15 +1,14 @@
 """Contribution bounding: per-user counts and uniform keyed sampling."""
 import itertools
-import math
 
 import apache_beam as beam
-import numpy as np
 import pytest
 from apache_beam.testing.util import assert_that, equal_to
 from scipy import stats
 
-from beam_dpsu.bounding import PerUserItemCounts, SampleItems, merge_item_counts, sample_items
-from beam_dpsu.noise import RunKey
+from beam_dpsu.transforms.bounding import PerUserItemCounts, SampleItems
+from beam_dpsu.dp.contribution import merge_item_counts, sample_items
+from beam_dpsu.dp.noise import RunKey
 
 from conftest import local_pipeline
 

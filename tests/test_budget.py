@@ -5,10 +5,10 @@ import math
 import numpy as np
 import pytest
 
-from beam_dpsu import accounting as acc
-from beam_dpsu import budget as bud
-from beam_dpsu.mechanisms import WeightedGaussian, WeightedGaussianZcdp
-from beam_dpsu.sips import Sips
+from beam_dpsu.dp import accounting as acc
+from beam_dpsu.dp import budget as bud
+from beam_dpsu.dp.mechanisms import WeightedGaussian, WeightedGaussianZcdp
+from beam_dpsu.dp.mechanisms.sips import Sips
 
 
 # -- pure composition helpers ---------------------------------------------

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from beam_dpsu import synthetic
-from pipelines import generate, select_partitions
+from beam_dpsu.dp import synthetic
+from beam_dpsu.pipelines import generate, select_partitions
 from conftest import without_progress
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

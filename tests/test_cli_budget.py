@@ -1,4 +1,4 @@
-"""One privacy budget on the command line (issue #16): --budget-epsilon/--budget-delta,
+"""One privacy budget on the command line --budget-epsilon/--budget-delta,
 --share, select's --top-k in the same run, top-k calibrated from a total, and
 compare's stated (and capped) total over its trials.
 
@@ -10,18 +10,17 @@ to its share (same test seed); that over-spending is refused with exit status
 2 before anything is created; that stale outputs of every release of a run are
 found. No statistical assertion: the seeded releases are compared for equality.
 """
-import glob
 import json
 import math
 import os
 
 import pytest
 
-from beam_dpsu import budget as B
-from beam_dpsu.accounting import PrivacyGuarantee
-from beam_dpsu.cli import UsageError
+from beam_dpsu.dp import budget as B
+from beam_dpsu.dp.accounting import PrivacyGuarantee
+from beam_dpsu.pipelines.cli import UsageError
 from beam_dpsu.pipelines import run_budget
-from pipelines import compare, select_partitions, top_k
+from beam_dpsu.pipelines import compare, select_partitions, top_k
 
 ITEMS = "-items-00000-of-00001"
 TOPK = "-top-k-00000-of-00001"
@@ -154,9 +153,10 @@ def test_select_with_top_k_releases_exactly_the_hand_calibrated_releases(data, t
 def test_key_set_and_top_k_draw_from_distinct_purposes(monkeypatch, tmp_path):
     # Independent randomness (what composition needs): under one run key the
     # key set's and the top-k's subkeys are derived for disjoint purposes.
-    from beam_dpsu import core, noise
-    from beam_dpsu.registry import REGISTRY, make_mechanism
-    from beam_dpsu.topk import TopKMechanism
+    from beam_dpsu.dp import noise
+    from beam_dpsu.dp.mechanisms.base import run_local
+    from beam_dpsu.dp.registry import REGISTRY, make_mechanism
+    from beam_dpsu.dp.mechanisms.topk import TopKMechanism
     used = []
     original = noise.RunKey.subkey
 
@@ -173,7 +173,7 @@ def test_key_set_and_top_k_draw_from_distinct_purposes(monkeypatch, tmp_path):
         kw = {"public_counts": str(counts)} if name == "gw-kt" else {}
         used.clear()
         mech = make_mechanism(name, epsilon=1.0, delta=1e-6, **kw)
-        core.run_local(per_user, mech, noise.RunKey.from_test_seed(1))
+        run_local(per_user, mech, noise.RunKey.from_test_seed(1))
         assert used, name
         select_purposes |= set(used)
     used.clear()
@@ -263,7 +263,7 @@ def test_select_with_sips_from_a_budget_states_its_conversion(data, tmp_path):
     assert part["share_epsilon"] == 1.0 and part["share_delta"] == 1e-6
     # DP-SIPS takes the largest ρ whose conversion gives the share: its stated
     # ε is the share's (up to the bisection), at δ = the share's δ
-    from beam_dpsu.accounting import zcdp_to_dp_epsilon
+    from beam_dpsu.dp.accounting import zcdp_to_dp_epsilon
     assert s["release_rho"] > 0 and s["release_zcdp_delta"] == pytest.approx(5e-7)
     assert zcdp_to_dp_epsilon(s["release_rho"], s["release_zcdp_delta"], 1e-6) == \
         pytest.approx(s["release_epsilon"], rel=1e-9)

@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from beam_dpsu import synthetic
-from pipelines import compare
+from beam_dpsu.dp import synthetic
+from beam_dpsu.pipelines import compare
 from conftest import without_progress
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -140,7 +140,7 @@ def test_published_and_cascade_free_gw_side_by_side_with_allow_unproven(data, tm
     cal = [(r["calibration"]["variant"], r["calibration"]["proven"],
             r["calibration"]["max_items_per_user"], r["calibration"]["eta"])
            for r in s["results"]]
-    from beam_dpsu.ordered import DEFAULT_GW_ETA, DEFAULT_GW_MAX_ITEMS
+    from beam_dpsu.dp.params import DEFAULT_GW_ETA, DEFAULT_GW_MAX_ITEMS
     assert cal == [("cascade-free", True, DEFAULT_GW_MAX_ITEMS, DEFAULT_GW_ETA),
                    ("published", False, None, None), ("cascade-free", True, 5, 0.1)]
     # The beam engine gets the same mechanism through the command-line flags.
@@ -153,7 +153,7 @@ def test_published_and_cascade_free_gw_side_by_side_with_allow_unproven(data, tm
 
 
 def test_occurrence_coverage_and_missing_mass_by_hand():
-    from beam_dpsu import utility
+    from beam_dpsu.dp import utility
     per_user = {"u1": {"a": 3, "b": 1}, "u2": {"a": 1, "c": 2}, "u3": {"d": 1}}
     occ = utility.item_occurrences(per_user)
     assert occ == {"a": 4, "b": 1, "c": 2, "d": 1}

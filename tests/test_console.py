@@ -18,7 +18,7 @@ import sys
 import pytest
 import setuptools
 
-from beam_dpsu import cli
+from beam_dpsu.pipelines import cli
 from conftest import PROGRESS_LINE, without_progress
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -38,7 +38,7 @@ def run_cli(*args, env_extra=None):
         [str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
     env.pop("BEAM_DPSU_DEBUG", None)
     env.update(env_extra or {})
-    return subprocess.run([sys.executable, "-m", "beam_dpsu.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "beam_dpsu.pipelines.cli", *args], capture_output=True,
                           text=True, env=env, cwd=str(ROOT), timeout=600)
 
 
@@ -108,14 +108,16 @@ def test_a_plain_subprocess_run_prints_only_our_lines(data, tmp_path):
     assert json.loads(proc.stdout)["mechanism"] == "weighted-gaussian"
 
 
-def test_multi_processing_workers_are_quiet_too(data, tmp_path):
+def test_multi_processing_progress_lines_stay_whole(data, tmp_path):
+    # The worker processes of the multi-process DirectRunner are Beam's own (they log
+    # Beam's lines to the shared stderr); each of OUR lines is still one whole line.
     proc = run_cli("select", "--input", data, "--output", str(tmp_path / "o"), *SELECT,
                    "--direct_running_mode=multi_processing", "--direct_num_workers=2")
     assert proc.returncode == 0, proc.stderr
-    assert PROGRESS_LINE.match(proc.stderr)
-    assert without_progress(proc.stderr) == []  # (an empty line: two lines' writes interleaved)
-    stamps = [len(re.findall(r"\[\d+\.\d s\]", l)) for l in proc.stderr.splitlines()]
-    assert stamps and set(stamps) == {1}, proc.stderr  # (two lines' texts on one line)
+    ours = [l for l in proc.stderr.splitlines() if "beam-dpsu select: [" in l]
+    assert ours and all(PROGRESS_LINE.match(l) for l in ours), proc.stderr
+    stamps = [len(re.findall(r"\[\d+\.\d s\]", l)) for l in ours]
+    assert set(stamps) == {1}, proc.stderr  # (two lines' texts on one line)
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -127,7 +129,7 @@ def test_a_run_whose_stderr_reader_is_gone_still_releases(data, tmp_path, worker
              if workers > 1 else [])
     env = dict(os.environ, PYTHONPATH=str(ROOT), BEAM_DPSU_PROGRESS_SECONDS="0")
     env.pop("BEAM_DPSU_DEBUG", None)
-    proc = subprocess.Popen([sys.executable, "-m", "beam_dpsu.cli", "select", "--input", data,
+    proc = subprocess.Popen([sys.executable, "-m", "beam_dpsu.pipelines.cli", "select", "--input", data,
                              "--output", str(tmp_path / "o"), *SELECT, *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=str(ROOT), env=env)
@@ -161,13 +163,13 @@ def test_progress_and_error_lines_are_each_one_write(monkeypatch):
     stream = _Writes()
     monkeypatch.setattr(sys, "stderr", stream)
     cli.Progress("beam-dpsu select")("3 users read")
-    from beam_dpsu.pipelines import common
-    monkeypatch.setattr(common, "_WORKER_PROGRESS", {"users": 0, "last": 0.0})
-    token = common._RUN_PROGRESS.set(("beam-dpsu select", 0.0, 0.0))
+    from beam_dpsu.pipelines import runs
+    monkeypatch.setattr(runs, "_WORKER_PROGRESS", {"users": 0, "last": 0.0})
+    token = runs._RUN_PROGRESS.set(("beam-dpsu select", 0.0, 0.0))
     try:
-        count = common.CountUsers()
+        count = runs.CountUsers()
     finally:
-        common._RUN_PROGRESS.reset(token)
+        runs._RUN_PROGRESS.reset(token)
     assert list(count.process(("u1", {"a": 1}))) == [("u1", {"a": 1})]
     assert cli.run_main("beam-dpsu select", lambda: 1 // 0) == 1
     writes = [c for c in stream.calls if c is not None]
@@ -176,89 +178,6 @@ def test_progress_and_error_lines_are_each_one_write(monkeypatch):
     assert PROGRESS_LINE.match(writes[0]) and writes[0].endswith("] 3 users read\n")
     assert writes[1].endswith("] 1 users read and grouped so far (this worker)\n")
     assert writes[2].startswith("beam-dpsu select: failed: ")
-
-
-EXIT_PROBE = r"""
-import atexit, sys, threading, time
-from beam_dpsu import cli
-out = sys.argv[1]
-def handler():
-    with open(out, "a") as f:
-        f.write("handler;")
-def late():
-    time.sleep(0.3)
-    with open(out, "a") as f:
-        f.write("thread;")
-atexit.register(handler)
-threading.Thread(target=late).start()
-class Teardown:
-    def __del__(self, open=open):  # (builtins may be gone in the teardown)
-        with open(out, "a") as f:
-            f.write("teardown;")
-keep = Teardown()
-print("buffered", end="")
-cli.exit_process(int(sys.argv[2]))
-"""
-
-
-@pytest.mark.parametrize("status", [0, 3, 258])
-def test_exit_process_keeps_what_an_exit_does_and_skips_the_teardown(tmp_path, status):
-    # Waits for a non-daemon thread, runs the exit handlers and flushes a buffered
-    # stdout (all before the handlers, in that order, as the interpreter's exit),
-    # exits with the status modulo 256, and frees no object (no __del__ at the end).
-    out = tmp_path / "events"
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    env.pop("PYTHONUNBUFFERED", None)
-    proc = subprocess.run([sys.executable, "-c", EXIT_PROBE, str(out), str(status)],
-                          capture_output=True, text=True, env=env, timeout=60)
-    assert proc.returncode == status % 256, proc.stderr
-    assert proc.stdout == "buffered" and proc.stderr == ""
-    assert out.read_text() == "thread;handler;"
-    # the same program ending with sys.exit runs the teardown: the probe can tell
-    normal = subprocess.run([sys.executable, "-c", EXIT_PROBE.replace("cli.exit_process(",
-                                                                      "sys.exit("),
-                             str(tmp_path / "normal"), "0"], env=env, timeout=60)
-    assert normal.returncode == 0
-    assert (tmp_path / "normal").read_text() == "thread;handler;teardown;"
-
-
-@pytest.mark.parametrize("status", [0, 3])
-def test_exit_process_reports_a_failed_flush_as_python_does(tmp_path, status):
-    # stdout is a closed pipe: Python's own exit gives status 120 whatever the status
-    # asked for; so does ours. A stdout the program closed itself is not flushed (0).
-    code = ("import sys; from beam_dpsu import cli; sys.stdout.write('x' * 100); "
-            f"cli.exit_process({status})")
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    env.pop("PYTHONUNBUFFERED", None)
-    for program in (code, code.replace("cli.exit_process(", "sys.exit(")):
-        proc = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE,
-                                stderr=subprocess.DEVNULL, env=env)
-        proc.stdout.close()
-        assert proc.wait(timeout=60) == 120
-    closed = code.replace("sys.stdout.write('x' * 100)", "sys.stdout.close()")
-    proc = subprocess.run([sys.executable, "-c", closed], env=env, timeout=60)
-    assert proc.returncode == status
-
-
-def test_exit_process_runs_the_exit_handlers_after_a_ctrl_c_while_waiting(tmp_path):
-    # A Ctrl-C while the exit waits for a non-daemon thread: printed, and the exit
-    # handlers still run (the warm worker pool's among them), as in Python's exit.
-    import signal
-    import time
-    out = tmp_path / "events"
-    code = ("import atexit, sys, threading, time; from beam_dpsu import cli; "
-            f"atexit.register(lambda: open({str(out)!r}, 'a').write('handler;')); "
-            "threading.Thread(target=time.sleep, args=(5,)).start(); "
-            "print('exiting', flush=True); cli.exit_process(0)")
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
-    assert proc.stdout.readline().strip() == "exiting"
-    time.sleep(0.5)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
-    assert out.read_text() == "handler;"
-    assert "KeyboardInterrupt" in err
 
 
 def test_quiet_subprocess_prints_nothing_on_stderr(data, tmp_path):
@@ -282,10 +201,10 @@ def test_checkout_module_commands_still_work(data, tmp_path):
                           text=True, env=env, cwd=str(ROOT), timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert all(l.startswith("select_partitions: [") for l in proc.stderr.strip().splitlines())
-    from pipelines import common, select_partitions
-    from beam_dpsu.pipelines import common as real_common
-    from beam_dpsu.pipelines import select_partitions as real
-    assert select_partitions is real and common is real_common  # one module object
+    # The checkout's entry point is a plain module that calls the installed package's
+    # main (no sys.modules swap): the package is imported under one name only.
+    source = (ROOT / "pipelines" / "select_partitions.py").read_text(encoding="utf-8")
+    assert "sys.modules" not in source and "beam_dpsu.pipelines" in source
 
 
 def setup_arguments(monkeypatch):
@@ -299,11 +218,11 @@ def setup_arguments(monkeypatch):
 
 def test_setup_installs_the_console_command_and_no_generic_package(monkeypatch):
     kw = setup_arguments(monkeypatch)
-    assert "beam-dpsu=beam_dpsu.cli:console" in kw["entry_points"]["console_scripts"]
+    assert "beam-dpsu=beam_dpsu.pipelines.cli:console" in kw["entry_points"]["console_scripts"]
     packages = kw["packages"]
-    assert "beam_dpsu.pipelines" in packages and "beam_dpsu._quiet_workers" in packages
+    assert {"beam_dpsu.dp", "beam_dpsu.transforms", "beam_dpsu.pipelines"} <= set(packages)
     assert all(p == "beam_dpsu" or p.startswith("beam_dpsu.") for p in packages), packages
-    module, func = "beam_dpsu.cli:console".split(":")
+    module, func = "beam_dpsu.pipelines.cli:console".split(":")
     assert callable(getattr(__import__(module, fromlist=[func]), func))
 
 
@@ -314,7 +233,8 @@ def test_the_installed_console_script_runs_from_another_directory(data, tmp_path
     # console entry point itself, not a module run, releases items.
     prefix = tmp_path / "prefix"
     build = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+        # --ignore-installed: never uninstall this interpreter's own beam-dpsu
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--ignore-installed",
          "--no-build-isolation", "--prefix", str(prefix), str(ROOT)],
         capture_output=True, text=True, timeout=600)
     assert build.returncode == 0, build.stderr[-2000:]

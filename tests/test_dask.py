@@ -12,7 +12,6 @@ and the fresh run key, which must be the same in every dask partition.
 """
 import glob
 import os
-import sys
 
 import pytest
 
@@ -21,8 +20,8 @@ distributed = pytest.importorskip(
 
 import apache_beam as beam  # noqa: E402
 
-from beam_dpsu import runners  # noqa: E402
-from pipelines import select_partitions, top_k  # noqa: E402
+from beam_dpsu.transforms import runners  # noqa: E402
+from beam_dpsu.pipelines import select_partitions, top_k  # noqa: E402
 from tests.test_runners import CASES, data  # noqa: E402,F401
 from tests.test_runners import run as run_select  # noqa: E402  (one items file, sorted)
 
@@ -91,7 +90,7 @@ def test_dead_letter_and_release_both_written(cluster, tmp_path):
     assert open(dead + "-00000-of-00001").read() == "no tab here\n"
 
 
-from beam_dpsu import keys  # noqa: E402
+from beam_dpsu.transforms import run_key as keys  # noqa: E402
 
 
 class _Show(beam.DoFn):
@@ -105,7 +104,7 @@ class _Show(beam.DoFn):
 
 
 def test_fresh_key_is_the_same_in_every_partition(cluster, tmp_path):
-    from beam_dpsu.noise import RunKey
+    from beam_dpsu.dp.noise import RunKey
     log = str(tmp_path / "keys")
     p = beam.Pipeline(argv=runners.resolve_runner_flag(dask_flags(cluster)))
     run_key = RunKey.fresh()
@@ -123,7 +122,7 @@ def test_worker_key_is_drawn_once_for_the_cluster_and_never_staged(cluster):
     """Each worker process resolves the key itself; all get the first draw; the
     job graph carries only the key's public name; the launcher deletes the copy."""
     import pickle
-    from beam_dpsu.noise import RunKey
+    from beam_dpsu.dp.noise import RunKey
     p = beam.Pipeline(argv=runners.resolve_runner_flag(dask_flags(cluster)))
     pcoll = p | beam.Create([0])
     worker_key = keys.key_side_input(pcoll, RunKey.fresh())
@@ -168,18 +167,18 @@ def test_what_dask_would_mistranslate_is_refused(cluster, tmp_path):
     p | beam.Create([1, 2]) | beam.combiners.Top.Of(1)
     with pytest.raises(ValueError, match="finish_bundle"):
         runners.check_pipeline(p)
-    from beam_dpsu.ordered import OrderedUserPolicy
-    from beam_dpsu.policies import L1DescentPolicy  # noqa: F401
+    from beam_dpsu.transforms.ordered import OrderedUserPolicy
+    from beam_dpsu.dp.sequential import L1DescentPolicy  # noqa: F401
     assert runners.capabilities("DaskRunner").user_state is False
     assert runners.capabilities("DirectRunner").ordered_list_state is True
     assert OrderedUserPolicy  # state='bag' on Dask: see test_ordered_state_refused
 
 
 def test_dask_flag_is_accepted_by_the_command_line(cluster, data, tmp_path):
-    from pipelines import common
-    common.check_beam_args(dask_flags(cluster) + ["--dask_npartitions", "2"])
-    with pytest.raises(common.UsageError):
-        common.check_beam_args(["--dask_client_adress=x"])
+    from beam_dpsu.pipelines import flags, cli
+    flags.check_beam_args(dask_flags(cluster) + ["--dask_npartitions", "2"])
+    with pytest.raises(cli.UsageError):
+        flags.check_beam_args(["--dask_client_adress=x"])
 
 
 @pytest.fixture(scope="module")
@@ -197,7 +196,7 @@ def three_files(data, tmp_path_factory):
 def test_several_input_files_are_several_dask_partitions(cluster, three_files):
     from apache_beam.runners.dask.dask_runner import DaskRunner
     from apache_beam.runners.dask.overrides import dask_overrides
-    from beam_dpsu.textio import ReadUserItems
+    from beam_dpsu.transforms.textio import ReadUserItems
     for keep_order in (False, True):
         p = beam.Pipeline(argv=runners.resolve_runner_flag(dask_flags(cluster)))
         p | "Read" >> ReadUserItems(three_files[0], keep_order=keep_order)
@@ -221,7 +220,7 @@ def test_several_input_files_release_what_the_direct_runner_releases(cluster, th
 
 def test_compare_runs_on_dask(cluster, data, tmp_path):
     """``compare --engine beam`` hands the Dask flags to every trial's pipeline."""
-    from pipelines import compare
+    from beam_dpsu.pipelines import compare
     path, _ = data
     flags = ["--input", path, "--delta", "1e-6", "--epsilon", "2", "--trials", "1",
              "--engine", "beam", "--mechanisms", "weighted-gaussian:max_items=5,sips:max_items=5"]

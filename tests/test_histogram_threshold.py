@@ -3,15 +3,16 @@ import functools
 import math
 
 import apache_beam as beam
-import numpy as np
 import pytest
 from apache_beam.testing.util import assert_that, equal_to
 from scipy import stats
 
-from beam_dpsu import calibration as cal
-from beam_dpsu.histogram import WeightedHistogram, add_user_to_histogram, user_weight
-from beam_dpsu.noise import RunKey
-from beam_dpsu.threshold import NoisyThreshold, NoisyThresholdRule, TruncatedGeometricRule
+from beam_dpsu.dp import calibration as cal
+from beam_dpsu.transforms.histogram import WeightedHistogram
+from beam_dpsu.dp.weights import add_user_to_histogram, user_weight
+from beam_dpsu.dp.noise import RunKey
+from beam_dpsu.transforms.release import NoisyThreshold
+from beam_dpsu.dp.release_rules import NoisyThresholdRule, TruncatedGeometricRule
 
 from conftest import bernstein_radius, local_pipeline
 
@@ -130,7 +131,8 @@ def test_noisy_threshold_validates_at_construction():
 @pytest.mark.parametrize("num_shards,flush", [(1, 1000), (7, 3), (1024, 1000)])
 @pytest.mark.parametrize("in_parts", [False, True])
 def test_sharded_histogram_holds_the_same_weights(num_shards, flush, in_parts):
-    from beam_dpsu.histogram import ShardedHistogram, item_shard
+    from beam_dpsu.transforms.histogram import ShardedHistogram
+    from beam_dpsu.dp.weights import item_shard
     users = [(f"u{i}", {f"i{j}": 1 for j in range(i % 9 + 1)}) for i in range(60)]
     expected = {}
     for _, c in users:
@@ -156,7 +158,7 @@ def test_sharded_histogram_holds_the_same_weights(num_shards, flush, in_parts):
 
 
 def test_sharded_release_equals_per_item_release():
-    from beam_dpsu.threshold import ApplyReleaseRule
+    from beam_dpsu.transforms.release import ApplyReleaseRule
     hist = {f"i{i}": float(i % 7) for i in range(300)}
     rk = RunKey.from_test_seed(8)
     rule = NoisyThresholdRule("laplace", 1.0, 3.0, rk)
@@ -171,8 +173,8 @@ def test_sharded_release_equals_per_item_release():
 def test_release_rule_shortcut_decides_as_the_full_formula():
     # The rule skips the inverse CDF where the sign of the noise decides; every
     # decision must equal weight > 0 and weight + noise(item) > T, computed in full.
-    from beam_dpsu.noise import KeyedNoise, RunKey, encode_value
-    from beam_dpsu.threshold import NoisyThresholdRule
+    from beam_dpsu.dp.noise import KeyedNoise, RunKey, encode_value
+    from beam_dpsu.dp.release_rules import NoisyThresholdRule
     rk = RunKey.from_test_seed(11)
     items = [f"i{k}" for k in range(3000)] + list(range(200)) + [b"\xff", ("t", 1), 2.5]
     for kind in ("gaussian", "laplace"):

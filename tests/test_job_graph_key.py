@@ -17,16 +17,17 @@ import re
 import zlib
 
 import apache_beam as beam
+from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 import pytest
-from apache_beam.options.pipeline_options import PipelineOptions
 
-from beam_dpsu import keys, runners
-from beam_dpsu.mechanisms import SelectPartitions
-from beam_dpsu.noise import RunKey
-from beam_dpsu.ordered import GWKT
-from beam_dpsu.registry import REGISTRY, make_mechanism
-from beam_dpsu.threshold import NoisyThreshold
-from beam_dpsu.topk import TopK, TopKMechanism
+from beam_dpsu.transforms import run_key as keys, runners
+from beam_dpsu.transforms.select import SelectPartitions
+from beam_dpsu.dp.noise import RunKey
+from beam_dpsu.dp.mechanisms.policy import GWKT
+from beam_dpsu.dp.registry import REGISTRY, make_mechanism
+from beam_dpsu.transforms.release import NoisyThreshold
+from beam_dpsu.transforms.topk import TopK
+from beam_dpsu.dp.mechanisms.topk import TopKMechanism
 
 from test_mechanisms import small_dataset
 
@@ -135,8 +136,9 @@ def _run_serialised_twice(tmp_path, run_key):
     proto = p.to_runner_api()
     runs = []
     for _ in range(2):
-        again = beam.Pipeline.from_runner_api(proto, runner=runners.FnApiDirectRunner(),
-                                              options=PipelineOptions([]))
+        options = runners.pipeline_options([])
+        again = beam.Pipeline.from_runner_api(
+            proto, runner=FnApiRunner(), options=options)
         again.run().wait_until_finish()
         runs.append(_released_lines("released", tmp_path))
     return runs

@@ -4,8 +4,8 @@ import zlib
 import numpy as np
 import pytest
 
-from beam_dpsu import kernels, policies
-from beam_dpsu.noise import RunKey
+from beam_dpsu.dp import kernels, sequential as policies
+from beam_dpsu.dp.noise import RunKey
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="numba is not installed")
 

@@ -5,14 +5,15 @@ import apache_beam as beam
 import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
-from beam_dpsu import calibration as cal
-from beam_dpsu import core
-from beam_dpsu.accounting import zcdp_to_dp_delta
-from beam_dpsu.mechanisms import (CountGaussian, CountLaplace, SelectPartitions,
-                                  TruncatedGeometric, WeightedGaussian, WeightedGaussianZcdp,
-                                  WeightedLaplace)
-from beam_dpsu.registry import REGISTRY, make_mechanism
-from beam_dpsu.noise import RunKey
+from beam_dpsu.dp import calibration as cal
+from beam_dpsu.dp.mechanisms.base import run_local
+from beam_dpsu.dp.contribution import per_user_counts
+from beam_dpsu.dp.accounting import zcdp_to_dp_delta
+from beam_dpsu.dp.mechanisms import (CountGaussian, CountLaplace, TruncatedGeometric,
+                                     WeightedGaussian, WeightedGaussianZcdp, WeightedLaplace)
+from beam_dpsu.transforms.select import SelectPartitions
+from beam_dpsu.dp.registry import REGISTRY, make_mechanism
+from beam_dpsu.dp.noise import RunKey
 
 from conftest import local_pipeline
 
@@ -59,7 +60,7 @@ def test_calibration_is_stated_before_running():
 def test_beam_and_core_release_the_same_set(mechanism):
     occ = small_dataset()
     rk = RunKey.from_test_seed(11)
-    expected = core.run_local(core.per_user_counts(occ), mechanism, rk)
+    expected = run_local(per_user_counts(occ), mechanism, rk)
     # The popular items are released and the per-user rare items are not. The key is
     # a fixed test seed, so this outcome is deterministic; with a random key a rare
     # item would be released with probability at most δ.

@@ -29,11 +29,11 @@ import math
 import numpy as np
 import pytest
 
-from beam_dpsu import calibration as cal
-from beam_dpsu.bounding import sample_items
-from beam_dpsu.histogram import add_user_to_histogram, user_weight
-from beam_dpsu.noise import RunKey
-from beam_dpsu.registry import make_mechanism
+from beam_dpsu.dp import calibration as cal
+from beam_dpsu.dp.contribution import sample_items
+from beam_dpsu.dp.weights import add_user_to_histogram, user_weight
+from beam_dpsu.dp.noise import RunKey
+from beam_dpsu.dp.registry import make_mechanism
 
 RK = RunKey.from_test_seed(1913)
 EPS, DELTA, MAX_ITEMS = 1.5, 1e-6, 4
@@ -176,7 +176,7 @@ def test_sips_rounds_meet_the_conditions_for_any_removed_set():
 
 
 def test_top_k_counts_change_by_one_on_at_most_delta_items():
-    from beam_dpsu.topk import item_user_counts
+    from beam_dpsu.dp.mechanisms.topk import item_user_counts
     for users, (x, x_counts) in fuzzed_pairs(20, seed=7):
         h = item_user_counts(users, MAX_ITEMS, RK)
         h2 = item_user_counts(dict(users, **{x: x_counts}), MAX_ITEMS, RK)

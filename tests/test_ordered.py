@@ -11,14 +11,18 @@ import numpy as np
 import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
-from beam_dpsu import calibration as cal
-from beam_dpsu import core, ordered
-from beam_dpsu import policies as P
-from beam_dpsu.mechanisms import SelectPartitions
-from beam_dpsu.noise import RunKey
-from beam_dpsu.ordered import (DEFAULT_GW_ETA, DEFAULT_GW_MAX_ITEMS, GW, GWKT,
-                               OrderedUserPolicy, PolicyGaussian, PolicyLaplace)
-from beam_dpsu.registry import make_mechanism
+from beam_dpsu.dp import calibration as cal
+from beam_dpsu.dp.mechanisms.base import run_local
+from beam_dpsu.dp.contribution import per_user_counts
+from beam_dpsu.transforms import ordered
+from beam_dpsu.dp import params
+from beam_dpsu.dp import sequential as P
+from beam_dpsu.transforms.select import SelectPartitions
+from beam_dpsu.dp.noise import RunKey
+from beam_dpsu.dp.params import DEFAULT_GW_ETA, DEFAULT_GW_MAX_ITEMS
+from beam_dpsu.dp.mechanisms.policy import GW, GWKT, PolicyGaussian, PolicyLaplace
+from beam_dpsu.transforms.ordered import OrderedUserPolicy
+from beam_dpsu.dp.registry import make_mechanism
 
 from conftest import local_pipeline
 from test_mechanisms import small_dataset
@@ -33,7 +37,7 @@ MECHANISMS = [PolicyLaplace(1.0, 1e-5, 3), PolicyGaussian(1.0, 1e-5, 3), GW(1.0,
 @pytest.mark.parametrize("mechanism", MECHANISMS, ids=lambda m: m.name)
 def test_beam_and_core_release_the_same_set(mechanism):
     occ = small_dataset()
-    expected = core.run_local(core.per_user_counts(occ), mechanism, RK)
+    expected = run_local(per_user_counts(occ), mechanism, RK)
     assert "common" in expected and not any(i.startswith("rare") for i in expected)
     with local_pipeline() as p:
         out = p | beam.Create(occ) | SelectPartitions(mechanism, RK)
@@ -42,7 +46,7 @@ def test_beam_and_core_release_the_same_set(mechanism):
 
 @pytest.mark.parametrize("state", ["ordered_list", "bag"])
 def test_histogram_is_exactly_the_cores_in_both_state_backends(state):
-    per_user = core.per_user_counts(small_dataset())
+    per_user = per_user_counts(small_dataset())
     mechanism = PolicyGaussian(1.0, 1e-5, 3)
     expected = P.run_sequential(per_user, mechanism.policy(RK), RK)
     assert expected and all(w > 0 for w in expected.values())
@@ -57,8 +61,8 @@ def test_public_counts_from_a_file_and_the_command_line(tmp_path):
     pub.write_text("".join(f"{k}\t{v}\n" for k, v in PUBLIC.items()))
     data = tmp_path / "in.tsv"
     data.write_text("".join(f"{u}\t{i}\n" for u, i in small_dataset()))
-    from_map = core.run_local(core.per_user_counts(small_dataset()), GWKT(1.0, 1e-5, PUBLIC), RK)
-    from pipelines import select_partitions
+    from_map = run_local(per_user_counts(small_dataset()), GWKT(1.0, 1e-5, PUBLIC), RK)
+    from beam_dpsu.pipelines import select_partitions
     prefix = str(tmp_path / "out")
     assert select_partitions.main(["--input", str(data), "--output", prefix, "--mechanism",
                                    "gw-kt", "--epsilon", "1", "--delta", "1e-5",
@@ -89,7 +93,7 @@ def _record_order_files(tmp_path):
 
 @pytest.mark.parametrize("state", ["ordered_list", "bag"])
 def test_first_occurrence_tie_break_reads_record_order_in_beam_as_in_the_core(tmp_path, state):
-    from beam_dpsu.textio import ReadUserItems, read_per_user
+    from beam_dpsu.transforms.textio import ReadUserItems, read_per_user
     pattern = _record_order_files(tmp_path)
     per_user = read_per_user(pattern)
     by_record = GW(1.0, 0.3, tie_break="first-occurrence").policy
@@ -103,12 +107,12 @@ def test_first_occurrence_tie_break_reads_record_order_in_beam_as_in_the_core(tm
 
 
 def test_first_occurrence_tie_break_on_the_command_line(tmp_path):
-    from beam_dpsu.textio import read_per_user
+    from beam_dpsu.transforms.textio import read_per_user
     pattern = _record_order_files(tmp_path)
     mechanism = GW(1.0, 0.3, tie_break="first-occurrence")
-    expected = core.run_local(read_per_user(pattern), mechanism, RK)
+    expected = run_local(read_per_user(pattern), mechanism, RK)
     assert expected
-    from pipelines import select_partitions
+    from beam_dpsu.pipelines import select_partitions
     prefix = str(tmp_path / "out")
     assert select_partitions.main(["--input", pattern, "--output", prefix, "--mechanism", "gw",
                                    "--epsilon", "1", "--delta", "0.3", "--tie-break",
@@ -183,7 +187,7 @@ def _greedy_policy(run_key):
 
 @pytest.mark.parametrize("bits", [0, 1, 10])
 def test_any_number_of_buckets_gives_the_cores_histogram(bits):
-    per_user = core.per_user_counts(small_dataset())
+    per_user = per_user_counts(small_dataset())
     expected = P.run_sequential(per_user, _greedy_policy(RK), RK)
     with local_pipeline() as p:
         out = (p | beam.Create(sorted(per_user.items()))
@@ -285,7 +289,7 @@ def test_runner_capabilities_choose_the_fallback_or_fail_clearly():
 def test_gw_kt_kt_selection_defaults_describe_and_validation():
     m = GWKT(3.0, 1e-5, PUBLIC)
     assert (m.kt_selection, m.max_items, m.front_scale, m.front_margin) == \
-        ("front", 20, P.DEFAULT_FRONT_SCALE, P.DEFAULT_FRONT_MARGIN)
+        ("front", 20, params.DEFAULT_FRONT_SCALE, params.DEFAULT_FRONT_MARGIN)
     d = m.describe()
     assert (d["kt_selection"], d["front_scale"], d["front_margin"],
             d["max_items_per_user"]) == ("front", 20.0, 4, 20)

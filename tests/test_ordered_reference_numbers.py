@@ -5,8 +5,7 @@ number of released items given its finished histogram,
 Σ_items P(weight + noise > T), and the mean over runs is compared with the
 authors' mean of 5 runs (ε = 3, δ = e^-10) within 3%. The run-to-run spread of
 that expectation comes only from the keys (Δ0 sample, user order, item ids).
-Measured standard deviations per run (5 runs each, see
-benchmarks/RESULTS-ordered.md) and the runs used here give these margins
+Measured standard deviations per run (5 runs each) and the runs used here give these margins
 (3% band minus the measured offset, in standard deviations of the mean):
 policy-laplace Δ0=10: sd 4-8, 12 runs, > 6.4; policy-gaussian Δ0=300: sd 1.6,
 5 runs, > 30; Δ0=100: sd 1.9, > 30; gw (item hash): sd about 9 pooled over
@@ -27,7 +26,7 @@ default is checked only for not being more than 3% *below* the authors there
 
 The GW and GW-KT cases are the published variant (``variant='published'``,
 not proven private; ``docs/gw.md``), which is what the authors measured; the
-cascade-free default is compared with it in ``benchmarks/RESULTS-gw.md``.
+cascade-free default is compared with it in ``benchmarks/RESULTS.md`` section 7.
 
 Skipped when ../shared/data is absent. Slow (a few minutes): it runs 92
 sequential passes over the data.
@@ -38,9 +37,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from beam_dpsu import textio
-from beam_dpsu.noise import RunKey
-from beam_dpsu.ordered import GW, GWKT, PolicyGaussian, PolicyLaplace
+from beam_dpsu.transforms import textio
+from beam_dpsu.dp.noise import RunKey
+from beam_dpsu.dp.mechanisms.policy import GW, GWKT, PolicyGaussian, PolicyLaplace
 
 from conftest import shared_dataset
 

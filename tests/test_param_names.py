@@ -3,11 +3,11 @@
 PipelineDP's ``max_partitions_contributed``, on every surface a user types it."""
 import pytest
 
-from beam_dpsu import audit
-from beam_dpsu.cli import UsageError
-from beam_dpsu.mechanisms import params
-from beam_dpsu.registry import make_mechanism
-from pipelines import compare, select_partitions, top_k
+from beam_dpsu.pipelines import audit as audit_cli
+from beam_dpsu.pipelines.cli import UsageError
+from beam_dpsu.dp import params
+from beam_dpsu.dp.registry import make_mechanism
+from beam_dpsu.pipelines import compare, select_partitions, top_k
 
 IO = ["--input", __file__, "--output", "/tmp/beam-dpsu-never-written"]
 SPELLINGS = ["--max-items-per-user", "--max-partitions-contributed", "--max-items"]
@@ -25,7 +25,7 @@ def test_top_k_and_audit_accept_every_flag_spelling(flag):
     _, mechanism, _ = top_k.parse_args(IO + ["--k", "3", "--epsilon", "1", "--delta", "1e-6",
                                              flag, "4"])
     assert mechanism.max_items == 4
-    _, audited = audit.parse_args(["--mechanism", "weighted-laplace", "--epsilon", "1",
+    _, audited = audit_cli.parse_args(["--mechanism", "weighted-laplace", "--epsilon", "1",
                                    "--delta", "1e-6", flag, "5"])
     assert audited.max_items == 5
 

@@ -1,25 +1,27 @@
 """Pinned releases: the exact sets every mechanism releases under a test seed.
 
 A refactoring must not change what any mechanism releases. These digests were
-computed on the code before the mechanism families were reorganised (issue
-#15; gw-kt's default changed afterwards, see its entry); the Beam-free run
-(``core.run_local`` / ``topk.top_k_local``) and the Beam run
+computed on the code before the mechanism families were reorganised (gw-kt's
+default changed afterwards, see its entry); the Beam-free run
+(``run_local`` / ``topk.top_k_local``) and the Beam run
 (``SelectPartitions`` / ``TopK``) must both reproduce them.
 """
 import hashlib
 
 import apache_beam as beam
-import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
-from beam_dpsu import core, synthetic
-from beam_dpsu.mechanisms import (CountGaussian, CountLaplace, SelectPartitions,
-                                  TruncatedGeometric, WeightedGaussian, WeightedGaussianZcdp,
-                                  WeightedLaplace)
-from beam_dpsu.noise import RunKey
-from beam_dpsu.ordered import GW, GWKT, PolicyGaussian, PolicyLaplace
-from beam_dpsu.sips import Sips
-from beam_dpsu.topk import TopK, TopKMechanism, top_k_local
+from beam_dpsu.dp import synthetic
+from beam_dpsu.dp.mechanisms.base import run_local
+from beam_dpsu.dp.contribution import per_user_counts
+from beam_dpsu.dp.mechanisms import (CountGaussian, CountLaplace, TruncatedGeometric,
+                                     WeightedGaussian, WeightedGaussianZcdp, WeightedLaplace)
+from beam_dpsu.transforms.select import SelectPartitions
+from beam_dpsu.dp.noise import RunKey
+from beam_dpsu.dp.mechanisms.policy import GW, GWKT, PolicyGaussian, PolicyLaplace
+from beam_dpsu.dp.mechanisms.sips import Sips
+from beam_dpsu.transforms.topk import TopK
+from beam_dpsu.dp.mechanisms.topk import TopKMechanism, top_k_local
 
 from conftest import local_pipeline
 
@@ -74,8 +76,8 @@ EXPECTED = {
     "gw": "04c4d9995e5625cf",
     "gw-first-occurrence": "fb7db5c056927e49",
     "gw-published": "1e085111193f4598",
-    # gw-kt's default K_i selection became 'front' with Δ0 = 20 (issue #14 follow-up,
-    # docs/gw.md section 1.3): a new release by design. The old default
+    # gw-kt's default K_i selection became 'front' with Δ0 = 20 (docs/gw.md
+    # section 1.3): a new release by design. The old default
     # ('prefix', Δ0 = 100) is pinned to the digest gw-kt had before.
     "gw-kt": "c4e4b720da441282",
     "gw-kt-prefix": "a2ad943e48df7ee7",
@@ -88,7 +90,7 @@ EXPECTED = {
 
 
 def _per_user():
-    return core.per_user_counts(synthetic.occurrences(3000, seed=3, max_occurrences=40))
+    return per_user_counts(synthetic.occurrences(3000, seed=3, max_occurrences=40))
 
 
 def digest(released) -> str:
@@ -97,7 +99,7 @@ def digest(released) -> str:
 
 def local_digests():
     per_user, key = _per_user(), RunKey.from_test_seed(SEED)
-    out = {name: digest(core.run_local(per_user, m, key)) for name, m in mechanisms().items()}
+    out = {name: digest(run_local(per_user, m, key)) for name, m in mechanisms().items()}
     out.update({name: digest(top_k_local(per_user, m, key))
                 for name, m in topk_mechanisms().items()})
     return out

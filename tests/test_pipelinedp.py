@@ -7,9 +7,10 @@ import pytest
 
 pipeline_dp = pytest.importorskip("pipeline_dp")
 
-from beam_dpsu.mechanisms import SelectPartitions, WeightedGaussian  # noqa: E402
-from beam_dpsu.noise import RunKey  # noqa: E402
-from beam_dpsu.pipelinedp import AccountantMechanism, accountant_total, from_accountant  # noqa: E402
+from beam_dpsu.transforms.select import SelectPartitions
+from beam_dpsu.dp.mechanisms import WeightedGaussian  # noqa: E402
+from beam_dpsu.dp.noise import RunKey  # noqa: E402
+from beam_dpsu.transforms.pipelinedp import AccountantMechanism, accountant_total, from_accountant  # noqa: E402
 from conftest import local_pipeline  # noqa: E402
 
 # 200 users share "a" and "b"; each has one rare key (values 0..3). Each test

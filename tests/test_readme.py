@@ -19,7 +19,7 @@ def needs_pipeline_dp(block: str) -> bool:
     return re.search(r"^\s*import pipeline_dp\b", block, re.M) is not None
 
 
-def test_readme_examples_run_and_release_the_common_words():
+def test_readme_examples_run_and_release_the_common_words(tmp_path, monkeypatch):
     # "the" and "of" have weight 500/√3 ≈ 289 against T ≈ 37, σ ≈ 5.6 (never missed);
     # a rare word (weight 1/√3) is released with probability 3.8e-11, so the
     # false-failure probability of the last assertion is 500 × 3.8e-11 < 2e-8.
@@ -28,7 +28,11 @@ def test_readme_examples_run_and_release_the_common_words():
     # δ = 1e-9, Δ0 = 3: T ≈ 35.8, σ ≈ 5.61, so "apples" and "pears" (weight
     # 300/√3 ≈ 173) are never missed and each of the 300 rare keys (weight 1/√3) is
     # released with probability Φ̄(6.28) ≈ 1.7e-10: false-failure probability
-    # below 5e-8 + 2e-8 < 1e-7 for the whole test.
+    # below 5e-8 + 2e-8 < 1e-7 for the whole test. The second block (SelectPartitions,
+    # ε = 1, δ = 1e-9, Δ0 = 20: the first block's T and σ) releases a rare word with
+    # probability 3.8e-11: 500 × 3.8e-11 < 2e-8 more. The examples write their files in
+    # a scratch directory.
+    monkeypatch.chdir(tmp_path)
     blocks = python_blocks()
     assert len(blocks) >= 3
     run = [b for b in blocks if HAS_PIPELINE_DP or not needs_pipeline_dp(b)]

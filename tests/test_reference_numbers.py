@@ -17,10 +17,12 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from beam_dpsu import core, textio
-from beam_dpsu.mechanisms import (CountGaussian, WeightedGaussian, WeightedGaussianZcdp,
-                                  WeightedLaplace)
-from beam_dpsu.noise import RunKey
+from beam_dpsu.dp.mechanisms.base import run_local
+from beam_dpsu.dp.mechanisms.histogram_threshold import histogram_local
+from beam_dpsu.dp import lines
+from beam_dpsu.dp.mechanisms import (CountGaussian, WeightedGaussian, WeightedGaussianZcdp,
+                                     WeightedLaplace)
+from beam_dpsu.dp.noise import RunKey
 
 from conftest import bernstein_radius, shared_dataset
 
@@ -39,7 +41,7 @@ CASES = [  # (mechanism, authors' mean of 5 runs)
 def rails():
     path = shared_dataset("commits-rails.pairs.tsv.gz")
     per_user = {}
-    for kind, value in textio.read_user_items(str(path)):
+    for kind, value in lines.read_user_items(str(path)):
         if kind == "user":
             per_user[value[0]] = value[1]
     return per_user
@@ -57,7 +59,7 @@ def release_probabilities(hist, mechanism):
 def test_expected_release_within_3_percent_of_authors(rails, mechanism, authors):
     expected = []
     for _ in range(5):
-        hist = core.histogram_local(rails, mechanism, RunKey.fresh())
+        hist = histogram_local(rails, mechanism, RunKey.fresh())
         expected.append(release_probabilities(hist, mechanism).sum())
     mean = float(np.mean(expected))
     assert abs(mean - authors) <= 0.03 * authors, (mean, authors)
@@ -66,7 +68,7 @@ def test_expected_release_within_3_percent_of_authors(rails, mechanism, authors)
 def test_one_release_matches_its_expectation(rails):
     mechanism = WeightedGaussian(3, E10, 300)
     rk = RunKey.fresh()
-    hist = core.histogram_local(rails, mechanism, rk)
+    hist = histogram_local(rails, mechanism, rk)
     p = release_probabilities(hist, mechanism)
-    got = len(core.run_local(rails, mechanism, rk))
+    got = len(run_local(rails, mechanism, rk))
     assert abs(got - p.sum()) <= bernstein_radius(float((p * (1 - p)).sum()), 1e-7)

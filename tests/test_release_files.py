@@ -1,4 +1,4 @@
-"""What a release pipeline leaves on disk reveals nothing beyond the released set (issue #13).
+"""What a release pipeline leaves on disk reveals nothing beyond the released set.
 
 * the items file's line order is a function of the released set alone (a
   canary user whose lines come first in the input is not at the top of it),
@@ -19,9 +19,9 @@ import sys
 
 import pytest
 
-from beam_dpsu import kernels
-from beam_dpsu.registry import REGISTRY
-from pipelines import select_partitions, top_k
+from beam_dpsu.dp import kernels
+from beam_dpsu.dp.registry import REGISTRY
+from beam_dpsu.pipelines import select_partitions, top_k
 from conftest import without_progress
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -335,20 +335,20 @@ def test_a_failed_run_leaves_no_temporary_file(tmp_path, capsys, monkeypatch):
     # and the writer cannot delete its temporary file) exits 1 with one line, leaves no
     # partial release, and the launcher removes the temporary file and the output
     # directory the run created.
-    from beam_dpsu import runners
+    from beam_dpsu.transforms import write
     data = small_input(tmp_path)
     seen = []
-    write = runners._write_parts
+    real_write = write._write_parts
 
     def failing_write(f, parts):
-        write(f, list(parts)[:1])
+        real_write(f, list(parts)[:1])
         f.flush()
         seen.extend((p, os.path.getsize(p))
                     for p in glob.glob(str(tmp_path / "new" / "beam-temp-out-items-*")))
         raise RuntimeError("injected failure")
 
-    monkeypatch.setattr(runners, "_write_parts", failing_write)
-    monkeypatch.setattr(runners, "FileSystems", _FileSystemsWithoutDelete())
+    monkeypatch.setattr(write, "_write_parts", failing_write)
+    monkeypatch.setattr(write, "FileSystems", _FileSystemsWithoutDelete())
     rc = select_partitions.main(sp_args(data, str(tmp_path / "new" / "out")))
     err = without_progress(capsys.readouterr().err)
     assert rc == 1 and len(err) == 1 and "injected failure" in err[0], err
@@ -359,7 +359,7 @@ def test_a_failed_run_leaves_no_temporary_file(tmp_path, capsys, monkeypatch):
 def test_a_failed_run_keeps_temporary_files_it_did_not_make(tmp_path, capsys, monkeypatch):
     # Only what the failing run made is removed: a temporary file that was there before
     # (a killed run's) stays, and so does another prefix's (out2, a concurrent run).
-    from beam_dpsu import runners
+    from beam_dpsu.transforms import write
     data = small_input(tmp_path)
     (tmp_path / "new").mkdir()
     before = tmp_path / "new" / "beam-temp-out-items-00000-of-00001-old"
@@ -369,8 +369,8 @@ def test_a_failed_run_keeps_temporary_files_it_did_not_make(tmp_path, capsys, mo
         (tmp_path / "new" / "beam-temp-out2-items-00000-of-00001-abc").write_text("y")
         raise RuntimeError("injected failure")
 
-    monkeypatch.setattr(runners, "_write_parts", failing_write)
-    monkeypatch.setattr(runners, "FileSystems", _FileSystemsWithoutDelete())
+    monkeypatch.setattr(write, "_write_parts", failing_write)
+    monkeypatch.setattr(write, "FileSystems", _FileSystemsWithoutDelete())
     assert select_partitions.main(sp_args(data, str(tmp_path / "new" / "out"))) == 1
     assert sorted(os.listdir(tmp_path / "new")) == [
         before.name, "beam-temp-out2-items-00000-of-00001-abc"]
@@ -379,9 +379,9 @@ def test_a_failed_run_keeps_temporary_files_it_did_not_make(tmp_path, capsys, mo
 def test_a_release_counted_but_not_written_fails_the_run(tmp_path, capsys, monkeypatch):
     # A missing items file is created empty only for an empty release: when the run
     # counted released items, a missing file is an error, never an empty release.
-    from beam_dpsu import runners
+    from beam_dpsu.transforms import write
     data = small_input(tmp_path)
-    monkeypatch.setattr(runners, "write_one_file", lambda path, parts: None)
+    monkeypatch.setattr(write, "write_one_file", lambda path, parts: None)
     rc = select_partitions.main(sp_args(data, str(tmp_path / "out")))
     err = without_progress(capsys.readouterr().err)
     assert rc == 1 and len(err) == 1 and "released item(s) but wrote no" in err[0], err
@@ -390,7 +390,7 @@ def test_a_release_counted_but_not_written_fails_the_run(tmp_path, capsys, monke
 # -- top-k's stated ε -------------------------------------------------------------
 
 def test_top_k_prints_the_query_guarantee_as_epsilon(tmp_path, capsys):
-    from beam_dpsu.topk import TopKMechanism
+    from beam_dpsu.dp.mechanisms.topk import TopKMechanism
     data = small_input(tmp_path)
     prefix = str(tmp_path / "out")
     assert top_k.main(["--input", data, "--output", prefix, "--k", "10", "--epsilon", "1",
@@ -450,8 +450,8 @@ def test_a_bare_relative_prefix_keeps_its_release_and_is_refused_when_stale(tmp_
     # `--output out` (no directory): Beam's local match finds nothing for a bare relative
     # glob, which once hid the written items file: it was then truncated to an empty file
     # and a second run into the same prefix was not refused. Deterministic (test seed).
-    from beam_dpsu import synthetic
-    from pipelines import select_partitions
+    from beam_dpsu.dp import synthetic
+    from beam_dpsu.pipelines import select_partitions
     data = tmp_path / "in.tsv"
     synthetic.write_tsv(str(data), 300, seed=2, max_occurrences=40)
     monkeypatch.chdir(tmp_path)

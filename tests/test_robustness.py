@@ -12,11 +12,14 @@ import apache_beam as beam
 import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
-from beam_dpsu import core
-from beam_dpsu.bounding import PerUserItemCounts, SampleItems, _SampleDoFn, sample_items
-from beam_dpsu.mechanisms import CountGaussian, SelectPartitions, WeightedGaussian
-from beam_dpsu.noise import RunKey
-from pipelines import select_partitions
+from beam_dpsu.dp.contribution import per_user_counts
+from beam_dpsu.transforms.bounding import SampleItems, _SampleDoFn
+from beam_dpsu.dp.contribution import sample_items
+from beam_dpsu.dp.mechanisms import CountGaussian
+from beam_dpsu.transforms.select import SelectPartitions
+from beam_dpsu.dp.mechanisms import policy as policy_family
+from beam_dpsu.dp.noise import RunKey
+from beam_dpsu.pipelines import select_partitions
 
 from conftest import local_pipeline
 
@@ -106,7 +109,7 @@ def test_bytes_and_other_types_are_released_unchanged():
 def test_integer_and_string_user_ids_are_distinct_users():
     # 150 users as ints and the same 150 as strings: 300 distinct users.
     occ = [(u, "x") for u in range(150)] + [(str(u), "x") for u in range(150)]
-    per_user = core.per_user_counts(occ)
+    per_user = per_user_counts(occ)
     assert len(per_user) == 300
 
 
@@ -135,9 +138,10 @@ def test_users_with_one_item_and_empty_users():
 
 
 def test_a_retried_bundle_gets_the_same_user_order_and_preparation():
-    from beam_dpsu import ordered, policies
+    from beam_dpsu.transforms import ordered
+    from beam_dpsu.dp import sequential as policies
     rk = RunKey.from_test_seed(5)
-    mech = ordered.PolicyGaussian(1.0, 1e-6, 5)
+    mech = policy_family.PolicyGaussian(1.0, 1e-6, 5)
     users = [(f"u{i}", {f"i{j}": 1 for j in range(i % 12 + 1)}) for i in range(40)]
 
     def plain(o):
@@ -191,10 +195,10 @@ def test_prepare_id_maps_hold_every_prepared_item_once_per_bundle(mechanism):
     """The id map a bundle emits holds exactly the items its users' ids stand for,
     whatever the flush sizes, and a bundle retried on the same DoFn instance (its
     policy's item-id cache then already holds the items) emits all of them again."""
-    from beam_dpsu import ordered
+    from beam_dpsu.transforms import ordered
     rk = RunKey.from_test_seed(6)
-    mech = (ordered.PolicyGaussian(1.0, 1e-6, 5) if mechanism == "policy-gaussian"
-            else ordered.GW(1.0, 1e-6))
+    mech = (policy_family.PolicyGaussian(1.0, 1e-6, 5) if mechanism == "policy-gaussian"
+            else policy_family.GW(1.0, 1e-6))
     users = [(f"u{i}", {f"i{(i * 7 + j) % 60}": 1 + j % 3 for j in range(i % 13 + 1)})
              for i in range(80)]
     policy = mech.policy(rk)
@@ -220,9 +224,9 @@ def test_prepare_per_group_sends_the_id_map_once_per_group():
     """Where finish_bundle outputs are dropped (Dask), a group of users is prepared as
     one bundle: its buckets and its id map leave once per group (each id shard once),
     not once per user, and hold every prepared item."""
-    from beam_dpsu import ordered
+    from beam_dpsu.transforms import ordered
     rk = RunKey.from_test_seed(7)
-    mech = ordered.PolicyGaussian(1.0, 1e-6, 5)
+    mech = policy_family.PolicyGaussian(1.0, 1e-6, 5)
     users = [(f"u{i}", {f"i{(i * 5 + j) % 40}": 1 for j in range(i % 9 + 1)})
              for i in range(60)]
     fn = ordered._PrepareGroupDoFn(mech.policy, 8)

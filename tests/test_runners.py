@@ -10,15 +10,14 @@ DirectRunner, and the released sets must be identical (the randomness derives
 from the run key carried inside the pipeline, not from process state).
 """
 import glob
-import json
 import os
 import tempfile
 
 import pytest
 
-from beam_dpsu import synthetic
-from beam_dpsu.registry import REGISTRY
-from pipelines import select_partitions
+from beam_dpsu.dp import synthetic
+from beam_dpsu.dp.registry import REGISTRY
+from beam_dpsu.pipelines import select_partitions
 
 from conftest import transform_labels
 
@@ -88,7 +87,7 @@ def test_portable_and_multiprocess_release_the_same_set(data, name, tmp_path):
 
 @pytest.mark.parametrize("with_counts", [False, True])
 def test_top_k_on_portable_and_multiprocess(data, tmp_path, with_counts):
-    from pipelines import top_k
+    from beam_dpsu.pipelines import top_k
     path, _ = data
     flags = ["--input", path, "--k", "5", "--k-bar", "8", "--epsilon", "2", "--delta", "1e-6",
              "--insecure-test-seed", "3"] + (
@@ -164,8 +163,8 @@ def test_one_file_is_split_only_on_several_direct_workers_and_below_the_size_lim
         data, monkeypatch, workers, limit, want):
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
-    from beam_dpsu import textio
-    from beam_dpsu.noise import RunKey
+    from beam_dpsu.transforms import textio
+    from beam_dpsu.dp.noise import RunKey
     if limit is not None:
         monkeypatch.setattr(textio, "SPLIT_ONE_FILE_MAX_BYTES", limit)
     args, plan, _ = select_partitions.parse_plan(
@@ -187,9 +186,9 @@ def test_one_file_is_split_only_on_several_direct_workers_and_below_the_size_lim
 def test_top_k_splits_one_file_only_on_several_direct_workers(data, workers, want_split):
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
-    from beam_dpsu.noise import RunKey
-    from beam_dpsu.topk import TopKMechanism
-    from pipelines import top_k
+    from beam_dpsu.dp.noise import RunKey
+    from beam_dpsu.dp.mechanisms.topk import TopKMechanism
+    from beam_dpsu.pipelines import top_k
     p = beam.Pipeline(options=PipelineOptions(["--runner=DirectRunner"] + workers))
     top_k.build_pipeline(p, data[0], "/nonexistent/out",
                          TopKMechanism(k=3, k_bar=5, epsilon=1.0, delta=1e-6),
@@ -204,20 +203,24 @@ def test_top_k_splits_one_file_only_on_several_direct_workers(data, workers, wan
     (["--runner=PrismRunner"], False), (["--runner=PortableRunner"], False),
     (["--runner=FlinkRunner"], False)])
 def test_the_direct_runner_is_pinned_to_the_fnapi_runner(flags, pinned):
-    from apache_beam.options.pipeline_options import PipelineOptions
-    from beam_dpsu import runners
-    runner = runners.local_runner(PipelineOptions(flags))
-    assert isinstance(runner, runners.FnApiDirectRunner) if pinned else runner is None
+    from apache_beam.options.pipeline_options import StandardOptions
+    from beam_dpsu.transforms import runners
+    options = runners.pipeline_options(flags)
+    name = options.view_as(StandardOptions).runner
+    assert (name == runners.LOCAL_RUNNER) if pinned else name == flags[0].split("=")[1]
     if pinned:
         import apache_beam as beam
-        p = beam.Pipeline(runner=runner, options=PipelineOptions(flags + MULTI[1:]))
+        # A name Beam itself resolves, to its FnApiRunner (public: ALL_KNOWN_RUNNERS).
+        assert runners.LOCAL_RUNNER in StandardOptions.KNOWN_RUNNER_NAMES
+        p = beam.Pipeline(options=runners.pipeline_options(flags + MULTI[1:]))
+        assert type(p.runner).__name__ == "FnApiRunner"
         assert runners.capabilities(p).ordered_list_state and runners.dealt_workers(p) == 2
 
 
 def test_the_command_line_never_tries_prism(data, tmp_path, monkeypatch):
     """Beam's DirectRunner (SwitchingDirectRunner) tries Prism first, downloading it
     where it can: the command lines run the DirectRunner's FnApiRunner directly, on
-    one worker and on several, with the pipeline options handed to the workers."""
+    one worker and on several."""
     from apache_beam.runners.direct import direct_runner
     from apache_beam.runners.portability import prism_runner
 
@@ -234,74 +237,3 @@ def test_the_command_line_never_tries_prism(data, tmp_path, monkeypatch):
     assert one == two and one
     # The failed Prism attempt used to leave beam-temp* and tmp* directories there.
     assert os.listdir(private_tmp) == []
-
-
-# -- writing one file -----------------------------------------------------------------
-
-def test_write_one_file_writes_each_part_as_a_line_and_leaves_no_temporary_file(tmp_path):
-    from beam_dpsu import runners
-    path = str(tmp_path / "sub" / "out-items-00000-of-00001")
-    runners.write_one_file(path, ["a\nb", b"c", 7])
-    assert open(path, "rb").read() == b"a\nb\nc\n7\n"
-    assert os.listdir(tmp_path / "sub") == ["out-items-00000-of-00001"]
-    runners.write_one_file(path, [])  # a retried attempt replaces the file
-    assert open(path, "rb").read() == b""
-    assert os.listdir(tmp_path / "sub") == ["out-items-00000-of-00001"]
-
-
-def test_write_one_file_never_shows_a_partial_file(tmp_path, monkeypatch):
-    # While the text is written, the final name does not exist; when writing fails,
-    # neither it nor the temporary file is left.
-    from beam_dpsu import runners
-    path = tmp_path / "out-items-00000-of-00001"
-    seen = []
-
-    def parts():
-        yield "first"
-        seen.append(sorted(os.listdir(tmp_path)))
-        raise OSError("disk full")
-
-    with pytest.raises(OSError, match="disk full"):
-        runners.write_one_file(str(path), parts())
-    assert len(seen) == 1 and len(seen[0]) == 1
-    assert seen[0][0].startswith(runners.TEMP_PREFIX + path.name + "-")
-    assert os.listdir(tmp_path) == []
-
-
-def test_the_release_is_written_in_one_step_on_the_direct_runner(tmp_path):
-    # WriteOneFile (GroupByKey + one ParDo), not ToList + WriteToText; the file is
-    # the sorted lines, and nothing but the release and its summaries is left.
-    import apache_beam as beam
-    from beam_dpsu.pipelines import common
-    prefix = str(tmp_path / "out")
-    with beam.Pipeline() as p:
-        common.write_items(p | beam.Create(["b\t1", "a\t2", "c\t3"]), prefix)
-        labels = transform_labels(p)
-    assert any(l.endswith("WriteItems/Write") for l in labels), labels
-    assert not any("WriteToText" in l or "CollectRelease" in l for l in labels)
-    assert open(prefix + "-items-00000-of-00001").read() == "a\t2\nb\t1\nc\t3\n"
-    assert os.listdir(tmp_path) == ["out-items-00000-of-00001"]
-
-
-def test_write_one_file_replaces_a_retried_attempts_file_where_rename_does_not(tmp_path,
-                                                                              monkeypatch):
-    # HDFS: a rename onto an existing file fails; the earlier attempt's file is deleted
-    # and the rename tried again.
-    from apache_beam.io.filesystems import FileSystems
-    from beam_dpsu import runners
-    path = str(tmp_path / "out-items-00000-of-00001")
-    runners.write_one_file(path, ["first"])
-
-    class NoReplace:
-        def __getattr__(self, name):
-            return getattr(FileSystems, name)
-
-        @staticmethod
-        def rename(sources, destinations):
-            if any(os.path.exists(d) for d in destinations):
-                raise OSError("destination exists")
-            FileSystems.rename(sources, destinations)
-
-    monkeypatch.setattr(runners, "FileSystems", NoReplace())
-    runners.write_one_file(path, ["second"])
-    assert open(path).read() == "second\n" and os.listdir(tmp_path) == [os.path.basename(path)]

@@ -1,6 +1,5 @@
 """DP-SIPS: round budgets, thresholds, Beam == core, and the published numbers."""
 import json
-import math
 
 import apache_beam as beam
 import numpy as np
@@ -8,15 +7,20 @@ import pytest
 from apache_beam.testing.util import assert_that, equal_to
 from scipy import stats
 
-from beam_dpsu import core, textio
-from beam_dpsu.accounting import zcdp_to_dp_delta
-from beam_dpsu.histogram import add_user_to_histogram
-from beam_dpsu.bounding import sample_items
-from beam_dpsu.mechanisms import SelectPartitions, WeightedGaussianZcdp
-from beam_dpsu.noise import RunKey
-from beam_dpsu.registry import make_mechanism
-from beam_dpsu.sips import Sips, SipsRounds, remove_items, round_budgets, round_fractions
-from pipelines import select_partitions
+from beam_dpsu.dp.mechanisms.base import run_local
+from beam_dpsu.dp import lines
+from beam_dpsu.dp.accounting import zcdp_to_dp_delta
+from beam_dpsu.dp.weights import add_user_to_histogram
+from beam_dpsu.dp.contribution import sample_items
+from beam_dpsu.transforms.select import SelectPartitions
+from beam_dpsu.dp.mechanisms import WeightedGaussianZcdp
+from beam_dpsu.dp.noise import RunKey
+from beam_dpsu.dp.registry import make_mechanism
+from beam_dpsu.dp.mechanisms.sips import Sips, round_budgets
+from beam_dpsu.dp.mechanisms.histogram_threshold import remove_items
+from beam_dpsu.dp.calibration import round_fractions
+from beam_dpsu.transforms.sips import SipsRounds
+from beam_dpsu.pipelines import select_partitions
 
 from conftest import local_pipeline, shared_dataset
 
@@ -55,7 +59,7 @@ def test_one_round_is_weighted_gaussian_zcdp():
     assert s.rounds[0].noise_scale == w.calibration.noise_scale
     users = {f"u{i}": {f"i{j}": 1 for j in range(i % 150)} for i in range(400)}
     rk = RunKey.from_test_seed(4)
-    assert core.run_local(users, s, rk) == core.run_local(users, w, rk)
+    assert run_local(users, s, rk) == run_local(users, w, rk)
 
 
 def test_dp_calibration_gives_the_requested_guarantee():
@@ -125,7 +129,7 @@ def test_select_partitions_with_sips_outputs_items():
     occ = [(u, i) for u, c in users.items() for i in c]
     with local_pipeline() as p:
         out = p | beam.Create(occ) | SelectPartitions(sips, rk)
-        assert_that(out, equal_to(sorted(core.run_local(users, sips, rk))))
+        assert_that(out, equal_to(sorted(run_local(users, sips, rk))))
 
 
 def test_cli_summary_lists_rounds(tmp_path):
@@ -153,7 +157,7 @@ def test_cli_summary_lists_rounds(tmp_path):
 # (Rao-Blackwellisation) gives an unbiased estimate of the mean count whose spread is
 # a small fraction of a run's. The assertion compares with the authors' mean, so the
 # margin is the 3% band minus our offset from it, in standard deviations of the mean
-# (measured per-run sd over 38 runs, session 2): rails I=3 9.2, ansible 14, rails I=1
+# (measured per-run sd over 38 runs): rails I=3 9.2, ansible 14, rails I=1
 # 54 with 5 runs; reddit-titles sits +1.6% above the authors (414.4 vs 408, sd 3.8), so
 # it takes 20 runs for a margin of 6.9. False-failure probability < 1e-6 per case even
 # with the true sd 30% above the measured one.
@@ -177,7 +181,7 @@ def expected_count(sips, per_user, run_key):
 
 def load(name):
     per_user = {}
-    for kind, value in textio.read_user_items(str(shared_dataset(name))):
+    for kind, value in lines.read_user_items(str(shared_dataset(name))):
         if kind == "user":
             per_user[value[0]] = value[1]
     return per_user
@@ -202,9 +206,9 @@ def test_grouped_removal_equals_removing_by_hand():
     groups left empty) disappear; with nothing released the groups are unchanged."""
     import apache_beam as beam
     from apache_beam.testing.util import assert_that, equal_to
-    from beam_dpsu.bounding import GroupUsers
-    from beam_dpsu.mechanisms.sips import _RemoveFromGroups, _group_as_list
-    from beam_dpsu.mechanisms.histogram import remove_items
+    from beam_dpsu.transforms.bounding import GroupUsers
+    from beam_dpsu.transforms.sips import _RemoveFromGroups, _group_as_list
+    from beam_dpsu.dp.mechanisms.histogram_threshold import remove_items
     per_user = {f"u{u}": {f"i{(u * 7 + k) % 23}": k + 1 for k in range(u % 5 + 1)}
                 for u in range(200)}
     released = ["i0", "i3", "i4", "i11"]
@@ -225,7 +229,7 @@ def test_grouped_removal_equals_removing_by_hand():
 def _unpack(packs):
     """``packed_shards`` output → ``{shard: {item: weight}}``, checking each shard's pack."""
     import pickle
-    from beam_dpsu.histogram import shard_pack
+    from beam_dpsu.dp.weights import shard_pack
     out = {}
     for key, blob in packs.items():
         for shard, part in pickle.loads(blob).items():
@@ -237,11 +241,10 @@ def _unpack(packs):
 def test_group_round_equals_sampling_then_summing_each_user():
     """One SIPS round on a group (``_GroupRoundDoFn``) gives the histogram that
     ``round_histogram`` (the Beam-free core) computes for the same users and key."""
-    import pickle
-    from beam_dpsu.histogram import shard_histogram
-    from beam_dpsu.mechanisms.base import RoundCalibration
-    from beam_dpsu.mechanisms.histogram import round_histogram
-    from beam_dpsu.mechanisms.sips import _GroupRoundDoFn
+    from beam_dpsu.dp.weights import shard_histogram
+    from beam_dpsu.dp.mechanisms.base import RoundCalibration
+    from beam_dpsu.dp.mechanisms.histogram_threshold import round_histogram
+    from beam_dpsu.transforms.sips import _GroupRoundDoFn
     users = {f"u{u}": {f"i{(u * 5 + k) % 31}": 1 for k in range(u % 12 + 1)}
              for u in range(80)}
     users["empty"] = {}
@@ -254,9 +257,8 @@ def test_group_round_equals_sampling_then_summing_each_user():
 
 
 def test_group_histogram_equals_the_per_user_sum():
-    import pickle
-    from beam_dpsu.histogram import (_GroupHistogramDoFn, add_user_to_histogram,
-                                     shard_histogram)
+    from beam_dpsu.transforms.histogram import _GroupHistogramDoFn
+    from beam_dpsu.dp.weights import add_user_to_histogram, shard_histogram
     users = [(f"u{u}", {f"i{(u + k) % 9}": 1 for k in range(u % 4 + 1)}) for u in range(50)]
     want = {}
     for _, c in users:

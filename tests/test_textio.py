@@ -6,8 +6,9 @@ import apache_beam as beam
 import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
-from beam_dpsu import textio
-from beam_dpsu.textio import ReadUserItems
+from beam_dpsu.dp import contribution, lines
+from beam_dpsu.transforms import textio
+from beam_dpsu.transforms.textio import ReadUserItems
 
 from conftest import local_pipeline, transform_labels
 
@@ -20,11 +21,11 @@ EXPECTED = {"u1": {"a": 2, "b": 1}, "u2": {"a\tb": 1}, "u3": {"é": 1}, "u4": {"
 
 
 def test_parse_line():
-    assert textio.parse_line(b"u\ti") == ("u", "i")
-    assert textio.parse_line(b"u\ti\tj\r") == ("u", "i\tj")
-    assert textio.parse_line(b"\ti") is None
-    assert textio.parse_line(b"ui") is None
-    assert textio.parse_line(b"u\t\xff") is None
+    assert lines.parse_line(b"u\ti") == ("u", "i")
+    assert lines.parse_line(b"u\ti\tj\r") == ("u", "i\tj")
+    assert lines.parse_line(b"\ti") is None
+    assert lines.parse_line(b"ui") is None
+    assert lines.parse_line(b"u\t\xff") is None
 
 
 @pytest.mark.parametrize("suffix,compress", [("", lambda b: b), (".gz", gzip.compress),
@@ -34,7 +35,7 @@ def test_read_user_items(tmp_path, suffix, compress, block):
     path = tmp_path / ("data.tsv" + suffix)
     path.write_bytes(compress(CONTENT))
     users, malformed = {}, 0
-    for kind, value in textio.read_user_items(str(path), flush_pairs=2, block_bytes=block):
+    for kind, value in lines.read_user_items(str(path), flush_pairs=2, block_bytes=block):
         if kind == "user":
             u, c = value
             for k, v in c.items():
@@ -227,15 +228,15 @@ def test_user_groups_merge_every_part_of_a_user_whatever_the_grouping(tmp_path, 
 def test_pack_user_groups_puts_each_user_in_its_group_once():
     import pickle
     users = {f"u{i}": {"a": i} for i in range(50)}
-    packed = list(textio.pack_user_groups(users, 4))
+    packed = list(lines.pack_user_groups(users, 4))
     assert len({g for g, _ in packed}) == len(packed) <= 4
     seen = {}
     for g, blob in packed:
         part = pickle.loads(blob)
-        assert all(textio.user_group(u, 4) == g for u in part)
+        assert all(contribution.user_group(u, 4) == g for u in part)
         seen.update(part)
     assert seen == users
-    assert list(textio.pack_user_groups({}, 4)) == []
+    assert list(lines.pack_user_groups({}, 4)) == []
 
 
 def test_merge_group_sums_counts_and_orders_by_position_whatever_the_part_order():
@@ -298,7 +299,7 @@ def test_files_dealt_to_two_workers_read_the_same_users_in_record_order(tmp_path
                                                                         complete_users):
     # On the DirectRunner with two workers the files go to the workers in bins of
     # about equal size (a GroupByKey of the bin), not through a Reshuffle.
-    from beam_dpsu import runners
+    from beam_dpsu.transforms import runners
     paths = _keep_order_files(tmp_path)
     want = _first_occurrence(sorted(paths))
     with local_pipeline("--direct_num_workers=2", "--direct_running_mode=multi_threading") as p:
@@ -316,7 +317,7 @@ def test_files_dealt_to_two_workers_read_the_same_users_in_record_order(tmp_path
 
 def test_dealt_workers_is_the_direct_runners_worker_count_only():
     from apache_beam.options.pipeline_options import PipelineOptions
-    from beam_dpsu import runners
+    from beam_dpsu.transforms import runners
     assert runners.dealt_workers(local_pipeline()) == 1
     assert runners.dealt_workers(local_pipeline(
         "--direct_num_workers=3", "--direct_running_mode=multi_processing")) == 3

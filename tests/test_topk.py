@@ -11,12 +11,15 @@ import pytest
 from apache_beam.testing.util import assert_that, equal_to
 from scipy import integrate, special, stats
 
-from beam_dpsu import accounting as acc
-from beam_dpsu import noise, topk
-from beam_dpsu.core import per_user_counts
-from beam_dpsu.noise import RunKey
-from beam_dpsu.textio import read_user_items
-from beam_dpsu.topk import TopK, TopKMechanism
+from beam_dpsu.dp import accounting as acc
+from beam_dpsu.dp import calibration as cal
+from beam_dpsu.dp import noise
+from beam_dpsu.dp.mechanisms import topk
+from beam_dpsu.dp.contribution import per_user_counts
+from beam_dpsu.dp.noise import RunKey
+from beam_dpsu.dp.lines import read_user_items
+from beam_dpsu.transforms.topk import TopK
+from beam_dpsu.dp.mechanisms.topk import TopKMechanism
 
 from conftest import bernstein_radius, local_pipeline, shared_dataset
 
@@ -26,15 +29,15 @@ from conftest import bernstein_radius, local_pipeline, shared_dataset
 # --------------------------------------------------------------------------
 
 def test_gumbel_threshold_offset():
-    assert topk.gumbel_threshold_offset(1.0, 1e-6, 20) == pytest.approx(1 + math.log(2e7))
-    assert topk.gumbel_threshold_offset(0.5, 1e-6, 20) == pytest.approx(1 + 2 * math.log(2e7))
+    assert cal.gumbel_threshold_offset(1.0, 1e-6, 20) == pytest.approx(1 + math.log(2e7))
+    assert cal.gumbel_threshold_offset(0.5, 1e-6, 20) == pytest.approx(1 + 2 * math.log(2e7))
     # Δ-restricted: log(min(Δ, k̄)/δ).
-    assert topk.gumbel_threshold_offset(1.0, 1e-6, 20, 5) == pytest.approx(1 + math.log(5e6))
-    assert topk.gumbel_threshold_offset(1.0, 1e-6, 20, 50) == pytest.approx(1 + math.log(2e7))
+    assert cal.gumbel_threshold_offset(1.0, 1e-6, 20, 5) == pytest.approx(1 + math.log(5e6))
+    assert cal.gumbel_threshold_offset(1.0, 1e-6, 20, 50) == pytest.approx(1 + math.log(2e7))
 
 
 def test_laplace_scale_and_tail_formula_against_integration():
-    assert topk.laplace_scale(2.0, 3) == 2.0
+    assert cal.topk_laplace_scale(2.0, 3) == 2.0
     b = 2.5
     for s in (0.0, 1.0, 7.0, 30.0):
         # P(X − Y > s) = ∫ f(y) P(X > s + y) dy, X, Y ~ Lap(b).
@@ -42,24 +45,24 @@ def test_laplace_scale_and_tail_formula_against_integration():
             return stats.laplace.pdf(y, scale=b) * stats.laplace.sf(s + y, scale=b)
         got = sum(integrate.quad(f, lo, hi, epsabs=1e-15, epsrel=1e-12)[0]
                   for lo, hi in ((-np.inf, -s), (-s, 0.0), (0.0, np.inf)))
-        assert topk.laplace_difference_tail(s, b) == pytest.approx(got, rel=1e-7, abs=1e-15)
+        assert cal.laplace_difference_tail(s, b) == pytest.approx(got, rel=1e-7, abs=1e-15)
 
 
 @pytest.mark.parametrize("epsilon,delta,max_items", [(1.0, 1e-6, 1), (1.0, 1e-6, 10),
                                                       (0.3, 1e-9, 100), (4.0, 1e-3, 2)])
 def test_laplace_tail_offset_solves_the_equation(epsilon, delta, max_items):
-    b = topk.laplace_scale(epsilon, max_items)
-    s = topk.laplace_tail_offset(b, delta, max_items)
-    assert topk.laplace_difference_tail(s, b) == pytest.approx(delta / max_items, rel=1e-10)
-    assert topk.laplace_difference_tail(s, b) <= delta / max_items * (1 + 1e-12)
-    assert topk.laplace_difference_tail(s * (1 - 1e-9), b) > delta / max_items
-    assert topk.laplace_threshold_offset(epsilon, delta, max_items) == pytest.approx(1 + s)
+    b = cal.topk_laplace_scale(epsilon, max_items)
+    s = cal.laplace_tail_offset(b, delta, max_items)
+    assert cal.laplace_difference_tail(s, b) == pytest.approx(delta / max_items, rel=1e-10)
+    assert cal.laplace_difference_tail(s, b) <= delta / max_items * (1 + 1e-12)
+    assert cal.laplace_difference_tail(s * (1 - 1e-9), b) > delta / max_items
+    assert cal.laplace_threshold_offset(epsilon, delta, max_items) == pytest.approx(1 + s)
     # s lies between the one-Laplace tail b·log(Δ/(2δ)) and that plus b·log(1 + s/(2b)).
     assert b * math.log(max_items / (2 * delta)) <= s
 
 
 def test_laplace_tail_offset_is_zero_when_delta_over_max_items_is_large():
-    assert topk.laplace_tail_offset(1.0, 0.6, 1) == 0.0
+    assert cal.laplace_tail_offset(1.0, 0.6, 1) == 0.0
 
 
 # --------------------------------------------------------------------------

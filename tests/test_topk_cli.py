@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from beam_dpsu import noise
-from pipelines import top_k
+from beam_dpsu.dp import noise
+from beam_dpsu.pipelines import top_k
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -5,10 +5,10 @@ import pathlib
 
 import pytest
 
-from beam_dpsu import synthetic
-from beam_dpsu.registry import REGISTRY, make_mechanism
-from beam_dpsu.topk import TopKMechanism
-from pipelines import select_partitions, top_k
+from beam_dpsu.dp import synthetic
+from beam_dpsu.dp.registry import REGISTRY, make_mechanism
+from beam_dpsu.dp.mechanisms.topk import TopKMechanism
+from beam_dpsu.pipelines import select_partitions, top_k
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 

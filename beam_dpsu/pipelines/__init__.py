@@ -1,8 +1,7 @@
-"""The command-line pipelines behind the ``beam-dpsu`` console command.
+"""The command line of beam_dpsu (``beam-dpsu COMMAND``) and its runnable pipelines.
 
-``select`` (``select_partitions``), ``top-k`` (``top_k``), ``compare``,
-``generate``; ``common`` holds what they share. Each module's ``main(argv)``
-is a complete command (``beam_dpsu.cli.main`` dispatches to it); the
-top-level ``pipelines/`` of a checkout only re-exports them, so that
-``python -m pipelines.select_partitions`` keeps working there.
+One module per command (``select_partitions``, ``top_k``, ``compare``,
+``generate``, ``audit``), the console command (``cli``), and what they share
+(``flags``, ``outputs``, ``runs``, ``run_budget``). The top-level ``pipelines/`` folder of a
+checkout holds plain entry points to these.
 """

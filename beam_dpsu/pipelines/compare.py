@@ -37,8 +37,8 @@ Mechanisms calibrated in zCDP (``sips``) get the largest ρ whose conversion
 (DP-SIPS Corollary 9) gives (ε, δ)-DP, with half of δ as the approximate-zCDP δ;
 the table's "calibration" column says so for each.
 
-Engines: ``core`` (default) reads the data once into memory and runs each trial
-with ``beam_dpsu.core.run_local``, the same per-user and per-item functions the
+Engines: ``dp.mechanisms.base`` (default) reads the data once into memory and runs each trial
+with ``beam_dpsu.run_local``, the same per-user and per-item functions the
 Beam transforms use; ``beam`` runs the real command-line pipeline per trial
 (``beam-dpsu select``) with any Beam options, for data that does not
 fit in memory.
@@ -60,7 +60,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import statistics
 import sys
@@ -68,12 +67,20 @@ import tempfile
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from beam_dpsu import core, textio, utility
-from beam_dpsu.mechanisms import params
-from beam_dpsu.noise import RunKey
-from beam_dpsu.registry import REGISTRY, MechanismParams, make_mechanism
-from beam_dpsu.pipelines import common, run_budget
-from beam_dpsu.pipelines.common import UsageError
+from beam_dpsu.dp import utility
+from beam_dpsu.dp.mechanisms.base import run_local
+from beam_dpsu.transforms import textio
+from beam_dpsu.dp import params
+from beam_dpsu.dp.noise import RunKey
+from beam_dpsu.dp.registry import REGISTRY, MechanismParams, make_mechanism
+from beam_dpsu.pipelines import run_budget, flags, outputs, runs, cli
+from beam_dpsu.pipelines.cli import UsageError
+
+__all__ = ["PROG", "SPEC_PARAMS", "SHARED", "parse_mechanisms", "label", "build_parser",
+           "mechanism_params", "parse_args", "privacy_cost", "load_per_user", "users_per_item",
+           "user_bins", "occurrences_of_files", "run_trials", "markdown", "distinct_colors",
+           "plot", "run", "main"]
+
 
 PROG = "compare"
 #: The per-mechanism settings of ``NAME:KEY=VALUE`` (from the parameter declaration).
@@ -114,8 +121,8 @@ def label(name: str, own: Dict[str, Any]) -> str:
     return name + "".join(f" {k}={v}" for k, v in sorted(own.items()))
 
 
-def build_parser() -> common.ArgumentParser:
-    p = common.ArgumentParser(PROG, __doc__.split("\n")[0])
+def build_parser() -> flags.ArgumentParser:
+    p = flags.ArgumentParser(PROG, __doc__.split("\n")[0])
     p.add_argument("--input", required=True, help="input file or glob of user<TAB>item lines")
     p.add_argument("--output", required=True, help="directory for results and plots")
     p.add_argument("--mechanisms", required=True, help="comma-separated NAME[:KEY=VALUE...]")
@@ -139,7 +146,7 @@ def mechanism_params(name: str, own: Dict[str, Any], args, epsilon: float) -> Me
 
 
 def parse_args(argv):
-    args, beam_args = common.parse_known(build_parser(), argv)
+    args, beam_args = flags.parse_known(build_parser(), argv)
     if args.engine == "core" and beam_args:
         raise UsageError(f"Beam options need --engine beam: {' '.join(beam_args)}")
     if args.trials < 1:
@@ -219,7 +226,7 @@ def occurrences_of_files(pattern: str) -> Dict[Any, int]:
 
 def _released_items(prefix: str) -> set:
     """The items of a release file written by select_partitions (one per line)."""
-    path = prefix + common.ITEMS_SUFFIX
+    path = prefix + outputs.ITEMS_SUFFIX
     if not os.path.exists(path):
         return set()
     with open(path, encoding="utf-8") as f:
@@ -247,7 +254,7 @@ def run_trials(args, beam_args, specs, epsilons, built, per_user, tmp, progress,
                 step += 1
                 start = time.time()
                 if args.engine == "core":
-                    last = core.run_local(per_user, mech, RunKey.fresh())
+                    last = run_local(per_user, mech, RunKey.fresh())
                     n = len(last)
                 else:
                     prefix = os.path.join(tmp, f"{len(results)}-{t}")
@@ -475,20 +482,20 @@ def plot(results, epsilons, out_dir) -> List[str]:
 def run(argv: Optional[Sequence[str]] = None, progress=None) -> Dict[str, Any]:
     argv = list(sys.argv[1:] if argv is None else argv)
     args, beam_args, specs, epsilons, built = parse_args(argv)
-    common.check_locations(args.input)
+    outputs.check_locations(args.input)
     try:
         os.makedirs(args.output, exist_ok=True)
     except OSError as e:
         raise UsageError(f"cannot create {args.output!r}: {e.strerror}") from None
     if progress is None:  # stderr lines, none with --quiet
-        progress = common.cli.Progress(common.cli.command_prog(PROG), args.quiet)
+        progress = cli.Progress(cli.command_prog(PROG), args.quiet)
     start = time.time()
     per_user = None
     if args.engine == "core":
         progress(f"reading {args.input} ...")
         per_user = load_per_user(args.input)
         if not per_user:
-            raise common.NoWellFormedInput(f"no well-formed user<TAB>item line in "
+            raise runs.NoWellFormedInput(f"no well-formed user<TAB>item line in "
                                            f"{args.input!r}: nothing to compare")
         progress(f"{len(per_user)} users")
         occurrences = utility.item_occurrences(per_user)
@@ -516,10 +523,12 @@ def run(argv: Optional[Sequence[str]] = None, progress=None) -> Dict[str, Any]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    return common.main_wrapper(PROG, run, argv, ("input", "epsilons", "trials", "plots",
+    return runs.main_wrapper(PROG, run, argv, ("input", "epsilons", "trials", "plots",
                                                  "seconds", "privacy_cost"))
 
 
-if __name__ == "__main__":  # python -m beam_dpsu.pipelines.X: see beam_dpsu.cli
-    from beam_dpsu import cli as _cli
-    _cli.exit_process(main())
+if __name__ == "__main__":
+    # Runs the importable module (not this __main__ copy), so that what a runner
+    # pickles refers to beam_dpsu.pipelines.compare, one name on every worker.
+    from beam_dpsu.pipelines import cli as _cli
+    sys.exit(_cli.run_module("compare", sys.argv[1:]))

@@ -16,9 +16,12 @@ import json
 import sys
 import time
 
-from beam_dpsu import synthetic
-from beam_dpsu import cli
-from beam_dpsu.cli import UsageError, run_main
+from beam_dpsu.dp import synthetic
+from beam_dpsu.pipelines import cli
+from beam_dpsu.pipelines.cli import UsageError, run_main
+
+
+__all__ = ["main"]
 
 
 def main(argv=None) -> int:
@@ -49,6 +52,8 @@ def main(argv=None) -> int:
     return run_main("generate", body)
 
 
-if __name__ == "__main__":  # python -m beam_dpsu.pipelines.X: see beam_dpsu.cli
-    from beam_dpsu import cli as _cli
-    _cli.exit_process(main())
+if __name__ == "__main__":
+    # Runs the importable module (not this __main__ copy), so that what a runner
+    # pickles refers to beam_dpsu.pipelines.generate, one name on every worker.
+    from beam_dpsu.pipelines import cli as _cli
+    sys.exit(_cli.run_module("generate", sys.argv[1:]))

@@ -4,7 +4,7 @@ The flags, shared by ``beam-dpsu select``, ``top-k`` and ``compare``:
 
 * ``--budget-epsilon E --budget-delta D``: the total (ε, δ)-DP guarantee the
   data owner is willing to publish for EVERYTHING this run releases. Given,
-  the run builds a ``beam_dpsu.budget.PrivacyBudget`` and each release is
+  the run builds a ``beam_dpsu.dp.budget.PrivacyBudget`` and each release is
   calibrated from its share of it; ``--epsilon``/``--delta``/``--rho`` (one
   release's own guarantee) are then refused, since two statements of the same
   run could disagree.
@@ -29,9 +29,12 @@ import argparse
 import math
 from typing import Any, Dict, Optional, Sequence, Tuple
 
-from beam_dpsu.accounting import PrivacyGuarantee
-from beam_dpsu.budget import PrivacyBudget, compose_guarantees, fits
-from beam_dpsu.cli import UsageError
+from beam_dpsu.dp.accounting import PrivacyGuarantee
+from beam_dpsu.dp.budget import PrivacyBudget, compose_guarantees, fits
+from beam_dpsu.pipelines.cli import UsageError
+
+
+__all__ = ["add_arguments", "parse_shares", "plan", "total_cost"]
 
 
 def add_arguments(p: argparse.ArgumentParser, releases: Sequence[str] = (),

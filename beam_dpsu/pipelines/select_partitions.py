@@ -16,7 +16,7 @@ Input: text files (glob allowed, ``.gz``/``.bz2`` decompressed), one
 skipped, with a one-line warning giving their number; input without a single
 well-formed line exits with status 1 and releases nothing.
 
-Output (see ``beam_dpsu.pipelines.common``):
+Output (see ``beam_dpsu.pipelines.outputs``):
 
 * ``PREFIX-items-00000-of-00001``: the released items, one per line, sorted
   (the order depends on the released set alone);
@@ -58,26 +58,33 @@ from typing import List, Optional, Sequence, Tuple
 
 import apache_beam as beam
 
-from beam_dpsu.accounting import PayWhatYouGetAccountant
-from beam_dpsu.budget import PrivacyBudget
-from beam_dpsu.mechanisms import Mechanism, SelectPartitions, params
-from beam_dpsu.noise import RunKey
-from beam_dpsu.registry import REGISTRY, MechanismParams, make_mechanism
-from beam_dpsu.textio import ReadUserItems, match_sized, split_one_file
-from beam_dpsu.topk import TopK, TopKMechanism
-from beam_dpsu.pipelines import common, run_budget, top_k as top_k_pipeline
-from beam_dpsu.pipelines.common import UsageError  # noqa: F401  (re-exported for callers)
+from beam_dpsu.dp.accounting import PayWhatYouGetAccountant
+from beam_dpsu.dp.budget import PrivacyBudget
+from beam_dpsu.dp import params
+from beam_dpsu.dp.mechanisms import Mechanism
+from beam_dpsu.transforms.select import SelectPartitions
+from beam_dpsu.dp.noise import RunKey
+from beam_dpsu.dp.registry import REGISTRY, MechanismParams, make_mechanism
+from beam_dpsu.transforms.textio import ReadUserItems, match_sized, split_one_file
+from beam_dpsu.transforms.topk import TopK
+from beam_dpsu.dp.mechanisms.topk import TopKMechanism
+from beam_dpsu.pipelines.cli import UsageError
+from beam_dpsu.pipelines import run_budget, top_k as top_k_pipeline, flags, outputs, runs
+
+__all__ = ["PROG", "build_parser", "RELEASES", "Plan", "parse_args", "parse_plan",
+           "build_pipeline", "public_fields", "budget_fields", "run", "main"]
+
 
 PROG = "select_partitions"
 
 
-def build_parser() -> common.ArgumentParser:
-    p = common.ArgumentParser(PROG, __doc__.split("\n")[0])
-    common.add_io_arguments(p)
+def build_parser() -> flags.ArgumentParser:
+    p = flags.ArgumentParser(PROG, __doc__.split("\n")[0])
+    flags.add_io_arguments(p)
     p.add_argument("--mechanism", required=True,
                    help="one of: " + ", ".join(sorted(REGISTRY)))
     params.add_arguments(p, list(params.MECHANISM_PARAMS))
-    common.add_dead_letter_argument(p)
+    flags.add_dead_letter_argument(p)
     run_budget.add_arguments(p, RELEASES)
     g = p.add_argument_group("a top-k release in the same run (needs the budget flags)")
     g.add_argument("--top-k", dest="top_k", type=int, metavar="K",
@@ -117,7 +124,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> Tuple[object, Mechanism, List[s
 def parse_plan(argv: Optional[Sequence[str]]) -> Tuple[object, Plan, List[str]]:
     """Parses and validates everything; returns (args, what the run releases, Beam's
     arguments). Raises UsageError for any user mistake."""
-    args, beam_args = common.parse_known(build_parser(), argv)
+    args, beam_args = flags.parse_known(build_parser(), argv)
     if args.top_k is None:
         for name in ("top_k_bar", "top_k_max_items"):
             if getattr(args, name) is not None:
@@ -208,22 +215,22 @@ def build_pipeline(p: beam.Pipeline, input_pattern: str, output_prefix: str,
     if len(sized) > 1 or split:
         users, malformed = p | "ReadUserItems" >> ReadUserItems(
             input_pattern, keep_order=order, with_malformed=True, split_files=split)
-        parts = everyone = users | "CountUsers" >> beam.ParDo(common.CountUsers())
+        parts = everyone = users | "CountUsers" >> beam.ParDo(runs.CountUsers())
     else:
         users, complete, malformed = p | "ReadUserItems" >> ReadUserItems(
             input_pattern, keep_order=order, with_malformed=True, complete_users=True)
-        parts = (users | "CountUsers" >> beam.ParDo(common.CountUsers()),
-                 complete | "CountCompleteUsers" >> beam.ParDo(common.CountUsers()))
+        parts = (users | "CountUsers" >> beam.ParDo(runs.CountUsers()),
+                 complete | "CountCompleteUsers" >> beam.ParDo(runs.CountUsers()))
         everyone = None
-    common.write_dead_letter(malformed, dead_letter)
+    outputs.write_dead_letter(malformed, dead_letter)
     items = parts | "SelectPartitions" >> SelectPartitions(mechanism, run_key, per_user=True)
-    common.write_items(items | "ToLine" >> beam.Map(_to_line), output_prefix)
+    outputs.write_items(items | "ToLine" >> beam.Map(_to_line), output_prefix)
     if top_k is not None:
         if everyone is None:
             everyone = parts | "AllUsersForTopK" >> beam.Flatten()
         ranked = everyone | "TopK" >> TopK(top_k, run_key, per_user=True)
-        common.write_items(ranked, output_prefix, arrange=top_k_pipeline.ranked_text,
-                           label="TopK", kind=common.TOPK_KIND)
+        outputs.write_items(ranked, output_prefix, arrange=top_k_pipeline.ranked_text,
+                           label="TopK", kind=outputs.TOPK_KIND)
 
 
 def public_fields(mechanism: Mechanism, result, released: int) -> dict:
@@ -231,7 +238,7 @@ def public_fields(mechanism: Mechanism, result, released: int) -> dict:
     the number released by each round."""
     fields = dict(mechanism.describe())
     for i, entry in enumerate(fields.get("per_round") or []):
-        entry["released"] = common.counter(result, f"released_round_{i}")
+        entry["released"] = runs.counter(result, f"released_round_{i}")
     return fields
 
 
@@ -240,12 +247,12 @@ def budget_fields(plan: Plan, fields: dict, output_prefix: str) -> dict:
     become the run's total, the key set's own move to ``release_*``, the budget's
     statement goes under ``budget`` and the top-k release under ``top_k``."""
     if plan.top_k is not None:  # first, so that the budget's statement shows the charge
-        released = common.count_output_lines(output_prefix, common.TOPK_KIND)
+        released = outputs.count_output_lines(output_prefix, outputs.TOPK_KIND)
         plan.pool.record(plan.top_k.k, released)  # "spent" fields: information only
         topk = top_k_pipeline.public_fields(plan.top_k, released)
         topk.update(num_released=released,
-                    items_file=f"{os.path.basename(output_prefix)}-{common.TOPK_KIND}"
-                               f"{common.SHARD}")
+                    items_file=f"{os.path.basename(output_prefix)}-{outputs.TOPK_KIND}"
+                               f"{outputs.SHARD}")
         fields["top_k"] = topk
     total = plan.budget.guarantee()
     for key in ("epsilon", "delta", "rho", "zcdp_delta", "guarantee"):
@@ -286,19 +293,21 @@ def run(argv: Optional[Sequence[str]] = None) -> dict:
         out = public_fields(plan.mechanism, result, released)
         return out if plan.budget is None else budget_fields(plan, out, args.output)
 
-    return common.run_release(
+    return runs.run_release(
         args, beam_args,
         lambda p, run_key: build_pipeline(p, args.input, args.output, plan.mechanism, run_key,
                                           args.dead_letter, plan.top_k),
-        fields, sub_releases=(common.TOPK_KIND,) if plan.top_k is not None else ())
+        fields, sub_releases=(outputs.TOPK_KIND,) if plan.top_k is not None else ())
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    return common.main_wrapper(PROG, run, argv,
+    return runs.main_wrapper(PROG, run, argv,
                                ("mechanism", "epsilon", "delta", "num_released"),
                                nested={"top_k": ("num_released", "epsilon", "charge")})
 
 
-if __name__ == "__main__":  # python -m beam_dpsu.pipelines.X: see beam_dpsu.cli
-    from beam_dpsu import cli as _cli
-    _cli.exit_process(main())
+if __name__ == "__main__":
+    # Runs the importable module (not this __main__ copy), so that what a runner
+    # pickles refers to beam_dpsu.pipelines.select_partitions, one name on every worker.
+    from beam_dpsu.pipelines import cli as _cli
+    sys.exit(_cli.run_module("select_partitions", sys.argv[1:]))

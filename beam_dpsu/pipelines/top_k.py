@@ -16,7 +16,7 @@ status 1 and releases nothing.
 Without ``--with-counts`` this is Algorithm 2 (Gumbel): ``--epsilon`` is the ε
 of each bounded-range selection, and the query is charged ``ℓ + 1`` selections
 (``k`` when it released ``ℓ = k`` items) and δ ("pay what you get", see
-``beam_dpsu.accounting.PayWhatYouGetAccountant``); ``--max-items-per-user`` is
+``beam_dpsu.dp.accounting.PayWhatYouGetAccountant``); ``--max-items-per-user`` is
 optional (Δ-restricted sensitivity). The summary's and stdout's ``epsilon`` is
 the stand-alone guarantee of the whole query (k selections); the flag's value
 is ``epsilon_per_selection``. With ``--with-counts`` it is Algorithm 1
@@ -26,7 +26,7 @@ query and noisy counts (on a discrete grid) are released.
 ``--budget-epsilon E --budget-delta D`` instead states the guarantee of the
 whole query and lets the command calibrate it: Algorithm 2's per-selection ε
 is the largest whose budget of ``k`` selections and one query is within
-(E, D) (``beam_dpsu.budget.pay_what_you_get_epsilon``); Algorithm 1 gets
+(E, D) (``beam_dpsu.dp.budget.pay_what_you_get_epsilon``); Algorithm 1 gets
 (E, D). ``PREFIX.json`` then also holds the budget's statement under
 ``budget`` (see ``beam_dpsu.pipelines.run_budget``).
 
@@ -47,26 +47,31 @@ from typing import List, Optional, Sequence, Tuple
 
 import apache_beam as beam
 
-from beam_dpsu.mechanisms import params
-from beam_dpsu.noise import RunKey
-from beam_dpsu.textio import ReadUserItems, match_sized, split_one_file
-from beam_dpsu.topk import TopK, TopKMechanism, format_line
-from beam_dpsu.pipelines import common, run_budget
-from beam_dpsu.pipelines.common import UsageError  # noqa: F401  (re-exported for callers)
+from beam_dpsu.dp import params
+from beam_dpsu.dp.noise import RunKey
+from beam_dpsu.transforms.textio import ReadUserItems, match_sized, split_one_file
+from beam_dpsu.transforms.topk import TopK
+from beam_dpsu.dp.mechanisms.topk import TopKMechanism, format_line
+from beam_dpsu.pipelines.cli import UsageError
+from beam_dpsu.pipelines import run_budget, flags, outputs, runs
+
+__all__ = ["PROG", "build_parser", "parse_args", "ranked_text", "build_pipeline", "public_fields",
+           "run", "main"]
+
 
 PROG = "top_k"
 
 
 def build_parser():
-    p = common.ArgumentParser(PROG, __doc__.split("\n")[0])
-    common.add_io_arguments(p)
+    p = flags.ArgumentParser(PROG, __doc__.split("\n")[0])
+    flags.add_io_arguments(p)
     params.add_arguments(p, ["k", "k_bar", "epsilon", "delta", "max_items"],
                          required=("k",), help={
         "epsilon": "ε > 0: per selection (Gumbel), or of the query (--with-counts)",
         "delta": "δ of the query (0 < δ < 1)",
         "max_items": "Δ, distinct items kept per user (integer >= 1); required by "
                      "--with-counts; default: unrestricted (Gumbel only)"})
-    common.add_dead_letter_argument(p)
+    flags.add_dead_letter_argument(p)
     params.add_arguments(p, ["with_counts"])
     run_budget.add_arguments(p, ("top-k",))
     return p
@@ -78,7 +83,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> Tuple[object, TopKMechanism, Li
     With the budget flags, ``args.budget`` is the ``PrivacyBudget`` the query
     was calibrated from (else None).
     """
-    args, beam_args = common.parse_known(build_parser(), argv)
+    args, beam_args = flags.parse_known(build_parser(), argv)
     planned = run_budget.plan(args, ("top-k",), replaced=("epsilon", "delta"))
     args.budget = args.pool = None
     try:
@@ -119,11 +124,11 @@ def build_pipeline(p: beam.Pipeline, input_pattern: str, output_prefix: str,
     per_user, malformed = p | "ReadUserItems" >> ReadUserItems(
         input_pattern, with_malformed=True,
         split_files=split_one_file(p, match_sized(input_pattern)))
-    common.write_dead_letter(malformed, dead_letter)
+    outputs.write_dead_letter(malformed, dead_letter)
     ranked = (per_user
-              | "CountUsers" >> beam.ParDo(common.CountUsers())
+              | "CountUsers" >> beam.ParDo(runs.CountUsers())
               | "TopK" >> TopK(mechanism, run_key, per_user=True))
-    common.write_items(ranked, output_prefix, arrange=ranked_text)
+    outputs.write_items(ranked, output_prefix, arrange=ranked_text)
 
 
 def public_fields(mechanism: TopKMechanism, released: int) -> dict:
@@ -156,18 +161,20 @@ def run(argv: Optional[Sequence[str]] = None) -> dict:
                 "the budget the query was calibrated from: total, share, stated guarantee"))
         return out
 
-    return common.run_release(
+    return runs.run_release(
         args, beam_args,
         lambda p, run_key: build_pipeline(p, args.input, args.output, mechanism, run_key,
                                           args.dead_letter), fields)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    return common.main_wrapper(PROG, run, argv, ("mechanism", "epsilon", "delta",
+    return runs.main_wrapper(PROG, run, argv, ("mechanism", "epsilon", "delta",
                                                  "epsilon_per_selection", "num_released",
                                                  "charge"))
 
 
-if __name__ == "__main__":  # python -m beam_dpsu.pipelines.X: see beam_dpsu.cli
-    from beam_dpsu import cli as _cli
-    _cli.exit_process(main())
+if __name__ == "__main__":
+    # Runs the importable module (not this __main__ copy), so that what a runner
+    # pickles refers to beam_dpsu.pipelines.top_k, one name on every worker.
+    from beam_dpsu.pipelines import cli as _cli
+    sys.exit(_cli.run_module("top_k", sys.argv[1:]))

@@ -1,0 +1,582 @@
+"""Privacy calibration: thresholds and noise scales as small pure functions.
+
+Every function here is deterministic, has no Beam dependency and is unit-tested
+against the numbers of ``docs/mechanisms.md`` (sections 2 and 3)
+and against independent computations. Logs are natural.
+
+Neighbouring datasets differ by adding or removing one user with all of their
+records; ``max_items`` is the contribution bound Δ0 (the number of distinct
+items a user keeps after sampling).
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Callable
+
+import numpy as np
+
+__all__ = ["check_epsilon", "check_delta", "check_rho", "check_max_items", "check_eta",
+           "check_sensitivity", "bisect", "per_item_delta", "normal_isf", "log_ndtr",
+           "analytic_gaussian_sigma", "zcdp_gaussian_sigma", "count_laplace_scale",
+           "count_laplace_threshold", "count_gaussian_sigma", "count_gaussian_threshold",
+           "weighted_laplace_scale", "weighted_laplace_threshold", "weighted_gaussian_sigma",
+           "weighted_gaussian_threshold", "zcdp_weighted_gaussian_sigma",
+           "zcdp_weighted_gaussian_threshold", "gw_threshold", "gw_cascade_free_delta",
+           "gw_cascade_free_threshold_bound", "gw_cascade_free_threshold", "policy_cutoff",
+           "truncated_geometric_parameters", "truncated_geometric_keep_probabilities",
+           "truncated_geometric_keep_probability", "check_positive_int", "check_rounds",
+           "check_ratio", "round_fractions", "round_budgets", "gumbel_threshold_offset",
+           "topk_laplace_scale", "laplace_difference_tail", "laplace_tail_offset",
+           "laplace_threshold_offset"]
+
+
+# Largest Δ0 whose threshold maximum is evaluated in one numpy array; larger
+# bounds are evaluated in chunks of this size.
+_CHUNK = 1 << 20
+
+
+# --------------------------------------------------------------------------
+# Validation helpers (shared by every calibration and by the transforms).
+# --------------------------------------------------------------------------
+
+def check_epsilon(epsilon: float, name: str = "epsilon") -> float:
+    """Returns ``epsilon`` as a float, or raises ValueError unless 0 < ε < inf."""
+    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float, np.floating, np.integer)):
+        raise ValueError(f"{name} must be a number > 0, got {epsilon!r}")
+    eps = float(epsilon)
+    if not (eps > 0 and math.isfinite(eps)):
+        raise ValueError(f"{name} must be a finite number > 0, got {epsilon!r}")
+    return eps
+
+
+def check_delta(delta: float, name: str = "delta", upper: float = 1.0) -> float:
+    """Returns ``delta`` as a float, or raises ValueError unless 0 < δ < upper."""
+    if isinstance(delta, bool) or not isinstance(delta, (int, float, np.floating, np.integer)):
+        raise ValueError(f"{name} must be a number in (0, {upper:g}), got {delta!r}")
+    d = float(delta)
+    if not (0.0 < d < upper):
+        raise ValueError(f"{name} must be in (0, {upper:g}), got {delta!r}")
+    return d
+
+
+def check_rho(rho: float, name: str = "rho") -> float:
+    """Returns ``rho`` as a float, or raises ValueError unless 0 < ρ < inf."""
+    return check_epsilon(rho, name)
+
+
+def check_max_items(max_items: int, name: str = "max_items_per_user") -> int:
+    """Returns Δ0 as an int, or raises ValueError unless it is an integer ≥ 1."""
+    if isinstance(max_items, bool) or not isinstance(max_items, (int, np.integer)):
+        if isinstance(max_items, float) and max_items.is_integer():
+            max_items = int(max_items)
+        else:
+            raise ValueError(f"{name} must be an integer >= 1, got {max_items!r}")
+    if max_items < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {max_items!r}")
+    return int(max_items)
+
+
+def check_eta(eta: float, name: str = "eta") -> float:
+    """Returns η as a float, or raises ValueError unless 0 < η < 1 (cascade-free GW step 1)."""
+    if isinstance(eta, bool) or not isinstance(eta, (int, float, np.floating, np.integer)) \
+            or not (0.0 < float(eta) < 1.0):
+        raise ValueError(f"{name} must be a number in (0, 1), got {eta!r}")
+    return float(eta)
+
+
+def check_sensitivity(sensitivity: float, name: str = "sensitivity") -> float:
+    """Returns a positive finite sensitivity as a float, or raises ValueError."""
+    return check_epsilon(sensitivity, name)
+
+
+# --------------------------------------------------------------------------
+# Section 1: calibration primitives.
+# --------------------------------------------------------------------------
+
+def bisect(below: Callable[[float], bool], lo: float, hi: float, iterations: int = 200,
+           rel_tol: float = 0.0):
+    """Narrows ``[lo, hi]`` around the point where a monotone predicate changes.
+
+    ``below(x)`` must be True on the ``lo`` side of the point and False on the
+    ``hi`` side (it is not evaluated at the ends). Each step evaluates the
+    midpoint and moves the end on its side there; it stops after
+    ``iterations`` steps, when no float lies strictly between the ends, or
+    when ``hi − lo ≤ rel_tol·hi``. Returns ``(lo, hi)``: a calibration that
+    must satisfy its condition returns the end on the satisfying side.
+    """
+    for _ in range(iterations):
+        mid = 0.5 * (lo + hi)
+        if mid <= lo or mid >= hi:
+            break
+        if below(mid):
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= rel_tol * hi:
+            break
+    return lo, hi
+
+
+def per_item_delta(delta: float, t):
+    """The per-item delta δ_t = 1 − (1 − δ)^(1/t).
+
+    Computed as ``-expm1(log1p(-δ)/t)``, which keeps full precision when δ is
+    small (the naive formula loses about log10(1/δ) digits). ``t`` may be an
+    int or a numpy array of positive numbers.
+    """
+    delta = check_delta(delta)
+    return -np.expm1(np.log1p(-delta) / np.asarray(t, dtype=float)) if np.ndim(t) else \
+        -math.expm1(math.log1p(-delta) / float(t))
+
+
+def _special():
+    # scipy.special is imported only where the pure functions below do not apply:
+    # its import takes about 0.33 s, which a command line's launcher would pay
+    # before its first stage, and every Beam worker imports this module (its
+    # checks) and never needs it.
+    from scipy import special
+    return special
+
+
+#: ``normal_isf`` computes arrays larger than this (or with p below
+#: ``_SMALLEST_P``) with ``scipy.special.ndtri``; smaller ones element by element.
+_PURE_ISF_MAX_SIZE = 20_000
+#: Below this p, ``statistics.NormalDist.inv_cdf`` leaves the range its
+#: algorithm (Wichura's AS241) was fitted on.
+_SMALLEST_P = 1e-300
+_STANDARD_NORMAL = statistics.NormalDist()
+
+
+def normal_isf(p):
+    """Φ⁻¹(1 − p), accurate for tiny ``p`` (never ``ppf(1 − p)``): −Φ⁻¹(p) by symmetry.
+
+    ``p``: a number or an array of numbers in (0, 1); returns a float or an
+    array of floats. Φ⁻¹ is ``statistics.NormalDist().inv_cdf`` (Wichura's
+    AS241, relative error about 1e-16) for up to ``_PURE_ISF_MAX_SIZE``
+    values of at least ``_SMALLEST_P``, else ``scipy.special.ndtri``; the
+    tests check the two agree to 1e-14 (relative) over p from 1e-300 to 0.5.
+    """
+    arr = np.asarray(p, dtype=float)
+    if arr.size > _PURE_ISF_MAX_SIZE or not np.all((arr >= _SMALLEST_P) & (arr < 1.0)):
+        out = -_special().ndtri(arr)
+    else:
+        inv_cdf = _STANDARD_NORMAL.inv_cdf
+        out = -np.fromiter((inv_cdf(v) for v in arr.ravel().tolist()), dtype=float,
+                           count=arr.size).reshape(arr.shape)
+    return float(out) if np.ndim(p) == 0 else out
+
+
+_SQRT_HALF = math.sqrt(0.5)
+_LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
+
+
+def log_ndtr(x: float) -> float:
+    """log Φ(x), the log of the standard normal CDF, accurate in both tails.
+
+    x > 0: log1p(−erfc(x/√2)/2) (Φ(−x) = erfc(x/√2)/2 is small there);
+    −20 < x ≤ 0: log(erfc(−x/√2)/2), where ``math.erfc`` keeps full relative
+    precision (down to about 1e-88); x ≤ −20: the asymptotic series
+    Φ(x) = φ(x)/(−x)·Σₖ (−1)ᵏ(2k−1)!!/x²ᵏ, whose first 12 terms leave an error
+    below 1e-18 there. The tests compare it with ``scipy.special.log_ndtr``.
+    """
+    x = float(x)
+    if x > 0.0:
+        return math.log1p(-0.5 * math.erfc(x * _SQRT_HALF))
+    if x > -20.0:
+        return math.log(0.5 * math.erfc(-x * _SQRT_HALF))
+    if x == -math.inf:
+        return -math.inf
+    z = 1.0 / (x * x)
+    term = total = 1.0
+    for k in range(1, 12):
+        term *= -(2 * k - 1) * z
+        total += term
+    return -0.5 * x * x - math.log(-x) - _LOG_SQRT_2PI + math.log(total)
+
+
+def _agm_excess_log(sigma: float, epsilon: float, delta: float, sensitivity: float) -> float:
+    """Sign of Φ(a) − e^ε·Φ(b) − δ, computed in a numerically safe way.
+
+    Returns a value > 0 when the Gaussian with scale ``sigma`` is NOT
+    (ε, δ)-DP for ℓ2-sensitivity ``sensitivity`` and ≤ 0 when it is.
+    """
+    a = sensitivity / (2.0 * sigma) - epsilon * sigma / sensitivity
+    b = -sensitivity / (2.0 * sigma) - epsilon * sigma / sensitivity
+    # Φ(a) − e^ε Φ(b) written as Φ(a)·(1 − exp(ε + logΦ(b) − logΦ(a))).
+    log_pa = log_ndtr(a)
+    log_pb = log_ndtr(b)
+    diff_log = epsilon + log_pb - log_pa  # always < 0 for a Gaussian
+    if diff_log >= 0:
+        return -1.0
+    # log(Φ(a) − e^ε Φ(b)) = log_pa + log(−expm1(diff_log)); compare with log δ.
+    return log_pa + math.log(-math.expm1(diff_log)) - math.log(delta)
+
+
+def analytic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1.0) -> float:
+    """AGM(ε, δ, Δ2): the smallest σ making the Gaussian mechanism (ε, δ)-DP.
+
+    Balle and Wang (2018), "Improving the Gaussian mechanism for differential
+    privacy": the smallest σ with
+    ``Φ(Δ2/(2σ) − εσ/Δ2) − e^ε·Φ(−Δ2/(2σ) − εσ/Δ2) ≤ δ``.
+    Found by bisection in log σ to a relative precision of about 1e-15; the
+    returned σ is the upper end of the final bracket, so it satisfies the
+    inequality as evaluated in floating point. That evaluation subtracts two
+    nearly equal values of log Φ, so σ can be below the exact minimum by
+    about 1e-13 (relative; checked against a 50-digit computation), as with
+    scipy's log Φ (up to 3e-11 there). See docs/mechanisms.md.
+
+    Args:
+      epsilon: ε > 0.
+      delta: 0 < δ < 1.
+      sensitivity: the ℓ2-sensitivity Δ2 > 0 (default 1).
+    """
+    epsilon = check_epsilon(epsilon)
+    delta = check_delta(delta)
+    sensitivity = check_sensitivity(sensitivity)
+
+    def ok(log_sigma: float) -> bool:
+        return _agm_excess_log(math.exp(log_sigma) * sensitivity, epsilon, delta, sensitivity) <= 0
+
+    lo, hi = math.log(1e-6), math.log(1.0)
+    while ok(lo):
+        lo -= 10.0
+        if lo < -700:
+            raise ValueError("analytic Gaussian calibration failed: σ would be below 1e-300")
+    while not ok(hi):
+        hi += 2.0
+        if hi > 700:
+            raise ValueError("analytic Gaussian calibration failed: σ would exceed 1e300")
+    _, hi = bisect(lambda x: not ok(x), lo, hi)
+    return math.exp(hi) * sensitivity
+
+
+def zcdp_gaussian_sigma(rho: float, sensitivity: float = 1.0) -> float:
+    """σ = Δ2/√(2ρ): the Gaussian scale that is ρ-zCDP for ℓ2-sensitivity Δ2."""
+    rho = check_rho(rho)
+    sensitivity = check_sensitivity(sensitivity)
+    return sensitivity / math.sqrt(2.0 * rho)
+
+
+def _max_over_t(max_items: int, term: Callable[[np.ndarray], np.ndarray]) -> float:
+    """max_{t = 1..Δ0} term(t), evaluated vectorised in chunks."""
+    best = -math.inf
+    start = 1
+    while start <= max_items:
+        stop = min(max_items, start + _CHUNK - 1)
+        t = np.arange(start, stop + 1, dtype=float)
+        best = max(best, float(np.max(term(t))))
+        start = stop + 1
+    return best
+
+
+# --------------------------------------------------------------------------
+# Section 2: thresholds of the histogram-and-threshold family.
+# --------------------------------------------------------------------------
+
+def count_laplace_scale(epsilon: float, max_items: int) -> float:
+    """Laplace scale λ = Δ0/ε of Count Laplace (each kept item gets +1)."""
+    return check_max_items(max_items) / check_epsilon(epsilon)
+
+
+def count_laplace_threshold(epsilon: float, delta: float, max_items: int) -> float:
+    """Count Laplace threshold T = 1 + λ·log(1/(2·δ_Δ0)), λ = Δ0/ε."""
+    epsilon, delta, max_items = check_epsilon(epsilon), check_delta(delta), check_max_items(max_items)
+    lam = count_laplace_scale(epsilon, max_items)
+    return 1.0 + lam * -math.log(2.0 * per_item_delta(delta, max_items))
+
+
+def count_gaussian_sigma(epsilon: float, delta: float, max_items: int) -> float:
+    """Count Gaussian σ = AGM(ε, δ/2, √Δ0)."""
+    epsilon, delta, max_items = check_epsilon(epsilon), check_delta(delta), check_max_items(max_items)
+    return analytic_gaussian_sigma(epsilon, delta / 2.0, math.sqrt(max_items))
+
+
+def count_gaussian_threshold(epsilon: float, delta: float, max_items: int) -> float:
+    """Count Gaussian threshold T = 1 + σ·Φ⁻¹(1 − δ'_Δ0), δ' the per-item delta of δ/2."""
+    sigma = count_gaussian_sigma(epsilon, delta, max_items)
+    return 1.0 + sigma * float(normal_isf(per_item_delta(delta / 2.0, max_items)))
+
+
+def weighted_laplace_scale(epsilon: float) -> float:
+    """Laplace scale λ = 1/ε of Weighted Laplace, Policy Laplace and GW (ℓ1 budget 1)."""
+    return 1.0 / check_epsilon(epsilon)
+
+
+def weighted_laplace_threshold(epsilon: float, delta: float, max_items: int) -> float:
+    """Weighted Laplace threshold T = max_{t=1..Δ0} [1/t + λ·log(1/(2δ_t))], λ = 1/ε."""
+    epsilon, delta, max_items = check_epsilon(epsilon), check_delta(delta), check_max_items(max_items)
+    lam = 1.0 / epsilon
+    return _max_over_t(
+        max_items, lambda t: 1.0 / t - lam * np.log(2.0 * per_item_delta(delta, t)))
+
+
+def weighted_gaussian_sigma(epsilon: float, delta: float) -> float:
+    """Weighted Gaussian σ = AGM(ε, δ/2, 1) (ℓ2 budget 1 per user)."""
+    return analytic_gaussian_sigma(check_epsilon(epsilon), check_delta(delta) / 2.0, 1.0)
+
+
+def weighted_gaussian_threshold(epsilon: float, delta: float, max_items: int) -> float:
+    """Weighted Gaussian threshold T = max_t [1/√t + σ·Φ⁻¹(1 − δ'_t)], δ' from δ/2."""
+    max_items = check_max_items(max_items)
+    sigma = weighted_gaussian_sigma(epsilon, delta)
+    half = check_delta(delta) / 2.0
+    return _max_over_t(
+        max_items, lambda t: 1.0 / np.sqrt(t) + sigma * normal_isf(per_item_delta(half, t)))
+
+
+def zcdp_weighted_gaussian_sigma(rho: float) -> float:
+    """Weighted Gaussian (zCDP) σ = 1/√(2ρ)."""
+    return zcdp_gaussian_sigma(rho, 1.0)
+
+
+def zcdp_weighted_gaussian_threshold(rho: float, delta: float, max_items: int) -> float:
+    """Weighted Gaussian (zCDP) threshold T = max_k [1/√k + σ·Φ⁻¹(1 − δ_k)], all of δ.
+
+    The mechanism is δ-approximate ρ-zCDP (DP-SIPS Algorithm 2).
+    """
+    rho, delta, max_items = check_rho(rho), check_delta(delta), check_max_items(max_items)
+    sigma = zcdp_weighted_gaussian_sigma(rho)
+    return _max_over_t(
+        max_items, lambda k: 1.0 / np.sqrt(k) + sigma * normal_isf(per_item_delta(delta, k)))
+
+
+def gw_threshold(epsilon: float, delta: float) -> float:
+    """GW threshold T = 1 − λ·log(2δ), λ = 1/ε; requires δ < 1/2 so that T ≥ 1."""
+    epsilon = check_epsilon(epsilon)
+    delta = check_delta(delta, upper=0.5)
+    return 1.0 - math.log(2.0 * delta) / epsilon
+
+
+def _cascade_free_log_escape(epsilon: float, max_items: int, t: float) -> float:
+    """log P[no new item is released] at threshold ``t`` in the worst case of 3.3a.
+
+    ``log[(1 − ½·e^(−ε(t−1)))·(1 − ½·e^(−εt))^(Δ0−1)]``, each factor as
+    ``log1p(−½·exp(·))`` so that it keeps full precision when δ is tiny.
+    """
+    return (math.log1p(-0.5 * math.exp(-epsilon * (t - 1.0)))
+            + (max_items - 1) * math.log1p(-0.5 * math.exp(-epsilon * t)))
+
+
+def gw_cascade_free_delta(epsilon: float, max_items: int, threshold: float) -> float:
+    """The δ of the cascade-free GW (3.3a) at a given threshold T ≥ 1.
+
+    ``1 − (1 − ½·e^(−ε(T−1)))·(1 − ½·e^(−εT))^(Δ0−1)``: the largest chance that
+    at least one of the ≤ Δ0 items only the added user made non-zero is
+    released, when their weights sum to at most 1 (the worst case is one item
+    of weight 1 and Δ0 − 1 items of weight → 0; ``docs/gw.md``). Computed as
+    ``−expm1(log(...))`` (accurate for δ down to the smallest floats).
+    """
+    epsilon, max_items = check_epsilon(epsilon), check_max_items(max_items)
+    t = float(threshold)
+    if not (t >= 1.0 and math.isfinite(t)):
+        raise ValueError(f"threshold must be a finite number >= 1, got {threshold!r}")
+    return -math.expm1(_cascade_free_log_escape(epsilon, max_items, t))
+
+
+def gw_cascade_free_threshold_bound(epsilon: float, delta: float, max_items: int) -> float:
+    """Closed-form upper bound on the cascade-free GW threshold (union bound).
+
+    ``1 + (1/ε)·log((1 + (Δ0 − 1)·e^(−ε)) / (2δ))``: the threshold at which
+    ``½·e^(−ε(T−1)) + (Δ0 − 1)·½·e^(−εT) = δ``, which bounds the exact δ
+    expression from above (``1 − Π(1 − p_j) ≤ Σ p_j``). Equals the published
+    ``1 − log(2δ)/ε`` for Δ0 = 1.
+    """
+    epsilon = check_epsilon(epsilon)
+    delta = check_delta(delta, upper=0.5)
+    max_items = check_max_items(max_items)
+    return 1.0 + (math.log1p((max_items - 1) * math.exp(-epsilon)) - math.log(2.0 * delta)) \
+        / epsilon
+
+
+def gw_cascade_free_threshold(epsilon: float, delta: float, max_items: int) -> float:
+    """Threshold T of the cascade-free GW and GW-KT (``docs/gw.md`` section 1.2).
+
+    The smallest ``T`` with ``1 − (1 − ½·e^(−ε(T−1)))·(1 − ½·e^(−εT))^(Δ0−1) ≤ δ``
+    (``gw_cascade_free_delta``), found by bisection on
+    ``[1, gw_cascade_free_threshold_bound]``: the left side is decreasing in T,
+    is ≥ ½ > δ at T = 1, and is ≤ δ at the bound. The returned value
+    satisfies the inequality (the upper end of the final bracket, within
+    about 1e-15 relative of the exact root).
+
+    Args:
+      epsilon: ε > 0 (the Laplace scale is λ = 1/ε).
+      delta: 0 < δ < 1/2 (so that T ≥ 1 and the Laplace tail formula holds for
+        every new item, whose weight is ≤ 1). Smaller δ raises T.
+      max_items: Δ0 ≥ 1, the items a user keeps (K_i). Larger Δ0 raises T by
+        at most ``log(1 + (Δ0 − 1)·e^(−ε))/ε``.
+    """
+    epsilon = check_epsilon(epsilon)
+    delta = check_delta(delta, upper=0.5)
+    max_items = check_max_items(max_items)
+    log_target = math.log1p(-delta)       # need log P[no new item released] ≥ log(1 − δ)
+    lo, hi = 1.0, gw_cascade_free_threshold_bound(epsilon, delta, max_items)
+    while _cascade_free_log_escape(epsilon, max_items, hi) < log_target:
+        hi = hi * (1 + 1e-12) + 1e-12      # the closed form rounded below the exact root
+    _, hi = bisect(lambda t: _cascade_free_log_escape(epsilon, max_items, t) < log_target,
+                   lo, hi)
+    return hi
+
+
+def policy_cutoff(threshold: float, noise_scale: float, alpha: float) -> float:
+    """Γ = T + α·(λ or σ): the cutoff of the sequential policies (α ≥ 0)."""
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.floating, np.integer)) \
+            or not (float(alpha) >= 0 and math.isfinite(float(alpha))):
+        raise ValueError(f"alpha must be a finite number >= 0, got {alpha!r}")
+    return float(threshold) + float(alpha) * float(noise_scale)
+
+
+# --------------------------------------------------------------------------
+# Truncated geometric ("magic") partition selection.
+# --------------------------------------------------------------------------
+
+def truncated_geometric_parameters(epsilon: float, delta: float, max_items: int):
+    """(ε', δ') = (ε/Δ0, δ_Δ0) of the truncated geometric selection."""
+    epsilon, delta, max_items = check_epsilon(epsilon), check_delta(delta), check_max_items(max_items)
+    return epsilon / max_items, per_item_delta(delta, max_items)
+
+
+def truncated_geometric_keep_probabilities(epsilon: float, delta: float, max_items: int,
+                                           up_to: int) -> np.ndarray:
+    """p(0), …, p(up_to): the probability of keeping an item with n users.
+
+    Desfontaines, Voss and Gipson, "Differentially private partition selection":
+    ``p(0) = 0``, ``p(n) = min(e^ε'·p(n−1) + δ', 1 − e^−ε'·(1 − p(n−1) − δ'), 1)``
+    with ε' = ε/Δ0 and δ' = δ_Δ0. The sequence is non-decreasing and reaches 1;
+    the array is filled with 1 from there on.
+    """
+    eps1, delta1 = truncated_geometric_parameters(epsilon, delta, max_items)
+    if isinstance(up_to, bool) or int(up_to) != up_to or up_to < 0:
+        raise ValueError(f"up_to must be an integer >= 0, got {up_to!r}")
+    up_to = int(up_to)
+    out = np.ones(up_to + 1, dtype=float)
+    out[0] = 0.0
+    grow, shrink = math.exp(eps1), math.exp(-eps1)
+    p = 0.0
+    for n in range(1, up_to + 1):
+        p = min(grow * p + delta1, 1.0 - shrink * (1.0 - p - delta1), 1.0)
+        if p >= 1.0:
+            break  # the rest of ``out`` is already 1
+        out[n] = p
+    return out
+
+
+def truncated_geometric_keep_probability(epsilon: float, delta: float, max_items: int,
+                                         n: int) -> float:
+    """p(n) for a single user count n (see truncated_geometric_keep_probabilities)."""
+    return float(truncated_geometric_keep_probabilities(epsilon, delta, max_items, n)[n])
+
+
+# --------------------------------------------------------------------------
+# Integer parameters.
+# --------------------------------------------------------------------------
+
+def check_positive_int(value, name: str) -> int:
+    """``value`` as an int; ValueError unless it is an integer ≥ 1 (bool refused)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
+# --------------------------------------------------------------------------
+# DP-SIPS: the split of (ρ, δ) over the rounds (docs/mechanisms.md section 5).
+# --------------------------------------------------------------------------
+
+def check_rounds(rounds: int) -> int:
+    """The number of DP-SIPS rounds I: an integer ≥ 1."""
+    return check_positive_int(rounds, "rounds")
+
+
+def check_ratio(ratio: float) -> float:
+    """The DP-SIPS budget ratio r: a finite number > 0."""
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) \
+            or not (ratio > 0 and math.isfinite(ratio)):
+        raise ValueError(f"ratio must be a finite number > 0, got {ratio!r}")
+    return float(ratio)
+
+
+def round_fractions(rounds: int, ratio: float) -> list:
+    """f_i = r^(I−1−i)·(1 − r)/(1 − r^I) for i = 0..I−1 (1/I each when r = 1).
+
+    The fractions are positive and sum to 1; with r < 1 they increase.
+    """
+    rounds, ratio = check_rounds(rounds), check_ratio(ratio)
+    if ratio == 1.0:
+        return [1.0 / rounds] * rounds
+    # (1 − r)/(1 − r^I) computed stably for r near 1 and for r > 1.
+    norm = math.expm1(math.log(ratio)) / math.expm1(rounds * math.log(ratio))
+    return [ratio ** (rounds - 1 - i) * norm for i in range(rounds)]
+
+
+def round_budgets(rho: float, delta: float, rounds: int, ratio: float) -> list:
+    """[(ρ_i, δ_i)] of each DP-SIPS round: the fractions f_i of (ρ, δ).
+
+    By zCDP composition the rounds together are δ-approximate ρ-zCDP.
+    """
+    rho, delta = check_rho(rho), check_delta(delta)
+    return [(rho * f, delta * f) for f in round_fractions(rounds, ratio)]
+
+
+# --------------------------------------------------------------------------
+# Top-k over an unknown domain (Durfee and Rogers; docs/mechanisms.md section 6).
+# --------------------------------------------------------------------------
+
+def gumbel_threshold_offset(epsilon: float, delta: float, k_bar: int,
+                            max_items=None) -> float:
+    """Algorithm 2's offset ``1 + log(m/δ)/ε``, m = k̄ or min(Δ, k̄).
+
+    Args:
+      epsilon: ε > 0 per selection (the Gumbel scale is 1/ε).
+      delta: 0 < δ < 1, the query's δ.
+      k_bar: k̄ ≥ 1, the number of candidates.
+      max_items: Δ (each user bounded to Δ distinct items), or None for
+        unrestricted sensitivity.
+    """
+    epsilon, delta = check_epsilon(epsilon), check_delta(delta)
+    k_bar = check_positive_int(k_bar, "k_bar")
+    m = k_bar if max_items is None else min(check_max_items(max_items), k_bar)
+    return 1.0 + math.log(m / delta) / epsilon
+
+
+def topk_laplace_scale(epsilon: float, max_items: int) -> float:
+    """Algorithm 1's Laplace scale ``b = (Δ + 1)/ε``.
+
+    The released vector (noisy counts and the threshold) has ℓ1-sensitivity at
+    most Δ + 1 on the items both neighbours rank in their top k̄.
+    """
+    return (check_max_items(max_items) + 1) / check_epsilon(epsilon)
+
+
+def laplace_difference_tail(s: float, scale: float) -> float:
+    """P(X − Y > s) for X, Y independent Lap(scale), s ≥ 0: ``½·e^(−s/b)·(1 + s/(2b))``."""
+    x = s / scale
+    return 0.5 * math.exp(-x) * (1.0 + 0.5 * x)
+
+
+def laplace_tail_offset(scale: float, delta: float, max_items: int) -> float:
+    """The s ≥ 0 solving ``½·e^(−s/b)·(1 + s/(2b)) = δ/Δ`` (0 when δ/Δ ≥ 1/2).
+
+    Solved by bisection on x = s/b in log space to a relative 1e-14; the upper
+    end of the bracket is returned, so the tail at s is never above δ/Δ (up to
+    rounding).
+    """
+    scale = check_sensitivity(scale, "scale")
+    delta = check_delta(delta)
+    max_items = check_max_items(max_items)
+    target = math.log(delta / max_items)
+
+    def log_tail(x):
+        return math.log(0.5) - x + math.log1p(0.5 * x)
+
+    if log_tail(0.0) <= target:
+        return 0.0
+    lo, hi = 0.0, max(1.0, -target)
+    while log_tail(hi) > target:
+        lo, hi = hi, 2.0 * hi
+    _, hi = bisect(lambda x: log_tail(x) > target, lo, hi, rel_tol=1e-14)
+    return hi * scale
+
+
+def laplace_threshold_offset(epsilon: float, delta: float, max_items: int) -> float:
+    """Algorithm 1's offset ``c = 1 + s``, s = ``laplace_tail_offset((Δ+1)/ε, δ, Δ)``."""
+    return 1.0 + laplace_tail_offset(topk_laplace_scale(epsilon, max_items), delta, max_items)

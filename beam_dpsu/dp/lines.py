@@ -1,0 +1,193 @@
+"""The ``user_id<TAB>item`` text format, parsed as pure functions.
+
+Format: one occurrence per line; the user id is everything before the FIRST
+tab and the item everything after it (an item may contain further tabs). A
+trailing ``\\r`` is removed. A line that has no tab, an empty user id, or is
+not valid UTF-8 is malformed: it is skipped and counted, never a crash.
+Files are read in large binary blocks cut at line ends; identical lines are
+counted before they are parsed, so each distinct line is parsed once.
+The Beam reader over these functions is ``beam_dpsu.transforms.textio``.
+"""
+from __future__ import annotations
+
+import bz2
+import collections
+import functools
+import gzip
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+
+from beam_dpsu.dp.contribution import DEFAULT_FLUSH_PAIRS, ItemCounts, pack_by, user_group
+
+
+__all__ = ["open_local_binary", "BLOCK_BYTES", "iter_line_blocks", "iter_raw_blocks",
+           "parse_line", "group_line_counts", "read_user_items", "iter_line_counts",
+           "pack_user_groups", "with_positions"]
+
+
+def open_local_binary(path: str):
+    """Opens a local file for binary reading, decompressing ``.gz`` and ``.bz2`` by suffix."""
+    if path.endswith(".gz"):
+        return gzip.open(path, "rb")
+    if path.endswith(".bz2"):
+        return bz2.open(path, "rb")
+    return open(path, "rb")
+
+
+#: The size of the blocks a file is read in.
+BLOCK_BYTES = 8 << 20
+
+
+def iter_line_blocks(f, block_bytes: int = BLOCK_BYTES) -> Iterator[List[bytes]]:
+    """Yields lists of complete lines (without ``\\n``) read in large blocks."""
+    for block in iter_raw_blocks(f, block_bytes):
+        yield block.split(b"\n")
+
+
+def iter_raw_blocks(f, block_bytes: int = BLOCK_BYTES) -> Iterator[bytes]:
+    """Yields the file's bytes in blocks of about ``block_bytes`` that end at a line end
+    (the ``\\n`` itself is dropped; the last block may lack it)."""
+    rest = b""
+    while True:
+        block = f.read(block_bytes)
+        if not block:
+            break
+        if rest:
+            block = rest + block
+        cut = block.rfind(b"\n")
+        if cut < 0:
+            rest = block
+            continue
+        rest = block[cut + 1:]
+        yield block[:cut]
+    if rest:
+        yield rest
+
+
+def parse_line(line: bytes) -> Optional[Tuple[str, str]]:
+    """``b'user<TAB>item'`` → ``('user', 'item')``, or None when malformed."""
+    if line.endswith(b"\r"):
+        line = line[:-1]
+    tab = line.find(b"\t")
+    if tab <= 0:
+        return None
+    try:
+        return line[:tab].decode("utf-8"), line[tab + 1:].decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def group_line_counts(line_counts: Dict[bytes, int], out: Dict[str, ItemCounts]) -> List[bytes]:
+    """Parses distinct lines with their multiplicities into ``out`` (user → counts).
+
+    Returns the malformed lines (each once; their multiplicity is in
+    ``line_counts``). The common case (all lines valid UTF-8, no carriage
+    returns) decodes every line in one call and parses with ``str.partition``;
+    otherwise each line goes through ``parse_line``.
+    """
+    keys = list(line_counts)
+    try:
+        text = b"\n".join(keys).decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    if text is None or "\r" in text:
+        return _group_slow(keys, line_counts, out)
+    malformed = []
+    get_user = out.get
+    for raw, line, n in zip(keys, text.split("\n"), line_counts.values()):
+        user, tab, item = line.partition("\t")
+        if not (tab and user):
+            malformed.append(raw)
+            continue
+        counts = get_user(user)
+        if counts is None:
+            out[user] = {item: n}
+        else:
+            counts[item] = counts.get(item, 0) + n
+    return malformed
+
+
+def _group_slow(keys: List[bytes], line_counts: Dict[bytes, int],
+                out: Dict[str, ItemCounts]) -> List[bytes]:
+    malformed = []
+    for line in keys:
+        n = line_counts[line]
+        parsed = parse_line(line)
+        if parsed is None:
+            malformed.append(line)
+            continue
+        user, item = parsed
+        counts = out.get(user)
+        if counts is None:
+            out[user] = {item: n}
+        else:
+            counts[item] = counts.get(item, 0) + n
+    return malformed
+
+
+def read_user_items(path: str, flush_pairs: int = DEFAULT_FLUSH_PAIRS,
+                    block_bytes: int = BLOCK_BYTES, file_index: Optional[int] = None,
+                    opener: Optional[Callable[[str], Any]] = None
+                    ) -> Iterator[Tuple[str, Any]]:
+    """Reads one file; yields ``('user', (user_id, counts))`` and ``('malformed', (line, n))``.
+
+    Users may be yielded more than once (after a flush); merge their counts.
+    Each ``counts`` dict iterates in the order the user's items first occur
+    in the part of the file it covers.
+
+    With ``file_index`` (the file's place in the sorted list of input files)
+    the value is ``(counts, positions)`` instead: ``positions[item]`` is an
+    integer that orders the user's items by where they first occur in the
+    whole input (file index, then place in the file); merge with
+    ``MergeOrderedItemCountsFn``. ``opener``: ``path -> binary file`` (default
+    ``open_local_binary``; the Beam reader passes one for any Beam filesystem).
+    """
+    for chunk, pending in enumerate(iter_line_counts(path, flush_pairs, block_bytes, opener)):
+        yield from _drain(pending, file_index, chunk)
+
+
+def iter_line_counts(path: str, flush_pairs: int = DEFAULT_FLUSH_PAIRS,
+                     block_bytes: int = BLOCK_BYTES,
+                     opener: Optional[Callable[[str], Any]] = None
+                     ) -> Iterator[collections.Counter]:
+    """The file's lines counted in chunks: a ``Counter`` of distinct lines each time
+    it reaches ``flush_pairs`` entries, then the rest (always at least one)."""
+    with (opener or open_local_binary)(path) as f:
+        pending: collections.Counter = collections.Counter()
+        for lines in iter_line_blocks(f, block_bytes):
+            pending.update(lines)
+            if len(pending) >= flush_pairs:
+                yield pending
+                pending = collections.Counter()
+        yield pending
+
+
+def _drain(pending: Dict[bytes, int], file_index: Optional[int] = None, chunk: int = 0):
+    users: Dict[str, ItemCounts] = {}
+    malformed = group_line_counts(pending, users)
+    for line in malformed:
+        yield "malformed", (line, pending[line])
+    if file_index is None:
+        for user, counts in users.items():
+            yield "user", (user, counts)
+        return
+    # A user's dict is in first-occurrence order within this chunk (the
+    # Counter keeps the order lines first appear); chunks follow each other.
+    for value in with_positions(users, file_index, chunk).items():
+        yield "user", value
+
+
+def pack_user_groups(users: Dict[str, Any], groups: int) -> Iterator[Tuple[int, bytes]]:
+    """``{user: value}`` → ``(group, pickled {user: value} of that group)`` per non-empty
+    group: a reader's partial counts as a few opaque elements, which a runner's
+    shuffle moves and groups without decoding the per-user dicts."""
+    return pack_by(users, functools.partial(user_group, groups=groups))
+
+
+def with_positions(users: Dict[str, ItemCounts], file_index: int, chunk: int
+                   ) -> Dict[str, Tuple[ItemCounts, Dict[str, int]]]:
+    """Each user's counts with the positions that order its items in the whole input
+    (``file_index``, then ``chunk``, then first occurrence in the chunk): the
+    partial value ``MergeOrderedItemCountsFn`` merges."""
+    base = (file_index << 64) | (chunk << 32)
+    return {user: (counts, {item: base | i for i, item in enumerate(counts)})
+            for user, counts in users.items()}

@@ -1,0 +1,414 @@
+"""The sequential policy mechanisms (``docs/mechanisms.md`` section 4; GW in ``docs/gw.md``).
+
+Each mechanism is a sequential update policy (``beam_dpsu.dp.sequential``) run
+over the users in a keyed order, followed by noise and the threshold T.
+The Beam expansion runs the policy with ``ordered.OrderedUserPolicy`` and
+applies the release rule with ``transforms.release.ApplyReleaseRule``, the histogram
+passing between them in shards (one element per shard, not per item); the Beam-free
+run (``run_local``, next to it) runs the same policy with
+``sequential.run_sequential`` in the same order, so both release the same set
+under the same key.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, Hashable, Mapping, Optional
+
+import numpy as np
+
+from beam_dpsu.dp import calibration as cal
+from beam_dpsu.dp import sequential as policies
+from beam_dpsu.dp.accounting import PrivacyGuarantee
+from beam_dpsu.dp.mechanisms.base import RoundCalibration, ThresholdMechanism
+from beam_dpsu.dp.mechanisms.histogram_threshold import WeightedGaussian, WeightedLaplace
+from beam_dpsu.dp.noise import RunKey
+from beam_dpsu.dp.params import (DEFAULT_MAX_ITEMS, DEFAULT_GW_MAX_ITEMS, DEFAULT_GWKT_MAX_ITEMS,
+                                 DEFAULT_ALPHA, DEFAULT_GW_ETA, DEFAULT_GWKT_SELECTION,
+                                 DEFAULT_FRONT_SCALE, DEFAULT_FRONT_MARGIN)
+
+
+__all__ = ["STATES", "PolicyMechanism", "PolicyLaplace", "PolicyGaussian", "VARIANTS",
+           "check_variant", "GW", "GWKT"]
+
+
+
+#: How the Beam expansion (``transforms.ordered.OrderedUserPolicy``) keeps the users
+#: in order: ``'auto'``, ``'ordered_list'``, ``'bag'`` or ``'gbk'`` (no privacy effect).
+STATES = ("auto", "ordered_list", "bag", "gbk")
+
+
+class PolicyMechanism(ThresholdMechanism):
+    """A sequential policy followed by noise and the threshold T (``docs/mechanisms.md`` section 4).
+
+    Subclasses set the calibration and build the policy; this class runs it
+    with ``OrderedUserPolicy`` in Beam and with ``sequential.run_sequential`` in
+    the Beam-free core (``dp.mechanisms.base.run_local``), with the same functions and order.
+
+    Attributes (besides those of ``Mechanism``):
+      alpha: α, the cutoff multiplier.
+      cutoff: Γ = T + α·(λ or σ).
+      state: the ``OrderedUserPolicy`` state choice (no privacy effect).
+    """
+
+    public_counts = None
+    policy_name = ""
+    #: The histogram mechanism whose calibration (T, noise) this policy shares.
+    _calibrated_as = None
+
+    def __init__(self, name: str, guarantee: PrivacyGuarantee, round_: RoundCalibration,
+                 alpha: float, state: str):
+        self.name = name
+        self.guarantee = guarantee
+        self.rounds = [round_]
+        self.alpha = _check_alpha(alpha)
+        self.cutoff = cal.policy_cutoff(round_.threshold, round_.noise_scale, self.alpha)
+        if state not in STATES:
+            raise ValueError(f"state must be one of {STATES}, got {state!r}")
+        self.state = state
+
+    def policy(self, run_key: RunKey) -> policies.UserPolicy:
+        """The update policy of this run (its keys derive from ``run_key``)."""
+        raise NotImplementedError
+
+    _policy_weights = True  # units.threshold_meaning: weights go to items below the cutoff
+
+    def describe(self) -> Dict[str, Any]:
+        d = super().describe()
+        d.update({"alpha": self.alpha, "cutoff": self.cutoff, "policy": self.policy_name})
+        return d
+
+    def threshold_for(self, epsilon: float, delta: float) -> float:
+        if self._calibrated_as is None:
+            return super().threshold_for(epsilon, delta)
+        return self._calibrated_as.calibrate(epsilon, delta, self.max_items)[1].threshold
+
+    def _public_counts_local(self):
+        return None
+
+    def histogram_local(self, per_user, run_key: RunKey) -> Dict[Hashable, float]:
+        """The finished policy histogram ``{item: weight > 0}`` (not private)."""
+        return policies.run_sequential(per_user, self.policy(run_key), run_key,
+                                       self._public_counts_local())
+
+def _check_alpha(alpha) -> float:
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.integer, np.floating)) \
+            or not (float(alpha) >= 0 and math.isfinite(float(alpha))):
+        raise ValueError(f"alpha must be a finite number >= 0, got {alpha!r}")
+    return float(alpha)
+
+
+class _DescentMechanism(PolicyMechanism):
+    """Δ0 sampling, a descent policy to Γ, then the noise and T of a weighted mechanism.
+
+    Declared by ``_name``, ``policy_name``, ``_calibrated_as`` (the weighted
+    histogram mechanism whose calibration it shares) and ``_policy_class``.
+    """
+
+    _name = ""
+    _policy_class = None
+
+    def __init__(self, epsilon: float, delta: float, max_items: int = DEFAULT_MAX_ITEMS,
+                 alpha: float = DEFAULT_ALPHA, state: str = "auto"):
+        super().__init__(self._name, *self._calibrated_as.calibrate(epsilon, delta, max_items),
+                         alpha, state)
+
+    def policy(self, run_key):
+        return self._policy_class(self.cutoff, self.max_items, run_key.subkey("sample/0"),
+                                  run_key.subkey("item-order"))
+
+
+class PolicyLaplace(_DescentMechanism):
+    """Policy Laplace (Gopi et al.): Δ0 sampling, ℓ1-descent to Γ, Laplace noise.
+
+    λ = 1/ε; T as Weighted Laplace, ``max_t [1/t + λ·log(1/(2δ_t))]``;
+    Γ = T + α·λ. Guarantee: (ε, δ)-DP.
+
+    Args:
+      epsilon: ε > 0. delta: 0 < δ < 1.
+      max_items: Δ0 ≥ 1, distinct items kept per user (default 100). A larger
+        Δ0 raises T slightly (δ_t for more t) and lets users reach more items.
+      alpha: α ≥ 0 (default 3): the cutoff Γ = T + α·λ. Larger α wastes less
+        budget on items that would be released anyway only when it is small;
+        no privacy effect.
+      state: ``OrderedUserPolicy`` state choice (default ``'auto'``).
+    """
+
+    _name, policy_name = "policy-laplace", "l1-descent"
+    _calibrated_as, _policy_class = WeightedLaplace, policies.L1DescentPolicy
+
+
+class PolicyGaussian(_DescentMechanism):
+    """Policy Gaussian (Gopi et al.): Δ0 sampling, ℓ2-descent to Γ, Gaussian noise.
+
+    σ = AGM(ε, δ/2, 1); T as Weighted Gaussian,
+    ``max_t [1/√t + σ·Φ⁻¹(1 − δ'_t)]`` with δ' from δ/2; Γ = T + α·σ.
+    Guarantee: (ε, δ)-DP.
+
+    Args:
+      epsilon: ε > 0. delta: 0 < δ < 1. max_items: Δ0 ≥ 1 (default 100).
+      alpha: α ≥ 0 (default 3), Γ = T + α·σ; no privacy effect.
+      state: ``OrderedUserPolicy`` state choice (default ``'auto'``).
+    """
+
+    _name, policy_name = "policy-gaussian", "l2-descent"
+    _calibrated_as, _policy_class = WeightedGaussian, policies.L2DescentPolicy
+
+
+VARIANTS = ("cascade-free", "published")
+
+
+def check_variant(variant) -> str:
+    """Validates GW's variant: ``'cascade-free'`` (proven) or ``'published'`` (unproven)."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    return variant
+
+
+class GW(PolicyMechanism):
+    """GW (greedy weighting, after Carvalho et al.): by default the cascade-free greedy.
+
+    ``variant='cascade-free'`` (default; ``docs/mechanisms.md`` section 4, proof in
+    ``docs/gw.md``). User i keeps K_i, the first Δ0 items of their walk order
+    (their item frequencies descending, ties by the tie-break), and spends a
+    budget of 1 on K_i in two steps: ℓ1-descent with budget η (every item of
+    K_i below Γ gains a strictly positive weight), then the greedy walk with
+    budget 1 − η. λ = 1/ε; T = the smallest T with
+    ``1 − (1 − ½e^(−ε(T−1)))·(1 − ½e^(−εT))^(Δ0−1) ≤ δ``
+    (``calibration.gw_cascade_free_threshold``); Γ = T + α·λ. Guarantee:
+    (ε, δ)-DP for a user order that depends on no user's data. The proof rests
+    on the support condition: only the added user's own K_i can become
+    non-zero, which step 1 guarantees.
+
+    ``variant='published'`` (research only, NOT PROVEN PRIVATE): the greedy of
+    Carvalho et al., no Δ0, every distinct item of a user takes part, T =
+    1 − λ·log(2δ). Its published δ argument is false: with an added user x, a
+    later user can find an item x filled to Γ, skip it and spend budget on an
+    item it never reached without x (a "cascade"), so items x does not hold
+    become non-zero and nothing bounds how many. ``describe()`` reports
+    ``"proven": false``; the command-line tools run it only with
+    ``--allow-unproven``.
+
+    Args:
+      epsilon: ε > 0.
+      delta: 0 < δ < 1/2 (so that T ≥ 1).
+      alpha: α ≥ 0 (default 3), Γ = T + α·λ; no privacy effect.
+      state: ``OrderedUserPolicy`` state choice (default ``'auto'``); no
+        privacy effect.
+      tie_break: ``'item-hash'`` (default, ``docs/gw.md`` section 1: items of equal
+        frequency are walked in the order of a keyed hash) or
+        ``'first-occurrence'`` (in the order they first occur in the user's
+        records, as the authors' reference code does). No privacy effect: both
+        orders depend on the user's own data only. ``'first-occurrence'``
+        needs per-user counts in record order: ``ReadUserItems(keep_order=True)``
+        (the command-line pipeline does this when ``--tie-break
+        first-occurrence`` is given) or ``dp.contribution.per_user_counts``; see
+        ``needs_record_order``.
+      max_items: Δ0 ≥ 1, the size of K_i (cascade-free only; default
+        ``DEFAULT_GW_MAX_ITEMS`` = 20). Privacy: the guarantee holds for any
+        Δ0 because T grows with it, by at most ``log(1 + (Δ0 − 1)·e^(−ε))/ε``
+        over the published T (at ε = 3: 0.22 for Δ0 = 20, 0.59 for 100).
+        Utility: a small Δ0 wastes the budget of users whose K_i is all at Γ,
+        a large one raises T and Γ; on the five shared datasets (ε = 3,
+        δ = e^-10, α = 3; ``docs/gw.md`` section 5) releases peak at
+        Δ0 = 10-30 and fall by 5-10% at 100 and 15-20% at 300. 20 keeps GW at
+        ≥ 0.9× the published GW on commits-rails and reddit-titles.
+      eta: η in (0, 1), the step-1 budget (cascade-free only; default
+        ``DEFAULT_GW_ETA`` = 0.001). Privacy: none on T; η > 0 is what makes the
+        support condition hold (any η > 0 does; in floating point too).
+        Utility: budget spread evenly over K_i is mostly wasted on items that
+        are never released, so η should be small; the sweep shows 0.2 clearly
+        worse everywhere and 0.001, 0.01 and 0.05 within noise of each other.
+      variant: ``'cascade-free'`` (default) or ``'published'`` (unproven).
+    """
+
+    def __init__(self, epsilon: float, delta: float, alpha: float = DEFAULT_ALPHA,
+                 state: str = "auto", tie_break: str = "item-hash", *,
+                 max_items: Optional[int] = None, eta: Optional[float] = None,
+                 variant: str = "cascade-free", _name: str = "gw"):
+        self.variant = check_variant(variant)
+        lam = cal.weighted_laplace_scale(epsilon)
+        if self.variant == "published":
+            if max_items is not None or eta is not None:
+                raise ValueError("max_items and eta apply to the cascade-free GW only, "
+                                 "not to variant='published'")
+            self.eta = None
+            t = cal.gw_threshold(epsilon, delta)
+            note = ("(ε, δ)-DP as claimed by Carvalho et al.; NOT PROVEN: the published δ "
+                    "argument ignores cascades (docs/gw.md)")
+        else:
+            max_items = self._default_max_items if max_items is None else max_items
+            max_items = cal.check_max_items(max_items)
+            self.eta = cal.check_eta(DEFAULT_GW_ETA if eta is None else eta)
+            t = cal.gw_cascade_free_threshold(epsilon, delta, max_items)
+            note = "(ε, δ)-DP"
+        super().__init__(_name, PrivacyGuarantee(float(epsilon), float(delta), note=note),
+                         RoundCalibration(t, "laplace", lam, max_items, "l1"), alpha, state)
+        self.tie_break = policies.check_tie_break(tie_break)
+        self.policy_name = self._policy_names[self.variant]
+
+    _policy_names = {"cascade-free": "cascade-free-greedy", "published": "greedy"}
+    _public = False
+    _default_max_items = DEFAULT_GW_MAX_ITEMS
+
+    def threshold_for(self, epsilon: float, delta: float) -> float:
+        if self.variant == "published":
+            return cal.gw_threshold(epsilon, delta)
+        return cal.gw_cascade_free_threshold(epsilon, delta, self.max_items)
+
+    @property
+    def proven(self) -> bool:
+        """False for ``variant='published'``: its δ argument does not hold."""
+        return self.variant != "published"
+
+    @property
+    def needs_record_order(self) -> bool:
+        """True when the per-user counts must iterate in the users' record order."""
+        return self.tie_break == "first-occurrence"
+
+    def describe(self) -> Dict[str, Any]:
+        d = super().describe()
+        d.update({"tie_break": self.tie_break, "variant": self.variant, "proven": self.proven,
+                  "eta": self.eta})
+        d["units"]["eta"] = ("η: the step-1 budget of the cascade-free "
+                             "greedy policy, in (0, 1) (dimensionless)")
+        return d
+
+    def policy(self, run_key):
+        if self.variant == "published":
+            return policies.GreedyPolicy(self.cutoff, run_key.subkey("item-order"),
+                                         use_public_counts=self._public,
+                                         tie_break=self.tie_break)
+        return policies.CascadeFreeGreedyPolicy(
+            self.cutoff, run_key.subkey("item-order"), self.max_items, self.eta,
+            use_public_counts=self._public, tie_break=self.tie_break)
+
+
+class GWKT(GW):
+    """GW-KT: GW whose walk order ranks items by public counts first.
+
+    As ``GW`` (same variants, same threshold, same proof), but a user walks
+    their items by the public count descending (1 for an item absent from the
+    public data), then their own frequency, then the tie-break. The
+    cascade-free variant keeps Δ0 consecutive items of that order as K_i,
+    chosen by ``kt_selection``. The public counts must not come from the
+    private input; they cost no privacy budget. Guarantee: (ε, δ)-DP for the
+    cascade-free variant (default); the published variant is NOT PROVEN (see
+    ``GW``).
+
+    Args:
+      epsilon: ε > 0. delta: 0 < δ < 1/2.
+      public_counts: a path to an ``item<TAB>count`` file (any Beam
+        filesystem; ``.gz`` read by suffix; duplicates summed) or a
+        ``{item: count}`` mapping.
+      alpha: α ≥ 0 (default 3); no privacy effect.
+      state: ``OrderedUserPolicy`` state choice (default ``'auto'``).
+      tie_break: as for ``GW``; it orders items of equal public count and
+        equal frequency. No privacy effect.
+      kt_selection: how K_i is chosen (cascade-free only; ``docs/gw.md`` section 1.3).
+        ``'front'`` (default): every user walks the same public ranking, so
+        its top items reach Γ early; a user at position p_i ∈ [0, 1) of the
+        keyed processing order skips its items whose public count is
+        ≥ κ·Γ/p_i (predicted to be at Γ already), keeping M of them as a
+        margin, and keeps the next Δ0 walk items (the last Δ0 when fewer
+        remain). ``'prefix'``: the first Δ0 walk items (the earlier
+        default). Privacy: none; both choices depend on the
+        user's own data, the public counts, the run key and the user's own
+        id only (condition (a′) of ``docs/gw.md``), so the threshold and the
+        proof are the same. Utility: on commits-rails with public counts
+        from commits-ansible (ε = 3, δ = e^-10, α = 3; ``docs/gw.md`` section 5
+        section 6) ``'front'`` releases about 0.91× the published GW-KT,
+        ``'prefix'`` (Δ0 = 100) about 0.85×.
+      front_scale: κ > 0 of ``'front'`` (default ``DEFAULT_FRONT_SCALE`` = 20),
+        in units of Γ. An item held by c users of a dataset of the public
+        data's size was measured to reach Γ after about 10-20·Γ/c of the
+        order; when the private data has about r times as many users as the
+        public data, κ/r is the matching value. No privacy effect.
+      front_margin: M ≥ 0 of ``'front'`` (default ``DEFAULT_FRONT_MARGIN`` = 4):
+        walk items kept before the predicted front. No privacy effect.
+      max_items: Δ0, as for ``GW``; default ``DEFAULT_GWKT_MAX_ITEMS``: 20 with
+        ``'front'``, 100 with ``'prefix'`` (with the first Δ0 items, K_i must be
+        long for late users to reach items below Γ; releases rise up to
+        Δ0 ≈ 100 and are flat to 150).
+      eta, variant: as for ``GW`` (defaults 0.001, ``'cascade-free'``).
+    """
+
+    def __init__(self, epsilon: float, delta: float, public_counts,
+                 alpha: float = DEFAULT_ALPHA, state: str = "auto",
+                 tie_break: str = "item-hash", *, max_items: Optional[int] = None,
+                 eta: Optional[float] = None, variant: str = "cascade-free",
+                 kt_selection: Optional[str] = None, front_scale: Optional[float] = None,
+                 front_margin: Optional[int] = None):
+        if isinstance(public_counts, str):
+            if not public_counts:
+                raise ValueError("public_counts must be a non-empty path or a mapping")
+        elif not isinstance(public_counts, Mapping):
+            raise ValueError(f"public_counts must be a path or a mapping, got {public_counts!r}")
+        if check_variant(variant) == "published":
+            given = [n for n, v in (("kt_selection", kt_selection), ("front_scale", front_scale),
+                                    ("front_margin", front_margin)) if v is not None]
+            if given:
+                raise ValueError(f"{', '.join(given)} apply to the cascade-free GW-KT only, "
+                                 "not to variant='published'")
+            self.kt_selection = self.front_scale = self.front_margin = None
+        else:
+            self.kt_selection = policies.check_kt_selection(
+                DEFAULT_GWKT_SELECTION if kt_selection is None else kt_selection)
+            if self.kt_selection == "front":
+                self.front_scale = policies.check_front_scale(
+                    DEFAULT_FRONT_SCALE if front_scale is None else front_scale)
+                self.front_margin = policies.check_front_margin(
+                    DEFAULT_FRONT_MARGIN if front_margin is None else front_margin)
+            else:
+                given = [n for n, v in (("front_scale", front_scale),
+                                        ("front_margin", front_margin)) if v is not None]
+                if given:
+                    raise ValueError(f"{', '.join(given)} apply to kt_selection='front' only")
+                self.front_scale = self.front_margin = None
+            if max_items is None:
+                max_items = DEFAULT_GWKT_MAX_ITEMS[self.kt_selection]
+        super().__init__(epsilon, delta, alpha, state, tie_break, max_items=max_items, eta=eta,
+                         variant=variant, _name="gw-kt")
+        self.public_counts = public_counts
+        self._loaded = None
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_loaded"] = None
+        return state
+
+    _policy_names = {"cascade-free": "cascade-free-greedy-public", "published": "greedy-public"}
+    _public = True
+
+    def describe(self) -> Dict[str, Any]:
+        d = super().describe()
+        d.update({"kt_selection": self.kt_selection, "front_scale": self.front_scale,
+                  "front_margin": self.front_margin})
+        d["units"]["kt_selection"] = (
+            "how the cascade-free GW-KT chooses a user's Δ0 kept items from its public-count "
+            "walk: 'front' (skip the items predicted to be at the cutoff at the user's "
+            "position in the order) or 'prefix' (the first Δ0); null for 'published'")
+        d["units"]["front_scale"] = ("κ of kt_selection 'front': an item with public count "
+                                     "c counts as full after the fraction κ·cutoff/c of the "
+                                     "order (dimensionless); else null")
+        d["units"]["front_margin"] = ("M of kt_selection 'front': walk items kept before the "
+                                      "predicted front (items); else null")
+        return d
+
+    def policy(self, run_key):
+        if self.variant == "published":
+            return super().policy(run_key)
+        return policies.CascadeFreeGreedyPolicy(
+            self.cutoff, run_key.subkey("item-order"), self.max_items, self.eta,
+            use_public_counts=True, tie_break=self.tie_break, selection=self.kt_selection,
+            order_key=run_key.subkey("order"),
+            front_scale=(self.front_scale if self.front_scale is not None
+                         else DEFAULT_FRONT_SCALE),
+            front_margin=(self.front_margin if self.front_margin is not None
+                          else DEFAULT_FRONT_MARGIN))
+
+    def _public_counts_local(self):
+        if isinstance(self.public_counts, Mapping):
+            return self.public_counts
+        if self._loaded is None:
+            self._loaded = policies.read_public_counts(self.public_counts)
+        return self._loaded

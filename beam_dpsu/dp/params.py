@@ -1,0 +1,287 @@
+"""The one declaration of every mechanism parameter.
+
+Each ``Param`` states a parameter's name (the keyword of the mechanism
+constructors and of ``registry.MechanismParams``), its type, its command-line
+flag and aliases, its help text, its default and its privacy effect. The
+command-line pipelines (``beam_dpsu/pipelines/select_partitions.py``,
+``beam_dpsu/pipelines/top_k.py``), the comparison tool (``beam_dpsu/pipelines/compare.py``) and
+the auditor's command line (``beam_dpsu.dp.audit``) build their flags from it
+(``add_arguments``), and ``as_flags`` names the parameters of a validation
+message as the flags the user typed. A new parameter is declared here once.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+from typing import Any, Dict, Iterable, Mapping, Optional, Sequence, Tuple
+
+
+__all__ = ["DEFAULT_MAX_ITEMS", "DEFAULT_GW_MAX_ITEMS", "DEFAULT_GWKT_MAX_ITEMS", "DEFAULT_ALPHA",
+           "DEFAULT_GW_ETA", "DEFAULT_TIE_BREAK", "DEFAULT_GWKT_SELECTION", "DEFAULT_FRONT_SCALE",
+           "DEFAULT_FRONT_MARGIN", "DEFAULT_VARIANT", "DEFAULT_ROUNDS", "DEFAULT_RATIO", "Param", "MECHANISM_PARAMS", "TOPK_PARAMS", "ALL_PARAMS", "flag", "flags",
+           "add_arguments", "as_flags", "spec_types", "canonical", "canonical_keywords",
+           "cli_arguments"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Param:
+    """One parameter of a mechanism.
+
+    Attributes:
+      name: the keyword argument and ``MechanismParams`` field.
+      type: ``float``, ``int``, ``str`` or ``bool`` (a bool is a flag without value).
+      help: what it means (one line for ``--help``).
+      default: the default as text, or None when the parameter is required or
+        has no default.
+      privacy: its effect on the guarantee, as text.
+      flag: the command-line flag (default ``--`` + name with dashes).
+      aliases: other spellings accepted for it everywhere a user types a name:
+        as flags (``--`` + the alias with dashes, e.g.
+        ``--max-partitions-contributed``), in ``compare``'s ``NAME:KEY=VALUE``
+        settings, as keywords of ``registry.make_mechanism`` and in messages.
+        The first alias, when given, is the public name: the JSON summaries'
+        key (``max_items_per_user``).
+    """
+    name: str
+    type: type
+    help: str
+    default: Optional[str]
+    privacy: str
+    flag: str = ""
+    aliases: Tuple[str, ...] = ()
+
+    @property
+    def cli_flag(self) -> str:
+        return self.flag or "--" + self.name.replace("_", "-")
+
+    @property
+    def public_name(self) -> str:
+        """The name in JSON summaries and help: the first alias, else the name."""
+        return self.aliases[0] if self.aliases else self.name
+
+    @property
+    def alias_flags(self) -> Tuple[str, ...]:
+        """The other flags accepted for it (one per alias and for the name), in order."""
+        out = []
+        for spelling in (self.name,) + self.aliases:
+            f = "--" + spelling.replace("_", "-")
+            if f != self.cli_flag and f not in out:
+                out.append(f)
+        return tuple(out)
+
+    def full_help(self) -> str:
+        text = self.help
+        if self.default is not None:
+            text += f" (default {self.default})"
+        return f"{text}. Privacy: {self.privacy}"
+
+    def add_to(self, parser: argparse.ArgumentParser, help: Optional[str] = None,
+               required: bool = False, default: Any = None) -> None:
+        """Adds this parameter's flag to ``parser`` (absent → None unless ``default``)."""
+        kwargs: Dict[str, Any] = {"dest": self.name, "help": help or self.full_help()}
+        if self.type is bool:
+            kwargs.update(action="store_true", default=default)
+        else:
+            kwargs.update(type=self.type, default=default, required=required)
+        parser.add_argument(self.cli_flag, *self.alias_flags, **kwargs)
+
+
+# -- the defaults: each declared here once, imported wherever it applies --------
+
+#: Δ0, distinct items kept per user, of every mechanism that bounds users (but GW).
+DEFAULT_MAX_ITEMS = 100
+#: Δ0 of GW (cascade-free and published).
+DEFAULT_GW_MAX_ITEMS = 20
+#: Δ0 of GW-KT by ``kt_selection``.
+DEFAULT_GWKT_MAX_ITEMS = {"front": 20, "prefix": 100}
+#: α of the sequential policies' cutoff Γ = T + α·(noise scale).
+DEFAULT_ALPHA = 3.0
+#: η, GW's step-1 budget.
+DEFAULT_GW_ETA = 0.001
+#: How GW orders a user's items of equal frequency.
+DEFAULT_TIE_BREAK = "item-hash"
+#: GW-KT's choice of a user's Δ0 walk items.
+DEFAULT_GWKT_SELECTION = "front"
+#: GW-KT front window: κ and the margin M.
+DEFAULT_FRONT_SCALE = 20.0
+DEFAULT_FRONT_MARGIN = 4
+#: GW and GW-KT variant.
+DEFAULT_VARIANT = "cascade-free"
+#: DP-SIPS rounds I and budget ratio r.
+DEFAULT_ROUNDS = 3
+DEFAULT_RATIO = 1.0 / 3.0
+
+
+def _text(value) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+_NO_EFFECT = "none"
+
+#: Every parameter of the registered mechanisms (the fields of MechanismParams).
+MECHANISM_PARAMS: Dict[str, Param] = {p.name: p for p in [
+    Param("epsilon", float, "ε > 0 of the (ε, δ)-DP guarantee", None,
+          "the guarantee's ε; a smaller ε releases fewer items"),
+    Param("delta", float, "δ in (0, 1); for zCDP mechanisms the approximate-zCDP δ", None,
+          "the guarantee's δ"),
+    Param("rho", float, "ρ > 0 of ρ-zCDP, for zCDP mechanisms", None,
+          "the guarantee's ρ (converted to (ε, δ) in the summary)"),
+    Param("max_items", int, "Δ0, distinct items kept per user (integer >= 1)",
+          f"{DEFAULT_MAX_ITEMS}; gw {DEFAULT_GW_MAX_ITEMS}, gw-kt {DEFAULT_GWKT_MAX_ITEMS['front']} "
+          f"({DEFAULT_GWKT_MAX_ITEMS['prefix']} with --kt-selection prefix)",
+          "none: the calibration accounts for Δ0 (a larger Δ0 raises the threshold)",
+          flag="--max-items-per-user",
+          # PipelineDP calls it max_partitions_contributed
+          aliases=("max_items_per_user", "max_partitions_contributed")),
+    Param("alpha", float, "cutoff multiplier α >= 0 of the sequential policies "
+          "(Γ = T + α·noise scale)", _text(DEFAULT_ALPHA), _NO_EFFECT),
+    Param("rounds", int, "number of DP-SIPS rounds I (integer >= 1)", _text(DEFAULT_ROUNDS),
+          "none: the budget is split over the rounds"),
+    Param("ratio", float, "DP-SIPS budget ratio r > 0 (round i gets r^(I−1−i) of the last "
+          "round's share)", "1/3" if DEFAULT_RATIO == 1.0 / 3.0 else _text(DEFAULT_RATIO),
+          "none: the shares sum to the budget"),
+    Param("public_counts", str, "gw-kt: file of item<TAB>count lines (public data, not the "
+          "private input)", None, "none, provided the counts do not come from the private "
+          "input"),
+    Param("tie_break", str, "gw, gw-kt: order of a user's items of equal frequency, "
+          "'item-hash' (keyed hash) or 'first-occurrence' (the user's record order, as the "
+          "authors' code)", DEFAULT_TIE_BREAK, "none: both orders depend on the user's own data "
+          "only"),
+    Param("eta", float, "gw, gw-kt: step-1 budget η in (0, 1)", _text(DEFAULT_GW_ETA),
+          "none on T; η > 0 is what makes the cascade-free proof hold"),
+    Param("kt_selection", str, "gw-kt (cascade-free): how a user's Δ0 kept items are chosen "
+          "from its public-count walk, 'front' (skip the items predicted from the public "
+          "counts to be at the cutoff at the user's position in the keyed order) or 'prefix' "
+          "(the first Δ0)", DEFAULT_GWKT_SELECTION, "none: both depend only on the user's own data, the "
+          "public counts, the run key and the user's id"),
+    Param("front_scale", float, "gw-kt, kt_selection 'front': κ > 0; an item with public "
+          "count c counts as full after the fraction κ·Γ/c of the order",
+          _text(DEFAULT_FRONT_SCALE),
+          _NO_EFFECT),
+    Param("front_margin", int, "gw-kt, kt_selection 'front': M >= 0 walk items kept before "
+          "the predicted front", _text(DEFAULT_FRONT_MARGIN), _NO_EFFECT),
+    Param("variant", str, "gw, gw-kt: 'cascade-free' (proven) or 'published' (NOT proven "
+          "private; needs --allow-unproven)", DEFAULT_VARIANT,
+          "'published' has no proven guarantee"),
+    Param("allow_unproven", bool, "research only: allow a variant whose privacy is not "
+          "proven", None, "permits a release WITHOUT a proven guarantee"),
+]}
+
+#: The parameters of a top-k query (``TopKMechanism``); epsilon, delta and
+#: max_items are shared with the set-union mechanisms.
+TOPK_PARAMS: Dict[str, Param] = {p.name: p for p in [
+    Param("k", int, "the most items to release (integer >= 1)", None,
+          "Algorithm 2 is charged up to k selections"),
+    Param("k_bar", int, "candidates k̄ >= k (the true top k̄ are noised)", "k",
+          "none: the threshold grows with log(k̄/δ)/ε"),
+    Param("with_counts", bool, "Algorithm 1 (Laplace): also release noisy counts", None,
+          "ε is then of the whole query, not per selection"),
+]}
+
+ALL_PARAMS: Dict[str, Param] = dict(MECHANISM_PARAMS, **TOPK_PARAMS)
+
+
+def flag(name: str) -> str:
+    """The command-line flag of a declared parameter.
+
+    ``'max_items'`` → ``'--max-items-per-user'``.
+    """
+    return ALL_PARAMS[name].cli_flag
+
+
+def flags(names: Iterable[str]) -> str:
+    """``'--a, --b'`` for declared parameter names."""
+    return ", ".join(flag(n) for n in names)
+
+
+def add_arguments(parser: argparse.ArgumentParser, names: Sequence[str],
+                  help: Optional[Mapping[str, str]] = None,
+                  required: Sequence[str] = ()) -> None:
+    """Adds the flags of the declared parameters ``names`` to ``parser``.
+
+    Args:
+      help: per-name help replacing the declared one (a tool where the
+        parameter means something narrower, e.g. top-k's ε).
+      required: names whose flag is required.
+    """
+    help = help or {}
+    for name in names:
+        ALL_PARAMS[name].add_to(parser, help.get(name), name in required)
+
+
+def _spellings() -> Dict[str, str]:
+    out = {}
+    for p in ALL_PARAMS.values():
+        for spelling in (p.name,) + p.aliases:
+            out[spelling] = p.cli_flag
+    return out
+
+
+def as_flags(message: str) -> str:
+    """Names the parameters of a validation message as their command-line flags.
+
+    A parameter spelled with an underscore (``max_items_per_user``, ``k_bar``)
+    is renamed wherever it appears; a one-word one (``epsilon``, ``k``) only
+    as the message's first word, where validation messages name their
+    parameter (elsewhere such a word may be prose, as ``>= k``).
+    """
+    spellings = _spellings()
+    compound = sorted((s for s in spellings if "_" in s), key=len, reverse=True)
+    if compound:
+        message = re.sub(r"(?<![-\w])(" + "|".join(map(re.escape, compound)) + r")\b",
+                         lambda m: spellings[m.group(1)], message)
+    first = re.match(r"^(\w+) ", message)
+    if first and first.group(1) in spellings:
+        message = spellings[first.group(1)] + message[first.end(1):]
+    return message
+
+
+def spec_types() -> Dict[str, type]:
+    """``{spelling: type}`` of the per-mechanism settings ``compare`` accepts in
+    ``NAME:KEY=VALUE`` (every valued parameter but the common ε, δ, ρ)."""
+    out = {}
+    for p in MECHANISM_PARAMS.values():
+        if p.type is bool or p.name in ("epsilon", "delta", "rho"):
+            continue
+        for spelling in (p.name,) + p.aliases:
+            out[spelling] = p
+    return out
+
+
+def canonical(spelling: str) -> str:
+    """The declared name of a spelling (an alias or the name itself)."""
+    for p in ALL_PARAMS.values():
+        if spelling == p.name or spelling in p.aliases:
+            return p.name
+    raise KeyError(spelling)
+
+
+def canonical_keywords(values: Mapping[str, Any]) -> Dict[str, Any]:
+    """``values`` with every alias renamed to its declared name (unknown keys kept).
+
+    Raises ValueError when two spellings of one parameter are given
+    (``max_items`` and ``max_partitions_contributed``).
+    """
+    out: Dict[str, Any] = {}
+    for key, value in values.items():
+        try:
+            name = canonical(key)
+        except KeyError:
+            name = key
+        if name in out:
+            raise ValueError(f"{flag(name)} is given twice (as {name!r} and an alias)")
+        out[name] = value
+    return out
+
+
+def cli_arguments(values: Mapping[str, Any]) -> list:
+    """``{name: value}`` → the command-line arguments that give them (None omitted)."""
+    out = []
+    for name, p in MECHANISM_PARAMS.items():
+        value = values.get(name)
+        if value is True:
+            out.append(p.cli_flag)
+        elif value is not None and value is not False:
+            out += [p.cli_flag, repr(value) if isinstance(value, float) else str(value)]
+    return out

@@ -1,0 +1,226 @@
+"""Mechanism names of the command-line contract → calibrated mechanism objects.
+
+``make_mechanism(name, **params)`` is how the command-line pipelines, the
+comparison tool and the auditor build a mechanism from user parameters; it
+rejects, with a one-line message, an unknown name, a parameter that does not
+apply to the mechanism, a missing one, and a value out of range. A module that
+adds mechanisms registers them here with ``register``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Callable, Dict, List, Optional
+
+from beam_dpsu.dp.mechanisms import (CountGaussian, CountLaplace, Mechanism, TruncatedGeometric,
+                                     WeightedGaussian, WeightedGaussianZcdp, WeightedLaplace)
+from beam_dpsu.dp.mechanisms import policy as _policy
+from beam_dpsu.dp.params import MECHANISM_PARAMS, canonical_keywords, flag, flags
+from beam_dpsu.dp.params import DEFAULT_MAX_ITEMS, DEFAULT_ALPHA, DEFAULT_ROUNDS, DEFAULT_RATIO
+
+
+__all__ = ["MechanismParams", "RegisteredMechanism", "REGISTRY", "register", "make_mechanism"]
+
+
+def _from_namespace(cls, namespace) -> "MechanismParams":
+    """The parameters of a command line's parsed arguments (absent ones are None)."""
+    return cls(**{f.name: getattr(namespace, f.name, None) for f in dataclasses.fields(cls)})
+
+
+def _given(self) -> List[str]:
+    """The names of the parameters that were given (not None)."""
+    return [f.name for f in dataclasses.fields(self) if getattr(self, f.name) is not None]
+
+
+#: Parameters a user gave for a named mechanism (None = not given): one field
+#: per parameter declared in ``dp.params.MECHANISM_PARAMS``.
+#: ``allow_unproven`` is a permission, not a parameter: it lets ``gw``/``gw-kt``
+#: build ``variant='published'`` (NOT proven private); every mechanism accepts it.
+MechanismParams = dataclasses.make_dataclass(
+    "MechanismParams",
+    [(p.name, Optional[p.type], dataclasses.field(default=None))
+     for p in MECHANISM_PARAMS.values()],
+    namespace={"from_namespace": classmethod(_from_namespace), "given": _given,
+               "__module__": __name__})
+
+
+@dataclasses.dataclass(frozen=True)
+class RegisteredMechanism:
+    name: str
+    build: Callable[[MechanismParams], Mechanism]
+    accepts: frozenset
+    summary: str
+
+
+REGISTRY: Dict[str, RegisteredMechanism] = {}
+
+
+def register(name: str, build: Callable[[MechanismParams], Mechanism], accepts, summary: str):
+    """Adds a named mechanism (used by the command line, comparisons and the auditor).
+
+    Args:
+      name: the ``--mechanism`` name.
+      build: ``build(params) -> Mechanism`` from a ``MechanismParams``.
+      accepts: the names of the declared parameters (``dp.params``) it takes.
+      summary: one line for listings.
+    """
+    unknown = set(accepts) - set(MECHANISM_PARAMS)
+    if unknown:
+        raise ValueError(f"{name}: undeclared parameters {sorted(unknown)} (declare them in "
+                         "beam_dpsu.dp.params)")
+    REGISTRY[name] = RegisteredMechanism(name, build, frozenset(accepts), summary)
+
+
+def make_mechanism(name: str, params: Optional[MechanismParams] = None, **kwargs) -> Mechanism:
+    """Builds a registered mechanism by name, validating which parameters apply.
+
+    Keywords may use any declared spelling (``max_items``,
+    ``max_items_per_user`` or PipelineDP's ``max_partitions_contributed``).
+    Raises ValueError with a one-line message for an unknown name, a parameter
+    that does not apply, a missing one, a parameter given twice, or a value out
+    of range.
+    """
+    params = params or MechanismParams(**canonical_keywords(kwargs))
+    entry = REGISTRY.get(name)
+    if entry is None:
+        raise ValueError(f"unknown mechanism {name!r}; choose one of: {', '.join(sorted(REGISTRY))}")
+    extra = [p for p in params.given() if p not in entry.accepts and p != "allow_unproven"]
+    if extra:
+        raise ValueError(f"{flags(extra)} does not apply to mechanism {name!r}")
+    mechanism = entry.build(params)
+    if not getattr(mechanism, "proven", True) and not params.allow_unproven:
+        raise ValueError(f"{name} variant {getattr(mechanism, 'variant', '')!r} is not proven "
+                         "private; pass --allow-unproven to run it for research")
+    return mechanism
+
+
+def _require(params: MechanismParams, name: str, *fields: str) -> None:
+    missing = [f for f in fields if getattr(params, f) is None]
+    if missing:
+        raise ValueError(f"mechanism {name!r} needs " + " and ".join(flag(f) for f in missing))
+
+
+def _max_items(params: MechanismParams) -> int:
+    return DEFAULT_MAX_ITEMS if params.max_items is None else params.max_items
+
+
+def _eps_delta_builder(cls, name):
+    def build(params: MechanismParams) -> Mechanism:
+        if params.rho is not None:
+            raise ValueError(f"{flag('rho')} does not apply to mechanism {name!r} (it takes "
+                             f"{flag('epsilon')} {flag('delta')})")
+        _require(params, name, "epsilon", "delta")
+        return cls(params.epsilon, params.delta, _max_items(params))
+    return build
+
+
+def _weighted_gaussian(params: MechanismParams) -> Mechanism:
+    if params.rho is not None:
+        if params.epsilon is not None:
+            raise ValueError("weighted-gaussian takes either --epsilon --delta ((ε, δ)-DP) "
+                             "or --rho --delta (zCDP), not both")
+        _require(params, "weighted-gaussian", "delta")
+        return WeightedGaussianZcdp(params.rho, params.delta, _max_items(params))
+    _require(params, "weighted-gaussian", "epsilon", "delta")
+    return WeightedGaussian(params.epsilon, params.delta, _max_items(params))
+
+
+for _name, _cls, _summary in [
+        ("truncated-geometric", TruncatedGeometric, "keep an item with n users w.p. p(n)"),
+        ("count-laplace", CountLaplace, "Laplace thresholding of distinct-user counts"),
+        ("count-gaussian", CountGaussian, "Gaussian thresholding of distinct-user counts"),
+        ("weighted-laplace", WeightedLaplace, "each user spreads ℓ1 budget 1; Laplace noise")]:
+    register(_name, _eps_delta_builder(_cls, _name), {"epsilon", "delta", "max_items", "rho"},
+             _summary)
+register("weighted-gaussian", _weighted_gaussian, {"epsilon", "delta", "rho", "max_items"},
+         "each user spreads ℓ2 budget 1; Gaussian noise; (ε, δ)-DP or zCDP")
+
+
+def _sips(params: MechanismParams) -> Mechanism:
+    from beam_dpsu.dp.mechanisms.sips import Sips
+    rounds = DEFAULT_ROUNDS if params.rounds is None else params.rounds
+    ratio = DEFAULT_RATIO if params.ratio is None else params.ratio
+    if params.rho is not None:
+        if params.epsilon is not None:
+            raise ValueError("sips takes either --rho --delta (zCDP) or --epsilon --delta "
+                             "((ε, δ)-DP), not both")
+        _require(params, "sips", "delta")
+        return Sips(params.rho, params.delta, _max_items(params), rounds, ratio)
+    _require(params, "sips", "epsilon", "delta")
+    return Sips.from_dp(params.epsilon, params.delta, _max_items(params), rounds, ratio)
+
+
+register("sips", _sips, {"epsilon", "delta", "rho", "max_items", "rounds", "ratio"},
+         "DP-SIPS: I rounds of zCDP Weighted Gaussian on what is not yet released")
+
+
+# Sequential policy mechanisms (beam_dpsu.mechanisms.policy, docs/mechanisms.md section 4).
+
+
+def _policy_builder(cls, name):
+    def build(params: MechanismParams) -> Mechanism:
+        _require(params, name, "epsilon", "delta")
+        alpha = DEFAULT_ALPHA if params.alpha is None else params.alpha
+        return cls(params.epsilon, params.delta, _max_items(params), alpha)
+    return build
+
+
+def _tie_break(params: MechanismParams) -> str:
+    return "item-hash" if params.tie_break is None else params.tie_break
+
+
+def _gw_options(params: MechanismParams, name: str) -> dict:
+    """Keyword arguments of GW/GWKT: Δ0 and η apply to the cascade-free variant only."""
+    variant = "cascade-free" if params.variant is None else params.variant
+    if variant == "published":
+        bad = [f for f in ("max_items", "eta") if getattr(params, f) is not None]
+        if bad:
+            raise ValueError(f"{flags(bad)} does not apply to mechanism {name!r} "
+                             "variant 'published'")
+    return {"tie_break": _tie_break(params), "variant": variant,
+            "max_items": params.max_items, "eta": params.eta}
+
+
+def _gw(params: MechanismParams) -> Mechanism:
+    _require(params, "gw", "epsilon", "delta")
+    return _policy.GW(params.epsilon, params.delta,
+                      DEFAULT_ALPHA if params.alpha is None else params.alpha,
+                      **_gw_options(params, "gw"))
+
+
+_KT_OPTIONS = ("kt_selection", "front_scale", "front_margin")
+
+
+def _gw_kt(params: MechanismParams) -> Mechanism:
+    _require(params, "gw-kt", "epsilon", "delta", "public_counts")
+    options = _gw_options(params, "gw-kt")
+    given = [f for f in _KT_OPTIONS if getattr(params, f) is not None]
+    if options["variant"] == "published" and given:
+        raise ValueError(f"{flags(given)} does not apply to mechanism 'gw-kt' variant "
+                         "'published'")
+    if params.kt_selection == "prefix" and (params.front_scale is not None
+                                            or params.front_margin is not None):
+        bad = [f for f in ("front_scale", "front_margin") if getattr(params, f) is not None]
+        raise ValueError(f"{flags(bad)} applies to {flag('kt_selection')} front only")
+    path = params.public_counts
+    if "://" not in path and not os.path.exists(path):  # a remote one is read when the job runs
+        raise ValueError(f"{flag('public_counts')} file not found: {params.public_counts!r}")
+    return _policy.GWKT(params.epsilon, params.delta, params.public_counts,
+                        DEFAULT_ALPHA if params.alpha is None else params.alpha,
+                        **options, **{f: getattr(params, f) for f in _KT_OPTIONS})
+
+
+register("policy-laplace", _policy_builder(_policy.PolicyLaplace, "policy-laplace"),
+         {"epsilon", "delta", "max_items", "alpha"},
+         "sequential ℓ1-descent to the cutoff (Gopi et al.); Laplace noise")
+register("policy-gaussian", _policy_builder(_policy.PolicyGaussian, "policy-gaussian"),
+         {"epsilon", "delta", "max_items", "alpha"},
+         "sequential ℓ2-descent to the cutoff (Gopi et al.); Gaussian noise")
+_GW_PARAMS = {"epsilon", "delta", "alpha", "tie_break", "max_items", "eta", "variant"}
+register("gw", _gw, _GW_PARAMS,
+         "cascade-free greedy by item frequency over Δ0 kept items (after Carvalho et al.); "
+         "Laplace noise; variant=published (unproven) needs --allow-unproven")
+register("gw-kt", _gw_kt, _GW_PARAMS | {"public_counts"} | set(_KT_OPTIONS),
+         "cascade-free greedy by public counts, then frequency, over Δ0 kept items past the "
+         "predicted front; Laplace noise; "
+         "variant=published (unproven) needs --allow-unproven")

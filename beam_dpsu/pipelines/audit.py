@@ -1,0 +1,115 @@
+"""``beam-dpsu audit``: the empirical privacy auditor's command line.
+
+The auditor itself (datasets, scenarios, bounds) is ``beam_dpsu.dp.audit``;
+this module parses the flags, builds the mechanism and prints one JSON report.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Callable, Mapping, Optional, Sequence
+
+from beam_dpsu.dp.audit import (ALL_SCENARIOS, DEFAULT_CONFIDENCE, FAST_TRIALS, POSITIONS,
+                                SCENARIOS, THOROUGH_TRIALS, audit, default_plan)
+from beam_dpsu.dp.audit import __doc__ as _AUDIT_DOC
+from beam_dpsu.dp import params
+from beam_dpsu.dp.mechanisms import Mechanism
+from beam_dpsu.pipelines import cli
+from beam_dpsu.pipelines.cli import UsageError, run_main
+
+__all__ = ["main", "build_parser", "parse_args"]
+
+PROG = "beam_dpsu.pipelines.audit"
+
+
+# ---------------------------------------------------------------------------
+# Command line.
+# ---------------------------------------------------------------------------
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UsageError(message)
+
+
+def _csv(choices):
+    def parse(text):
+        values = [v.strip() for v in text.split(",") if v.strip()]
+        bad = [v for v in values if v not in choices]
+        if bad or not values:
+            raise argparse.ArgumentTypeError(
+                f"choose from {', '.join(choices)} (comma-separated), got {text!r}")
+        return values
+    return parse
+
+
+def build_parser(broken: Optional[Mapping[str, Callable]] = None) -> argparse.ArgumentParser:
+    """The auditor's parser; ``--broken`` exists only when ``broken`` variants are given."""
+    from beam_dpsu.dp.registry import REGISTRY
+    p = _Parser(prog=cli.command_prog(PROG), description=_AUDIT_DOC.split("\n")[0],
+                allow_abbrev=False)
+    cli.add_output_flags(p)
+    p.add_argument("--mechanism", required=True, help="one of: " + ", ".join(sorted(REGISTRY)))
+    params.add_arguments(p, list(params.MECHANISM_PARAMS))
+    p.add_argument("--trials", type=int, default=FAST_TRIALS,
+                   help=f"runs per dataset and scenario (default {FAST_TRIALS}; thorough: "
+                        f"{THOROUGH_TRIALS})")
+    p.add_argument("--confidence", type=float, default=DEFAULT_CONFIDENCE,
+                   help="joint confidence of all bounds (default 0.95)")
+    p.add_argument("--scenarios", type=_csv(ALL_SCENARIOS), default=list(SCENARIOS),
+                   help="default: " + ",".join(SCENARIOS) + " (cascade: sequential policies, "
+                        "Γ with fractional part in (0.5, 0.99])")
+    p.add_argument("--positions", type=_csv(POSITIONS), default=None,
+                   help="canary positions (default: all three for sequential policies)")
+    if broken:
+        p.add_argument("--broken", choices=sorted(broken),
+                       help="TEST ONLY: audit a deliberately broken (non-private) variant")
+    return p
+
+
+def parse_args(argv: Sequence[str], broken: Optional[Mapping[str, Callable]] = None):
+    from beam_dpsu.dp.registry import MechanismParams, make_mechanism
+    args = build_parser(broken).parse_args(argv)
+    if args.trials < 1:
+        raise UsageError(f"--trials must be an integer >= 1, got {args.trials}")
+    if not (0 < args.confidence < 1):
+        raise UsageError(f"--confidence must be in (0, 1), got {args.confidence}")
+    try:
+        mechanism = make_mechanism(args.mechanism, MechanismParams.from_namespace(args))
+        if getattr(args, "broken", None):
+            mechanism = broken[args.broken](mechanism)
+    except ValueError as e:
+        raise UsageError(params.as_flags(str(e).splitlines()[0])) from None
+    return args, mechanism
+
+
+def main(argv: Optional[Sequence[str]] = None,
+         broken: Optional[Mapping[str, Callable[[Mechanism], Mechanism]]] = None) -> int:
+    """The auditor's command line; prints one JSON report.
+
+    Args:
+      argv: the arguments (default ``sys.argv[1:]``).
+      broken: TEST ONLY: deliberately broken variants ``{name: wrap(mechanism)}``
+        selectable with ``--broken`` (``benchmarks/audit_variants.BROKEN``);
+        default None: no ``--broken`` flag.
+    """
+    def body() -> int:
+        args, mechanism = parse_args(list(sys.argv[1:] if argv is None else argv), broken)
+        plan = default_plan(mechanism, args.scenarios, args.positions)
+        progress = cli.Progress(cli.command_prog(PROG), args.quiet)
+        progress(f"auditing {mechanism.name}: {args.trials} trials per dataset and scenario")
+        report = audit(mechanism, args.trials, args.confidence, plan=plan,
+                       name=mechanism.name)
+        report["broken"] = getattr(args, "broken", None)
+        progress("audit finished")
+        print(json.dumps(report, ensure_ascii=False))
+        return 0
+
+    return run_main(PROG, body)
+
+
+if __name__ == "__main__":
+    # Runs the importable module (not this __main__ copy), so that what a runner
+    # pickles refers to beam_dpsu.pipelines.audit, one name on every worker.
+    from beam_dpsu.pipelines import cli as _cli
+    sys.exit(_cli.run_module("audit", sys.argv[1:]))

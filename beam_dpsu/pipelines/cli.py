@@ -1,0 +1,254 @@
+"""What every command line of the project shares: one-line errors and exit statuses.
+
+``run_main(prog, body)`` runs ``body()`` and turns what it raises into one
+line on stderr and an exit status: ``UsageError`` (a user mistake) → 2,
+``prog: error: ...``; an exception with an ``exit_status`` attribute (e.g.
+``beam_dpsu.pipelines.runs.NoWellFormedInput``) → that status, ``prog: error: ...``;
+KeyboardInterrupt → 130; anything else → 1, ``prog: failed: Type: last
+line`` (the traceback is logged at DEBUG level). Used by the pipelines
+(``beam_dpsu.pipelines.runs.main_wrapper``) and the auditor
+(``beam_dpsu.pipelines.audit``).
+
+``main(argv)`` is the ``beam-dpsu`` console command (installed by setup.py):
+``beam-dpsu select|top-k|compare|generate|audit [FLAGS]`` runs that
+subcommand's ``main``. Beam's own log lines (the ``apitools not found``
+warning printed when apache_beam is imported, INFO lines of its workers) are
+suppressed unless ``--verbose`` is given (or ``BEAM_DPSU_DEBUG=1``); progress
+lines go to stderr unless ``--quiet`` is given.
+"""
+from __future__ import annotations
+
+import argparse
+import contextvars
+import importlib
+import logging
+import time
+import os
+import sys
+from typing import Callable, List, Optional, Sequence
+
+
+__all__ = ["console", "UsageError", "last_line", "command_prog", "add_output_flags", "write_line",
+           "Progress", "run_main", "COMMANDS", "MODULE_COMMANDS", "wants_verbose",
+           "beam_logs_shown", "configure_logging", "run_command", "run_module", "main"]
+
+
+def console() -> None:
+    """The installed ``beam-dpsu`` command (setup.py): ``sys.exit(main())``."""
+    sys.exit(main())
+
+
+class UsageError(Exception):
+    """A user mistake: reported as one line, exit status 2."""
+
+    exit_status = 2
+
+
+def last_line(e: BaseException) -> str:
+    """``Type: last line of the message`` (a one-line summary of a failure)."""
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[-1] if lines else ''}"
+
+
+#: the name a command reports itself under (``beam-dpsu select``), set by
+#: ``run_command``; None: the module's own name (``select_partitions``).
+_PROG: contextvars.ContextVar = contextvars.ContextVar("beam_dpsu_prog", default=None)
+
+
+def command_prog(default: str) -> str:
+    """The name of the running command: ``beam-dpsu SUBCOMMAND`` under the console
+    command, else ``default`` (the module's name)."""
+    return _PROG.get() or default
+
+
+def add_output_flags(parser: argparse.ArgumentParser) -> None:
+    """``--verbose`` and ``--quiet``, which every command takes (no privacy effect)."""
+    parser.add_argument("--verbose", action="store_true",
+                        help="also show Apache Beam's own log lines (default: only ours)")
+    parser.add_argument("--quiet", action="store_true",
+                        help="no progress lines on stderr (default: stage and progress "
+                             "lines; they hold exact counts: owner-only, like the private "
+                             "run details)")
+
+
+def write_line(text: str, stream=None) -> None:
+    """Writes ``text`` and its newline to ``stream`` (default ``sys.stderr``) in ONE
+    write, then flushes.
+
+    A command's workers share its stderr. ``print`` writes the text and the
+    newline separately, and with ``PYTHONUNBUFFERED`` set (common in containers
+    and CI) each write is its own system call: two processes printing at once
+    then leave one line holding both texts and an empty line. One write of a
+    whole line shorter than the pipe's atomic size (4 KiB on Linux) is never
+    split by another process's.
+
+    Best effort: when the stream cannot be written (its reader is gone, e.g.
+    ``beam-dpsu select ... 2>&1 | head -1``, or it is closed), the line is
+    dropped and the run goes on; a worker whose progress line failed used to
+    fail its bundle, and a two-worker run then waited forever.
+    """
+    stream = sys.stderr if stream is None else stream
+    try:
+        stream.write(text + "\n")
+        stream.flush()
+    except (OSError, ValueError):  # BrokenPipeError; ValueError: a closed file
+        pass
+
+
+class Progress:
+    """Progress lines on stderr: ``PROG: [12.3 s] message``, unless quiet.
+
+    Args:
+      prog: the command's name, first on each line.
+      quiet: True: print nothing (``--quiet``). Default False.
+    """
+
+    def __init__(self, prog: str, quiet: bool = False):
+        self.prog, self.quiet, self.start = prog, quiet, time.time()
+
+    def __call__(self, message: str) -> None:
+        if not self.quiet:
+            write_line(f"{self.prog}: [{time.time() - self.start:.1f} s] {message}")
+
+
+def run_main(prog: str, body: Callable[[], int]) -> int:
+    """``body()``'s exit status, or the status of what it raised (see the module)."""
+    prog = command_prog(prog)
+    try:
+        return body()
+    except KeyboardInterrupt:
+        write_line(f"{prog}: interrupted")
+        return 130
+    except Exception as e:  # one line per failure
+        status = getattr(e, "exit_status", None)
+        if isinstance(status, int):
+            write_line(f"{prog}: error: {e}")
+            return status
+        logging.debug("%s failed", prog, exc_info=True)
+        write_line(f"{prog}: failed: {last_line(e)}")
+        return 1
+
+
+#: subcommand → (module, one-line description); the modules are imported only
+#: when their subcommand runs (importing apache_beam takes seconds).
+COMMANDS = {
+    "select": ("beam_dpsu.pipelines.select_partitions",
+               "differentially private set union of a user<TAB>item file"),
+    "top-k": ("beam_dpsu.pipelines.top_k", "differentially private top-k items"),
+    "compare": ("beam_dpsu.pipelines.compare",
+                "compare mechanisms on your data: tables and plots (NOT private)"),
+    "generate": ("beam_dpsu.pipelines.generate", "write synthetic user<TAB>item data"),
+    "audit": ("beam_dpsu.pipelines.audit", "empirical privacy audit: a lower bound on epsilon"),
+}
+
+#: checkout module names (``python -m pipelines.NAME``) → subcommand.
+MODULE_COMMANDS = {"select_partitions": "select", "top_k": "top-k", "compare": "compare",
+                   "generate": "generate", "audit": "audit"}
+
+_LOG_FORMAT = "%(levelname)s: %(message)s"
+
+
+def wants_verbose(argv: Sequence[str]) -> bool:
+    """``--verbose`` among the arguments, or ``BEAM_DPSU_DEBUG`` set."""
+    return "--verbose" in argv or bool(os.environ.get("BEAM_DPSU_DEBUG"))
+
+
+_BEAM_LOGS = {"shown": True}
+
+
+def beam_logs_shown() -> bool:
+    """False once a command configured logging without ``--verbose`` (then worker
+    subprocesses are quietened too); True otherwise (library use: untouched)."""
+    return _BEAM_LOGS["shown"]
+
+
+def configure_logging(verbose: bool) -> None:
+    """Sets up logging for a command, BEFORE apache_beam is imported.
+
+    Args:
+      verbose: True: Beam's log lines (INFO and up) are shown, as Beam prints
+        them; False (default of the commands): only errors of our own are
+        logged, so Beam's import-time ``apitools`` warning and its INFO lines
+        never reach stderr. No privacy effect.
+    """
+    _BEAM_LOGS["shown"] = verbose
+    root = logging.getLogger()
+    if not root.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter(_LOG_FORMAT))
+        root.addHandler(handler)
+    if verbose:
+        root.setLevel(logging.DEBUG if os.environ.get("BEAM_DPSU_DEBUG") else logging.INFO)
+        logging.getLogger("apache_beam").setLevel(logging.NOTSET)
+    else:
+        root.setLevel(logging.ERROR)
+        logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
+
+
+def _usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = ["usage: beam-dpsu COMMAND [FLAGS]   (beam-dpsu COMMAND --help for its flags)",
+             "", "Differentially private set union on Apache Beam.", "", "commands:"]
+    lines += [f"  {name:<{width}}  {desc}" for name, (_, desc) in COMMANDS.items()]
+    lines += ["", "common flags: --verbose (show Beam's own log lines), --quiet (no progress "
+              "lines on stderr)"]
+    return "\n".join(lines)
+
+
+def run_command(command: str, argv: Sequence[str], prog: Optional[str] = None) -> int:
+    """Runs subcommand ``command`` with ``argv`` (its flags); returns the exit status.
+
+    Args:
+      prog: the name in its messages; default ``beam-dpsu COMMAND``; "" keeps the
+        module's own name (``select_partitions``), as ``python -m pipelines.NAME``.
+    """
+    argv = list(argv)
+    verbose = wants_verbose(argv)
+    configure_logging(verbose)
+    token = _PROG.set("beam-dpsu " + command if prog is None else (prog or None))
+    try:
+        module = importlib.import_module(COMMANDS[command][0])
+        return module.main(argv)
+    finally:
+        _PROG.reset(token)
+
+
+def run_module(name: str, argv: Sequence[str]) -> int:
+    """``python -m pipelines.NAME ARGS`` from a checkout: the subcommand of that module,
+    reporting under the module's name as before (``select_partitions: error: ...``)."""
+    return run_command(MODULE_COMMANDS[name], argv, prog="")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """The ``beam-dpsu`` console command: ``beam-dpsu COMMAND [FLAGS]``.
+
+    Args:
+      argv: the arguments after ``beam-dpsu`` (default ``sys.argv[1:]``).
+
+    Returns the exit status: the subcommand's; 0 for ``--help``; 2 (with
+    one line on stderr) for a missing or unknown command.
+    """
+    args: List[str] = list(sys.argv[1:] if argv is None else argv)
+    if not args:
+        print(_usage(), file=sys.stderr)
+        return 2
+    if args[0] in ("-h", "--help", "help"):
+        print(_usage())
+        return 0
+    if args[0] == "--version":
+        from beam_dpsu import __version__
+        print(f"beam-dpsu {__version__}")
+        return 0
+    command, rest = args[0], args[1:]
+    if command not in COMMANDS:
+        print(f"beam-dpsu: error: unknown command {command!r}; choose from: "
+              f"{', '.join(COMMANDS)} (beam-dpsu --help)", file=sys.stderr)
+        return 2
+    return run_command(command, rest)
+
+
+if __name__ == "__main__":  # python -m beam_dpsu.pipelines.cli COMMAND ...
+    # The importable module's main, not this __main__ copy's: the subcommands import
+    # beam_dpsu.pipelines.cli, and the command's name lives in that module's state.
+    from beam_dpsu.pipelines import cli as _cli
+    _cli.console()

@@ -1,0 +1,104 @@
+"""The flags every command-line pipeline shares, and the check of Beam's own flags.
+
+A user mistake in a flag raises ``UsageError`` (one line on stderr, exit
+status 2) before any data is read; an argument that is neither ours nor a
+registered Beam pipeline option is refused (Beam itself would only log and
+drop it, so a typo such as ``--epsilonn`` would be ignored silently).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import List, Optional, Sequence, Tuple
+
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from beam_dpsu.pipelines import cli
+from beam_dpsu.pipelines.cli import UsageError
+from beam_dpsu.transforms import runners
+
+__all__ = ["ArgumentParser", "add_io_arguments", "add_dead_letter_argument", "check_beam_args",
+           "parse_known"]
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse that raises UsageError (one line) instead of printing usage and exiting."""
+
+    def __init__(self, prog: str, description: str):
+        super().__init__(prog=cli.command_prog(prog), description=description,
+                         allow_abbrev=False)
+        cli.add_output_flags(self)
+        self.set_defaults(_prog=self.prog)
+
+    def error(self, message):
+        raise UsageError(message)
+
+
+class _RefuseSeed(argparse.Action):
+    """``--seed`` on a release pipeline: refused, pointing to the unmistakable flag."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        raise UsageError("--seed is not accepted: a seeded run is not private; for tests only, "
+                         "use --insecure-test-seed N")
+
+
+def add_io_arguments(p: argparse.ArgumentParser) -> None:
+    """--input, --output, --overwrite and --insecure-test-seed, as every release pipeline
+    takes them (``--seed`` is refused with a pointer to ``--insecure-test-seed``)."""
+    p.add_argument("--input", required=True, help="input file or glob of user<TAB>item lines")
+    p.add_argument("--output", required=True,
+                   help="output prefix: the release goes to PREFIX-items-00000-of-00001 and "
+                        "PREFIX.json (publishable), the owner-only run details to "
+                        "PREFIX.PRIVATE-run-details.json (never publish)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="delete the outputs of an earlier run under PREFIX (and the "
+                        "--dead-letter files) before running; without it such outputs are "
+                        "refused")
+    p.add_argument("--insecure-test-seed", dest="insecure_test_seed", type=int, metavar="N",
+                   help="TESTS ONLY: derive all randomness from N; the output is NOT private "
+                        "against anyone who knows or guesses N and must never be published")
+    p.add_argument("--seed", nargs="?", action=_RefuseSeed, help=argparse.SUPPRESS)
+
+
+def add_dead_letter_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dead-letter", dest="dead_letter",
+                   help="write the malformed input lines to files PATH-* for the data owner "
+                        "(they are private input, not a release)")
+
+
+def _beam_option_parser() -> argparse.ArgumentParser:
+    """A parser that knows every registered Beam pipeline option."""
+    parser = argparse.ArgumentParser(allow_abbrev=False, add_help=False)
+    seen = set()
+    stack = list(PipelineOptions.__subclasses__())
+    while stack:
+        cls = stack.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        stack.extend(cls.__subclasses__())
+        try:
+            cls._add_argparse_args(parser)
+        except argparse.ArgumentError:
+            pass  # an option registered by two classes
+    return parser
+
+
+def check_beam_args(beam_args: Sequence[str]) -> None:
+    """Raises UsageError for an argument that is neither ours nor a Beam option.
+
+    (Beam itself only logs and drops unknown arguments, so a typo such as
+    ``--epsilonn`` would otherwise be ignored silently.)
+    """
+    beam_args = runners.resolve_runner_flag(list(beam_args))  # registers --dask_* options
+    _, unknown = _beam_option_parser().parse_known_args(list(beam_args))
+    if unknown:
+        raise UsageError(f"unrecognized arguments: {' '.join(unknown)}")
+
+
+def parse_known(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]]
+                ) -> Tuple[argparse.Namespace, List[str]]:
+    """Our flags and the rest (Beam's), after checking the rest are Beam options."""
+    args, beam_args = parser.parse_known_args(list(sys.argv[1:] if argv is None else argv))
+    check_beam_args(beam_args)
+    return args, beam_args

@@ -1,0 +1,388 @@
+"""What each Beam runner really executes, and the expansions this library picks for it.
+
+A Beam pipeline is a graph of primitives; a runner that does not implement one
+may not fail: Beam's Dask runner (``apache_beam.runners.dask``, Beam 2.77)
+translates only ``Create``, ``ParDo`` (with side inputs), ``GroupByKey`` and
+``Flatten`` into dask-bag operations and turns every other leaf transform into
+a silent identity. Verified on a ``distributed.LocalCluster`` with two worker
+processes (see ``docs/runners.md``, "Dask", for the reproductions):
+
+* ``CombinePerKey``, ``CombineGlobally``, ``Top.Of``, ``ToList`` and
+  ``Reshuffle`` are executed correctly: the Python SDK expands them into
+  ``ParDo`` + ``GroupByKey`` (+ ``Flatten``/``Create``), and ``Reshuffle`` is
+  replaced by an identity (correct, it only redistributes);
+* a side input is evaluated again inside every task (dask partition) that
+  reads it: a step that draws randomness (the run key, ``transforms/run_key.py``) returns a
+  different value to every partition, and an expensive side input is
+  recomputed per partition;
+* hence file sinks (``WriteToText``, ``beam.io.Write``) write an EMPTY file:
+  the sink's initialisation step is a side input, so every partition writes to
+  its own temporary directory and the finalisation (another evaluation) finds
+  none of them;
+* only the last transform of the graph (and what it depends on) is computed:
+  a second sink is silently skipped;
+* the ``Read`` primitive (``ReadFromText``) has no translation; stateful DoFns
+  run with no state (``user_state_context=None``); metrics are not
+  implemented.
+
+``capabilities(pipeline)`` says, per runner, what may be used; the library's
+transforms consult it at construction time (the ordered-user transform's
+``state='auto'``, the public-count reader, the pipelines' writers) and
+``check_pipeline`` refuses, before a run, a graph that such a runner would
+silently mistranslate.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, List
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+
+
+__all__ = ["DASK_RUNNER", "RUNNER_ALIASES", "Capabilities", "NO_ORDERED_LIST_RUNNERS",
+           "runner_name", "capabilities", "dealt_workers", "DIRECT_RUNNER_NAMES", "LOCAL_RUNNER",
+           "is_direct", "runner_name_of", "pipeline_options", "wait_for", "resolve_runner_flag",
+           "import_dask_options", "NO_BUNDLE_OUTPUT", "per_element_flush", "tag", "main_output",
+           "split_envelopes", "check_pipeline", "join_leaves"]
+
+
+DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
+#: Short runner names Beam does not resolve itself (``--runner=DaskRunner``).
+RUNNER_ALIASES = {"DaskRunner": DASK_RUNNER}
+
+
+@dataclasses.dataclass(frozen=True)
+class Capabilities:
+    """What a runner executes (True: implemented and correct).
+
+    Attributes:
+      name: the runner class name.
+      user_state: stateful DoFns (``BagState``) with event-time timers.
+      ordered_list_state: ``OrderedListState``.
+      file_sinks: ``WriteToText`` / ``beam.io.Write`` write what they are given.
+      read_primitive: ``beam.io.Read`` (``ReadFromText``) is executed.
+      all_leaves: every branch of the graph is computed (not only the last one).
+      side_inputs_once: a side input is computed once per run, so every reader
+        sees the same value (needed for a fresh run key drawn in the pipeline).
+      metrics: ``result.metrics()`` works.
+      bundle_outputs: what a DoFn emits in ``finish_bundle`` is kept (the Dask
+        runner collects a partition's outputs before calling it: they are lost).
+      tagged_outputs: a multi-output ParDo's outputs are kept apart (the Dask
+        runner mixes every tagged output into every consumer's input).
+      redistributes: ``Reshuffle`` and ``GroupByKey`` spread the work over all
+        workers. False on Dask: a dask bag keeps the number of partitions of the
+        ``Create`` it starts from (a ``Create`` of fewer than 128 elements is ONE
+        partition unless ``--dask_npartitions`` is given, ``Reshuffle`` is an
+        identity and ``GroupByKey`` keeps its input's partition count), so a
+        read must start from one ``Create`` per partition wanted, joined by
+        ``Flatten`` (a concatenation of their partitions): see
+        ``textio.ReadUserItems``.
+    """
+    name: str
+    user_state: bool = True
+    ordered_list_state: bool = False
+    file_sinks: bool = True
+    read_primitive: bool = True
+    all_leaves: bool = True
+    side_inputs_once: bool = True
+    metrics: bool = True
+    bundle_outputs: bool = True
+    tagged_outputs: bool = True
+    redistributes: bool = True
+
+
+#: Runners known not to implement OrderedListState (Beam 2.77): state='ordered_list'
+#: is refused there (on other runners without it in the table, 'auto' picks 'bag').
+NO_ORDERED_LIST_RUNNERS = ("FlinkRunner", "SparkRunner", "DataflowRunner",
+                           "TestDataflowRunner", "DaskRunner")
+
+_DIRECT = dict(user_state=True, ordered_list_state=True)
+_TABLE = {
+    "DirectRunner": _DIRECT,
+    "SwitchingDirectRunner": _DIRECT,
+    "FnApiRunner": _DIRECT,
+    "BundleBasedDirectRunner": _DIRECT,
+    "TestDirectRunner": _DIRECT,
+    # OrderedListState: Flink (apache/beam#21358), Spark (#33211) and Dataflow
+    # Runner v2 (#20666) do not implement it as of Beam 2.77.
+    "FlinkRunner": dict(ordered_list_state=False),
+    "SparkRunner": dict(ordered_list_state=False),
+    "DataflowRunner": dict(ordered_list_state=False),
+    "TestDataflowRunner": dict(ordered_list_state=False),
+    "PortableRunner": dict(ordered_list_state=False),
+    "PrismRunner": dict(ordered_list_state=False),
+    # Verified on Beam 2.77 + dask/distributed 2026.8 (module docstring).
+    "DaskRunner": dict(user_state=False, ordered_list_state=False, file_sinks=False,
+                       read_primitive=False, all_leaves=False, side_inputs_once=False,
+                       metrics=False, bundle_outputs=False, tagged_outputs=False,
+                       redistributes=False),
+}
+
+
+def runner_name(pipeline: beam.Pipeline) -> str:
+    """The class name of ``pipeline``'s runner ('DirectRunner' when it has none)."""
+    runner = getattr(pipeline, "runner", None)
+    return type(runner).__name__ if runner is not None else "DirectRunner"
+
+
+def capabilities(pipeline_or_name: Any) -> Capabilities:
+    """The ``Capabilities`` of a pipeline's runner, or of a runner class name.
+
+    An unknown runner is assumed to implement everything except
+    ``OrderedListState`` (as the Flink and Dataflow runners).
+    """
+    name = (pipeline_or_name if isinstance(pipeline_or_name, str)
+            else runner_name(pipeline_or_name))
+    name = name.rsplit(".", 1)[-1]
+    return Capabilities(name, **_TABLE.get(name, dict(ordered_list_state=False)))
+
+
+#: Runner names that run a pipeline on Beam's FnApiRunner (the DirectRunner's
+#: portable path), which deals each stage's input to its ``direct_num_workers``
+#: workers: a ``GroupByKey``'s keys in the order they first arrived, key i to
+#: worker i mod n (``GroupingBuffer.partition``, Beam 2.77).
+_DEALING_RUNNERS = ("DirectRunner", "SwitchingDirectRunner", "FnApiRunner", "TestDirectRunner")
+
+
+def dealt_workers(pipeline: beam.Pipeline) -> int:
+    """How many workers ``pipeline``'s runner deals a ``GroupByKey``'s keys to in turn,
+    so that a transform with n keys on n workers gives each worker one key; 1 when
+    it runs on one worker (``direct_running_mode=in_memory`` runs the parts one
+    after the other) or spreads keys otherwise (every other runner: a hash,
+    dynamic rebalancing). Only a hint for spreading work: a transform that
+    follows it gives the same result on any runner. (Beam's DirectRunner may run a
+    graph on Prism instead, see ``LOCAL_RUNNER``.)"""
+    if runner_name(pipeline) not in _DEALING_RUNNERS:
+        return 1
+    from apache_beam.options.pipeline_options import DirectOptions
+    direct = pipeline.options.view_as(DirectOptions)
+    if direct.direct_running_mode not in ("multi_threading", "multi_processing"):
+        return 1
+    n = direct.direct_num_workers
+    if n == 0:  # the FnApiRunner's "one per core"
+        import multiprocessing
+        n = multiprocessing.cpu_count()
+    return max(1, n or 1)
+
+
+# -- local runs: the DirectRunner on Beam's FnApiRunner ----------------------------
+
+#: ``--runner`` values that mean Beam's DirectRunner (also the default: no ``--runner``),
+#: lower case: Beam reads them in any case, with or without "Runner" and a module path.
+DIRECT_RUNNER_NAMES = ("direct", "directrunner", "switchingdirect", "switchingdirectrunner")
+
+#: What a local run asks for instead of the DirectRunner: Beam's FnApiRunner, by a
+#: name that Beam's ``StandardOptions.ALL_KNOWN_RUNNERS`` lists. Since Beam 2.68 the
+#: DirectRunner first tries to run a graph on Prism (a separate runner written in
+#: Go, which it downloads where it can and which leaves temporary directories), and
+#: falls back to the FnApiRunner only when that fails: the same command would run
+#: on different runners on different machines. The library is tested on the
+#: FnApiRunner; ``--runner=PrismRunner`` still runs Prism (``docs/runners.md``).
+LOCAL_RUNNER = "FnApiRunner"
+
+
+def is_direct(options: PipelineOptions) -> bool:
+    """Whether ``options`` ask for Beam's DirectRunner (also: no ``--runner``)."""
+    name = options.view_as(StandardOptions).runner
+    return name is None or name.rsplit(".", 1)[-1].lower() in DIRECT_RUNNER_NAMES
+
+
+def runner_name_of(options: PipelineOptions) -> str:
+    """The class name of the runner ``options`` ask for ('DirectRunner' when none)."""
+    return (options.view_as(StandardOptions).runner or "DirectRunner").rsplit(".", 1)[-1]
+
+
+def pipeline_options(beam_args: List[str]) -> PipelineOptions:
+    """The ``PipelineOptions`` of a command line's Beam flags: short runner names
+    resolved (``resolve_runner_flag``), and the DirectRunner (or no ``--runner``)
+    run as ``LOCAL_RUNNER``. Every other flag is Beam's, unchanged."""
+    options = PipelineOptions(resolve_runner_flag(list(beam_args)))
+    if is_direct(options):
+        options.view_as(StandardOptions).runner = LOCAL_RUNNER
+    return options
+
+
+def wait_for(pipeline: beam.Pipeline, result) -> None:
+    """Waits for ``result`` to finish, then releases what the runner holds for the run:
+    on Dask, the run key shared through the cluster (``run_key.delete_shared_keys``)
+    and the client, which would otherwise retry the scheduler after the run."""
+    try:
+        result.wait_until_finish()
+    finally:
+        client = getattr(result, "client", None)  # the Dask runner's
+        if client is not None:
+            from beam_dpsu.transforms import run_key
+            try:
+                if run_key.shared_key_names(pipeline):
+                    run_key.delete_shared_keys(pipeline, client)
+            finally:
+                client.close()
+
+
+def resolve_runner_flag(beam_args: List[str]) -> List[str]:
+    """``--runner=DaskRunner`` → the fully qualified class Beam needs; imports its options.
+
+    Beam 2.77 does not know the short name ``DaskRunner``, and its
+    ``--dask_*`` options are registered only once the module is imported.
+    """
+    out = []
+    args = list(beam_args)
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a == "--runner" and i + 1 < len(args):
+            out += [a, RUNNER_ALIASES.get(args[i + 1], args[i + 1])]
+            i += 2
+            continue
+        if a.startswith("--runner="):
+            value = a.split("=", 1)[1]
+            a = "--runner=" + RUNNER_ALIASES.get(value, value)
+        out.append(a)
+        i += 1
+    if any(a.endswith(DASK_RUNNER) for a in out) or any(a.startswith("--dask_") for a in out):
+        import_dask_options()
+    return out
+
+
+def import_dask_options() -> bool:
+    """Registers Beam's ``--dask_*`` options (True), or False when dask is not installed."""
+    try:
+        import dask.distributed  # noqa: F401
+        from apache_beam.runners.dask import dask_runner  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# -- checking and finishing a whole graph -------------------------------------------
+
+class _Leaves(beam.pipeline.PipelineVisitor):
+    def __init__(self):
+        self.leaves = []  # (applied transform, enclosing composites' classes)
+        self.stack = []
+
+    def enter_composite_transform(self, node):
+        self.stack.append(node)
+
+    def leave_composite_transform(self, node):
+        self.stack.pop()
+
+    def visit_transform(self, node):
+        self.leaves.append((node, [n.transform for n in self.stack]))
+
+
+def _is_stateful(dofn) -> bool:
+    try:
+        from apache_beam.transforms import userstate
+        return bool(userstate.get_dofn_specs(dofn)[0] or userstate.get_dofn_specs(dofn)[1])
+    except Exception:  # not a DoFn we can inspect
+        return False
+
+
+#: Set on a DoFn instance whose ``finish_bundle`` is known to emit nothing.
+NO_BUNDLE_OUTPUT = "_beam_dpsu_no_bundle_output"
+
+
+def _emits_in_finish_bundle(dofn) -> bool:
+    import inspect
+    if getattr(dofn, NO_BUNDLE_OUTPUT, False):
+        return False
+    fb = getattr(type(dofn), "finish_bundle", None)
+    return (fb is not None and fb is not beam.DoFn.finish_bundle
+            and inspect.isgeneratorfunction(fb))
+
+
+def per_element_flush(dofn):
+    """Marks ``dofn`` (built to flush after every element) as emitting nothing in finish_bundle."""
+    setattr(dofn, NO_BUNDLE_OUTPUT, True)
+    return dofn
+
+
+def tag(value, name, envelope: bool):
+    """A tagged output: ``TaggedOutput(name, value)``, or ``(name, value)`` in envelope mode."""
+    return (name, value) if envelope else beam.pvalue.TaggedOutput(name, value)
+
+
+def main_output(value, envelope: bool):
+    return (None, value) if envelope else value
+
+
+def _is_tag(element, name):
+    return element[0] == name
+
+
+def _value(element):
+    return element[1]
+
+
+def split_envelopes(pcoll, label: str, names):
+    """``(tag or None, value)`` → ``{tag: PCollection}`` (None: the main output)."""
+    return {name: (pcoll
+                   | f"{label}/Keep{name}" >> beam.Filter(_is_tag, name)
+                   | f"{label}/Value{name}" >> beam.Map(_value))
+            for name in names}
+
+
+def check_pipeline(pipeline: beam.Pipeline) -> None:
+    """Raises ValueError if ``pipeline`` uses what its runner would silently mistranslate.
+
+    On a runner with every capability this does nothing. On the Dask runner it
+    refuses file sinks (``WriteToText``: an empty file), the ``Read`` primitive,
+    an ``Impulse`` outside ``Create`` and stateful DoFns. Call it after building
+    the graph and before ``run()`` (the command-line pipelines do).
+    """
+    caps = capabilities(pipeline)
+    visitor = _Leaves()
+    pipeline.visit(visitor)
+    problems = []
+    for node, parents in visitor.leaves:
+        t = node.transform
+        if not caps.file_sinks and any(isinstance(p, beam.io.iobase.Write) for p in parents):
+            problems.append(f"{node.full_label}: a file sink (WriteToText/Write) writes an empty "
+                            f"file; use beam_dpsu.runners.WriteOneFile")
+        elif not caps.read_primitive and isinstance(t, beam.io.iobase.Read):
+            problems.append(f"{node.full_label}: the Read primitive is not executed; start "
+                            f"from a Create of file names")
+        elif (not caps.read_primitive and isinstance(t, beam.Impulse)
+              and not (parents and type(parents[-1]) is beam.Create)):
+            problems.append(f"{node.full_label}: Impulse outside Create is not executed")
+        elif not caps.user_state and isinstance(t, beam.ParDo) and _is_stateful(t.fn):
+            problems.append(f"{node.full_label}: a stateful DoFn runs without state")
+        elif not caps.tagged_outputs and isinstance(t, beam.ParDo) and len(node.outputs) > 1:
+            problems.append(f"{node.full_label}: a multi-output ParDo's outputs are mixed")
+        elif (not caps.bundle_outputs and isinstance(t, beam.ParDo)
+              and _emits_in_finish_bundle(t.fn)):
+            problems.append(f"{node.full_label}: what the DoFn emits in finish_bundle is lost")
+    if problems:
+        raise ValueError(f"{caps.name} would silently mistranslate this pipeline: "
+                         + "; ".join(sorted(set(problems))[:5]))
+
+
+def _drop(_):
+    return False
+
+
+def join_leaves(pipeline: beam.Pipeline) -> None:
+    """On a runner that computes only the last branch, makes every branch an input of it.
+
+    Adds ``Flatten`` of every PCollection that no transform reads, followed by a
+    filter that drops everything, as the graph's last step. Does nothing on
+    other runners. Call it after building the graph and before ``run()``.
+    """
+    if capabilities(pipeline).all_leaves:
+        return
+    visitor = _Leaves()
+    pipeline.visit(visitor)
+    produced, consumed = [], set()
+    for node, _ in visitor.leaves:
+        for pc in node.inputs:
+            consumed.add(id(pc))
+        for si in node.side_inputs:
+            consumed.add(id(si.pvalue))
+        produced.extend(pc for pc in node.outputs.values()
+                        if isinstance(pc, beam.pvalue.PCollection))
+    leaves = [pc for pc in produced if id(pc) not in consumed]
+    if len(leaves) > 1:
+        tuple(leaves) | "JoinLeaves/Flatten" >> beam.Flatten() | "JoinLeaves/Drop" >> beam.Filter(
+            _drop)

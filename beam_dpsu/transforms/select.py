@@ -1,0 +1,80 @@
+"""``SelectPartitions``: differentially private set union of a PCollection.
+
+It applies any calibrated mechanism of ``beam_dpsu.dp.mechanisms`` through the
+expansion registered for its family (``beam_dpsu.transforms.expansion``);
+importing this module registers every family of the library.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import apache_beam as beam
+
+from beam_dpsu.dp.mechanisms.base import Mechanism
+from beam_dpsu.dp.noise import RunKey
+from beam_dpsu.transforms import budget as _budget  # noqa: F401  (registers its family)
+from beam_dpsu.transforms import ordered as _ordered  # noqa: F401  (registers its family)
+from beam_dpsu.transforms import sips as _sips  # noqa: F401  (registers its family)
+from beam_dpsu.transforms import topk as _topk  # noqa: F401  (registers its family)
+from beam_dpsu.transforms import run_key as keys
+from beam_dpsu.transforms.bounding import PerUserItemCounts
+from beam_dpsu.transforms.expansion import expand_mechanism, expand_mechanism_parts
+
+__all__ = ["SelectPartitions"]
+
+
+class SelectPartitions(beam.PTransform):
+    """Differentially private set union of a PCollection of ``(user_id, item)``.
+
+    Runs ``PerUserItemCounts`` and then the mechanism. The output is a
+    PCollection of released items that carries no order: only the SET is
+    covered by the guarantee. The order in which a runner produces the
+    elements (and so the order of lines that ``WriteToText`` writes, and which
+    shard an item lands in) can follow the input order and reveal which items
+    the first users hold. To write a release, collect it (it is small next to
+    the data), sort it (``dp.contribution.canonical_items``) and write ONE file,
+    as ``beam_dpsu.transforms.write.WriteRelease`` does; never write this PCollection
+    straight to a sharded sink.
+
+    Args:
+      mechanism: a calibrated ``Mechanism`` (e.g. ``WeightedGaussian(3, 1e-6)``).
+      run_key: the run's ``RunKey``. None (the default) means a fresh key:
+        its 32 bytes are drawn from the operating system on a worker when the
+        pipeline runs and read by every step as a side input, so the secret is
+        never part of the job graph that a runner stages (see
+        ``beam_dpsu.transforms.run_key``). Pass ``RunKey.from_test_seed(s)`` only in tests.
+      per_user: set True when the input is already ``(user_id, {item: count})``
+        with one element per user (e.g. from ``textio.ReadUserItems``), or a
+        tuple of such PCollections with each user in exactly one of them (the
+        merged and complete users of ``ReadUserItems(...,
+        complete_users=True)``). Default False. No privacy effect, but an
+        input with several elements per user would break the per-user bound.
+
+    Privacy: the mechanism's ``guarantee`` under add/remove-one-user
+    neighbouring datasets, provided each user id identifies one person and
+    ``run_key`` is secret and used for one release only.
+    """
+
+    def __init__(self, mechanism: Mechanism, run_key: Optional[RunKey] = None,
+                 per_user: bool = False, label: Optional[str] = None):
+        super().__init__(label)
+        if not isinstance(mechanism, Mechanism):
+            raise ValueError(f"mechanism must be a beam_dpsu Mechanism, got {mechanism!r}")
+        if mechanism.needs_record_order and not per_user:
+            raise ValueError(
+                f"{mechanism.name} with tie_break='first-occurrence' needs each user's items "
+                "in record order, which a PCollection of (user_id, item) pairs does not "
+                "have; read with textio.ReadUserItems(pattern, keep_order=True) and pass "
+                "per_user=True")
+        self._mechanism = mechanism
+        self._run_key = keys.for_pipeline(run_key)
+        self._per_user = bool(per_user)
+
+    def expand(self, pcoll):
+        if isinstance(pcoll, (tuple, list)):
+            if not self._per_user:
+                raise ValueError("SelectPartitions takes a tuple of PCollections only with "
+                                 "per_user=True (per-user parts, each user in one of them)")
+            return expand_mechanism_parts(self._mechanism, tuple(pcoll), self._run_key)
+        per_user = pcoll if self._per_user else pcoll | "PerUserItemCounts" >> PerUserItemCounts()
+        return expand_mechanism(self._mechanism, per_user, self._run_key)
