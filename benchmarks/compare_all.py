@@ -1,6 +1,6 @@
 """Runs ``beam-dpsu compare`` on every shared dataset and on synthetic data.
 
-Writes ``benchmarks/results/<dataset>/results.md`` (+ JSON and plots) and an
+Writes ``benchmarks/results/<dataset>/results.PRIVATE.md`` (+ JSON and plots) and an
 index ``benchmarks/results/README.md`` with the commands that made them.
 
     python benchmarks/compare_all.py [--data ../shared/data] [--trials 5] [--only NAME ...]
@@ -57,7 +57,7 @@ def main(argv=None) -> int:
     index = ["# Comparison results", "",
              f"Made by `python benchmarks/compare_all.py --trials {args.trials} "
              f"--synthetic-users {args.synthetic_users}`; each folder "
-             "holds `results.md`, `results.json` and the plots. ε = 3, δ = e^-10 (δ = "
+             "holds `results.PRIVATE.md`, `results.PRIVATE.json` and the plots. ε = 3, δ = e^-10 (δ = "
              f"{math.exp(-10):.6g}), the settings of the papers' tables.", ""]
     with tempfile.TemporaryDirectory() as tmp:
         names = DATASETS + ["synthetic"]
@@ -90,7 +90,7 @@ def main(argv=None) -> int:
                      "--output", f"benchmarks/results/{name}"] + argv_[4:]
             if extra:
                 shown[-1] = f"<users per item of {PUBLIC[name]}>"
-            index.append(f"- [{name}]({name}/results.md): `beam-dpsu compare "
+            index.append(f"- [{name}]({name}/results.PRIVATE.md): `beam-dpsu compare "
                          f"{' '.join(shown)}`")
     (out_root / "README.md").write_text("\n".join(index) + "\n", encoding="utf-8")
     return 0

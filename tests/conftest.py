@@ -108,6 +108,9 @@ SLOW = {
     "test_runners::test_top_k_on_portable_and_multiprocess",
     "test_sips::test_beam_rounds_equal_the_core",
     "test_console::test_the_installed_console_script_runs_from_another_directory",
+    "test_user_contract::test_sigint_mid_run_exits_130_with_one_line_and_leaves_nothing",
+    "test_user_contract::test_the_readme_quickstart_runs_twice_in_a_row",
+    "test_user_contract::test_dask_no_well_formed_line_exits_1_and_counts_like_the_direct_runner",
 }
 
 

@@ -64,8 +64,7 @@ def test_merge_item_counts():
 
 
 def test_per_user_item_counts_in_beam():
-    occ = [("u1", "a"), ("u1", "a"), ("u1", "b"), ("u2", "a"), (None, "x"), ("u3", None),
-           ("u2", "é"), ("u2", "é")]
+    occ = [("u1", "a"), ("u1", "a"), ("u1", "b"), ("u2", "a"), ("u2", "é"), ("u2", "é")]
     for flush in (1, 2, 1000):
         with local_pipeline() as p:
             out = p | beam.Create(occ) | PerUserItemCounts(flush_pairs=flush)
@@ -97,15 +96,13 @@ def test_windowed_input_is_rejected_at_construction():
 
 
 def test_per_user_item_counts_designs_agree():
-    occ = [("u1", "a"), ("u1", "a"), ("u1", "b"), ("u2", "a"), (None, "x"), ("u3", None),
-           (None, None), ("u2", "é"), ("u2", "é"), (7, 8)]
+    # None user ids and items are refused (tests/test_identity.py), no longer dropped.
+    occ = [("u1", "a"), ("u1", "a"), ("u1", "b"), ("u2", "a"), ("u2", "é"), ("u2", "é"),
+           (7, 8), (b"7", (8, "x"))]
     for design in ("combine", "bundle-dofn"):
         with local_pipeline() as p:
             out = p | beam.Create(occ) | PerUserItemCounts(design=design)
             assert_that(out, equal_to([("u1", {"a": 2, "b": 1}), ("u2", {"a": 1, "é": 2}),
-                                       (7, {8: 1})]))
-        rejected = p.result.metrics().query(
-            beam.metrics.MetricsFilter().with_name("rejected_none"))["counters"]
-        assert sum(c.committed for c in rejected) == 3
+                                       (7, {8: 1}), (b"7", {(8, "x"): 1})]))
     with pytest.raises(ValueError, match="design"):
         PerUserItemCounts(design="other")

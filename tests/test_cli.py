@@ -177,10 +177,14 @@ def test_dead_letter_holds_the_malformed_lines(tmp_path, tmp_prefix):
     assert select_partitions.main(["--input", str(path), "--output", tmp_prefix, "--mechanism",
                                    "count-gaussian", "--epsilon", "1", "--delta", "1e-5",
                                    "--dead-letter", dead]) == 0
-    lines = b"".join(open(f, "rb").read() for f in glob.glob(dead + "-*")).splitlines()
+    # One owner-only file whose name says PRIVATE: raw private input lines.
+    assert glob.glob(dead + "*") == [dead + ".PRIVATE-dead-letter-00000-of-00001"]
+    assert os.stat(glob.glob(dead + "*")[0]).st_mode & 0o777 == 0o600
+    lines = open(dead + ".PRIVATE-dead-letter-00000-of-00001", "rb").read().splitlines()
     assert sorted(lines) == sorted([b"bad line", b"bad line", b"\tnouser", b"u3\t\xff"])
     s = read_private(tmp_prefix)
-    assert s["malformed_lines"] == 4 and s["dead_letter_files"] == dead + "-*"
+    assert s["malformed_lines"] == 4
+    assert s["dead_letter_files"] == dead + ".PRIVATE-dead-letter-00000-of-00001"
     assert "not a release" in s["dead_letter_note"]
     with open(tmp_prefix + ".json") as f:
         assert "dead" not in f.read()

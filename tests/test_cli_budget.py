@@ -13,11 +13,12 @@ found. No statistical assertion: the seeded releases are compared for equality.
 import json
 import math
 import os
+from fractions import Fraction
 
 import pytest
 
 from beam_dpsu.dp import budget as B
-from beam_dpsu.dp.accounting import PrivacyGuarantee
+from beam_dpsu.dp.accounting import PrivacyGuarantee, readable_up
 from beam_dpsu.pipelines.cli import UsageError
 from beam_dpsu.pipelines import run_budget
 from beam_dpsu.pipelines import compare, select_partitions, top_k
@@ -91,7 +92,10 @@ def test_parse_shares_refuses_what_cannot_be_meant(texts, fragment):
 def test_compose_guarantees_basic_and_zcdp_routes():
     parts = [PrivacyGuarantee(0.3, 1e-7), PrivacyGuarantee(1.1, 2e-6), PrivacyGuarantee(0.7, 0)]
     g = B.compose_guarantees(parts)
-    assert (g.epsilon, g.delta) == (math.fsum([0.3, 1.1, 0.7]), math.fsum([1e-7, 2e-6, 0]))
+    # the exact sums, rounded up: the float at or just above each, never below
+    for got, values in ((g.epsilon, [0.3, 1.1, 0.7]), (g.delta, [1e-7, 2e-6, 0])):
+        exact = sum(map(Fraction, values))
+        assert Fraction(got) >= exact > Fraction(math.nextafter(got, -math.inf))
     # all zCDP: the zCDP sum converted once at the same total δ, when smaller
     z = [PrivacyGuarantee(1.0, 1e-6, rho=0.01, zcdp_delta=5e-7)] * 10
     g = B.compose_guarantees(z)
@@ -117,10 +121,11 @@ def test_select_with_top_k_releases_exactly_the_hand_calibrated_releases(data, t
     # the stated total: basic composition of the two parts, within the budget
     parts = s["budget"]["parts"]
     assert [p["name"] for p in parts] == ["select", "top-k"]
-    assert (s["epsilon"], s["delta"]) == (math.fsum(p["epsilon"] for p in parts),
-                                          math.fsum(p["delta"] for p in parts))
-    assert s["epsilon"] <= 8 * (1 + 1e-12) and s["delta"] <= 1e-5 * (1 + 1e-12)
-    assert printed["epsilon"] == s["epsilon"]
+    for key in ("epsilon", "delta"):  # the exact sum rounded up: never below the parts
+        assert s[key] == pytest.approx(math.fsum(p[key] for p in parts), rel=1e-15)
+        assert Fraction(s[key]) >= sum(Fraction(p[key]) for p in parts)
+    assert s["epsilon"] <= 8 and s["delta"] <= 1e-5  # exactly: within the budget
+    assert printed["epsilon"] == readable_up(s["epsilon"]) == 8.0  # readable, rounded up
     assert printed["top_k"]["num_released"] == s["top_k"]["num_released"] >= 1
     # the key set: exactly the release of the mechanism calibrated to 3/4 of the budget
     assert (s["release_epsilon"], s["release_delta"]) == (6.0, pytest.approx(7.5e-6))
@@ -132,7 +137,8 @@ def test_select_with_top_k_releases_exactly_the_hand_calibrated_releases(data, t
     assert lines(out + ITEMS) == lines(alone + ITEMS) and len(lines(out + ITEMS)) > 5
     assert s["num_released"] == len(lines(out + ITEMS))
     assert s["threshold"] == summary(alone)["threshold"]
-    # the top-k: exactly Algorithm 2 at the per-selection ε of its pay-what-you-get pool
+    # the top-k: exactly Algorithm 2 at the per-selection ε of its pay-what-you-get pool,
+    # which is the calibration of `top-k --epsilon 2 --delta 2.5e-6` (its share)
     eps_sel, delta_q, _ = B.pay_what_you_get_epsilon(2.0, 2.5e-6, 3, 1)
     assert s["top_k"]["epsilon_per_selection"] == pytest.approx(eps_sel, rel=1e-12)
     ranked = lines(out + TOPK)
@@ -140,9 +146,16 @@ def test_select_with_top_k_releases_exactly_the_hand_calibrated_releases(data, t
     assert [l.split("\t")[0] for l in ranked] == [str(r + 1) for r in range(len(ranked))]
     alone_k = str(tmp_path / "alone-k")
     assert top_k.main(["--input", data, "--output", alone_k, "--k", "3",
-                       "--epsilon", repr(s["top_k"]["epsilon_per_selection"]),
+                       "--epsilon-per-selection", repr(s["top_k"]["epsilon_per_selection"]),
                        "--delta", repr(delta_q), "--insecure-test-seed", "11", "--quiet"]) == 0
     assert ranked == lines(alone_k + ITEMS)
+    whole_k = str(tmp_path / "whole-k")
+    assert top_k.main(["--input", data, "--output", whole_k, "--k", "3",
+                       "--epsilon", repr(parts[1]["share_epsilon"]),
+                       "--delta", repr(parts[1]["share_delta"]), "--insecure-test-seed", "11",
+                       "--quiet"]) == 0
+    assert ranked == lines(whole_k + ITEMS)
+    assert summary(whole_k)["epsilon_per_selection"] == s["top_k"]["epsilon_per_selection"]
     assert parts[1]["detail"]["spent_selections"] == s["top_k"]["charge"]["selections"]
     assert s["top_k"]["items_file"] == "run" + TOPK
     # the key set's own statement moved beside the total, which is the run's
@@ -306,12 +319,12 @@ def test_compare_states_the_total_of_its_trials(data, tmp_path, capsys):
     assert compare.main(["--input", data, "--output", out, "--mechanisms",
                          "weighted-gaussian,count-laplace", "--epsilons", "0.5,1",
                          "--delta", "1e-6", "--trials", "2", "--quiet"]) == 0
-    with open(os.path.join(out, "results.json"), encoding="utf-8") as f:
+    with open(os.path.join(out, "results.PRIVATE.json"), encoding="utf-8") as f:
         cost = json.load(f)["privacy_cost"]
     assert cost["releases"] == 8
     assert cost["epsilon"] == pytest.approx(math.fsum([0.5, 1, 0.5, 1] * 2))
     assert cost["delta"] == pytest.approx(8e-6) and cost["budget_epsilon"] is None
-    with open(os.path.join(out, "results.md"), encoding="utf-8") as f:
+    with open(os.path.join(out, "results.PRIVATE.md"), encoding="utf-8") as f:
         assert "cost together" in f.read()
 
 
@@ -320,7 +333,7 @@ def test_compare_zcdp_trials_compose_in_zcdp(data, tmp_path):
     assert compare.main(["--input", data, "--output", out, "--mechanisms", "sips",
                          "--epsilon", "1", "--delta", "1e-6", "--trials", "4",
                          "--budget-epsilon", "3", "--budget-delta", "1e-5", "--quiet"]) == 0
-    with open(os.path.join(out, "results.json"), encoding="utf-8") as f:
+    with open(os.path.join(out, "results.PRIVATE.json"), encoding="utf-8") as f:
         cost = json.load(f)["privacy_cost"]
     assert "zCDP" in cost["composition"] and cost["epsilon"] < 4.0
     assert cost["delta"] == pytest.approx(4e-6) and cost["budget_epsilon"] == 3.0

@@ -2,6 +2,7 @@
 import builtins
 import json
 import os
+import stat
 
 import pytest
 
@@ -37,12 +38,21 @@ def test_comparison_writes_tables_and_plots(data, tmp_path):
     sips = [r for r in s["results"] if r["mechanism"] == "sips"]
     assert all("zCDP, converted" in r["footing"] for r in sips)
     assert all(r["calibration"]["rounds"] == 2 for r in sips)
-    with open(os.path.join(out, "results.json")) as f:
-        assert json.load(f)["trials"] == 2
-    md = open(os.path.join(out, "results.md"), encoding="utf-8").read()
+    with open(os.path.join(out, "results.PRIVATE.json")) as f:
+        saved = json.load(f)
+        assert saved["trials"] == 2 and "NOT differentially private" in saved["PRIVATE"]
+    md = open(os.path.join(out, "results.PRIVATE.md"), encoding="utf-8").read()
     assert "| sips rounds=2 | 4 |" in md and "zCDP, converted" in md
     assert "beam-dpsu compare" in md
-    for name in ("released_vs_epsilon.png", "released_by_users.png"):
+    # Every output says PRIVATE in its name and its first line, and is owner-only.
+    assert md.splitlines()[0].startswith("# PRIVATE: exact statistics of the input, NOT "
+                                         "differentially private")
+    assert sorted(os.listdir(out)) == sorted(
+        ["results.PRIVATE.md", "results.PRIVATE.json", "released_vs_epsilon.PRIVATE.png",
+         "coverage_vs_epsilon.PRIVATE.png", "released_by_users.PRIVATE.png"])
+    for name in os.listdir(out):
+        assert stat.S_IMODE(os.stat(os.path.join(out, name)).st_mode) == 0o600, name
+    for name in ("released_vs_epsilon.PRIVATE.png", "released_by_users.PRIVATE.png"):
         with open(os.path.join(out, name), "rb") as f:
             assert f.read(8) == PNG
     assert any(m.startswith("[12/12]") for m in messages)
@@ -61,7 +71,7 @@ def test_tables_without_matplotlib(data, tmp_path, monkeypatch):
     messages = []
     s = compare.run(["--input", data, "--output", out, "--delta", "1e-6", "--epsilon", "2",
                      "--trials", "1", "--mechanisms", "weighted-laplace"], progress=messages.append)
-    assert s["plots"] == [] and os.path.exists(os.path.join(out, "results.md"))
+    assert s["plots"] == [] and os.path.exists(os.path.join(out, "results.PRIVATE.md"))
     assert any("matplotlib is not installed" in m for m in messages)
 
 
@@ -120,7 +130,7 @@ def test_input_without_a_well_formed_line_exits_1(tmp_path, capsys, engine):
                        "--mechanisms", "count-gaussian"])
     err = [l for l in without_progress(capsys.readouterr().err) if l.startswith("compare")]
     assert rc == 1 and len(err) == 1 and "no well-formed" in err[0], err
-    assert not os.path.exists(tmp_path / "o" / "results.json")
+    assert not os.path.exists(tmp_path / "o" / "results.PRIVATE.json")
 
 
 def test_a_directory_as_input_exits_2(tmp_path, capsys):
@@ -184,9 +194,9 @@ def test_compare_reports_the_coverage_of_each_trial(tmp_path, engine):
     assert row["released"] == [2, 2]
     assert row["occurrence_coverage"] == [0.75, 0.75]
     assert row["coverage_mean"] == 0.75 and row["missing_mass_mean"] == 0.25
-    md = open(os.path.join(out, "results.md"), encoding="utf-8").read()
+    md = open(os.path.join(out, "results.PRIVATE.md"), encoding="utf-8").read()
     assert "| 75.00% ± 0.00 | 25.00% |" in md
-    with open(os.path.join(out, "coverage_vs_epsilon.png"), "rb") as f:
+    with open(os.path.join(out, "coverage_vs_epsilon.PRIVATE.png"), "rb") as f:
         assert f.read(8) == PNG
 
 

@@ -76,8 +76,13 @@ def test_select_in_process_reports_progress_under_the_console_name(data, tmp_pat
     assert json.loads(captured.out)["num_released"] >= 0
     lines = captured.err.strip().splitlines()
     assert lines and all(l.startswith("beam-dpsu select: [") for l in lines), lines
-    assert any("running the pipeline on DirectRunner" in l for l in lines)
-    assert any("users read and grouped so far" in l for l in lines)  # from the DoFn
+    # Stage lines that say something true at every size (no per-worker line on a
+    # short run: a worker prints one only after its first interval).
+    assert any(re.search(r"\] reading 1 file \([\d.]+ (bytes|kB|MB)\) on DirectRunner$", l)
+               for l in lines), lines
+    assert any(re.search(r"\] pipeline finished in \d+\.\d s: 300 users, 0 malformed lines$", l)
+               for l in lines), lines
+    assert not any("so far" in l for l in lines), lines
     assert any(l.endswith(f"summary {prefix}.json") for l in lines)
     assert os.path.exists(prefix + ".json")
 
@@ -165,18 +170,14 @@ def test_progress_and_error_lines_are_each_one_write(monkeypatch):
     cli.Progress("beam-dpsu select")("3 users read")
     from beam_dpsu.pipelines import runs
     monkeypatch.setattr(runs, "_WORKER_PROGRESS", {"users": 0, "last": 0.0})
-    token = runs._RUN_PROGRESS.set(("beam-dpsu select", 0.0, 0.0))
-    try:
-        count = runs.CountUsers()
-    finally:
-        runs._RUN_PROGRESS.reset(token)
+    count = runs.UserProgress(("beam-dpsu select", 0.0, 0.0))  # a line per user
     assert list(count.process(("u1", {"a": 1}))) == [("u1", {"a": 1})]
     assert cli.run_main("beam-dpsu select", lambda: 1 // 0) == 1
     writes = [c for c in stream.calls if c is not None]
     assert len(writes) == 3 and stream.calls == [w for c in writes for w in (c, None)]
     assert all(w.endswith("\n") and w.count("\n") == 1 for w in writes), writes
     assert PROGRESS_LINE.match(writes[0]) and writes[0].endswith("] 3 users read\n")
-    assert writes[1].endswith("] 1 users read and grouped so far (this worker)\n")
+    assert writes[1].endswith("] 1 users read so far by this worker\n")
     assert writes[2].startswith("beam-dpsu select: failed: ")
 
 

@@ -18,6 +18,7 @@ from beam_dpsu.dp.mechanisms import (CountGaussian, CountLaplace, TruncatedGeome
                                      WeightedGaussian, WeightedGaussianZcdp, WeightedLaplace)
 from beam_dpsu.transforms.select import SelectPartitions
 from beam_dpsu.dp.noise import RunKey
+from beam_dpsu.dp.mechanisms.peeling import DiscoverPeelHittingSet, DiscoverPeelTopK
 from beam_dpsu.dp.mechanisms.policy import GW, GWKT, PolicyGaussian, PolicyLaplace
 from beam_dpsu.dp.mechanisms.sips import Sips
 from beam_dpsu.transforms.topk import TopK
@@ -51,6 +52,8 @@ def mechanisms():
         "gw-kt": GWKT(EPS, DELTA, _public_counts()),
         "gw-kt-prefix": GWKT(EPS, DELTA, _public_counts(), kt_selection="prefix"),
         "gw-kt-published": GWKT(EPS, DELTA, _public_counts(), variant="published"),
+        "top-k-discover-peel": DiscoverPeelTopK(10, EPS, DELTA, 5),
+        "hitting-set": DiscoverPeelHittingSet(10, EPS, DELTA, 5),
     }
 
 
@@ -58,6 +61,8 @@ def topk_mechanisms():
     return {
         "top-k-gumbel": TopKMechanism(10, EPS, DELTA, k_bar=15),
         "top-k-gumbel-restricted": TopKMechanism(10, EPS, DELTA, max_items=5),
+        "top-k-gumbel-restricted-per-selection": TopKMechanism(
+            10, epsilon_per_selection=EPS, delta=DELTA, max_items=5),
         "top-k-laplace": TopKMechanism(8, EPS, DELTA, max_items=5, with_counts=True),
     }
 
@@ -84,8 +89,16 @@ EXPECTED = {
     # Computed with the code before the 'front' selection (commit f7bc0cf): unchanged.
     "gw-kt-published": "0890e2a2e813e37a",
     "top-k-gumbel": "2cf081473ae7310a",
-    "top-k-gumbel-restricted": "7bbd681d4b6affd4",
+    # TopKMechanism's epsilon became the whole query's guarantee (the per-selection ε
+    # is now calibrated from it, about 0.41 here, with δ/2 in the threshold): a new
+    # release by design. "top-k-gumbel" releases the same set as before (its top 10
+    # are far apart). The old meaning, epsilon_per_selection=EPS, keeps the old digest.
+    "top-k-gumbel-restricted": "a6bbfc2fb1f23ccd",
+    "top-k-gumbel-restricted-per-selection": "7bbd681d4b6affd4",
     "top-k-laplace": "c3ad5f3145d05322",
+    # Added with the discovery-then-peeling family (not from the earlier code).
+    "top-k-discover-peel": "2cf081473ae7310a",
+    "hitting-set": "a7106b7c15d6b9b1",
 }
 
 

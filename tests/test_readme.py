@@ -65,3 +65,21 @@ def test_readme_pipeline_dp_block_is_skipped_only_without_pipeline_dp():
     assert len(blocks) == 1
     if not HAS_PIPELINE_DP:
         pytest.skip("pipeline-dp is not installed: the README's PipelineDP block was not run")
+
+
+def test_readme_examples_print_nothing_from_beam_and_leave_no_temporary_files(tmp_path):
+    # Run as a user runs them: a fresh interpreter, a temporary directory of its own.
+    import os
+    import subprocess
+    import sys
+    script = tmp_path / "examples.py"
+    script.write_text("\n".join(b for b in python_blocks()
+                                if HAS_PIPELINE_DP or not needs_pipeline_dp(b)))
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    env = dict(os.environ, TMPDIR=str(temp))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          cwd=str(tmp_path), env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stderr == ""
+    assert os.listdir(temp) == []

@@ -141,8 +141,8 @@ def test_a_second_run_is_refused_then_overwrite_replaces_the_first(tmp_path, cap
     assert select_partitions.main(sp_args(data, prefix, "--dead-letter", dead)) == 0
     # Only the release, its two summaries and no probe or temporary file.
     assert outputs(prefix) == ["out" + ITEMS, "out" + PRIVATE, "out.json"]
-    assert sorted(os.listdir(tmp_path / "rel")) == ["dead-00000-of-00001", "out" + ITEMS,
-                                                    "out" + PRIVATE, "out.json"]
+    assert sorted(os.listdir(tmp_path / "rel")) == ["dead.PRIVATE-dead-letter-00000-of-00001",
+                                                    "out" + ITEMS, "out" + PRIVATE, "out.json"]
     before = {p: open(p, "rb").read() for p in glob.glob(prefix + "*")}
     capsys.readouterr()
     for extra in ([], ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]):
@@ -153,7 +153,8 @@ def test_a_second_run_is_refused_then_overwrite_replaces_the_first(tmp_path, cap
     # Dead-letter files of an earlier run block a new run too.
     other = str(tmp_path / "rel" / "other")
     assert select_partitions.main(sp_args(data, other, "--dead-letter", dead)) == 2
-    assert "dead-00000-of-00001" in capsys.readouterr().err and not glob.glob(other + "*")
+    assert "dead.PRIVATE-dead-letter-00000-of-00001" in capsys.readouterr().err
+    assert not glob.glob(other + "*")
     # --overwrite deletes every earlier output first (also the dead letters the earlier
     # run recorded), then writes one release, here with two worker processes.
     assert select_partitions.main(sp_args(data, prefix, "--overwrite", "--direct_num_workers=2",
@@ -393,16 +394,25 @@ def test_top_k_prints_the_query_guarantee_as_epsilon(tmp_path, capsys):
     from beam_dpsu.dp.mechanisms.topk import TopKMechanism
     data = small_input(tmp_path)
     prefix = str(tmp_path / "out")
+    # --epsilon is the whole query's: stated as given, the per-selection ε calibrated
     assert top_k.main(["--input", data, "--output", prefix, "--k", "10", "--epsilon", "1",
                        "--delta", "1e-6"]) == 0
     printed = json.loads(capsys.readouterr().out)
     public = json.load(open(prefix + ".json"))
-    query = TopKMechanism(k=10, k_bar=None, epsilon=1.0, delta=1e-6, max_items=None,
-                          with_counts=False).guarantee
-    assert query.epsilon > 8  # ten selections of ε = 1 each, composed
+    whole = TopKMechanism(k=10, epsilon=1.0, delta=1e-6)
     for out in (printed, public):
-        assert out["epsilon"] == pytest.approx(query.epsilon) and out["delta"] == query.delta
-        assert out["epsilon_per_selection"] == 1.0
+        assert (out["epsilon"], out["delta"]) == (1.0, 1e-6)
+        assert out["epsilon_per_selection"] == whole.epsilon_per_selection < 1.0
+    # --epsilon-per-selection 1: ten selections of ε = 1 each, composed
+    assert top_k.main(["--input", data, "--output", prefix, "--k", "10",
+                       "--epsilon-per-selection", "1", "--delta", "1e-6", "--overwrite"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    public = json.load(open(prefix + ".json"))
+    query = TopKMechanism(k=10, epsilon_per_selection=1.0, delta=1e-6).guarantee
+    assert query.epsilon > 8
+    assert public["epsilon"] == query.epsilon and public["delta"] == query.delta
+    assert printed["epsilon"] == 8.84589  # readable, rounded up
+    assert public["epsilon_per_selection"] == printed["epsilon_per_selection"] == 1.0
     # With counts (Algorithm 1) the flag's ε is already the query's.
     prefix2 = str(tmp_path / "out2")
     assert top_k.main(["--input", data, "--output", prefix2, "--k", "2", "--epsilon", "3",

@@ -12,7 +12,7 @@ import apache_beam as beam
 import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
-from beam_dpsu.dp.contribution import per_user_counts
+from beam_dpsu.dp.contribution import IdTypeError, per_user_counts
 from beam_dpsu.transforms.bounding import SampleItems, _SampleDoFn
 from beam_dpsu.dp.contribution import sample_items
 from beam_dpsu.dp.mechanisms import CountGaussian
@@ -84,21 +84,20 @@ def test_duplicate_lines_count_once_per_user(tmp_path):
     assert read_items(prefix) == ["shared"]
 
 
-def test_none_user_ids_and_items_are_rejected_and_counted():
-    occ = [(None, "x")] * 500 + [(f"u{i}", None) for i in range(500)] + \
-          [(f"u{i}", "ok") for i in range(300)]
-    with local_pipeline() as p:
-        out = p | beam.Create(occ) | SelectPartitions(CountGaussian(2, 1e-6, 3),
-                                                       RunKey.from_test_seed(1))
-        assert_that(out, equal_to(["ok"]))
-    result = p.result
-    rejected = result.metrics().query(
-        beam.metrics.MetricsFilter().with_name("rejected_none"))["counters"]
-    assert sum(c.committed for c in rejected) == 1000
+def test_none_user_ids_and_items_fail_the_pipeline_with_one_clear_error():
+    # Refused, not dropped: a None id cannot be what the user meant (tests/test_identity.py).
+    for bad, message in [((None, "x"), "a user id of type NoneType"),
+                         (("u1", None), "an item of type NoneType")]:
+        occ = [bad] + [(f"u{i}", "ok") for i in range(300)]
+        with pytest.raises(IdTypeError, match=message):
+            with local_pipeline() as p:
+                _ = p | beam.Create(occ) | SelectPartitions(CountGaussian(2, 1e-6, 3),
+                                                             RunKey.from_test_seed(1))
 
 
-def test_bytes_and_other_types_are_released_unchanged():
-    items = [b"\xff\x00raw", 42, 4.5, ("tuple", 1), "42"]
+def test_bytes_ints_and_tuples_are_released_unchanged():
+    # float items are refused (tests/test_identity.py).
+    items = [b"\xff\x00raw", 42, ("tuple", 1), "42"]
     occ = [(u, it) for u in range(300) for it in items]
     with local_pipeline() as p:
         out = p | beam.Create(occ) | SelectPartitions(CountGaussian(2, 1e-6, 10),

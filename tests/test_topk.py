@@ -145,7 +145,7 @@ def test_true_top_breaks_ties_by_keyed_hash():
 
 
 def test_fewer_items_than_k_bar_plus_one_use_a_zero_bottom_count():
-    m = TopKMechanism(k=3, k_bar=5, epsilon=1.0, delta=1e-3)
+    m = TopKMechanism(k=3, k_bar=5, epsilon_per_selection=1.0, delta=1e-3)
     # Threshold base h_(k̄+1) = 0: offset 1 + log(5000) ≈ 9.5. An item with
     # 100 users is released whatever the noise (Gumbel(1) tails are < 44).
     for seed in range(20):
@@ -200,7 +200,7 @@ def test_gumbel_top_k_equals_peeling_exponential_mechanism(k):
     # b and c. Gumbel(1/ε) noise ↔ exponential-mechanism weights exp(ε·h).
     epsilon, delta = 1.0, 0.5
     hist = [("a", 6), ("b", 5), ("c", 5), ("d", 3)]
-    m = TopKMechanism(k=k, k_bar=3, epsilon=epsilon, delta=delta)
+    m = TopKMechanism(k=k, k_bar=3, epsilon_per_selection=epsilon, delta=delta)
     bottom = 3 + m.threshold_offset
     exact = peeling_distribution({"a": 6, "b": 5, "c": 5}, bottom, k, epsilon)
     assert sum(exact.values()) == pytest.approx(1.0)
@@ -301,12 +301,12 @@ def _binomial_false_failure(p_success, runs=100, need=95):
 
 def test_commits_rails_top10_in_order():
     hist = _user_counts_per_item(shared_dataset("commits-rails.pairs.tsv.gz"))
-    m = TopKMechanism(k=10, k_bar=20, epsilon=1.0, delta=1e-6)
+    m = TopKMechanism(k=10, k_bar=20, epsilon_per_selection=1.0, delta=1e-6)
     top = [c for _, c in sorted(hist.items(), key=lambda t: -t[1])[:21]]
     # Exact probability that one run releases the true top 10 in order: the
     # Gumbel release is the peeling exponential mechanism (tested above), so
     # P = Π_i w_i / (Σ_{j ≥ i} w_j + w_⊥) with w = exp(ε·score).
-    logw = m.epsilon * np.array(top[:20] + [top[20] + m.threshold_offset], dtype=float)
+    logw = m.epsilon_per_selection * np.array(top[:20] + [top[20] + m.threshold_offset], dtype=float)
     p_success = math.exp(sum(logw[i] - special.logsumexp(logw[i:]) for i in range(10)))
     # The rank-9/rank-10 gap of commits-rails is 5 users, so p_success ≈ 0.9933
     # and P(fewer than 95 successes in 100 runs) ≈ 6e-5: above the suite's
@@ -323,13 +323,13 @@ def test_commits_rails_top10_in_order():
 
 def test_reddit_titles_top10_set():
     hist = _user_counts_per_item(shared_dataset("reddit-titles.pairs.tsv.gz"))
-    m = TopKMechanism(k=10, k_bar=20, epsilon=1.0, delta=1e-6)
+    m = TopKMechanism(k=10, k_bar=20, epsilon_per_selection=1.0, delta=1e-6)
     top = [c for _, c in sorted(hist.items(), key=lambda t: -t[1])[:21]]
     assert top[9] > top[10]  # the true top-10 set has no tie at its boundary
     # Union bound on the failure of one run: some top-10 item's noisy value
     # below that of an item ranked 11..20 or of ⊥; P(G − G' > d) = 1/(1 + e^(εd)).
     others = top[10:20] + [top[20] + m.threshold_offset]
-    p_fail = sum(special.expit(-m.epsilon * (a - o)) for a in top[:10] for o in others)
+    p_fail = sum(special.expit(-m.epsilon_per_selection * (a - o)) for a in top[:10] for o in others)
     false_failure = _binomial_false_failure(1 - p_fail)
     assert false_failure < 1e-6
     good = sum(set(released) == set(truth[:10]) for released, truth in _runs(hist, m))
@@ -350,8 +350,7 @@ def _occurrences():
             if u % 5 == 0:
                 occ.append((f"u{u}", item))  # a repeat: counted once
     occ += [(f"x{u}", f"tie{u % 3}") for u in range(90)]  # three tied items
-    occ.append((None, "w0"))  # dropped
-    return occ
+    return occ  # (a None user id is refused: tests/test_identity.py)
 
 
 @pytest.mark.parametrize("kwargs", [dict(k=5, k_bar=8),
@@ -387,6 +386,13 @@ def test_beam_topk_empty_input():
     (dict(k=5, epsilon=1, delta=1), "delta"),
     (dict(k=5, epsilon=1, delta=1e-6, max_items=0), "max_items_per_user"),
     (dict(k=5, epsilon=1, delta=1e-6, with_counts=True), "needs max_items_per_user"),
+    (dict(k=5, epsilon=1, epsilon_per_selection=0.1, delta=1e-6), "cannot both be given"),
+    (dict(k=5, delta=1e-6), "epsilon must be given"),
+    (dict(k=5, epsilon=1), "delta must be given"),
+    (dict(k=5, epsilon_per_selection=0, delta=1e-6), "epsilon_per_selection"),
+    (dict(k=5, epsilon_per_selection=1, delta=1e-6, max_items=3, with_counts=True),
+     "Algorithm 2 only"),
+    (dict(k=5, epsilon=1, delta=1e-6, max_items=10 ** 6 + 1), "at most 1,000,000"),
 ])
 def test_mechanism_validation(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -399,13 +405,17 @@ def test_transform_validation():
 
 
 def test_describe_and_charge():
-    m = TopKMechanism(k=10, k_bar=20, epsilon=1.0, delta=1e-6)
+    # epsilon_per_selection: ε = 1 per selection (the meaning --epsilon had for Gumbel).
+    m = TopKMechanism(k=10, k_bar=20, epsilon_per_selection=1.0, delta=1e-6)
     d = m.describe()
     assert d["mechanism"] == "top-k-gumbel" and d["algorithm"] == 2
     assert d["threshold_offset"] == pytest.approx(1 + math.log(2e7))
     # 10 selections at ε = 1: BR → zCDP (ρ = 1.25, δ₁ = 1e-6) gives ε ≈ 8.846 < 10.
     assert d["query_guarantee"]["epsilon"] == pytest.approx(8.84589, rel=1e-5)
     assert d["query_guarantee"]["delta"] == pytest.approx(2e-6)
+    assert (d["epsilon"], d["delta"]) == (m.epsilon, m.delta) == (
+        d["query_guarantee"]["epsilon"], d["query_guarantee"]["delta"])
+    assert d["calibrated_from"] == "epsilon_per_selection" and d["epsilon_per_selection"] == 1.0
     assert m.charge(3) == {"selections": 4, "queries": 1, "epsilon_per_selection": 1.0,
                            "delta": 1e-6}
     assert m.charge(10)["selections"] == 10 and m.charge(9)["selections"] == 10
@@ -488,7 +498,7 @@ def test_accountant_with_topk_queries_on_real_release():
     # The accountant wraps real queries: each charged ℓ + 1 (or k).
     a = acc.PayWhatYouGetAccountant(epsilon=1.0, delta=1e-3, max_selections=10, max_queries=3)
     hist = [("a", 100), ("b", 90), ("c", 2), ("d", 1)]
-    m = TopKMechanism(k=3, k_bar=3, epsilon=1.0, delta=1e-3)
+    m = TopKMechanism(k=3, k_bar=3, epsilon_per_selection=1.0, delta=1e-3)
     for q in range(2):
         out = a.run(3, lambda: m.release(hist, RunKey.from_test_seed(q), purpose=f"topk/{q}"))
         assert [i for _, i in out] == ["a", "b"]  # c, d are far below the threshold

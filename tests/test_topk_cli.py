@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from beam_dpsu.dp import noise
+from beam_dpsu.dp.accounting import pay_what_you_get_epsilon
 from beam_dpsu.pipelines import top_k
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -55,11 +56,15 @@ def test_gumbel_run_writes_ranked_items_and_summary(data, tmp_prefix, capsys):
     assert s["seeded"] is True and s["insecure_test_seed"] == 3
     private = json.load(open(tmp_prefix + ".PRIVATE-run-details.json"))
     assert private["num_users"] == 400 and private["malformed_lines"] == 1
-    assert s["charge"] == {"selections": 5, "queries": 1, "epsilon_per_selection": 1.0,
-                           "delta": 1e-6}
-    # ε printed and in the JSON is the whole query's (5 selections), not the flag's 1.0.
-    assert s["epsilon_per_selection"] == printed["epsilon_per_selection"] == 1.0
-    assert s["epsilon"] == printed["epsilon"] == s["query_guarantee"]["epsilon"] > 1.0
+    # --epsilon/--delta are the whole query's guarantee, stated as given; the
+    # per-selection ε is calibrated from them (5 selections, δ/2 each way).
+    eps_sel, delta_q, _ = pay_what_you_get_epsilon(1.0, 1e-6, 5, 1)
+    assert s["charge"] == {"selections": 5, "queries": 1, "epsilon_per_selection": eps_sel,
+                           "delta": delta_q}
+    assert s["epsilon_per_selection"] == printed["epsilon_per_selection"] == eps_sel < 1.0
+    assert s["epsilon"] == printed["epsilon"] == s["query_guarantee"]["epsilon"] == 1.0
+    assert s["delta"] == printed["delta"] == 1e-6
+    assert s["composition"]["epsilon"] <= 1.0 and s["composition"]["delta"] <= 1e-6
     assert read_lines(tmp_prefix) == [f"{r}\ti{r - 1}" for r in range(1, 6)]
 
 
@@ -95,10 +100,11 @@ def test_same_seed_same_output(data, tmp_path):
 
 
 def test_nothing_released_writes_empty_output(tmp_path, tmp_prefix):
-    # Unseeded. With k = k̄ = 2 and δ = 1e-12 the offset is 1 + ln(2e12) = 29.3
-    # above the bottom count 0: 'a' (2 users) is released with probability
-    # expit(2 − 29.3) ≈ 1.4e-12 and 'b' with less, so a false failure has
-    # probability below 3e-12. (With δ = 1e-6 it was 1.9e-6, too high.)
+    # Unseeded. With k = k̄ = 2 and the whole query's (1, 1e-12), the Gumbel runs at
+    # ε = 0.5 per selection with δ/2 = 5e-13 (the calibration of --epsilon), so the
+    # offset is 1 + ln(4e12)/0.5 = 59.0 above the bottom count 0: 'a' (2 users) is
+    # released with probability expit(0.5·(2 − 59.0)) ≈ 4.1e-13 and 'b' with less, so
+    # a false failure has probability below 1e-12.
     path = tmp_path / "small.tsv"
     path.write_text("u1\ta\nu2\ta\nu3\tb\n")
     assert top_k.main(["--input", str(path), "--output", tmp_prefix, "--k", "2",
@@ -153,9 +159,10 @@ def test_dead_letter_and_malformed_count(tmp_path, tmp_prefix):
     dead = str(tmp_path / "dead")
     assert top_k.main(["--input", str(path), "--output", tmp_prefix, "--k", "1",
                        "--epsilon", "1", "--delta", "1e-6", "--dead-letter", dead]) == 0
-    lines = b"".join(open(f, "rb").read() for f in glob.glob(dead + "-*")).splitlines()
+    lines = b"".join(open(f, "rb").read() for f in glob.glob(dead + ".PRIVATE-*")).splitlines()
     assert lines == [b"junk", b"junk"]
     summary = json.load(open(tmp_prefix + ".PRIVATE-run-details.json"))
-    assert summary["malformed_lines"] == 2 and summary["dead_letter_files"] == dead + "-*"
+    assert summary["malformed_lines"] == 2 and summary["dead_letter_files"] == (
+        dead + ".PRIVATE-dead-letter-00000-of-00001")
     assert "not a release" in summary["dead_letter_note"]
     assert "malformed_lines" not in json.load(open(tmp_prefix + ".json"))

@@ -5,20 +5,107 @@ DP-SIPS paper (Corollary 9, from Canonne, Kamath and Steinke, Prop. 7): a
 δ-approximately ρ-zCDP mechanism is (ε, δ_DP)-DP with
 
     δ_DP = δ + (1 − δ)·δ',   δ' = inf_{a>1} exp((a−1)(aρ − ε)) / (a − 1) · (1 − 1/a)^a.
+
+Stated figures are never below what is spent: the sums and products of a
+composition are exact and rounded up once (``sum_up``, ``product_up``,
+``float_up``), a conversion states the upper end of its bisection, and
+``readable_up`` gives the short figure a command prints (rounded up too).
 """
 from __future__ import annotations
 
 import dataclasses
+import decimal
 import math
+from fractions import Fraction
 from typing import Iterable, Optional, Tuple
 
 from beam_dpsu.dp.calibration import (bisect, check_delta, check_epsilon, check_positive_int,
                                       check_rho)
 
 
-__all__ = ["PrivacyGuarantee", "compose_zcdp", "zcdp_delta_prime", "zcdp_to_dp_delta",
+__all__ = ["float_up", "float_down", "sum_up", "product_up", "product_down", "readable_up",
+           "figure", "PrivacyGuarantee", "compose_zcdp", "zcdp_delta_prime", "zcdp_to_dp_delta",
            "zcdp_to_dp_epsilon", "dp_to_zcdp_rho", "zcdp_guarantee", "selections_charged",
-           "br_composition_guarantee", "PayWhatYouGetAccountant"]
+           "br_composition_guarantee", "pay_what_you_get_epsilon", "PayWhatYouGetAccountant"]
+
+
+# --------------------------------------------------------------------------
+# Stated figures: rounded up, never below what is spent (docs/budget.md,
+# "Rounding").
+# --------------------------------------------------------------------------
+
+def _exact(value) -> Fraction:
+    if isinstance(value, Fraction):
+        return value
+    if isinstance(value, bool) or not math.isfinite(float(value)):
+        raise ValueError(f"a stated figure must be a finite number, got {value!r}")
+    return Fraction(value)
+
+
+def float_up(value) -> float:
+    """The smallest float ≥ ``value`` (an int, a float or a ``Fraction``, taken exactly).
+
+    ``float(Fraction)`` rounds to the nearest float; when that is below the exact
+    value, the next float up is returned. Beyond the largest float: ``inf``.
+    """
+    q = _exact(value)
+    try:
+        f = float(q)
+    except OverflowError:
+        return math.inf if q > 0 else -math.nextafter(math.inf, 0.0)
+    if Fraction(f) < q:
+        f = math.nextafter(f, math.inf)
+    return f
+
+
+def float_down(value) -> float:
+    """The largest float ≤ ``value`` (an int, a float or a ``Fraction``, taken exactly)."""
+    return -float_up(-_exact(value))
+
+
+def sum_up(values: Iterable[float]) -> float:
+    """The exact sum of ``values`` rounded UP to a float (a stated total).
+
+    A floating-point sum can fall below the exact sum by a few ulps; a stated
+    guarantee must not, so the addition is exact (``Fraction``) and rounded once,
+    upward.
+    """
+    return float_up(sum((_exact(v) for v in values), Fraction(0)))
+
+
+def product_up(a: float, b: float) -> float:
+    """The exact product ``a·b`` rounded UP to a float (e.g. ε per selection × selections)."""
+    return float_up(_exact(a) * _exact(b))
+
+
+def product_down(a: float, b: float) -> float:
+    """The exact product ``a·b`` rounded DOWN to a float (a share: total × fraction)."""
+    return float_down(_exact(a) * _exact(b))
+
+
+def readable_up(value: float, digits: int = 6) -> float:
+    """A readable figure for a stated ε or δ: at most ``digits`` significant digits, never
+    below ``value``.
+
+    The nearest figure of ``digits`` significant digits when it is ≥ ``value`` (as a
+    float: ``2.9999999999999662`` → ``3.0``, ``1e-05`` → ``1e-05``), else the figure
+    rounded toward +∞ (``1.0000000000000003e-05`` → ``1.00001e-05``). Printed with
+    ``repr``/JSON, it is short; the JSON summaries keep the exact value.
+    """
+    x = float(value)
+    if not math.isfinite(x) or x == 0.0:
+        return x
+    digits = check_positive_int(digits, "digits")
+    exact = decimal.Decimal(x)
+    nearest = float(decimal.Context(prec=digits, rounding=decimal.ROUND_HALF_EVEN).plus(exact))
+    if nearest >= x:
+        return nearest
+    return float(decimal.Context(prec=digits, rounding=decimal.ROUND_CEILING).plus(exact))
+
+
+def figure(value: float) -> str:
+    """``repr(readable_up(value))``: a stated ε or δ as text, rounded up (for messages)."""
+    return repr(readable_up(value))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,14 +128,17 @@ class PrivacyGuarantee:
 
 
 def compose_zcdp(parts: Iterable[Tuple[float, float]]) -> Tuple[float, float]:
-    """Composes δ-approximate ρ-zCDP mechanisms: ρ's add and δ's add."""
-    rho, delta = 0.0, 0.0
+    """Composes δ-approximate ρ-zCDP mechanisms: ρ's add and δ's add.
+
+    Both sums are exact and rounded up (``sum_up``): never below what is spent.
+    """
+    rhos, deltas = [], []
     for r, d in parts:
-        rho += check_rho(r)
-        if d < 0:
+        rhos.append(check_rho(r))
+        if not d >= 0:
             raise ValueError(f"delta must be >= 0, got {d!r}")
-        delta += float(d)
-    return rho, delta
+        deltas.append(float(d))
+    return sum_up(rhos), sum_up(deltas)
 
 
 def _log_delta_prime_at(x: float, rho: float, epsilon: float) -> float:
@@ -208,19 +298,64 @@ def br_composition_guarantee(epsilon: float, delta: float, selections: int, quer
     for name, v in (("selections", selections), ("queries", queries)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
+    # Every product and sum below is exact and rounded up (never below what is spent).
+    basic_delta = product_up(delta, queries)
     if selections == 0:
-        return PrivacyGuarantee(0.0, delta * queries, note="no selection made")
-    basic_eps, basic_delta = epsilon * selections, delta * queries
-    rho = selections * epsilon ** 2 / 8.0
+        return PrivacyGuarantee(0.0, basic_delta, note="no selection made")
+    basic_eps = product_up(epsilon, selections)
+    rho = float_up(Fraction(epsilon) ** 2 * selections / 8)
     zcdp_eps = zcdp_to_dp_epsilon(rho, 0.0, conversion_delta)
-    zcdp_delta = conversion_delta + delta * queries
-    both = (f"basic composition ({basic_eps:.6g}, {basic_delta:.3g}); bounded range → "
-            f"{rho:.6g}-zCDP → ({zcdp_eps:.6g}, {zcdp_delta:.3g}) at δ₁ = {conversion_delta:g}")
+    zcdp_delta = sum_up([conversion_delta, Fraction(delta) * queries])
+    both = (f"basic composition ({figure(basic_eps)}, {figure(basic_delta)}); bounded range → "
+            f"{figure(rho)}-zCDP → ({figure(zcdp_eps)}, {figure(zcdp_delta)}) at "
+            f"δ₁ = {conversion_delta:g}")
     if zcdp_eps < basic_eps:
-        return PrivacyGuarantee(zcdp_eps, zcdp_delta, rho=rho, zcdp_delta=delta * queries,
+        return PrivacyGuarantee(zcdp_eps, zcdp_delta, rho=rho, zcdp_delta=basic_delta,
                                 note=f"bounded range → zCDP route; {both}")
-    return PrivacyGuarantee(basic_eps, basic_delta, rho=rho, zcdp_delta=delta * queries,
+    return PrivacyGuarantee(basic_eps, basic_delta, rho=rho, zcdp_delta=basic_delta,
                             note=f"basic composition route; {both}")
+
+
+def pay_what_you_get_epsilon(epsilon: float, delta: float, max_selections: int,
+                             max_queries: int) -> Tuple[float, float, float]:
+    """Calibrates a pay-what-you-get budget of top-k queries to fit (ε, δ)-DP.
+
+    Half of ``delta`` is the conversion δ₁ of the bounded-range → zCDP route, the
+    other half is split evenly over the ``max_queries`` queries (each query's δ
+    rounded down, so that the queries' δ's add up to at most δ/2 exactly). Returns
+    ``(epsilon_per_selection, delta_per_query, conversion_delta)`` with the largest
+    per-selection ε (bisection) such that ``br_composition_guarantee(...)``, the
+    STATED guarantee (rounded up), is at most (``epsilon``, ``delta``).
+
+    A top-k query calibrated from its whole (ε, δ) (``TopKMechanism(k, epsilon,
+    delta)``) uses this with ``max_selections = k`` and ``max_queries = 1``.
+    """
+    epsilon, delta = check_epsilon(epsilon), check_delta(delta)
+    max_selections = check_positive_int(max_selections, "max_selections")
+    max_queries = check_positive_int(max_queries, "max_queries")
+    conversion_delta = float_down(Fraction(delta) / 2)
+    delta_per_query = float_down(Fraction(delta) / 2 / max_queries)
+    if not (conversion_delta > 0 and delta_per_query > 0):
+        raise ValueError(f"delta={delta!r} is too small to split over {max_queries} queries")
+
+    def total(e: float) -> PrivacyGuarantee:
+        return br_composition_guarantee(e, delta_per_query, max_selections, max_queries,
+                                        conversion_delta)
+
+    def fits(e: float) -> bool:
+        g = total(e)
+        return g.epsilon <= epsilon and g.delta <= delta
+
+    # Bracket: double hi until it no longer fits (the ε of the guarantee grows
+    # without bound in the per-selection ε), then bisect.
+    lo, hi = 0.0, epsilon
+    while fits(hi):
+        lo, hi = hi, hi * 2.0
+    lo, hi = bisect(fits, lo, hi, rel_tol=1e-13)
+    if lo <= 0 or not fits(lo):
+        raise ValueError(f"(epsilon={epsilon!r}, delta={delta!r}) is too small for "
+                         f"{max_selections} selections")
+    return lo, delta_per_query, conversion_delta
 
 
 class PayWhatYouGetAccountant:

@@ -101,7 +101,8 @@ from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tupl
 from scipy.stats import beta as _beta
 
 from beam_dpsu.dp import calibration as cal
-from beam_dpsu.dp.mechanisms.base import run_local
+from beam_dpsu.dp.contribution import canonical_counts, canonical_id, canonical_per_user
+from beam_dpsu.dp.mechanisms.base import released_items, run_local
 from beam_dpsu.dp.mechanisms import Mechanism
 from beam_dpsu.dp.noise import RunKey, encode_value, keyed_hash64
 
@@ -293,9 +294,17 @@ class Scenario:
     order_key: bytes
 
     def datasets(self):
-        d_prime = dict(self.background)
-        d_prime[self.canary_id] = dict(self.canary)
-        return self.background, d_prime
+        """``(D, D')``, with canonical user ids and items (``contribution.canonical_id``:
+        a refused type raises ``IdTypeError``). Raises ValueError when the canary id is
+        a user of ``background`` (D' would not be D plus one user)."""
+        background = canonical_per_user(self.background)
+        canary_id = canonical_id(self.canary_id, "user id")
+        if canary_id in background:
+            raise ValueError("the canary's user id is a user of the background dataset: "
+                             "D' would not be D plus one user")
+        d_prime = dict(background)
+        d_prime[canary_id] = dict(canonical_counts(self.canary))
+        return background, d_prime
 
     @property
     def label(self) -> str:
@@ -524,7 +533,8 @@ def count_events(mechanism: Mechanism, per_user: Mapping[Any, Mapping[Any, int]]
     """Runs ``run_local`` ``trials`` times (fresh keys); counts each event."""
     hits = [0] * len(events)
     for _ in range(trials):
-        released = run_local(per_user, mechanism, PinnedOrderKey(order_key))
+        released = released_items(mechanism,
+                                  run_local(per_user, mechanism, PinnedOrderKey(order_key)))
         for j, ev in enumerate(events):
             if ev.occurs(released):
                 hits[j] += 1

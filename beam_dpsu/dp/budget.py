@@ -27,10 +27,16 @@ The total stated is basic composition over the parts' own guarantees. A share
 is refused (ValueError) when it would take the parts past the total: the check
 happens when the share is taken, i.e. when the pipeline is constructed.
 
+Rounding (docs/budget.md): every share is rounded DOWN (``share_of``: the exact
+total × fraction, rounded down; never more than what remains, ``remaining_of``),
+and every stated sum is exact and rounded UP (``accounting.sum_up``). So in
+floating point the shares add up to at most the total and the stated total is
+never below what the releases spend, nor above the budget.
+
 Every composition and conversion is a small pure function at the top of this
-module (``basic_composition``, ``fractions_of_weights``,
-``zcdp_composition_guarantee``, ``compose_guarantees``, ``pay_what_you_get_epsilon``) so that a
-command line can compose parameters without building mechanisms.
+module (``basic_composition``, ``fractions_of_weights``, ``share_of``, ``remaining_of``,
+``zcdp_composition_guarantee``, ``compose_guarantees``; ``pay_what_you_get_epsilon``, from
+``accounting``) so that a command line can compose parameters without building mechanisms.
 
 Conditions (the guarantee rests on them): each release uses independent
 randomness (its own ``RunKey``, or distinct purposes under one key; an
@@ -47,24 +53,28 @@ import dataclasses
 import math
 import uuid
 import weakref
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
+from fractions import Fraction
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from beam_dpsu.dp import calibration as cal
-from beam_dpsu.dp.accounting import (PayWhatYouGetAccountant, PrivacyGuarantee,
-                                     br_composition_guarantee, compose_zcdp, dp_to_zcdp_rho,
-                                     zcdp_to_dp_epsilon)
+from beam_dpsu.dp.accounting import (PayWhatYouGetAccountant, PrivacyGuarantee, compose_zcdp,
+                                     dp_to_zcdp_rho, figure, float_down, pay_what_you_get_epsilon,
+                                     product_down, sum_up, zcdp_to_dp_epsilon)
 from beam_dpsu.dp.mechanisms import Mechanism
 from beam_dpsu.dp.params import DEFAULT_MAX_ITEMS
 
 __all__ = ["RELATIVE_TOLERANCE", "Share", "basic_composition", "fractions_of_weights",
-           "zcdp_composition_guarantee", "compose_guarantees", "pay_what_you_get_epsilon", "fits",
+           "share_of", "remaining_of", "grant", "zcdp_composition_guarantee", "compose_guarantees",
+           "fits",
            "ZcdpBudget", "PrivacyBudget", "DEFERRABLE_WEIGHTING", "ReleaseRuleOf",
            "DeferredMechanism"]
 
 
-#: Relative slack allowed when comparing sums of shares with a total: shares
-#: computed as total·fraction can exceed it by rounding (a few ulps). The
-#: stated guarantee is always the computed sum, never the rounded total.
+#: A share asked for (an explicit ε or δ, or total × fraction) that exceeds what
+#: remains of the total by at most this fraction of the total is rounding (e.g.
+#: 0.1 + 0.2 > 0.3 in floating point): it is granted as what remains (rounded
+#: down). A share exceeding it by more is refused. Stated guarantees are never
+#: compared with any tolerance: they are at most the budget, exactly.
 RELATIVE_TOLERANCE = 1e-12
 
 
@@ -84,17 +94,51 @@ def basic_composition(parts: Iterable[Tuple[float, float]]) -> Tuple[float, floa
 
     Holds for adaptively chosen releases with independent randomness. Parts
     with ε = 0 (and δ = 0) are allowed (e.g. a pool nothing was spent from).
+    Both sums are exact and rounded UP (``accounting.sum_up``): the stated
+    total is never below the parts'.
     """
-    eps, delta = 0.0, 0.0
+    eps, delta = [], []
     for e, d in parts:
         e, d = float(e), float(d)
         if not (e >= 0 and math.isfinite(e)):
             raise ValueError(f"epsilon of a part must be finite and >= 0, got {e!r}")
         if not (0 <= d <= 1):
             raise ValueError(f"delta of a part must be in [0, 1], got {d!r}")
-        eps += e
-        delta += d
-    return eps, delta
+        eps.append(e)
+        delta.append(d)
+    return sum_up(eps), sum_up(delta)
+
+
+def share_of(total: float, fraction: float) -> float:
+    """A fraction of a total, as a share: the exact ``total × fraction`` rounded DOWN.
+
+    ``3 × 0.8`` is 2.4000000000000004 in floating point, above the exact
+    product of the two floats; the share is the float just below it, so that
+    shares by fractions summing to 1 never add up to more than the total.
+    """
+    return product_down(total, fraction)
+
+
+def remaining_of(total: float, spent: Iterable[float]) -> float:
+    """What remains of a total after the shares ``spent``: exact, rounded DOWN, ≥ 0."""
+    left = Fraction(total) - sum((Fraction(float(v)) for v in spent), Fraction(0))
+    return max(0.0, float_down(left))
+
+
+def grant(asked: float, total: float, spent: Sequence[float]) -> Optional[float]:
+    """The share granted for ``asked`` out of ``total`` after the shares ``spent``.
+
+    ``asked`` itself when it fits in what remains (``remaining_of``, exact, rounded
+    down); what remains when ``asked`` exceeds it by rounding only (at most
+    ``RELATIVE_TOLERANCE`` of the total); None (refused) otherwise. So the exact
+    sum of the granted shares never exceeds the total.
+    """
+    left = remaining_of(total, spent)
+    if asked <= left:
+        return asked
+    if left > 0 and asked - left <= total * RELATIVE_TOLERANCE:
+        return left
+    return None
 
 
 def fractions_of_weights(weights: Mapping[str, float]) -> Dict[str, float]:
@@ -124,13 +168,13 @@ def zcdp_composition_guarantee(parts: Iterable[Tuple[float, float]],
     parts = list(parts)
     if not parts:
         return PrivacyGuarantee(0.0, 0.0, note="no zCDP release")
-    rho, zdelta = compose_zcdp(parts)
+    rho, zdelta = compose_zcdp(parts)   # exact sums, rounded up
     dp_delta = cal.check_delta(dp_delta, "dp_delta")
     eps = zcdp_to_dp_epsilon(rho, zdelta, dp_delta)
     return PrivacyGuarantee(
         eps, dp_delta, rho=rho, zcdp_delta=zdelta,
-        note=(f"{len(parts)} zCDP release(s): {zdelta:g}-approximate {rho:.6g}-zCDP "
-              f"(ρ's and δ's added), converted once to (ε, {dp_delta:g})-DP "
+        note=(f"{len(parts)} zCDP release(s): {figure(zdelta)}-approximate {figure(rho)}-zCDP "
+              f"(ρ's and δ's added), converted once to (ε, {figure(dp_delta)})-DP "
               f"(DP-SIPS Corollary 9)"))
 
 
@@ -151,7 +195,7 @@ def compose_guarantees(guarantees: Iterable[PrivacyGuarantee]) -> PrivacyGuarant
     best = PrivacyGuarantee(eps, delta, note=f"basic composition of {len(guarantees)} "
                                              f"release(s)")
     if all(g.rho is not None and g.zcdp_delta is not None for g in guarantees):
-        zdelta = math.fsum(g.zcdp_delta for g in guarantees)
+        zdelta = sum_up(g.zcdp_delta for g in guarantees)
         if zdelta < delta < 1:
             z = zcdp_composition_guarantee(((g.rho, g.zcdp_delta) for g in guarantees), delta)
             if z.epsilon < best.epsilon:
@@ -159,41 +203,14 @@ def compose_guarantees(guarantees: Iterable[PrivacyGuarantee]) -> PrivacyGuarant
     return best
 
 
-def pay_what_you_get_epsilon(epsilon: float, delta: float, max_selections: int,
-                             max_queries: int) -> Tuple[float, float, float]:
-    """Calibrates a pay-what-you-get budget of top-k queries to fit (ε, δ)-DP.
-
-    Half of ``delta`` is the conversion δ₁ of the bounded-range → zCDP route,
-    the other half is split evenly over the ``max_queries`` queries. Returns
-    ``(epsilon_per_selection, delta_per_query, conversion_delta)`` with the
-    largest per-selection ε (bisection) such that
-    ``br_composition_guarantee(...)`` is at most (``epsilon``, ``delta``).
-    """
-    epsilon, delta = cal.check_epsilon(epsilon), cal.check_delta(delta)
-    max_selections = cal.check_positive_int(max_selections, "max_selections")
-    max_queries = cal.check_positive_int(max_queries, "max_queries")
-    conversion_delta = delta / 2.0
-    delta_per_query = delta / 2.0 / max_queries
-
-    def total(e: float) -> PrivacyGuarantee:
-        return br_composition_guarantee(e, delta_per_query, max_selections, max_queries,
-                                        conversion_delta)
-
-    # Bracket: double hi until it no longer fits (the ε of the guarantee grows
-    # without bound in the per-selection ε), then bisect.
-    lo, hi = 0.0, epsilon
-    while total(hi).epsilon <= epsilon:
-        lo, hi = hi, hi * 2.0
-    lo, hi = cal.bisect(lambda e: total(e).epsilon <= epsilon, lo, hi, rel_tol=1e-13)
-    if lo <= 0:
-        raise ValueError(f"(epsilon={epsilon!r}, delta={delta!r}) is too small for "
-                         f"{max_selections} selections")
-    return lo, delta_per_query, conversion_delta
-
-
 def fits(spent: float, total: float) -> bool:
-    """``spent <= total`` up to ``RELATIVE_TOLERANCE`` (shares' rounding)."""
-    return spent <= total * (1.0 + RELATIVE_TOLERANCE)
+    """``spent <= total``, exactly: a stated guarantee within a budget (no tolerance).
+
+    Stated guarantees are rounded up and shares rounded down, so an exact
+    comparison is the right one; rounding slack is allowed only when a share is
+    granted (``RELATIVE_TOLERANCE``).
+    """
+    return float(spent) <= float(total)
 
 
 # --------------------------------------------------------------------------
@@ -240,8 +257,9 @@ class ZcdpBudget:
 
     @property
     def remaining(self) -> Tuple[float, float]:
-        r, d = self.spent
-        return max(0.0, self.rho - r), max(0.0, self.delta - d)
+        """(ρ, δ) left in the pool: exact, rounded down."""
+        return (remaining_of(self.rho, [r for _, r, _, _ in self._parts]),
+                remaining_of(self.delta, [d for _, _, d, _ in self._parts]))
 
     def take(self, name: str, fraction: Optional[float] = None, *, rho: Optional[float] = None,
              delta: Optional[float] = None, what: str = "share") -> Tuple[float, float]:
@@ -253,24 +271,28 @@ class ZcdpBudget:
             and ``delta`` given.
           rho, delta: explicit amounts (both, and no ``fraction``).
 
-        Returns (ρ_i, δ_i). Raises ValueError if the pool would be overspent.
+        Returns (ρ_i, δ_i), rounded down as ``PrivacyBudget.take``'s shares (``share_of``,
+        ``grant``): the pool's parts never add up to more than its (ρ, δ). Raises
+        ValueError if the pool would be overspent.
         """
         _check_name(name, (p[0] for p in self._parts))
         if fraction is not None:
             if rho is not None or delta is not None:
                 raise ValueError("give either fraction or rho and delta, not both")
             f = _check_fraction(fraction)
-            rho_i, delta_i = self.rho * f, self.delta * f
+            rho_a, delta_a = share_of(self.rho, f), share_of(self.delta, f)
         else:
             if rho is None or delta is None:
                 raise ValueError("give fraction, or both rho and delta")
-            rho_i, delta_i = cal.check_rho(rho), cal.check_delta(delta, upper=0.5)
-        spent_r, spent_d = self.spent
-        if not (fits(spent_r + rho_i, self.rho) and fits(spent_d + delta_i, self.delta)):
+            rho_a, delta_a = cal.check_rho(rho), cal.check_delta(delta, upper=0.5)
+        rho_i = grant(rho_a, self.rho, [r for _, r, _, _ in self._parts])
+        delta_i = grant(delta_a, self.delta, [d for _, _, d, _ in self._parts])
+        if rho_i is None or delta_i is None or rho_i <= 0 or delta_i <= 0:
+            left_r, left_d = self.remaining
             raise ValueError(
-                f"zCDP budget overspent by {name!r}: it asks ρ={rho_i:.6g}, δ={delta_i:.3g}; "
-                f"{self.rho - spent_r:.6g} of ρ={self.rho:.6g} and {self.delta - spent_d:.3g} "
-                f"of δ={self.delta:.3g} remain")
+                f"zCDP budget overspent by {name!r}: it asks ρ={rho_a:.6g}, δ={delta_a:.3g}; "
+                f"{left_r:.6g} of ρ={self.rho:.6g} and {left_d:.3g} of δ={self.delta:.3g} "
+                f"remain")
         self._parts.append((name, rho_i, delta_i, what))
         return rho_i, delta_i
 
@@ -341,7 +363,9 @@ class PrivacyBudget:
     Privacy: ``guarantee()`` is the basic composition of the parts' stated
     guarantees (each ≤ its share), so at most (epsilon, delta), under the
     conditions in the module docstring (independent randomness per release,
-    shares fixed before any output is seen).
+    shares fixed before any output is seen). In floating point too: shares are
+    rounded down (their exact sum never exceeds the total) and the stated sum is
+    exact, rounded up (never below the parts).
     """
 
     def __init__(self, epsilon: float, delta: float):
@@ -359,29 +383,33 @@ class PrivacyBudget:
 
     @property
     def remaining(self) -> Share:
-        a = self.allocated
-        return Share(max(0.0, self.epsilon - a.epsilon), max(0.0, self.delta - a.delta))
+        """(ε, δ) not yet taken: exact, rounded down."""
+        return Share(remaining_of(self.epsilon, [p.allocated.epsilon for p in self._parts]),
+                     remaining_of(self.delta, [p.allocated.delta for p in self._parts]))
 
     def _share(self, name: str, fraction: Optional[float], epsilon: Optional[float],
                delta: Optional[float]) -> Share:
+        """The share granted: ``fraction`` of the total rounded down (``share_of``), or the
+        explicit (ε, δ); at most what remains (``grant``), else ValueError."""
         _check_name(name, (p.name for p in self._parts))
         if fraction is not None:
             if epsilon is not None or delta is not None:
                 raise ValueError("give either fraction or epsilon and delta, not both")
             f = _check_fraction(fraction)
-            share = Share(self.epsilon * f, self.delta * f)
+            asked = Share(share_of(self.epsilon, f), share_of(self.delta, f))
         else:
             if epsilon is None or delta is None:
                 raise ValueError("give fraction, or both epsilon and delta")
-            share = Share(cal.check_epsilon(epsilon), cal.check_delta(delta))
-        a = self.allocated
-        if not (fits(a.epsilon + share.epsilon, self.epsilon)
-                and fits(a.delta + share.delta, self.delta)):
+            asked = Share(cal.check_epsilon(epsilon), cal.check_delta(delta))
+        eps = grant(asked.epsilon, self.epsilon, [p.allocated.epsilon for p in self._parts])
+        delta_ = grant(asked.delta, self.delta, [p.allocated.delta for p in self._parts])
+        if eps is None or delta_ is None or eps <= 0 or delta_ <= 0:
+            left = self.remaining
             raise ValueError(
-                f"privacy budget overspent by {name!r}: it asks ε={share.epsilon:.6g}, "
-                f"δ={share.delta:.3g}; {self.epsilon - a.epsilon:.6g} of ε={self.epsilon:g} and "
-                f"{self.delta - a.delta:.3g} of δ={self.delta:g} remain")
-        return share
+                f"privacy budget overspent by {name!r}: it asks ε={asked.epsilon:.6g}, "
+                f"δ={asked.delta:.3g}; {left.epsilon:.6g} of ε={self.epsilon:g} and "
+                f"{left.delta:.3g} of δ={self.delta:g} remain")
+        return Share(eps, delta_)
 
     def _add(self, part: _Part) -> None:
         self._parts.append(part)
@@ -426,7 +454,7 @@ class PrivacyBudget:
         built = make_mechanism(mechanism, MechanismParams(epsilon=share.epsilon,
                                                           delta=share.delta, **params))
         g = built.guarantee
-        if not (fits(g.epsilon, share.epsilon) and fits(g.delta, share.delta)):
+        if not (fits(g.epsilon, share.epsilon) and fits(g.delta, share.delta)):  # exactly
             raise ValueError(f"{mechanism} states ({g.epsilon:.6g}, {g.delta:.3g})-DP, more than "
                              f"its share ({share.epsilon:.6g}, {share.delta:.3g})")
         self._add(_Part(name, "dp", share, lambda: g, built.describe))
@@ -451,7 +479,20 @@ class PrivacyBudget:
         share = self._share(name, fraction, epsilon, delta)
         rho = dp_to_zcdp_rho(share.epsilon, share.delta, share.delta / 2.0)
         pool = ZcdpBudget(rho, share.delta / 2.0, dp_delta=share.delta)
-        self._add(_Part(name, "zcdp-pool", share, pool.guarantee, pool.describe))
+
+        def stated() -> PrivacyGuarantee:
+            # ρ is the largest with zcdp_to_dp_delta(ρ, δ_c/2, ε_c) ≤ δ_c, and the pool
+            # never spends more than (ρ, δ_c/2): (ε_c, δ_c) holds. The conversion of
+            # what was spent is smaller, but its bisection stops within 1e-13 of the
+            # root, so at a full pool it can exceed ε_c by that much: state ε_c then.
+            g = pool.guarantee()
+            if g.epsilon <= share.epsilon:
+                return g
+            return dataclasses.replace(g, epsilon=share.epsilon, note=(
+                g.note + f"; at most the share's ε = {share.epsilon!r}, which the pool's ρ "
+                         f"was calibrated to give"))
+
+        self._add(_Part(name, "zcdp-pool", share, stated, pool.describe))
         return pool
 
     def pay_what_you_get(self, name: str, max_selections: int, max_queries: int,
@@ -465,8 +506,8 @@ class PrivacyBudget:
           fraction / epsilon, delta: the share (see ``take``).
 
         The accountant's per-selection ε is ``pay_what_you_get_epsilon``'s; run
-        each Algorithm 2 query with ``TopKMechanism(k, acc.epsilon, acc.delta)``
-        through ``acc.run`` (or ``check``/``record``).
+        each Algorithm 2 query with ``TopKMechanism(k, epsilon_per_selection=acc.epsilon,
+        delta=acc.delta)`` through ``acc.run`` (or ``check``/``record``).
         """
         cal.check_positive_int(max_selections, "max_selections")
         cal.check_positive_int(max_queries, "max_queries")
@@ -480,14 +521,20 @@ class PrivacyBudget:
     # -- the statement -----------------------------------------------------
 
     def guarantee(self) -> PrivacyGuarantee:
-        """The (ε, δ)-DP of all releases: basic composition of the parts' stated guarantees."""
+        """The (ε, δ)-DP of all releases: basic composition of the parts' stated guarantees
+        (exact sums rounded up), at most the budget (checked: a RuntimeError otherwise,
+        which the share arithmetic rules out)."""
         stated = [p.stated() for p in self._parts]
         eps, delta = basic_composition((g.epsilon, g.delta) for g in stated)
+        if not (fits(eps, self.epsilon) and fits(delta, self.delta)):
+            raise RuntimeError(f"the parts state ({eps!r}, {delta!r}), more than the budget "
+                               f"({self.epsilon!r}, {self.delta!r})")
         return PrivacyGuarantee(
             eps, delta,
             note=(f"basic composition of {len(stated)} part(s) "
-                  f"({', '.join(p.name + ': ' + p.kind for p in self._parts) or 'none'}), "
-                  f"within the budget ({self.epsilon:g}, {self.delta:g})"))
+                  f"({', '.join(p.name + ': ' + p.kind for p in self._parts) or 'none'}): "
+                  f"({figure(eps)}, {figure(delta)}), within the budget "
+                  f"({figure(self.epsilon)}, {figure(self.delta)})"))
 
     def describe(self) -> Dict[str, Any]:
         """JSON-ready statement for the public summary: total, parts, stated guarantee."""

@@ -16,8 +16,10 @@ from typing import Callable
 
 import numpy as np
 
+from beam_dpsu.dp.params import MAX_MAX_ITEMS, MIN_ETA, WARN_DELTA_ABOVE, WARN_EPSILON_ABOVE
+
 __all__ = ["check_epsilon", "check_delta", "check_rho", "check_max_items", "check_eta",
-           "check_sensitivity", "bisect", "per_item_delta", "normal_isf", "log_ndtr",
+           "guarantee_warnings", "check_sensitivity", "bisect", "per_item_delta", "normal_isf", "log_ndtr",
            "analytic_gaussian_sigma", "zcdp_gaussian_sigma", "count_laplace_scale",
            "count_laplace_threshold", "count_gaussian_sigma", "count_gaussian_threshold",
            "weighted_laplace_scale", "weighted_laplace_threshold", "weighted_gaussian_sigma",
@@ -66,7 +68,14 @@ def check_rho(rho: float, name: str = "rho") -> float:
 
 
 def check_max_items(max_items: int, name: str = "max_items_per_user") -> int:
-    """Returns Δ0 as an int, or raises ValueError unless it is an integer ≥ 1."""
+    """Returns Δ0 as an int, or raises ValueError unless 1 ≤ Δ0 ≤ ``params.MAX_MAX_ITEMS``.
+
+    Every mechanism's constructor (and every calibration taking Δ0) checks Δ0 here,
+    so the Python API refuses what the command line refuses. The upper bound
+    (10^6) keeps the calibration fast (thresholds maximise over t = 1..Δ0) and the
+    parameter meaningful (docs/mechanisms.md, "Parameters that make a guarantee
+    meaningless").
+    """
     if isinstance(max_items, bool) or not isinstance(max_items, (int, np.integer)):
         if isinstance(max_items, float) and max_items.is_integer():
             max_items = int(max_items)
@@ -74,15 +83,47 @@ def check_max_items(max_items: int, name: str = "max_items_per_user") -> int:
             raise ValueError(f"{name} must be an integer >= 1, got {max_items!r}")
     if max_items < 1:
         raise ValueError(f"{name} must be an integer >= 1, got {max_items!r}")
+    if max_items > MAX_MAX_ITEMS:
+        raise ValueError(f"{name} must be at most {MAX_MAX_ITEMS:,}, got {max_items!r}: a "
+                         f"larger bound bounds no user in practice, and calibrating for it "
+                         f"takes minutes and raises every threshold")
     return int(max_items)
 
 
 def check_eta(eta: float, name: str = "eta") -> float:
-    """Returns η as a float, or raises ValueError unless 0 < η < 1 (cascade-free GW step 1)."""
+    """Returns η as a float, or raises ValueError unless ``params.MIN_ETA`` ≤ η < 1.
+
+    η is the cascade-free GW's step-1 budget. Step 1 raises each of the ≤ Δ0 kept
+    items below the cutoff by at least η/Δ0; with η ≥ 1e-12 and Δ0 ≤ 10^6 that is
+    ≥ 1e-18, a normal double, so a zero weight always becomes strictly positive
+    (docs/gw.md, "η in floating point"). A smaller η (5e-324) underflows to a raise
+    of 0.0 and breaks the support condition the proof rests on.
+    """
     if isinstance(eta, bool) or not isinstance(eta, (int, float, np.floating, np.integer)) \
-            or not (0.0 < float(eta) < 1.0):
-        raise ValueError(f"{name} must be a number in (0, 1), got {eta!r}")
+            or not (MIN_ETA <= float(eta) < 1.0):
+        raise ValueError(f"{name} must be a number in [{MIN_ETA:g}, 1), got {eta!r} (a "
+                         f"smaller η underflows in step 1 and the proof no longer holds)")
     return float(eta)
+
+
+def guarantee_warnings(epsilon: float, delta: float) -> list:
+    """One line per way a stated (ε, δ) protects little; empty when neither applies.
+
+    ε above ``params.WARN_EPSILON_ABOVE`` (10): the output may be e^ε times likelier
+    with one user than without (e^10 ≈ 22,000). δ above ``params.WARN_DELTA_ABOVE``
+    (1e-3): δ is the probability that the ε bound fails outright. The command line
+    prints these on stderr and still runs; the Python API does not warn.
+    """
+    out = []
+    if epsilon is not None and float(epsilon) > WARN_EPSILON_ABOVE:
+        out.append(f"epsilon = {float(epsilon):g} is above {WARN_EPSILON_ABOVE:g}: the output "
+                   f"may be e^{float(epsilon):g} times likelier with any one user than without, "
+                   f"so this guarantee protects almost nothing")
+    if delta is not None and float(delta) > WARN_DELTA_ABOVE:
+        out.append(f"delta = {float(delta):g} is above {WARN_DELTA_ABOVE:g}: delta is the "
+                   f"probability that the guarantee fails outright (a release may then expose "
+                   f"a user), and it should be far below 1/(number of users)")
+    return out
 
 
 def check_sensitivity(sensitivity: float, name: str = "sensitivity") -> float:

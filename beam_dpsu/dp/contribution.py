@@ -9,23 +9,167 @@ uniformly random subset of Δ0 of them drawn by a generator seeded with
 ``HMAC(key, user)``: the same subset on every retry and on every runner.
 The Beam transforms over these functions are in
 ``beam_dpsu.transforms.bounding``.
+
+User ids and items are ``str``, ``bytes``, ``int`` or tuples of these
+(``canonical_id``, which ``per_user_counts`` and the Beam transforms apply):
+for these, Python equality, which groups users and items, is exactly the
+identity of the keyed hashes (``noise.encode_value``); other types are
+refused (``docs/mechanisms.md`` section 1).
 """
 from __future__ import annotations
 
 import pickle
 import zlib
-from typing import Any, Dict, Hashable, Iterable, Tuple
+from typing import Any, Dict, Hashable, Iterable, Mapping, Tuple
+
+import numpy as np
 
 from beam_dpsu.dp.noise import encode_value, keyed_generator
 
 __all__ = ["ItemCounts", "DEFAULT_FLUSH_PAIRS", "DEFAULT_USER_GROUPS", "user_group", "pack_by",
-           "canonical_items", "sample_items", "merge_item_counts", "per_user_counts"]
+           "canonical_items", "sample_items", "merge_item_counts", "per_user_counts",
+           "IdTypeError", "ID_TYPES", "MAX_INT_ID_DIGITS", "canonical_id", "canonical_pair",
+           "canonical_counts", "canonical_user_counts", "canonical_per_user"]
 
 
 ItemCounts = Dict[Hashable, int]
 
 
+# ---------------------------------------------------------------------------
+# Exact identity of user ids and items.
+# ---------------------------------------------------------------------------
 
+#: What user ids and items may be (the text of the error that refuses anything else).
+ID_TYPES = ("str, bytes, int (numpy integers are converted to the equal int) or a tuple of "
+            "these")
+
+#: An int user id or item has at most this many decimal digits: its keyed hashes use its
+#: decimal text, which Python may refuse to make beyond 640 digits
+#: (``sys.set_int_max_str_digits``).
+MAX_INT_ID_DIGITS = 600
+_INT_LIMIT = 10 ** MAX_INT_ID_DIGITS
+
+
+class IdTypeError(TypeError, ValueError):
+    """A user id or an item of a type the library refuses (``canonical_id``).
+
+    A ``TypeError`` and a ``ValueError``: catch either."""
+
+
+def canonical_id(value: Any, what: str = "user id") -> Any:
+    """The exact identity of a user id or an item: ``value`` itself, or its plain form.
+
+    The rule: user ids and items are ``str``, ``bytes``, ``int`` or tuples of
+    these (recursively). Within these types two values are equal in Python
+    exactly when their canonical bytes (``noise.encode_value``), which key
+    every hash and noise draw, are equal; so grouping users and items by
+    Python equality (dicts, Beam's shuffles) merges exactly the values the
+    hashes treat as one. Converted to the equal plain value (same bytes):
+    numpy integers and other subclasses of ``int`` (not ``bool``) → ``int``;
+    subclasses of ``str`` (``numpy.str_``) and ``bytes`` → ``str``, ``bytes``;
+    subclasses of ``tuple`` (named tuples) → ``tuple``. Refused with an
+    ``IdTypeError`` naming the type: ``bool``, ``float`` (and numpy's),
+    ``None`` and every other type, because Python treats ``1``, ``1.0`` and
+    ``True`` as one dict key while the hashes tell them apart (one added user
+    ``True`` would otherwise merge into user ``1``); and ints of more than
+    ``MAX_INT_ID_DIGITS`` decimal digits. The error names the type, never the
+    value (which is private data).
+
+    Args:
+      value: the user id or item.
+      what: ``'user id'`` or ``'item'``, for the error message.
+    """
+    t = type(value)
+    if t is str or t is bytes:
+        return value
+    if t is int:
+        if -_INT_LIMIT < value < _INT_LIMIT:
+            return value
+        raise IdTypeError(f"{_a(what)} of type int has more than {MAX_INT_ID_DIGITS} decimal "
+                          f"digits, which is not accepted; convert the ids to str first")
+    if t is tuple:
+        for element in value:
+            if type(element) is not str:
+                return tuple(canonical_id(e, _in_tuple(what)) for e in value)
+        return value
+    return _canonical_other(value, what)
+
+
+def _a(what: str) -> str:
+    return ("an " if what.startswith("item") else "a ") + what
+
+
+def _in_tuple(what: str) -> str:
+    return what if what.endswith(" element") else f"{what} (a tuple) holding an element"
+
+
+def _canonical_other(value: Any, what: str) -> Any:
+    if isinstance(value, (bool, np.bool_)):
+        pass
+    elif isinstance(value, str):
+        return str.__str__(value)
+    elif isinstance(value, bytes):
+        return bytes(memoryview(value))
+    elif isinstance(value, (int, np.integer)):
+        return canonical_id(int.__int__(value) if isinstance(value, int) else int(value), what)
+    elif isinstance(value, tuple):
+        return tuple(canonical_id(e, _in_tuple(what)) for e in value)
+    t = type(value)
+    name = t.__name__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+    raise IdTypeError(
+        f"{_a(what)} of type {name} is not accepted: user ids and items must be {ID_TYPES} "
+        f"(bool, float and None are refused because Python treats 1, 1.0 and True as one "
+        f"key while the keyed hashes tell them apart); convert them first, e.g. with str()")
+
+
+def canonical_pair(pair) -> Tuple[Any, Any]:
+    """``(user_id, item)`` → the same pair as a tuple of ``canonical_id`` values (the pair
+    itself when both are ``str``); raises ``IdTypeError`` for a refused type."""
+    user, item = pair
+    if type(user) is str and type(item) is str:
+        return pair if type(pair) is tuple else (user, item)
+    return canonical_id(user, "user id"), canonical_id(item, "item")
+
+
+_STR_ONLY = {str}
+
+
+def canonical_counts(counts: Mapping[Any, int]) -> ItemCounts:
+    """A user's ``{item: count}`` with every item ``canonical_id`` (the dict itself when
+    all items are ``str``); two items with one canonical form are summed. Raises
+    ``IdTypeError`` for a refused item type."""
+    if set(map(type, counts)) <= _STR_ONLY:
+        return counts
+    out: ItemCounts = {}
+    for item, c in counts.items():
+        item = canonical_id(item, "item")
+        out[item] = out.get(item, 0) + c
+    return out
+
+
+def canonical_user_counts(element) -> Tuple[Any, ItemCounts]:
+    """``(user_id, {item: count})`` with a ``canonical_id`` user and ``canonical_counts``."""
+    user, counts = element
+    if type(user) is not str:
+        user = canonical_id(user, "user id")
+    return user, canonical_counts(counts)
+
+
+def canonical_per_user(per_user: Mapping[Any, Mapping[Any, int]]) -> Dict[Any, ItemCounts]:
+    """``{user_id: {item: count}}`` with canonical user ids and items (``per_user`` itself
+    when nothing changes). Raises ``IdTypeError`` for a refused type, and ValueError
+    when two user ids have one canonical form (two keys of the mapping that are the
+    same user: a mapping built with a custom equality)."""
+    out: Dict[Any, ItemCounts] = {}
+    changed = False
+    for user, counts in per_user.items():
+        cu, cc = canonical_user_counts((user, counts))
+        changed = changed or cu is not user or cc is not counts
+        if cu in out:
+            raise ValueError("two user ids of the input have the same canonical form "
+                             "(canonical_id): the mapping holds one user twice")
+        out[cu] = cc
+    return out if changed else per_user  # type: ignore[return-value]
 
 
 # A bundle's partial aggregate is flushed when it holds this many (user, item) pairs.
@@ -124,15 +268,24 @@ def merge_item_counts(parts: Iterable[ItemCounts]) -> ItemCounts:
 
 
 def per_user_counts(occurrences: Iterable[Tuple[Hashable, Hashable]]) -> Dict[Any, ItemCounts]:
-    """``(user_id, item)`` occurrences → ``{user_id: {item: count}}`` (None dropped).
+    """``(user_id, item)`` occurrences → ``{user_id: {item: count}}``.
 
     Each user's dict iterates in the order the user's items first occur (the
     record order that ``needs_record_order`` mechanisms read).
+
+    User ids and items must be ``str``, ``bytes``, ``int`` or tuples of these
+    (``canonical_id``: numpy integers become the equal ``int``; ``bool``,
+    ``float``, ``None`` and any other type raise ``IdTypeError``, naming the
+    type). Privacy: this makes a user's identity exact, so that an added user
+    ``True`` can never merge into user ``1`` (the neighbouring-dataset
+    relation the guarantees assume; ``docs/mechanisms.md`` section 1).
     """
     out: Dict[Any, ItemCounts] = {}
     for user, item in occurrences:
-        if user is None or item is None:
-            continue
+        if type(user) is not str:
+            user = canonical_id(user, "user id")
+        if type(item) is not str:
+            item = canonical_id(item, "item")
         counts = out.get(user)
         if counts is None:
             counts = out[user] = {}

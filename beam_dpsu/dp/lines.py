@@ -2,7 +2,10 @@
 
 Format: one occurrence per line; the user id is everything before the FIRST
 tab and the item everything after it (an item may contain further tabs). A
-trailing ``\\r`` is removed. A line that has no tab, an empty user id, or is
+trailing ``\\r`` is removed. A UTF-8 byte-order mark (``EF BB BF``) at the
+very start of a file is removed (``iter_raw_blocks``), so an editor that
+writes one does not make ``'\\ufeffalice'`` a second user; a mark anywhere
+else is kept. A line that has no tab, an empty user id, or is
 not valid UTF-8 is malformed: it is skipped and counted, never a crash.
 Files are read in large binary blocks cut at line ends; identical lines are
 counted before they are parsed, so each distinct line is parsed once.
@@ -19,7 +22,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 from beam_dpsu.dp.contribution import DEFAULT_FLUSH_PAIRS, ItemCounts, pack_by, user_group
 
 
-__all__ = ["open_local_binary", "BLOCK_BYTES", "iter_line_blocks", "iter_raw_blocks",
+__all__ = ["open_local_binary", "BLOCK_BYTES", "UTF8_BOM", "iter_line_blocks", "iter_raw_blocks",
            "parse_line", "group_line_counts", "read_user_items", "iter_line_counts",
            "pack_user_groups", "with_positions"]
 
@@ -36,6 +39,9 @@ def open_local_binary(path: str):
 #: The size of the blocks a file is read in.
 BLOCK_BYTES = 8 << 20
 
+#: The UTF-8 byte-order mark, removed at the start of a file.
+UTF8_BOM = b"\xef\xbb\xbf"
+
 
 def iter_line_blocks(f, block_bytes: int = BLOCK_BYTES) -> Iterator[List[bytes]]:
     """Yields lists of complete lines (without ``\\n``) read in large blocks."""
@@ -45,14 +51,27 @@ def iter_line_blocks(f, block_bytes: int = BLOCK_BYTES) -> Iterator[List[bytes]]
 
 def iter_raw_blocks(f, block_bytes: int = BLOCK_BYTES) -> Iterator[bytes]:
     """Yields the file's bytes in blocks of about ``block_bytes`` that end at a line end
-    (the ``\\n`` itself is dropped; the last block may lack it)."""
+    (the ``\\n`` itself is dropped; the last block may lack it).
+
+    ``f`` is read from its start: a UTF-8 byte-order mark (``UTF8_BOM``) at
+    offset 0 is removed, once. Every read path of the library (``ReadUserItems``
+    whole files, ``split_files`` blocks and ``complete_users``; ``read_user_items``)
+    goes through this function."""
     rest = b""
+    start = True  # offset 0 of the file is in ``rest + block``
     while True:
         block = f.read(block_bytes)
         if not block:
             break
         if rest:
             block = rest + block
+        if start:
+            if len(block) < len(UTF8_BOM) and UTF8_BOM.startswith(block):
+                rest = block  # too short to tell: read on
+                continue
+            start = False
+            if block.startswith(UTF8_BOM):
+                block = block[len(UTF8_BOM):]
         cut = block.rfind(b"\n")
         if cut < 0:
             rest = block

@@ -54,6 +54,12 @@ def encode_value(value: Any) -> bytes:
     Distinct values of the common types never collide: strings are UTF-8
     (lone surrogates allowed), bytes pass through, and other values use their
     ``repr``; a one-byte type tag separates the three.
+
+    For the ids the library accepts (``str``, ``bytes``, ``int`` and tuples of
+    these: ``dp.contribution.canonical_id``) two values are equal in Python
+    exactly when their encodings are equal. For other values they can disagree
+    (``1 == True``, but ``b"rint:1" != b"rbool:True"``), which is why the
+    transforms refuse them before grouping users or items.
     """
     if isinstance(value, str):
         return b"s" + value.encode("utf-8", "surrogatepass")

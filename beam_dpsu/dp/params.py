@@ -19,7 +19,10 @@ from typing import Any, Dict, Iterable, Mapping, Optional, Sequence, Tuple
 
 __all__ = ["DEFAULT_MAX_ITEMS", "DEFAULT_GW_MAX_ITEMS", "DEFAULT_GWKT_MAX_ITEMS", "DEFAULT_ALPHA",
            "DEFAULT_GW_ETA", "DEFAULT_TIE_BREAK", "DEFAULT_GWKT_SELECTION", "DEFAULT_FRONT_SCALE",
-           "DEFAULT_FRONT_MARGIN", "DEFAULT_VARIANT", "DEFAULT_ROUNDS", "DEFAULT_RATIO", "Param", "MECHANISM_PARAMS", "TOPK_PARAMS", "ALL_PARAMS", "flag", "flags",
+           "DEFAULT_FRONT_MARGIN", "DEFAULT_VARIANT", "DEFAULT_ROUNDS", "DEFAULT_RATIO",
+           "DEFAULT_DISCOVERY_SHARE", "TOPK_METHODS", "DEFAULT_TOPK_METHOD", "MAX_MAX_ITEMS", "MIN_ETA", "WARN_EPSILON_ABOVE",
+           "WARN_DELTA_ABOVE", "Param", "MECHANISM_PARAMS", "TOPK_PARAMS", "ALL_PARAMS",
+           "flag", "flags",
            "add_arguments", "as_flags", "spec_types", "canonical", "canonical_keywords",
            "cli_arguments"]
 
@@ -112,6 +115,32 @@ DEFAULT_VARIANT = "cascade-free"
 DEFAULT_ROUNDS = 3
 DEFAULT_RATIO = 1.0 / 3.0
 
+# -- bounds and warning levels (docs/mechanisms.md, "Parameters that make a guarantee
+#    meaningless"; docs/gw.md for η) ----------------------------------------------
+
+#: The largest Δ0 (distinct items kept per user) any mechanism accepts. Above it
+#: the calibration takes long (thresholds maximise over t = 1..Δ0: under 0.5 s at
+#: 10^6, 35 s at 10^9, forever at 10^20) and means nothing: a bound that large
+#: bounds no user of any real dataset, while every threshold grows with Δ0 (Count
+#: Laplace's scale is Δ0/ε: at 10^6 nothing is released).
+MAX_MAX_ITEMS = 10 ** 6
+#: The smallest η (GW/GW-KT step-1 budget) accepted: η/Δ0 ≥ 1e-18 (Δ0 ≤ MAX_MAX_ITEMS)
+#: is then a normal double, so step 1 raises every kept item below the cutoff by a
+#: strictly positive amount (docs/gw.md, Lemma 3 and "η in floating point").
+MIN_ETA = 1e-12
+#: The command line warns (on stderr; it still runs) when a stated ε exceeds this:
+#: e^10 ≈ 22,000, so the output may be 22,000 times likelier with one user than
+#: without, which protects almost nothing.
+WARN_EPSILON_ABOVE = 10.0
+#: The command line warns when a stated δ exceeds this: δ is the probability that
+#: the ε bound fails outright, and it should be far below 1/(number of users).
+WARN_DELTA_ABOVE = 1e-3
+#: Discovery-then-peel (top-k, hitting set): the discovery's share of ε and of δ.
+DEFAULT_DISCOVERY_SHARE = 0.5
+#: The top-k command's default method, and the methods it offers.
+TOPK_METHODS = ("limited-domain", "discover-peel")
+DEFAULT_TOPK_METHOD = "limited-domain"
+
 
 def _text(value) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
@@ -121,13 +150,16 @@ _NO_EFFECT = "none"
 
 #: Every parameter of the registered mechanisms (the fields of MechanismParams).
 MECHANISM_PARAMS: Dict[str, Param] = {p.name: p for p in [
-    Param("epsilon", float, "ε > 0 of the (ε, δ)-DP guarantee", None,
-          "the guarantee's ε; a smaller ε releases fewer items"),
-    Param("delta", float, "δ in (0, 1); for zCDP mechanisms the approximate-zCDP δ", None,
+    Param("epsilon", float, f"ε > 0 of the (ε, δ)-DP guarantee of the whole release (a "
+          f"warning above {WARN_EPSILON_ABOVE:g}: such a guarantee protects almost nothing)",
+          None, "the guarantee's ε; a smaller ε releases fewer items"),
+    Param("delta", float, f"δ in (0, 1); for zCDP mechanisms the approximate-zCDP δ (a "
+          f"warning above {WARN_DELTA_ABOVE:g}: δ is the chance the guarantee fails)", None,
           "the guarantee's δ"),
     Param("rho", float, "ρ > 0 of ρ-zCDP, for zCDP mechanisms", None,
           "the guarantee's ρ (converted to (ε, δ) in the summary)"),
-    Param("max_items", int, "Δ0, distinct items kept per user (integer >= 1)",
+    Param("max_items", int, f"Δ0, distinct items kept per user (integer in [1, "
+          f"{MAX_MAX_ITEMS:,}]: above, calibration is slow and meaningless)",
           f"{DEFAULT_MAX_ITEMS}; gw {DEFAULT_GW_MAX_ITEMS}, gw-kt {DEFAULT_GWKT_MAX_ITEMS['front']} "
           f"({DEFAULT_GWKT_MAX_ITEMS['prefix']} with --kt-selection prefix)",
           "none: the calibration accounts for Δ0 (a larger Δ0 raises the threshold)",
@@ -148,7 +180,8 @@ MECHANISM_PARAMS: Dict[str, Param] = {p.name: p for p in [
           "'item-hash' (keyed hash) or 'first-occurrence' (the user's record order, as the "
           "authors' code)", DEFAULT_TIE_BREAK, "none: both orders depend on the user's own data "
           "only"),
-    Param("eta", float, "gw, gw-kt: step-1 budget η in (0, 1)", _text(DEFAULT_GW_ETA),
+    Param("eta", float, f"gw, gw-kt: step-1 budget η in [{MIN_ETA:g}, 1) (a smaller η "
+          f"could underflow in step 1)", _text(DEFAULT_GW_ETA),
           "none on T; η > 0 is what makes the cascade-free proof hold"),
     Param("kt_selection", str, "gw-kt (cascade-free): how a user's Δ0 kept items are chosen "
           "from its public-count walk, 'front' (skip the items predicted from the public "
@@ -156,7 +189,9 @@ MECHANISM_PARAMS: Dict[str, Param] = {p.name: p for p in [
           "(the first Δ0)", DEFAULT_GWKT_SELECTION, "none: both depend only on the user's own data, the "
           "public counts, the run key and the user's id"),
     Param("front_scale", float, "gw-kt, kt_selection 'front': κ > 0; an item with public "
-          "count c counts as full after the fraction κ·Γ/c of the order",
+          "count c counts as full after the fraction κ·Γ/c of the order; take κ (and any "
+          "ratio scaling it) only from public or DP-released numbers, never from the "
+          "private input's exact size",
           _text(DEFAULT_FRONT_SCALE),
           _NO_EFFECT),
     Param("front_margin", int, "gw-kt, kt_selection 'front': M >= 0 walk items kept before "
@@ -176,7 +211,19 @@ TOPK_PARAMS: Dict[str, Param] = {p.name: p for p in [
     Param("k_bar", int, "candidates k̄ >= k (the true top k̄ are noised)", "k",
           "none: the threshold grows with log(k̄/δ)/ε"),
     Param("with_counts", bool, "Algorithm 1 (Laplace): also release noisy counts", None,
-          "ε is then of the whole query, not per selection"),
+          "none: --epsilon is the whole query's either way"),
+    Param("epsilon_per_selection", float, "Algorithm 2 only, instead of --epsilon: ε > 0 of "
+          "each bounded-range selection (the Gumbel scale is 1/ε); --delta is then the "
+          "query's threshold δ", None,
+          "the stated guarantee is the composition of k selections (larger than this ε, "
+          "with up to 2δ)"),
+    Param("method", str, "top-k: 'limited-domain' (Durfee and Rogers: the true top k̄ "
+          "ranked, pay what you get) or 'discover-peel' (Weighted Gaussian discovers a "
+          "domain, then the peeling exponential mechanism ranks it)", DEFAULT_TOPK_METHOD,
+          "none: --epsilon and --delta are the whole query's with either"),
+    Param("discovery_share", float, "discover-peel and hitting-set: the fraction in (0, 1) "
+          "of ε and of δ spent on discovering the domain (the rest ranks it)",
+          _text(DEFAULT_DISCOVERY_SHARE), "none: the two stages compose to --epsilon, --delta"),
 ]}
 
 ALL_PARAMS: Dict[str, Param] = dict(MECHANISM_PARAMS, **TOPK_PARAMS)

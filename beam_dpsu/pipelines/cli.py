@@ -4,8 +4,10 @@
 line on stderr and an exit status: ``UsageError`` (a user mistake) → 2,
 ``prog: error: ...``; an exception with an ``exit_status`` attribute (e.g.
 ``beam_dpsu.pipelines.runs.NoWellFormedInput``) → that status, ``prog: error: ...``;
-KeyboardInterrupt → 130; anything else → 1, ``prog: failed: Type: last
-line`` (the traceback is logged at DEBUG level). Used by the pipelines
+Ctrl-C → 130, ``prog: interrupted`` (also when a runner reports the
+KeyboardInterrupt of a worker thread as another exception: ``interrupted``);
+anything else → 1, ``prog: failed: Type: last line`` (the traceback is logged
+at DEBUG level). Used by the pipelines
 (``beam_dpsu.pipelines.runs.main_wrapper``) and the auditor
 (``beam_dpsu.pipelines.audit``).
 
@@ -22,14 +24,16 @@ import argparse
 import contextvars
 import importlib
 import logging
+import re
 import time
 import os
 import sys
+import threading
 from typing import Callable, List, Optional, Sequence
 
 
 __all__ = ["console", "UsageError", "last_line", "command_prog", "add_output_flags", "write_line",
-           "Progress", "run_main", "COMMANDS", "MODULE_COMMANDS", "wants_verbose",
+           "Progress", "interrupted", "run_main", "COMMANDS", "MODULE_COMMANDS", "wants_verbose",
            "beam_logs_shown", "configure_logging", "run_command", "run_module", "main"]
 
 
@@ -66,9 +70,10 @@ def add_output_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verbose", action="store_true",
                         help="also show Apache Beam's own log lines (default: only ours)")
     parser.add_argument("--quiet", action="store_true",
-                        help="no progress lines on stderr (default: stage and progress "
-                             "lines; they hold exact counts: owner-only, like the private "
-                             "run details)")
+                        help="no progress lines on stderr, and no exact count in any "
+                             "warning (default: stage and progress lines, which hold exact "
+                             "counts of the input: owner-only, like the private run "
+                             "details)")
 
 
 def write_line(text: str, stream=None) -> None:
@@ -111,6 +116,30 @@ class Progress:
             write_line(f"{self.prog}: [{time.time() - self.start:.1f} s] {message}")
 
 
+#: How Beam reports a KeyboardInterrupt raised inside a DoFn: it cannot rebuild the
+#: exception with the step's name, so it raises
+#: ``RuntimeError("KeyboardInterrupt [while running 'STEP']")`` instead.
+_WRAPPED_INTERRUPT = re.compile(r"^KeyboardInterrupt(\s*\[while running .*\])?\s*$")
+
+
+def interrupted(e: BaseException) -> bool:
+    """Whether ``e`` comes from a Ctrl-C: a KeyboardInterrupt, an exception raised while
+    one was being handled or caused by one (its ``__context__`` / ``__cause__``
+    chain), or a RuntimeError whose message's first or last line is Beam's report of
+    one (``KeyboardInterrupt [while running 'STEP']``)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        lines = [l for l in str(e).strip().splitlines() if l.strip()]
+        if isinstance(e, RuntimeError) and lines and any(
+                _WRAPPED_INTERRUPT.match(l.strip()) for l in (lines[0], lines[-1])):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
 def run_main(prog: str, body: Callable[[], int]) -> int:
     """``body()``'s exit status, or the status of what it raised (see the module)."""
     prog = command_prog(prog)
@@ -120,6 +149,10 @@ def run_main(prog: str, body: Callable[[], int]) -> int:
         write_line(f"{prog}: interrupted")
         return 130
     except Exception as e:  # one line per failure
+        if interrupted(e):  # Ctrl-C, as a runner reported it
+            logging.debug("%s interrupted", prog, exc_info=True)
+            write_line(f"{prog}: interrupted")
+            return 130
         status = getattr(e, "exit_status", None)
         if isinstance(status, int):
             write_line(f"{prog}: error: {e}")
@@ -135,6 +168,8 @@ COMMANDS = {
     "select": ("beam_dpsu.pipelines.select_partitions",
                "differentially private set union of a user<TAB>item file"),
     "top-k": ("beam_dpsu.pipelines.top_k", "differentially private top-k items"),
+    "hitting-set": ("beam_dpsu.pipelines.hitting_set",
+                    "differentially private k-hitting set: items that hit the most users"),
     "compare": ("beam_dpsu.pipelines.compare",
                 "compare mechanisms on your data: tables and plots (NOT private)"),
     "generate": ("beam_dpsu.pipelines.generate", "write synthetic user<TAB>item data"),
@@ -143,7 +178,7 @@ COMMANDS = {
 
 #: checkout module names (``python -m pipelines.NAME``) → subcommand.
 MODULE_COMMANDS = {"select_partitions": "select", "top_k": "top-k", "compare": "compare",
-                   "generate": "generate", "audit": "audit"}
+                   "generate": "generate", "audit": "audit", "hitting_set": "hitting-set"}
 
 _LOG_FORMAT = "%(levelname)s: %(message)s"
 
@@ -154,6 +189,16 @@ def wants_verbose(argv: Sequence[str]) -> bool:
 
 
 _BEAM_LOGS = {"shown": True}
+
+#: Python's own hook for an exception that ends a thread (restored by ``--verbose``).
+_THREAD_EXCEPTHOOK = threading.excepthook
+
+
+def _log_thread_exception(args) -> None:
+    """``threading.excepthook`` of a command without ``--verbose``: a DEBUG log line."""
+    logging.debug("thread %s ended by an exception",
+                  getattr(args.thread, "name", "?"),
+                  exc_info=(args.exc_type, args.exc_value, args.exc_traceback))
 
 
 def beam_logs_shown() -> bool:
@@ -169,9 +214,14 @@ def configure_logging(verbose: bool) -> None:
       verbose: True: Beam's log lines (INFO and up) are shown, as Beam prints
         them; False (default of the commands): only errors of our own are
         logged, so Beam's import-time ``apitools`` warning and its INFO lines
-        never reach stderr. No privacy effect.
+        never reach stderr, and an exception that ends a background thread
+        (Beam's worker-handler threads when a worker process dies, e.g. on
+        Ctrl-C) is logged at DEBUG level instead of printed as a traceback: the
+        command's own one-line report says what happened. No privacy effect.
     """
     _BEAM_LOGS["shown"] = verbose
+    threading.excepthook = (_THREAD_EXCEPTHOOK if verbose or os.environ.get("BEAM_DPSU_DEBUG")
+                            else _log_thread_exception)
     root = logging.getLogger()
     if not root.handlers:
         handler = logging.StreamHandler(sys.stderr)

@@ -21,16 +21,23 @@ also be spelled ``max_items_per_user`` or, as PipelineDP calls it,
 
 Every mechanism is run ``--trials`` times (default 5) with fresh OS randomness at
 each ε of ``--epsilons`` (default: just ``--epsilon``); the mean and standard
-deviation of the number of released items go to ``DIR/results.json`` and
-``DIR/results.md``, with each trial's *occurrence coverage*: the share of all
-input lines (user, item occurrences) whose item was released
+deviation of the number of released items go to ``DIR/results.PRIVATE.json``
+and ``DIR/results.PRIVATE.md``, with each trial's *occurrence coverage*: the
+share of all input lines (user, item occurrences) whose item was released
 (``beam_dpsu.utility``; its complement, the missing mass, is the share of the
 data a vocabulary built from the release would not cover). With matplotlib
 installed (``pip install beam-dpsu[plots]``) it also writes
-``DIR/released_vs_epsilon.png`` (released items against ε, one line per
-mechanism), ``DIR/coverage_vs_epsilon.png`` (occurrence coverage, likewise) and
-``DIR/released_by_users.png`` (released items by how many users hold them),
-one distinct colour per mechanism. Progress goes to stderr.
+``DIR/released_vs_epsilon.PRIVATE.png`` (released items against ε, one line per
+mechanism), ``DIR/coverage_vs_epsilon.PRIVATE.png`` (occurrence coverage,
+likewise) and ``DIR/released_by_users.PRIVATE.png`` (released items by how many
+users hold them), one distinct colour per mechanism. Progress goes to stderr.
+
+Every output holds exact, non-private statistics of the input (coverage,
+released-by-users, counts from many runs on the same data): each has
+``PRIVATE`` in its name, as the run details of a release, is created
+owner-only (mode 0600), and says in its first line (the markdown) or title
+(each plot) that it is NOT differentially private and must never be
+published as a release.
 
 Common footing: all mechanisms are calibrated to the same (ε, δ)-DP target.
 Mechanisms calibrated in zCDP (``sips``) get the largest ρ whose conversion
@@ -48,7 +55,7 @@ mechanism many times on the same data: the comparison itself is NOT
 differentially private. Use it to choose a mechanism, then release once.
 
 What the trials cost together: every trial is a release, so
-``results.json`` states ``privacy_cost``, the composition of all of them
+``results.PRIVATE.json`` states ``privacy_cost``, the composition of all of them
 (basic composition; zCDP composition converted once when every mechanism is
 zCDP-calibrated): what publishing the released counts would cost, were they
 published. ``--budget-epsilon E --budget-delta D`` caps it: a comparison
@@ -76,13 +83,25 @@ from beam_dpsu.dp.registry import REGISTRY, MechanismParams, make_mechanism
 from beam_dpsu.pipelines import run_budget, flags, outputs, runs, cli
 from beam_dpsu.pipelines.cli import UsageError
 
-__all__ = ["PROG", "SPEC_PARAMS", "SHARED", "parse_mechanisms", "label", "build_parser",
+__all__ = ["PROG", "RESULTS_MD", "RESULTS_JSON", "RELEASED_PNG", "COVERAGE_PNG", "BY_USERS_PNG",
+           "NOT_PRIVATE_NOTE", "SPEC_PARAMS", "SHARED", "parse_mechanisms", "label", "build_parser",
            "mechanism_params", "parse_args", "privacy_cost", "load_per_user", "users_per_item",
            "user_bins", "occurrences_of_files", "run_trials", "markdown", "distinct_colors",
            "plot", "run", "main"]
 
 
 PROG = "compare"
+
+#: The outputs in ``--output DIR`` (each ``PRIVATE``: exact statistics of the input).
+RESULTS_MD = "results.PRIVATE.md"
+RESULTS_JSON = "results.PRIVATE.json"
+RELEASED_PNG = "released_vs_epsilon.PRIVATE.png"
+COVERAGE_PNG = "coverage_vs_epsilon.PRIVATE.png"
+BY_USERS_PNG = "released_by_users.PRIVATE.png"
+
+#: The first line of the markdown and of each plot's title.
+NOT_PRIVATE_NOTE = ("PRIVATE: exact statistics of the input, NOT differentially private; "
+                    "never publish as a DP release")
 #: The per-mechanism settings of ``NAME:KEY=VALUE`` (from the parameter declaration).
 SPEC_PARAMS = params.spec_types()
 #: Settings that may also be given once for every mechanism, as flags.
@@ -124,7 +143,10 @@ def label(name: str, own: Dict[str, Any]) -> str:
 def build_parser() -> flags.ArgumentParser:
     p = flags.ArgumentParser(PROG, __doc__.split("\n")[0])
     p.add_argument("--input", required=True, help="input file or glob of user<TAB>item lines")
-    p.add_argument("--output", required=True, help="directory for results and plots")
+    p.add_argument("--output", required=True,
+                   help=f"directory for the results ({RESULTS_MD}, {RESULTS_JSON}) and plots "
+                        f"(*.PRIVATE.png): exact statistics of the input, owner-only, never "
+                        f"to be published")
     p.add_argument("--mechanisms", required=True, help="comma-separated NAME[:KEY=VALUE...]")
     params.add_arguments(p, ["epsilon", "delta"], required=("delta",), help={
         "epsilon": "ε of the common (ε, δ)-DP target", "delta": "δ of the common target"})
@@ -323,7 +345,7 @@ def _by_users(released, holders) -> Dict[str, int]:
 
 
 def markdown(results, args, epsilons, command: str) -> str:
-    lines = ["# Mechanism comparison", "",
+    lines = [f"# {NOT_PRIVATE_NOTE}", "", "## Mechanism comparison", "",
              f"Data: `{args.input}`. Common target δ = {args.delta:g}; "
              f"{args.trials} trials per cell, fresh OS randomness each; engine `{args.engine}`.",
              "", f"Command: `{command}`", "",
@@ -380,6 +402,23 @@ def distinct_colors(n: int) -> List[Tuple[float, float, float]]:
     return [colorsys.hsv_to_rgb(k / n, 0.75, 0.85 if k % 2 else 0.65) for k in range(n)]
 
 
+def _open_private(path: str):
+    """``path`` opened for writing (binary), created owner-only (mode 0600)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # also when the file existed
+    return os.fdopen(fd, "wb")
+
+
+def _save(plt, fig, path: str) -> str:
+    """Saves ``fig`` as the owner-only PNG ``path``, its title marked PRIVATE."""
+    fig.suptitle(NOT_PRIVATE_NOTE, fontsize=8, color="#b00000")
+    fig.tight_layout()
+    with _open_private(path) as f:
+        fig.savefig(f, format="png", dpi=110)
+    plt.close(fig)
+    return path
+
+
 def _plot_metric(plt, results, epsilons, labels, colors, out_dir, key, sd_key, scale, ylabel,
                  title, filename) -> str:
     """One figure of ``key`` (mean ± ``sd_key``) per mechanism: against ε, or bars at one ε."""
@@ -405,11 +444,7 @@ def _plot_metric(plt, results, epsilons, labels, colors, out_dir, key, sd_key, s
         ax.set_title(f"{title} at ε = {epsilons[0]:g}")
         ax.tick_params(axis="y", labelsize=8)
     ax.grid(alpha=0.3)
-    path = os.path.join(out_dir, filename)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, os.path.join(out_dir, filename))
 
 
 def plot(results, epsilons, out_dir) -> List[str]:
@@ -427,7 +462,7 @@ def plot(results, epsilons, out_dir) -> List[str]:
         written.append(_plot_metric(plt, results, epsilons, labels, colors, out_dir,
                                     "coverage_mean", "coverage_sd", 100.0,
                                     "share of input lines whose item was released (%)",
-                                    "Occurrence coverage", "coverage_vs_epsilon.png"))
+                                    "Occurrence coverage", COVERAGE_PNG))
     if len(epsilons) > 1:
         fig, ax = plt.subplots(figsize=(8, 5))
         for k, lab in enumerate(labels):
@@ -450,11 +485,7 @@ def plot(results, epsilons, out_dir) -> List[str]:
         ax.set_title(f"Released items at ε = {epsilons[0]:g}")
         ax.grid(alpha=0.3, axis="x")
         ax.tick_params(axis="y", labelsize=8)
-    path = os.path.join(out_dir, "released_vs_epsilon.png")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    written.append(path)
+    written.append(_save(plt, fig, os.path.join(out_dir, RELEASED_PNG)))
 
     rows = [r for r in results if r["epsilon"] == epsilons[-1] and "released_by_users" in r]
     if rows:
@@ -471,11 +502,7 @@ def plot(results, epsilons, out_dir) -> List[str]:
         ax.set_ylabel("released items (last trial)")
         ax.set_title(f"Released items by how many users hold them (ε = {epsilons[-1]:g})")
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        path = os.path.join(out_dir, "released_by_users.png")
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path)
+        written.append(_save(plt, fig, os.path.join(out_dir, BY_USERS_PNG)))
     return written
 
 
@@ -507,18 +534,20 @@ def run(argv: Optional[Sequence[str]] = None, progress=None) -> Dict[str, Any]:
                              occurrences)
     command = "beam-dpsu compare " + " ".join(
         a if " " not in a else repr(a) for a in argv)
-    with open(os.path.join(args.output, "results.md"), "w", encoding="utf-8") as f:
-        f.write(markdown(results, args, epsilons, command))
+    with _open_private(os.path.join(args.output, RESULTS_MD)) as f:
+        f.write(markdown(results, args, epsilons, command).encode("utf-8"))
     plots = plot(results, epsilons, args.output)
     if not plots:
         progress("matplotlib is not installed: tables only (pip install beam-dpsu[plots])")
-    summary = {"input": args.input, "delta": args.delta, "epsilons": epsilons,
-               "trials": args.trials, "engine": args.engine, "command": command,
+    summary = {"PRIVATE": NOT_PRIVATE_NOTE, "input": args.input, "delta": args.delta,
+               "epsilons": epsilons, "trials": args.trials, "engine": args.engine,
+               "command": command,
                "results": results, "plots": plots, "seconds": round(time.time() - start, 1),
                "privacy_cost": args.privacy_cost,
                "not_private": "many runs on the same data: this comparison is not DP"}
-    with open(os.path.join(args.output, "results.json"), "w", encoding="utf-8") as f:
-        json.dump(summary, f, indent=2, ensure_ascii=False, default=str)
+    with _open_private(os.path.join(args.output, RESULTS_JSON)) as f:
+        f.write((json.dumps(summary, indent=2, ensure_ascii=False, default=str) + "\n")
+                .encode("utf-8"))
     return summary
 
 

@@ -52,7 +52,7 @@ def add_io_arguments(p: argparse.ArgumentParser) -> None:
                         "PREFIX.PRIVATE-run-details.json (never publish)")
     p.add_argument("--overwrite", action="store_true",
                    help="delete the outputs of an earlier run under PREFIX (and the "
-                        "--dead-letter files) before running; without it such outputs are "
+                        "--dead-letter file) before running; without it such outputs are "
                         "refused")
     p.add_argument("--insecure-test-seed", dest="insecure_test_seed", type=int, metavar="N",
                    help="TESTS ONLY: derive all randomness from N; the output is NOT private "
@@ -62,8 +62,9 @@ def add_io_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_dead_letter_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dead-letter", dest="dead_letter",
-                   help="write the malformed input lines to files PATH-* for the data owner "
-                        "(they are private input, not a release)")
+                   help="write the malformed input lines to the owner-only file "
+                        "PATH.PRIVATE-dead-letter-00000-of-00001 for the data owner (they "
+                        "are private input, not a release: never publish it)")
 
 
 def _beam_option_parser() -> argparse.ArgumentParser:

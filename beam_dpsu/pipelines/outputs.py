@@ -6,6 +6,12 @@
 * ``PREFIX.json`` holds only what may be published with the items; the exact
   counts, input paths, runner and timings go to the owner-only file
   ``PREFIX.PRIVATE-run-details.json`` (mode 0600 on local disks);
+* every file that holds private data has ``PRIVATE`` in its name and is
+  written owner-only (mode 0600 on local disks, ``write_private_file``): the
+  run details, the dead-letter file ``PATH.PRIVATE-dead-letter-00000-of-00001``
+  (raw input lines) and the counts the pipeline itself writes,
+  ``PREFIX.PRIVATE-run-counts.json`` (``tally`` / ``write_counts``), which the
+  launcher reads into the run details and deletes;
 * every location is checked before anything is read or created, and a
   pipeline never writes a second release under a prefix: outputs of an
   earlier run are refused, or deleted first with ``--overwrite``.
@@ -15,23 +21,25 @@ from __future__ import annotations
 import json
 import os
 import uuid
+import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import apache_beam as beam
-from apache_beam import coders
 from apache_beam.io.filesystems import FileSystems
 
 from beam_dpsu.pipelines.cli import UsageError, last_line as _last_line
-from beam_dpsu.transforms import runners
 from beam_dpsu.transforms.textio import match_files
-from beam_dpsu.transforms.write import WriteOneFile, WriteRelease, sorted_text
+from beam_dpsu.transforms.write import TEMP_PREFIX, WriteRelease, sorted_text, write_one_file
 
 
 __all__ = ["SHARD", "ITEMS_SUFFIX", "TOPK_KIND", "SUB_RELEASE_KINDS", "PUBLIC_SUFFIX",
-           "PRIVATE_SUFFIX", "NEVER_PUBLISH_NOTE", "PUBLIC_NOTE", "RELEASE_UNITS",
-           "write_dead_letter", "check_input", "check_output", "prepare_output", "remove_empty",
-           "earlier_outputs", "check_earlier_outputs", "delete_files", "write_items",
-           "count_output_lines", "write_public", "write_private", "check_locations"]
+           "PRIVATE_SUFFIX", "COUNTS_SUFFIX", "COUNT_NAMES", "DEAD_LETTER_SUFFIX",
+           "NEVER_PUBLISH_NOTE", "PUBLIC_NOTE", "RELEASE_UNITS", "write_private_file",
+           "WritePrivateFile", "dead_letter_file", "write_dead_letter", "tally", "write_counts",
+           "read_counts", "check_input", "check_output", "prepare_output", "remove_empty",
+           "earlier_outputs", "check_earlier_outputs", "run_files", "delete_files",
+           "write_items", "count_output_lines", "write_public", "write_private",
+           "check_locations"]
 
 
 #: The one shard of a release file.
@@ -56,6 +64,17 @@ PUBLIC_SUFFIX = ".json"
 
 
 PRIVATE_SUFFIX = ".PRIVATE-run-details.json"
+
+
+#: The counts the pipeline itself writes (users, malformed lines, released items):
+#: ``PREFIX.PRIVATE-run-counts.json``, owner-only; the launcher reads it into the
+#: run details and deletes it (``read_counts``).
+COUNTS_SUFFIX = ".PRIVATE-run-counts.json"
+
+
+#: The one dead-letter file of ``--dead-letter PATH``: ``PATH`` + this (raw private
+#: input lines, owner-only).
+DEAD_LETTER_SUFFIX = ".PRIVATE-dead-letter" + SHARD
 
 
 NEVER_PUBLISH_NOTE = (
@@ -83,21 +102,180 @@ RELEASE_UNITS = {
 }
 
 
-def _repeat_line(element):
-    line, n = element
-    return [line] * n
+def _temp_name(path: str) -> str:
+    """A temporary file next to ``path``: ``beam-temp-NAME-<hex>`` (``write.TEMP_PREFIX``),
+    which a failed run's clean-up finds (``_temp_dirs``)."""
+    directory, name = FileSystems.split(path)
+    return FileSystems.join(directory, f"{TEMP_PREFIX}{name}-{uuid.uuid4().hex}")
+
+
+def write_private_file(path: str, parts) -> None:
+    """Writes ``parts`` (bytes or str, each followed by a newline) as the file ``path``,
+    owner-only, appearing whole or not at all.
+
+    On a local disk the text goes to a temporary file next to ``path`` created
+    with mode 0600 (whatever the umask: no moment at which another user could
+    open it), which is then renamed to ``path``. On other filesystems (object
+    stores have no file modes; their access control applies) this is
+    ``transforms.write.write_one_file``. ``parts`` is iterated once (it may be
+    a runner's lazy iterable of grouped values).
+    """
+    if _is_remote(path):
+        write_one_file(path, parts)
+        return
+    temp = _temp_name(path)
+    try:
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            for part in parts:
+                f.write((part if isinstance(part, bytes) else str(part).encode("utf-8"))
+                        + b"\n")
+        os.replace(temp, path)
+    except BaseException:
+        try:
+            os.remove(temp)
+        except OSError:
+            pass
+        raise
+
+
+def _one_key(element):
+    return None, element
+
+
+class _WritePrivateFileDoFn(beam.DoFn):
+    """(None, elements) → the owner-only file ``path`` (``write_private_file``)."""
+
+    def __init__(self, path: str, to_parts: Callable[[Any], Any]):
+        self._path = path
+        self._to_parts = to_parts
+
+    def process(self, element):
+        write_private_file(self._path, self._to_parts(element[1]))
+        yield self._path
+
+
+def _as_is(elements):
+    return elements
+
+
+class WritePrivateFile(beam.PTransform):
+    """Writes a whole PCollection as the ONE owner-only file ``path``
+    (``write_private_file``): a ``GroupByKey`` under one key, then one ``ParDo``.
+    An empty PCollection writes no file. Works on every runner (also Dask, whose
+    file sinks write empty files).
+
+    Args:
+      path: the file to write; its name should say PRIVATE.
+      to_parts: the grouped elements (an iterable, read once) → the file's lines
+        (default: the elements as they come, streamed).
+    """
+
+    def __init__(self, path: str, to_parts: Optional[Callable[[Any], Any]] = None,
+                 label: Optional[str] = None):
+        super().__init__(label)
+        self._path = path
+        self._to_parts = to_parts or _as_is
+
+    def expand(self, pcoll):
+        return (pcoll
+                | "OneKey" >> beam.Map(_one_key)
+                | "Collect" >> beam.GroupByKey()
+                | "Write" >> beam.ParDo(_WritePrivateFileDoFn(self._path, self._to_parts)))
+
+
+def dead_letter_file(path: str) -> str:
+    """The one dead-letter file of ``--dead-letter PATH``:
+    ``PATH.PRIVATE-dead-letter-00000-of-00001``."""
+    return path + DEAD_LETTER_SUFFIX
+
+
+def _each_occurrence(grouped):
+    for line, n in grouped:
+        for _ in range(n):
+            yield line
 
 
 def write_dead_letter(malformed: beam.PCollection, path: Optional[str]) -> None:
-    """Writes ``(line, count)`` malformed lines (raw bytes, each occurrence) to ``path-*``."""
-    if path and not runners.capabilities(malformed.pipeline).file_sinks:
-        (malformed  # no working file sink (Dask): one file, written by one ParDo
-         | "RepeatMalformed" >> beam.FlatMap(_repeat_line)
-         | "WriteDeadLetter" >> WriteOneFile(path + "-00000-of-00001"))
-    elif path:
-        (malformed
-         | "RepeatMalformed" >> beam.FlatMap(_repeat_line)
-         | "WriteDeadLetter" >> beam.io.WriteToText(path, coder=coders.BytesCoder()))
+    """Counts the ``(line, count)`` malformed lines in the run's counts file
+    (``tally``: ``malformed_lines``, each occurrence) and writes them (raw bytes,
+    each occurrence) to the owner-only file ``dead_letter_file(path)``: no file
+    when ``path`` is None or there is no malformed line.
+
+    The lines are private input: the file says PRIVATE in its name and is
+    created with mode 0600 on a local disk. One worker writes it, streaming the
+    lines (in no particular order).
+    """
+    tally(malformed, "malformed_lines", counts_second=True)
+    if path:
+        malformed | "WriteDeadLetter" >> WritePrivateFile(dead_letter_file(path),
+                                                          _each_occurrence)
+
+
+# -- the counts of a run, written by the pipeline itself ---------------------------
+
+#: pipeline -> PCollections of (name, n) to add up in the run's counts file
+_TALLIES: "weakref.WeakKeyDictionary[beam.Pipeline, list]" = weakref.WeakKeyDictionary()
+
+#: What ``write_counts`` always writes (0 when nothing was tallied under a name).
+COUNT_NAMES = ("users", "malformed_lines", "released")
+
+
+class _Weigh:
+    """element -> (name, 1), or (name, element[1]) (a ``(line, count)`` pair)."""
+
+    def __init__(self, name: str, second: bool):
+        self.name, self.second = name, second
+
+    def __call__(self, element):
+        return self.name, (element[1] if self.second else 1)
+
+
+def tally(pcoll: beam.PCollection, name: str, counts_second: bool = False) -> None:
+    """Adds ``pcoll``'s number of elements (``counts_second``: the sum of each
+    element's second part, e.g. the ``n`` of ``(line, n)``) to the count ``name`` of
+    its pipeline's counts file (``write_counts``).
+
+    The counts come from the pipeline's own output, not from Beam metrics, so every
+    runner reports them (Dask implements no metrics).
+    """
+    found = _TALLIES.setdefault(pcoll.pipeline, [])
+    found.append(pcoll | f"Tally{len(found)}{name}" >> beam.Map(_Weigh(name, counts_second)))
+
+
+class _CountsJson:
+    def __call__(self, grouped):
+        totals = {}
+        for name, n in grouped:
+            totals[name] = totals.get(name, 0) + int(n)
+        return [json.dumps(dict(sorted(totals.items())))]
+
+
+def write_counts(pipeline: beam.Pipeline, prefix: str) -> None:
+    """Adds to ``pipeline`` the step that writes ``PREFIX.PRIVATE-run-counts.json``:
+    one JSON object of every count ``tally`` registered for the pipeline, summed
+    (``users``, ``malformed_lines`` and ``released`` always present). Call it after
+    the graph is built. The file is owner-only (``write_private_file``): it holds
+    exact counts of the input."""
+    zeros = pipeline | "CountsZero" >> beam.Create([(name, 0) for name in COUNT_NAMES])
+    parts = [zeros] + list(_TALLIES.get(pipeline, ()))
+    (tuple(parts)
+     | "Counts/Flatten" >> beam.Flatten()
+     | "Counts/Sum" >> beam.CombinePerKey(sum)
+     | "Counts/Write" >> WritePrivateFile(prefix + COUNTS_SUFFIX, _CountsJson()))
+
+
+def read_counts(prefix: str) -> Dict[str, int]:
+    """The counts a run's pipeline wrote (``write_counts``); the file is deleted.
+    Raises RuntimeError when the run wrote none (it always writes one)."""
+    path = prefix + COUNTS_SUFFIX
+    if not FileSystems.exists(path):
+        raise RuntimeError(f"the run wrote no {path}: its runner skipped part of the graph")
+    with FileSystems.open(path) as f:
+        counts = json.loads(f.read().decode("utf-8"))
+    FileSystems.delete([path])
+    return {k: int(v) for k, v in counts.items()}
 
 
 def _is_remote(path: str) -> bool:
@@ -136,9 +314,12 @@ def check_output(prefix: str, flag: str = "--output") -> None:
     """UsageError unless files ``PREFIX...`` can be created; creates and leaves nothing.
 
     On a local disk the nearest existing ancestor of the prefix's directory
-    must be a directory we may write (missing directories are created only
-    when the run starts, by ``prepare_output``). On other filesystems an empty
-    probe file is created and deleted.
+    must be a directory we may write; then the missing directories are really
+    created, an empty probe file is created in the prefix's directory, and all
+    of them are removed again (permission bits do not tell everything: ``/proc``
+    or a read-only mount refuse what ``os.access`` allows). The directories are
+    created for good only when the run starts (``prepare_output``). On other
+    filesystems an empty probe file is created and deleted.
     """
     if prefix.endswith(("/", os.sep)):
         raise UsageError(f"{flag} {prefix!r} ends with a separator; it is a file prefix, "
@@ -165,6 +346,33 @@ def check_output(prefix: str, flag: str = "--output") -> None:
     if not os.access(ancestor, os.W_OK | os.X_OK):
         raise UsageError(f"cannot write to {prefix!r}: no permission to create files in "
                          f"{ancestor!r}")
+    _probe_local(prefix)
+
+
+def _probe_local(prefix: str) -> None:
+    """Creates the prefix's missing directories and a probe file in it, then removes
+    them all; UsageError (with the system's reason) when any step fails."""
+    directory = os.path.dirname(os.path.abspath(prefix))
+    missing = []
+    parent = directory
+    while not os.path.exists(parent):
+        missing.append(parent)
+        parent = os.path.dirname(parent)
+    made: List[str] = []
+    step = ""
+    try:
+        for path in reversed(missing):  # outermost first
+            step = f"cannot create directory {path!r}"
+            os.mkdir(path)
+            made.append(path)
+        step = f"cannot create files in {directory!r}"
+        probe = os.path.join(directory, f".beam-dpsu-probe-{uuid.uuid4().hex}")
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        os.remove(probe)
+    except OSError as e:
+        raise UsageError(f"cannot write to {prefix!r}: {step}: {e.strerror or e}") from None
+    finally:
+        remove_empty(made)
 
 
 def prepare_output(prefix: str) -> List[str]:
@@ -196,23 +404,31 @@ def _existing(paths: Sequence[str]) -> List[str]:
     return [p for p in paths if FileSystems.exists(p)]
 
 
-def earlier_outputs(prefix: str, dead_letter: Optional[str] = None) -> List[str]:
-    """Files an earlier run left under ``prefix``: items, summaries, dead letters.
+def run_files(prefix: str, dead_letter: Optional[str] = None) -> List[str]:
+    """The files a run under ``prefix`` (with ``--dead-letter`` ``dead_letter``)
+    writes, whether or not they exist: release files, summaries, counts, dead letter."""
+    return ([prefix + ITEMS_SUFFIX] + [f"{prefix}-{kind}{SHARD}" for kind in SUB_RELEASE_KINDS]
+            + [prefix + PUBLIC_SUFFIX, prefix + PRIVATE_SUFFIX, prefix + COUNTS_SUFFIX]
+            + ([dead_letter_file(dead_letter)] if dead_letter else []))
 
-    The dead-letter files are those of ``dead_letter`` and those the earlier
-    run's private details name.
+
+def earlier_outputs(prefix: str, dead_letter: Optional[str] = None) -> List[str]:
+    """Files an earlier run left under ``prefix``: items, summaries, counts, dead letters.
+
+    The dead-letter files are ``dead_letter``'s (``dead_letter_file``) and those
+    the earlier run's private details name.
     """
     # the items' shards (one; an older version wrote several), never
     # another run's files such as PREFIX-items-x-items-00000-of-00001
     found = match_files(prefix + "-items-[0-9][0-9][0-9][0-9][0-9]-of-[0-9][0-9][0-9][0-9][0-9]")
-    found += _existing([prefix + PUBLIC_SUFFIX, prefix + PRIVATE_SUFFIX]
-                       + [f"{prefix}-{kind}{SHARD}" for kind in SUB_RELEASE_KINDS])
-    patterns = [dead_letter + "-*"] if dead_letter else []
+    found += _existing([p for p in run_files(prefix, dead_letter) if p not in found])
+    patterns = []
     if prefix + PRIVATE_SUFFIX in found:
         try:
             with FileSystems.open(prefix + PRIVATE_SUFFIX) as f:
                 earlier = json.loads(f.read().decode("utf-8")).get("dead_letter_files")
-            if isinstance(earlier, str) and earlier.endswith("-*"):
+            # this version records the file; an older one a pattern PATH-*
+            if isinstance(earlier, str) and earlier.endswith((DEAD_LETTER_SUFFIX, "-*")):
                 patterns.append(earlier)
         except Exception:  # unreadable or not ours: its own path is still refused
             pass
@@ -259,21 +475,26 @@ def write_items(lines: beam.PCollection, prefix: str,
     collects the lines, one writes them to a temporary file next to the release
     and renames it, so the file appears whole or not at all (an empty release
     writes no file; ``run_release`` then creates it empty).
+
+    The released elements are also counted (``tally``: ``released`` for the
+    items, ``released_KIND`` for a further release) in the run's counts file.
     """
+    tally(lines, "released" if kind == "items" else f"released_{kind}")
     lines | label + "WriteItems" >> WriteRelease(f"{prefix}-{kind}{SHARD}", arrange)
 
 
 def _temp_dirs(prefixes: Sequence[str]) -> set:
     """Local ``beam-temp-*`` directories Beam's file sinks make for these prefixes, and
-    the temporary files of ``write.write_one_file``."""
+    the temporary files of ``write.write_one_file`` and ``write_private_file``."""
     out = set()
     for prefix in prefixes:
         if not prefix or _is_remote(prefix):
             continue
         parent = os.path.dirname(os.path.abspath(prefix))
-        start = "beam-temp-" + os.path.basename(prefix) + "-"  # (not PREFIX2's)
+        base = TEMP_PREFIX + os.path.basename(prefix)
+        starts = (base + "-", base + ".PRIVATE-")  # (not PREFIX2's)
         try:
-            out |= {os.path.join(parent, n) for n in os.listdir(parent) if n.startswith(start)}
+            out |= {os.path.join(parent, n) for n in os.listdir(parent) if n.startswith(starts)}
         except OSError:
             pass
     return out

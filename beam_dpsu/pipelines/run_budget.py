@@ -20,6 +20,17 @@ public summary states the total under ``"budget"``
 (``PrivacyBudget.describe()``: the total, each part's share and stated
 guarantee, basic composition).
 
+Rounding: each release's share is the fraction of the total rounded down, the
+stated total is the exact sum of the parts rounded up, and it is compared with
+the budget exactly (``budget.share_of``, ``accounting.sum_up``): the run never
+states more than its budget, nor less than it spends. Printed figures are
+``accounting.readable_up`` of the exact ones kept in the JSON.
+
+``warn_guarantee`` prints one warning line per way the run's stated (ε, δ)
+protects little (``calibration.guarantee_warnings``: ε above
+``params.WARN_EPSILON_ABOVE``, δ above ``params.WARN_DELTA_ABOVE``); the run
+goes on.
+
 ``parse_shares`` is the pure function behind ``--share``; ``plan`` builds the
 budget from parsed arguments.
 """
@@ -29,12 +40,23 @@ import argparse
 import math
 from typing import Any, Dict, Optional, Sequence, Tuple
 
-from beam_dpsu.dp.accounting import PrivacyGuarantee
+from beam_dpsu.dp.accounting import PrivacyGuarantee, figure
 from beam_dpsu.dp.budget import PrivacyBudget, compose_guarantees, fits
-from beam_dpsu.pipelines.cli import UsageError
+from beam_dpsu.dp.calibration import guarantee_warnings
+from beam_dpsu.dp.params import WARN_DELTA_ABOVE, WARN_EPSILON_ABOVE
+from beam_dpsu.pipelines.cli import UsageError, write_line
 
 
-__all__ = ["add_arguments", "parse_shares", "plan", "total_cost"]
+__all__ = ["add_arguments", "parse_shares", "plan", "total_cost", "warn_guarantee"]
+
+
+def warn_guarantee(epsilon: float, delta: float, stream=None) -> list:
+    """Prints ``WARNING: <reason>`` on stderr for each ``calibration.guarantee_warnings`` of
+    the stated (ε, δ) (one line each; the run goes on); returns the lines printed."""
+    lines = ["WARNING: " + w for w in guarantee_warnings(epsilon, delta)]
+    for line in lines:
+        write_line(line, stream)
+    return lines
 
 
 def add_arguments(p: argparse.ArgumentParser, releases: Sequence[str] = (),
@@ -52,12 +74,13 @@ def add_arguments(p: argparse.ArgumentParser, releases: Sequence[str] = (),
         "calibrated from its share (replaces --epsilon/--delta)" if shares else
         "state the most the run's releases may spend together; it refuses to run past it")
     g.add_argument("--budget-epsilon", dest="budget_epsilon", type=float, metavar="E",
-                   help="total ε > 0 of all releases of this run, composed (basic "
-                        "composition; compare: zCDP composition where every release is "
-                        "zCDP). Privacy: the run's stated guarantee")
+                   help=f"total ε > 0 of all releases of this run, composed (basic "
+                        f"composition; compare: zCDP composition where every release is "
+                        f"zCDP; a warning above {WARN_EPSILON_ABOVE:g}). Privacy: the run's "
+                        f"stated guarantee")
     g.add_argument("--budget-delta", dest="budget_delta", type=float, metavar="D",
-                   help="total δ in (0, 1) of all releases of this run. Privacy: the run's "
-                        "stated guarantee")
+                   help=f"total δ in (0, 1) of all releases of this run (a warning above "
+                        f"{WARN_DELTA_ABOVE:g}). Privacy: the run's stated guarantee")
     if not shares:
         return
     g.add_argument("--share", dest="share", action="append", metavar="NAME=FRACTION",
@@ -137,7 +160,7 @@ def plan(args: argparse.Namespace, releases: Sequence[str],
         raise UsageError("give both --budget-epsilon and --budget-delta (the run's total)")
     clash = [name for name in replaced if getattr(args, name, None) is not None]
     if clash:
-        flags = ", ".join("--" + name for name in clash)
+        flags = ", ".join("--" + name.replace("_", "-") for name in clash)
         raise UsageError(f"{flags} cannot be given with --budget-epsilon/--budget-delta: the "
                          f"budget calibrates the release(s) (see --share)")
     try:
@@ -158,8 +181,10 @@ def total_cost(args: argparse.Namespace, guarantees: Sequence[PrivacyGuarantee],
       what: what the releases are, for the messages (``"5 trials of 2 mechanisms"``).
 
     Returns a JSON-ready statement (``releases``, ``epsilon``, ``delta``,
-    ``composition``, ``budget_epsilon``, ``budget_delta``). Raises UsageError for
-    half a budget or a total past it (before any data is read).
+    ``composition``, ``budget_epsilon``, ``budget_delta``): the total is exact sums
+    rounded up (``budget.compose_guarantees``) and is compared with the budget
+    exactly. Raises UsageError for half a budget or a total past it (before any data
+    is read).
     """
     eps, delta = args.budget_epsilon, args.budget_delta
     if (eps is None) != (delta is None):
@@ -171,8 +196,9 @@ def total_cost(args: argparse.Namespace, guarantees: Sequence[PrivacyGuarantee],
             raise UsageError(f"--budget-epsilon/--budget-delta: {e}") from None
     total = compose_guarantees(guarantees)
     if eps is not None and not (fits(total.epsilon, eps) and fits(total.delta, delta)):
-        raise UsageError(f"{what} would spend ε = {total.epsilon:.6g}, δ = {total.delta:.3g} "
-                         f"together ({total.note}), more than --budget-epsilon {eps:g} "
-                         f"--budget-delta {delta:g}: run fewer releases or lower their ε, δ")
+        raise UsageError(f"{what} would spend ε = {figure(total.epsilon)}, "
+                         f"δ = {figure(total.delta)} together ({total.note}), more than "
+                         f"--budget-epsilon {eps!r} --budget-delta {delta!r}: run fewer "
+                         f"releases or lower their ε, δ")
     return {"releases": len(guarantees), "epsilon": total.epsilon, "delta": total.delta,
             "composition": total.note, "budget_epsilon": eps, "budget_delta": delta}

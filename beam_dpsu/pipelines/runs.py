@@ -7,11 +7,22 @@ Conventions of every release pipeline (``select_partitions``, ``top_k``):
   outputs of an earlier run under the same prefix) raises ``UsageError``
   before any data is read and before anything is created, and ``main`` turns
   it into one line on stderr and exit status 2;
+* the users, malformed lines and released items are counted by the pipeline
+  itself, in its own output (``outputs.tally``, written owner-only to
+  ``PREFIX.PRIVATE-run-counts.json`` and read back into the private run
+  details), never from Beam metrics: every runner reports them (Dask has no
+  metrics) and every runner follows the rules below;
 * input with no well-formed line is one line on stderr and exit status 1, and
-  leaves no release; any malformed line gives a one-line warning;
+  leaves no release; any malformed line gives a one-line warning (with
+  ``--quiet``, without its count, which is in the private run details);
+* Ctrl-C is one line, ``PROG: interrupted``, and exit status 130;
 * any other failure is one line on stderr and exit status 1 (set the
   environment variable ``BEAM_DPSU_DEBUG=1`` to see Beam's own logs and the
   traceback);
+* a run that fails or is interrupted leaves nothing behind: no release file,
+  summary, dead-letter or counts file, temporary file, or directory it created
+  (input without a well-formed line keeps only its dead-letter file, which shows
+  what is wrong with it);
 * the files of a release are those of ``beam_dpsu.pipelines.outputs``.
 """
 from __future__ import annotations
@@ -32,13 +43,16 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_dpsu import __version__
 from beam_dpsu.transforms import runners
+from beam_dpsu.transforms.bounding import has_canonical_ids, mark_canonical_ids
 from beam_dpsu.pipelines import cli, outputs
 from beam_dpsu.pipelines.cli import run_main
+from beam_dpsu.dp.accounting import readable_up
 from beam_dpsu.dp.noise import RunKey
 
 
 __all__ = ["INSECURE_SEED_WARNING", "NoWellFormedInput", "make_run_key", "progress_seconds",
-           "CountUsers", "runner_name", "run_pipeline", "counter", "run_release", "main_wrapper"]
+           "UserProgress", "CountUsers", "runner_name", "run_pipeline", "counter",
+           "run_release", "main_wrapper"]
 
 
 INSECURE_SEED_WARNING = (
@@ -67,7 +81,8 @@ def make_run_key(seed: Optional[int]) -> RunKey:
 #: ``run_release``, or None (no progress lines: quiet, or built by a library user).
 _RUN_PROGRESS: contextvars.ContextVar = contextvars.ContextVar("beam_dpsu_run_progress",
                                                                default=None)
-#: users counted by this worker process, and when it last printed a line.
+#: users counted by this worker process, when it last printed a line (or saw its
+#: first user: 0.0 before).
 _WORKER_PROGRESS = {"users": 0, "last": 0.0}
 _WORKER_LOCK = threading.Lock()
 
@@ -81,21 +96,25 @@ def progress_seconds() -> float:
         return 10.0
 
 
-class CountUsers(beam.DoFn):
-    """Passes per-user elements through, counting them in ``beam_dpsu/users``.
+class UserProgress(beam.DoFn):
+    """Passes per-user elements through; each worker process prints a progress line.
 
-    Built inside ``run_release`` (and not ``--quiet``), each worker process also
-    prints at most one progress line every ``progress_seconds()`` to its stderr:
-    ``PROG: [elapsed] N users read and grouped so far (this worker)``. On the
-    DirectRunner that is the command's stderr; on other runners the worker logs.
+    Args:
+      progress: ``(prog, start time, seconds between lines)``, or None (no lines:
+        ``--quiet``, or a pipeline not built by ``run_release``).
+
+    A worker process prints its first line one interval (``progress_seconds()``)
+    after its first user, then at most one line per interval, to its stderr:
+    ``PROG: [elapsed] N users read so far by this worker`` (on the DirectRunner
+    that is the command's stderr; on other runners the worker logs). A short run
+    prints none: the launcher's stage lines say what it did. With an interval of
+    0, every user prints a line.
     """
 
-    def __init__(self):
-        self._users = beam.metrics.Metrics.counter("beam_dpsu", "users")
-        self._progress = _RUN_PROGRESS.get()
+    def __init__(self, progress=None):
+        self._progress = progress
 
     def process(self, element):
-        self._users.inc()
         if self._progress is not None:
             self._report()
         yield element
@@ -105,12 +124,32 @@ class CountUsers(beam.DoFn):
         now = time.time()
         with _WORKER_LOCK:
             _WORKER_PROGRESS["users"] += 1
+            if not _WORKER_PROGRESS["last"]:
+                _WORKER_PROGRESS["last"] = now  # this worker's first user starts its interval
             if every and now - _WORKER_PROGRESS["last"] < every:
                 return
             _WORKER_PROGRESS["last"] = now
             users = _WORKER_PROGRESS["users"]
-        cli.write_line(f"{prog}: [{now - start:.1f} s] {users} users read and grouped so far "
-                       f"(this worker)")  # one write: other workers print too
+        cli.write_line(f"{prog}: [{now - start:.1f} s] {users} users read so far by this "
+                       f"worker")  # one write: other workers print too
+
+
+class CountUsers(beam.PTransform):
+    """Counts the per-user elements of a PCollection for the run's counts file and passes
+    them through.
+
+    The count is the pipeline's own output (``outputs.tally`` under ``users``), so
+    every runner reports it, also one without metrics (Dask). Built inside
+    ``run_release`` without ``--quiet``, the workers also print progress lines
+    (``UserProgress``). Apply it once to each part of the users: each user must be
+    in exactly one part.
+    """
+
+    def expand(self, users):
+        outputs.tally(users, "users")
+        out = users | "Progress" >> beam.ParDo(UserProgress(_RUN_PROGRESS.get()))
+        # The same elements: ids the reader made canonical stay so (no second check).
+        return mark_canonical_ids(out) if has_canonical_ids(users) else out
 
 
 # -- the release file -----------------------------------------------------------
@@ -175,24 +214,30 @@ def run_release(args, beam_args: Sequence[str],
     """The whole life of a release, shared by every release pipeline.
 
     ``args`` has ``input``, ``output``, ``overwrite``, ``insecure_test_seed``
-    and ``dead_letter``; ``build(p, run_key)`` adds the graph (it must count
-    users in ``beam_dpsu/users`` and write with ``write_items``);
-    ``public_fields(result, num_released)`` gives the mechanism's publishable
-    fields. Checks every location before anything is read or created, runs,
-    refuses a run without a well-formed input line (deleting its items file),
-    writes the owner-only details and then the public summary.
+    and ``dead_letter``; ``build(p, run_key)`` adds the graph (it must pass
+    every part of the users through ``CountUsers`` exactly once, write the
+    release with ``outputs.write_items`` and the malformed lines with
+    ``outputs.write_dead_letter``); ``public_fields(result,
+    num_released)`` gives the mechanism's publishable fields. Checks every
+    location before anything is read or created, runs, reads the counts the
+    pipeline wrote (``outputs.read_counts``), refuses a run without a
+    well-formed input line, writes the owner-only details and then the public
+    summary. When anything fails or is interrupted (Ctrl-C) after the checks,
+    every file of this run and every directory it created is removed before the
+    exception goes on.
 
     ``sub_releases``: kinds (of ``SUB_RELEASE_KINDS``) of further releases
-    ``build`` writes with ``write_items(..., PREFIX, kind=KIND)``; the
-    main release's ``num_released`` is then its file's line count, since the
-    ``released`` counter counts every release of the run.
+    ``build`` writes with ``write_items(..., PREFIX, kind=KIND)``.
+
+    ``args.progress_notes`` (optional, set by ``public_fields``): further
+    progress lines, printed after the release's.
 
     Returns the public summary with the owner-only details under
     ``"PRIVATE_run_details"`` (what ``main`` prints is public fields only).
     """
     dead_letter = getattr(args, "dead_letter", None)
-    progress = cli.Progress(cli.command_prog(getattr(args, "_prog", "beam-dpsu")),
-                            getattr(args, "quiet", False))
+    quiet = getattr(args, "quiet", False)
+    progress = cli.Progress(cli.command_prog(getattr(args, "_prog", "beam-dpsu")), quiet)
     paths = outputs.check_input(args.input)
     outputs.check_output(args.output, "--output")
     if dead_letter:
@@ -200,55 +245,77 @@ def run_release(args, beam_args: Sequence[str],
     stale = outputs.check_earlier_outputs(args.output, dead_letter, args.overwrite)
     run_key = make_run_key(args.insecure_test_seed)
     outputs.delete_files(stale)
-    created = outputs.prepare_output(args.output)
-    if dead_letter:
-        created += outputs.prepare_output(dead_letter)
+    created: list = []
+    try:
+        created += outputs.prepare_output(args.output)
+        if dead_letter:
+            created += outputs.prepare_output(dead_letter)
+        return _run_and_summarise(args, beam_args, build, public_fields, sub_releases,
+                                  run_key, paths, progress)
+    except BaseException as e:
+        # input without a well-formed line keeps the dead-letter file the user asked
+        # for: it shows what is wrong with the input
+        keep = (outputs.dead_letter_file(dead_letter)
+                if dead_letter and isinstance(e, NoWellFormedInput) else None)
+        outputs.delete_files([p for p in outputs._existing(outputs.run_files(args.output,
+                                                                             dead_letter))
+                              if p != keep])
+        outputs.remove_empty(created)
+        raise
+
+
+def _size_text(size: int) -> str:
+    return (f"{size} bytes" if size < 1000 else f"{size / 1e3:.1f} kB" if size < 1e6
+            else f"{size / 1e6:.1f} MB")
+
+
+def _run_and_summarise(args, beam_args, build, public_fields, sub_releases, run_key, paths,
+                       progress) -> Dict[str, Any]:
+    """``run_release`` after the checks: the run, its counts, the summaries."""
+    dead_letter = getattr(args, "dead_letter", None)
+    private_path = args.output + outputs.PRIVATE_SUFFIX
     local = [p for p in paths if not outputs._is_remote(p)]
     size = sum(os.path.getsize(p) for p in local)
-    progress(f"input: {len(paths)} file(s)" + (f", {size / 1e6:.1f} MB" if local else "")
-             + f"; running the pipeline on {runner_name(beam_args)}")
+    progress(f"reading {len(paths)} file{'s' if len(paths) != 1 else ''}"
+             + (f" ({_size_text(size)})" if len(local) == len(paths) else "")
+             + f" on {runner_name(beam_args)}")
     _WORKER_PROGRESS.update(users=0, last=0.0)  # this process's count starts anew
     token = _RUN_PROGRESS.set(None if progress.quiet else
                               (progress.prog, progress.start, progress_seconds()))
+
+    def build_all(p):
+        build(p, run_key)
+        outputs.write_counts(p, args.output)  # the counts, from the pipeline's own output
+
     try:
-        result, wall, runner = run_pipeline(beam_args, lambda p: build(p, run_key),
-                                            (args.output, dead_letter))
-    except BaseException:
-        outputs.remove_empty(created)
-        raise
+        result, wall, runner = run_pipeline(beam_args, build_all, (args.output, dead_letter))
     finally:
         _RUN_PROGRESS.reset(token)
-    files = [args.output + outputs.ITEMS_SUFFIX] + [f"{args.output}-{k}{outputs.SHARD}" for k in sub_releases]
-    counted = counter(result, "released") if not sub_releases else None
-    for path in files:
+    counts = outputs.read_counts(args.output)
+    users, malformed = counts.get("users", 0), counts.get("malformed_lines", 0)
+    if users == 0:
+        kept = dead_letter and FileSystems.exists(outputs.dead_letter_file(dead_letter))
+        raise NoWellFormedInput(
+            f"no well-formed user<TAB>item line in {args.input!r}"
+            + ("" if progress.quiet else f" ({malformed} malformed line(s))")
+            + ": nothing released"
+            + (f"; the malformed lines are in {outputs.dead_letter_file(dead_letter)}"
+               if kept else ""))
+    kinds = {"items": "released", **{k: f"released_{k}" for k in sub_releases}}
+    for kind, name in kinds.items():
+        path = f"{args.output}-{kind}{outputs.SHARD}"
         if not FileSystems.exists(path):
-            if path == files[0] and counted:
-                raise RuntimeError(f"the run counted {counted} released item(s) but wrote no "
-                                   f"{path}")
-            # runners.WriteOneFile writes no file for an empty release
+            if counts.get(name):
+                raise RuntimeError(f"the run counted {counts[name]} released item(s) but "
+                                   f"wrote no {path}")
+            # transforms.write.WriteRelease writes no file for an empty release
             with FileSystems.create(path) as f:
                 f.write(b"")
-    users = counter(result, "users")
-    malformed = counter(result, "malformed_lines")
-    if users == 0:
-        outputs.delete_files(outputs._existing(files))
-        outputs.remove_empty(created)
-        raise NoWellFormedInput(
-            f"no well-formed user<TAB>item line in {args.input!r} ({malformed or 0} malformed "
-            f"line(s)): nothing released")
-    if malformed:
-        print(f"WARNING: {malformed} malformed input line(s) skipped (no tab, empty user id or "
-              f"invalid UTF-8)" + (f"; they are in {dead_letter}-*" if dead_letter else ""),
-              file=sys.stderr)
-    if users is None:
-        print("WARNING: the runner reports no metrics: malformed and missing input cannot be "
-              "detected", file=sys.stderr)
-    progress(f"pipeline finished in {wall:.1f} s: "
-             + (f"{users} users, {malformed or 0} malformed lines; " if users is not None
-                else "") + "writing the summaries")
-    released = counter(result, "released") if not sub_releases else None
-    if released is None:
-        released = outputs.count_output_lines(args.output)
+    if dead_letter and not FileSystems.exists(outputs.dead_letter_file(dead_letter)):
+        # no malformed line: the file the user asked for exists, empty (and owner-only)
+        outputs.write_private_file(outputs.dead_letter_file(dead_letter), [])
+    progress(f"pipeline finished in {wall:.1f} s: {users} users, {malformed} malformed lines")
+    released = counts.get("released", 0)
     public = dict(public_fields(result, released))
     public.update({
         "num_released": released,
@@ -269,18 +336,39 @@ def run_release(args, beam_args: Sequence[str],
         "runner": runner,
         "wall_seconds": round(wall, 3),
         "items_output": args.output + outputs.ITEMS_SUFFIX,
-        **({"other_release_outputs": files[1:]} if sub_releases else {}),
+        **({"other_release_outputs": [f"{args.output}-{k}{outputs.SHARD}"
+                                      for k in sub_releases]} if sub_releases else {}),
         "public_summary": args.output + outputs.PUBLIC_SUFFIX,
-        "dead_letter_files": (dead_letter + "-*") if dead_letter else None,
+        "dead_letter_files": outputs.dead_letter_file(dead_letter) if dead_letter else None,
     }
     if dead_letter:
-        details["dead_letter_note"] = ("the dead-letter files hold private input lines: they "
-                                       "are not a release and must never be published")
+        details["dead_letter_note"] = ("the dead-letter file holds private input lines: it "
+                                       "is not a release and must never be published")
     outputs.write_private(args.output, details)
     outputs.write_public(args.output, public)
+    if malformed:
+        where = (f"; they are in {outputs.dead_letter_file(dead_letter)}" if dead_letter
+                 else "")
+        if progress.quiet:  # no exact count on stderr: it is in the private details
+            cli.write_line(f"WARNING: malformed input lines were skipped (no tab, empty user "
+                           f"id or invalid UTF-8); their count is in {private_path}{where}")
+        else:
+            cli.write_line(f"WARNING: {malformed} malformed input line(s) skipped (no tab, "
+                           f"empty user id or invalid UTF-8){where}")
     progress(f"released {released} items: {args.output + outputs.ITEMS_SUFFIX}, summary "
              f"{args.output + outputs.PUBLIC_SUFFIX}")
+    for note in getattr(args, "progress_notes", None) or ():
+        progress(note)
     return dict(public, PRIVATE_run_details=details)
+
+
+def _readable(value, key: Optional[str] = None):
+    """``value`` with every stated ``epsilon``/``delta`` (at any depth) as ``readable_up``."""
+    if isinstance(value, dict):
+        return {k: _readable(v, k) for k, v in value.items()}
+    if key in ("epsilon", "delta") and isinstance(value, float):
+        return readable_up(value)
+    return value
 
 
 def main_wrapper(prog: str, run: Callable[[Optional[Sequence[str]]], Dict[str, Any]],
@@ -291,6 +379,9 @@ def main_wrapper(prog: str, run: Callable[[Optional[Sequence[str]]], Dict[str, A
     ``echo`` must name public fields only (users paste what is printed), as
     must ``nested`` (``{key: fields}``: those fields of a sub-dict, printed
     when the summary has it); a run with an insecure test seed also prints it.
+    Stated guarantees (the ``epsilon`` and ``delta`` keys, at any depth) are
+    printed readable and rounded up (``accounting.readable_up``: ``3.0``, not
+    ``2.9999999999999662``); the JSON summaries keep the exact values.
     """
     # Beam logs worker failures with tracebacks; we print one line instead
     cli.configure_logging(cli.wants_verbose(list(sys.argv[1:] if argv is None else argv)))
@@ -303,7 +394,7 @@ def main_wrapper(prog: str, run: Callable[[Optional[Sequence[str]]], Dict[str, A
                 printed[key] = {k: summary[key].get(k) for k in fields}
         if summary.get("insecure_test_seed") is not None:
             printed["insecure_test_seed"] = summary["insecure_test_seed"]
-        print(json.dumps(printed, ensure_ascii=False))
+        print(json.dumps(_readable(printed), ensure_ascii=False))
         return 0
 
     return run_main(prog, body)

@@ -40,7 +40,16 @@ one query. ``PREFIX.json`` then states the run's total (``epsilon``,
 ``delta``, with every part under ``budget``), the key set's own guarantee as
 ``release_epsilon``/``release_delta`` (and ``release_rho``,
 ``release_zcdp_delta``, ``release_guarantee``) and the top-k release under
-``top_k``.
+``top_k``, with how many of ``K`` it released and why (``released_of_k``,
+``stop_reason``: the query stops at the first candidate whose noisy count falls
+below the noisy threshold, and pays only for the selections made; also a
+progress line on stderr). The run's total is the exact sum of its parts rounded
+up, and each share the fraction of the budget rounded down, so it is never
+above the budget (stdout prints it readable: ``3.0``, ``1e-05``).
+
+A stated ε above ``params.WARN_EPSILON_ABOVE`` or δ above
+``params.WARN_DELTA_ABOVE`` (the run's total with a budget, else the release's
+own) gets a one-line warning on stderr; the run goes on.
 
 Outputs of an earlier run under ``PREFIX`` are refused unless ``--overwrite``
 is given, which deletes them first. ``--insecure-test-seed N`` (tests only)
@@ -88,8 +97,10 @@ def build_parser() -> flags.ArgumentParser:
     run_budget.add_arguments(p, RELEASES)
     g = p.add_argument_group("a top-k release in the same run (needs the budget flags)")
     g.add_argument("--top-k", dest="top_k", type=int, metavar="K",
-                   help="also release the differentially private top K items to "
-                        "PREFIX-top-k-00000-of-00001. Privacy: paid from --share top-k")
+                   help="also release the differentially private top K items (at most K: "
+                        "the query stops at the first candidate below its noisy threshold) "
+                        "to PREFIX-top-k-00000-of-00001. Privacy: paid from --share top-k "
+                        "(the whole query's guarantee)")
     g.add_argument("--top-k-bar", dest="top_k_bar", type=int, metavar="KBAR",
                    help="top-k candidates k̄ >= K (default K). Privacy: none (the threshold "
                         "grows with log(k̄/δ)/ε)")
@@ -159,8 +170,11 @@ def parse_plan(argv: Optional[Sequence[str]]) -> Tuple[object, Plan, List[str]]:
         try:
             pool = budget.pay_what_you_get("top-k", max_selections=args.top_k, max_queries=1,
                                            fraction=fractions["top-k"])
-            topk = TopKMechanism(k=args.top_k, k_bar=args.top_k_bar, epsilon=pool.epsilon,
-                                 delta=pool.delta, max_items=args.top_k_max_items)
+            # The pool (k selections, one query) is the whole query's calibration, as
+            # beam-dpsu top-k --epsilon E --delta D: its per-selection ε is given here.
+            topk = TopKMechanism(k=args.top_k, k_bar=args.top_k_bar,
+                                 epsilon_per_selection=pool.epsilon, delta=pool.delta,
+                                 max_items=args.top_k_max_items)
         except ValueError as e:
             raise UsageError("--top-k: " + _top_k_flags(str(e))) from None
     return args, Plan(mechanism, topk, budget, pool), beam_args
@@ -215,12 +229,12 @@ def build_pipeline(p: beam.Pipeline, input_pattern: str, output_prefix: str,
     if len(sized) > 1 or split:
         users, malformed = p | "ReadUserItems" >> ReadUserItems(
             input_pattern, keep_order=order, with_malformed=True, split_files=split)
-        parts = everyone = users | "CountUsers" >> beam.ParDo(runs.CountUsers())
+        parts = everyone = users | "CountUsers" >> runs.CountUsers()
     else:
         users, complete, malformed = p | "ReadUserItems" >> ReadUserItems(
             input_pattern, keep_order=order, with_malformed=True, complete_users=True)
-        parts = (users | "CountUsers" >> beam.ParDo(runs.CountUsers()),
-                 complete | "CountCompleteUsers" >> beam.ParDo(runs.CountUsers()))
+        parts = (users | "CountUsers" >> runs.CountUsers(),
+                 complete | "CountCompleteUsers" >> runs.CountUsers())
         everyone = None
     outputs.write_dead_letter(malformed, dead_letter)
     items = parts | "SelectPartitions" >> SelectPartitions(mechanism, run_key, per_user=True)
@@ -253,6 +267,9 @@ def budget_fields(plan: Plan, fields: dict, output_prefix: str) -> dict:
         topk.update(num_released=released,
                     items_file=f"{os.path.basename(output_prefix)}-{outputs.TOPK_KIND}"
                                f"{outputs.SHARD}")
+        topk["epsilon_meaning"] = (
+            "the guarantee of the whole top-k query (its part of the budget): the "
+            "composition of k selections of epsilon_per_selection, calibrated from its share")
         fields["top_k"] = topk
     total = plan.budget.guarantee()
     for key in ("epsilon", "delta", "rho", "zcdp_delta", "guarantee"):
@@ -288,10 +305,17 @@ def run(argv: Optional[Sequence[str]] = None) -> dict:
     """Runs the pipeline; returns the public summary (also written to PREFIX.json) with
     the owner-only details (PREFIX.PRIVATE-run-details.json) under "PRIVATE_run_details"."""
     args, plan, beam_args = parse_plan(argv)
+    stated = plan.mechanism.guarantee if plan.budget is None else plan.budget
+    run_budget.warn_guarantee(stated.epsilon, stated.delta)
 
     def fields(result, released):
         out = public_fields(plan.mechanism, result, released)
-        return out if plan.budget is None else budget_fields(plan, out, args.output)
+        if plan.budget is None:
+            return out
+        out = budget_fields(plan, out, args.output)
+        if "top_k" in out:
+            args.progress_notes = ["top-k: " + out["top_k"]["stop_reason"]]
+        return out
 
     return runs.run_release(
         args, beam_args,
@@ -303,7 +327,8 @@ def run(argv: Optional[Sequence[str]] = None) -> dict:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     return runs.main_wrapper(PROG, run, argv,
                                ("mechanism", "epsilon", "delta", "num_released"),
-                               nested={"top_k": ("num_released", "epsilon", "charge")})
+                               nested={"top_k": ("num_released", "released_of_k", "epsilon",
+                                                 "charge")})
 
 
 if __name__ == "__main__":

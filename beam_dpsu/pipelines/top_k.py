@@ -1,9 +1,11 @@
-"""Differentially private top-k items of a text file of user-keyed items (Durfee and Rogers).
+"""Differentially private top-k items of a text file of user-keyed items.
 
 Usage::
 
-    beam-dpsu top-k --input PATH --output PREFIX --k K [--k-bar KBAR]
-        (--epsilon E --delta D | --budget-epsilon E --budget-delta D)
+    beam-dpsu top-k --input PATH --output PREFIX --k K
+        [--method limited-domain|discover-peel] [--k-bar KBAR] [--discovery-share F]
+        (--epsilon E --delta D | --epsilon-per-selection E --delta D
+         | --budget-epsilon E --budget-delta D)
         [--max-items-per-user N] [--with-counts] [--overwrite]
         [--dead-letter PATH] [--insecure-test-seed N]
         [any Beam pipeline option, e.g. --runner=DirectRunner]
@@ -13,22 +15,41 @@ Input: text files (glob allowed, ``.gz``/``.bz2`` decompressed), one
 skipped, with a one-line warning; input without a well-formed line exits with
 status 1 and releases nothing.
 
-Without ``--with-counts`` this is Algorithm 2 (Gumbel): ``--epsilon`` is the ε
-of each bounded-range selection, and the query is charged ``ℓ + 1`` selections
-(``k`` when it released ``ℓ = k`` items) and δ ("pay what you get", see
-``beam_dpsu.dp.accounting.PayWhatYouGetAccountant``); ``--max-items-per-user`` is
-optional (Δ-restricted sensitivity). The summary's and stdout's ``epsilon`` is
-the stand-alone guarantee of the whole query (k selections); the flag's value
-is ``epsilon_per_selection``. With ``--with-counts`` it is Algorithm 1
-(Laplace, needs ``--max-items-per-user``): ``--epsilon`` is the ε of the whole
-query and noisy counts (on a discrete grid) are released.
+Two methods. ``--method limited-domain`` (the default: Durfee and Rogers)
+ranks the true top k̄ and releases at most k of them, fewer when the candidates'
+noisy counts fall below a noisy threshold. ``--method discover-peel`` (Dick,
+Joseph and Raman): Weighted Gaussian discovers a domain with the share
+``--discovery-share`` (default 1/2) of (E, D), with ``--max-items-per-user``
+its Δ0 (default 100), then the peeling exponential mechanism ranks the
+discovered items by their users (``docs/mechanisms.md`` section 10); it
+releases min(k, discovered) items and takes no ``--k-bar``, ``--with-counts``
+or ``--epsilon-per-selection``.
 
-``--budget-epsilon E --budget-delta D`` instead states the guarantee of the
-whole query and lets the command calibrate it: Algorithm 2's per-selection ε
-is the largest whose budget of ``k`` selections and one query is within
-(E, D) (``beam_dpsu.dp.budget.pay_what_you_get_epsilon``); Algorithm 1 gets
-(E, D). ``PREFIX.json`` then also holds the budget's statement under
-``budget`` (see ``beam_dpsu.pipelines.run_budget``).
+``--epsilon E --delta D`` is the guarantee of the WHOLE query, as on every
+command. With limited-domain and without ``--with-counts`` this is Algorithm 2 (Gumbel): each released
+item and the stop is one bounded-range selection, and the per-selection ε
+(printed and in the summary as ``epsilon_per_selection``) is calibrated from
+(E, D): the largest whose composition over ``k`` selections is within (E, D)
+(``beam_dpsu.dp.accounting.pay_what_you_get_epsilon``; δ/2 goes to the
+threshold, δ/2 to the conversion). The query stops at the first candidate whose
+noisy count falls below the noisy threshold, and is then charged only the
+``ℓ + 1`` selections made ("pay what you get"): stderr and the summary say how
+many of ``k`` were released and why. ``--max-items-per-user`` is optional
+(Δ-restricted sensitivity). With ``--with-counts`` it is Algorithm 1 (Laplace,
+needs ``--max-items-per-user``): noisy counts (on a discrete grid) are released.
+
+``--epsilon-per-selection E --delta D`` (Algorithm 2 only, instead of
+``--epsilon``) gives each selection's ε directly, with ``D`` the query's
+threshold δ; the summary then states the composition of ``k`` such selections
+(at δ₁ = D, so up to 2D), which is larger than E.
+
+``--budget-epsilon E --budget-delta D`` states the same whole-query guarantee
+through a one-release budget (the same calibration as ``--epsilon E --delta
+D``); ``PREFIX.json`` then also holds the budget's statement under ``budget``
+(see ``beam_dpsu.pipelines.run_budget``).
+
+A stated ε above ``params.WARN_EPSILON_ABOVE`` or δ above
+``params.WARN_DELTA_ABOVE`` gets a one-line warning on stderr.
 
 Output: ``PREFIX-items-00000-of-00001`` with lines ``rank<TAB>item`` (or
 ``rank<TAB>item<TAB>noisy_count``), rank 1 first (the rank order is part of
@@ -50,12 +71,14 @@ import apache_beam as beam
 from beam_dpsu.dp import params
 from beam_dpsu.dp.noise import RunKey
 from beam_dpsu.transforms.textio import ReadUserItems, match_sized, split_one_file
+from beam_dpsu.transforms.peeling import DiscoverThenPeelTransform
 from beam_dpsu.transforms.topk import TopK
+from beam_dpsu.dp.mechanisms.peeling import DiscoverPeelTopK, DiscoverThenPeel
 from beam_dpsu.dp.mechanisms.topk import TopKMechanism, format_line
 from beam_dpsu.pipelines.cli import UsageError
 from beam_dpsu.pipelines import run_budget, flags, outputs, runs
 
-__all__ = ["PROG", "build_parser", "parse_args", "ranked_text", "build_pipeline", "public_fields",
+__all__ = ["PROG", "build_parser", "parse_args", "discover_peel", "ranked_text", "build_pipeline", "public_fields",
            "run", "main"]
 
 
@@ -65,12 +88,24 @@ PROG = "top_k"
 def build_parser():
     p = flags.ArgumentParser(PROG, __doc__.split("\n")[0])
     flags.add_io_arguments(p)
-    params.add_arguments(p, ["k", "k_bar", "epsilon", "delta", "max_items"],
+    params.add_arguments(p, ["k", "method", "k_bar", "epsilon", "epsilon_per_selection",
+                             "delta", "max_items", "discovery_share"],
                          required=("k",), help={
-        "epsilon": "ε > 0: per selection (Gumbel), or of the query (--with-counts)",
-        "delta": "δ of the query (0 < δ < 1)",
-        "max_items": "Δ, distinct items kept per user (integer >= 1); required by "
-                     "--with-counts; default: unrestricted (Gumbel only)"})
+        "epsilon": f"ε > 0 of the whole query's (ε, δ)-DP guarantee, with or without "
+                   f"--with-counts; Algorithm 2's per-selection ε is calibrated from it (a "
+                   f"warning above {params.WARN_EPSILON_ABOVE:g}). Privacy: the stated ε",
+        "delta": f"δ in (0, 1) of the whole query (with --epsilon-per-selection: the "
+                 f"query's threshold δ; a warning above {params.WARN_DELTA_ABOVE:g}). "
+                 f"Privacy: the stated δ",
+        "method": "'limited-domain' (default: Durfee and Rogers, the true top k̄ ranked, "
+                  "pay what you get) or 'discover-peel' (Weighted Gaussian discovers a "
+                  "domain, then the peeling exponential mechanism ranks it). Privacy: none: "
+                  "--epsilon and --delta are the whole query's with either",
+        "max_items": f"Δ, distinct items kept per user (integer in [1, "
+                     f"{params.MAX_MAX_ITEMS:,}]); limited-domain: required by "
+                     f"--with-counts, default unrestricted (Gumbel only); discover-peel: "
+                     f"the discovery's Δ0 (default {params.DEFAULT_MAX_ITEMS}). "
+                     f"Privacy: none"})
     flags.add_dead_letter_argument(p)
     params.add_arguments(p, ["with_counts"])
     run_budget.add_arguments(p, ("top-k",))
@@ -84,29 +119,89 @@ def parse_args(argv: Optional[Sequence[str]]) -> Tuple[object, TopKMechanism, Li
     was calibrated from (else None).
     """
     args, beam_args = flags.parse_known(build_parser(), argv)
+    method = args.method or params.DEFAULT_TOPK_METHOD
+    if method not in params.TOPK_METHODS:
+        raise UsageError(f"--method must be one of {', '.join(params.TOPK_METHODS)}, "
+                         f"got {method!r}")
+    if method == "discover-peel":
+        return _parse_discover_peel(args, beam_args)
+    if args.discovery_share is not None:
+        raise UsageError("--discovery-share applies to --method discover-peel only")
+    planned = run_budget.plan(args, ("top-k",),
+                              replaced=("epsilon", "epsilon_per_selection", "delta"))
+    args.budget = args.pool = None
+    if args.epsilon is not None and args.epsilon_per_selection is not None:
+        raise UsageError("--epsilon (the whole query's guarantee) cannot be given with "
+                         "--epsilon-per-selection: give one")
+    if args.epsilon_per_selection is not None and args.with_counts:
+        raise UsageError("--epsilon-per-selection applies to Algorithm 2 only (without "
+                         "--with-counts): Algorithm 1's --epsilon is the whole query's")
+    try:
+        kwargs = {}
+        if planned is None:
+            if (args.epsilon is None and args.epsilon_per_selection is None) \
+                    or args.delta is None:
+                raise UsageError("give --epsilon and --delta (the whole query's guarantee), "
+                                 "or the query's total with --budget-epsilon and "
+                                 "--budget-delta")
+            if args.epsilon_per_selection is not None:
+                kwargs["epsilon_per_selection"] = args.epsilon_per_selection
+            else:
+                kwargs["epsilon"] = args.epsilon
+            delta = args.delta
+        else:
+            args.budget, fractions = planned
+            if args.with_counts:
+                share = args.budget.take("top-k", fraction=fractions["top-k"])
+                kwargs["epsilon"], delta = share.epsilon, share.delta
+            else:
+                # The pool of k selections and one query is exactly the calibration of
+                # --epsilon E --delta D (pay_what_you_get_epsilon(E, D, k, 1)).
+                args.pool = args.budget.pay_what_you_get(
+                    "top-k", max_selections=args.k, max_queries=1, fraction=fractions["top-k"])
+                kwargs["epsilon_per_selection"], delta = args.pool.epsilon, args.pool.delta
+        mechanism = TopKMechanism(k=args.k, k_bar=args.k_bar, delta=delta,
+                                  max_items=args.max_items, with_counts=args.with_counts,
+                                  **kwargs)
+    except ValueError as e:
+        raise UsageError(params.as_flags(str(e))) from None
+    return args, mechanism, beam_args
+
+
+def _parse_discover_peel(args, beam_args):
+    """``--method discover-peel``: its flags, its mechanism (the whole query's ε, δ)."""
+    given = [f for f, v in (("--k-bar", args.k_bar), ("--with-counts", args.with_counts),
+                            ("--epsilon-per-selection", args.epsilon_per_selection)) if v]
+    if given:
+        raise UsageError(f"{', '.join(given)} does not apply to --method discover-peel (it "
+                         f"ranks the discovered domain; --epsilon and --delta are the whole "
+                         f"query's)")
     planned = run_budget.plan(args, ("top-k",), replaced=("epsilon", "delta"))
     args.budget = args.pool = None
     try:
         if planned is None:
             if args.epsilon is None or args.delta is None:
-                raise UsageError("give --epsilon and --delta, or the query's total with "
-                                 "--budget-epsilon and --budget-delta")
+                raise UsageError("give --epsilon and --delta (the whole query's guarantee), "
+                                 "or the query's total with --budget-epsilon and "
+                                 "--budget-delta")
             epsilon, delta = args.epsilon, args.delta
         else:
             args.budget, fractions = planned
-            if args.with_counts:
-                share = args.budget.take("top-k", fraction=fractions["top-k"])
-                epsilon, delta = share.epsilon, share.delta
-            else:
-                args.pool = args.budget.pay_what_you_get(
-                    "top-k", max_selections=args.k, max_queries=1, fraction=fractions["top-k"])
-                epsilon, delta = args.pool.epsilon, args.pool.delta
-        mechanism = TopKMechanism(k=args.k, k_bar=args.k_bar, epsilon=epsilon,
-                                  delta=delta, max_items=args.max_items,
-                                  with_counts=args.with_counts)
+            share = args.budget.take("top-k", fraction=fractions["top-k"])
+            epsilon, delta = share.epsilon, share.delta
+        mechanism = discover_peel(DiscoverPeelTopK, args, epsilon, delta)
     except ValueError as e:
         raise UsageError(params.as_flags(str(e))) from None
     return args, mechanism, beam_args
+
+
+def discover_peel(cls, args, epsilon: float, delta: float) -> DiscoverThenPeel:
+    """A discovery-then-peel mechanism from the command line's ``--k``,
+    ``--max-items-per-user`` and ``--discovery-share`` (their defaults when absent)."""
+    return cls(args.k, epsilon, delta,
+               params.DEFAULT_MAX_ITEMS if args.max_items is None else args.max_items,
+               params.DEFAULT_DISCOVERY_SHARE if args.discovery_share is None
+               else args.discovery_share)
 
 
 def ranked_text(rows) -> List[str]:
@@ -125,24 +220,34 @@ def build_pipeline(p: beam.Pipeline, input_pattern: str, output_prefix: str,
         input_pattern, with_malformed=True,
         split_files=split_one_file(p, match_sized(input_pattern)))
     outputs.write_dead_letter(malformed, dead_letter)
-    ranked = (per_user
-              | "CountUsers" >> beam.ParDo(runs.CountUsers())
-              | "TopK" >> TopK(mechanism, run_key, per_user=True))
+    counted = per_user | "CountUsers" >> runs.CountUsers()
+    if isinstance(mechanism, DiscoverThenPeel):
+        ranked = counted | "DiscoverThenPeel" >> DiscoverThenPeelTransform(
+            mechanism, run_key, per_user=True)
+    else:
+        ranked = counted | "TopK" >> TopK(mechanism, run_key, per_user=True)
     outputs.write_items(ranked, output_prefix, arrange=ranked_text)
 
 
 def public_fields(mechanism: TopKMechanism, released: int) -> dict:
-    """The publishable summary: ``epsilon``/``delta`` are the whole query's guarantee."""
+    """The publishable summary: ``epsilon``/``delta`` are the whole query's guarantee;
+    ``released_of_k`` and ``stop_reason`` say how many of k were released and why."""
     fields = dict(mechanism.describe())
-    query = fields["query_guarantee"]
-    fields["epsilon_per_selection"] = None if mechanism.with_counts else mechanism.epsilon
-    fields["epsilon"], fields["delta"] = query["epsilon"], query["delta"]
-    fields["epsilon_meaning"] = (
-        "the stand-alone guarantee of the whole query" +
-        ("" if mechanism.with_counts else
-         f" ({mechanism.k} selections of epsilon_per_selection each); its pay-what-you-get "
-         f"charge is in 'charge'"))
+    if isinstance(mechanism, DiscoverThenPeel):
+        fields["released_of_k"] = f"{released} of {mechanism.k}"
+        fields["stop_reason"] = (None if released >= mechanism.k else
+                                 f"the discovered domain held {released} items")
+        fields["units"] = dict(fields.get("units") or {}, released_of_k=(
+            "how many items were released out of k"), stop_reason=(
+            "why fewer than k items were released: the discovery found fewer"))
+        return fields
     fields["charge"] = mechanism.charge(released)
+    fields["released_of_k"] = f"{released} of {mechanism.k}"
+    fields["stop_reason"] = mechanism.release_note(released)
+    fields["units"] = dict(fields.get("units") or {}, released_of_k=(
+        "how many items were released out of k"), stop_reason=(
+        "why fewer than k items were released, when they were: the query stops at the "
+        "first candidate whose noisy count falls below the noisy threshold"))
     return fields
 
 
@@ -150,9 +255,14 @@ def run(argv: Optional[Sequence[str]] = None) -> dict:
     """Runs the pipeline; returns the public summary (also written to PREFIX.json) with
     the owner-only details (PREFIX.PRIVATE-run-details.json) under "PRIVATE_run_details"."""
     args, mechanism, beam_args = parse_args(argv)
+    if args.budget is not None:
+        run_budget.warn_guarantee(args.budget.epsilon, args.budget.delta)
+    else:
+        run_budget.warn_guarantee(mechanism.epsilon, mechanism.delta)
 
     def fields(result, released):
         out = public_fields(mechanism, released)
+        args.progress_notes = [out["stop_reason"]] if out.get("stop_reason") else []
         if args.budget is not None:
             if args.pool is not None:
                 args.pool.record(mechanism.k, released)  # "spent" fields: information only
@@ -170,7 +280,7 @@ def run(argv: Optional[Sequence[str]] = None) -> dict:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     return runs.main_wrapper(PROG, run, argv, ("mechanism", "epsilon", "delta",
                                                  "epsilon_per_selection", "num_released",
-                                                 "charge"))
+                                                 "released_of_k", "charge"))
 
 
 if __name__ == "__main__":

@@ -24,10 +24,12 @@ from beam_dpsu.transforms import run_key as keys
 from beam_dpsu.dp.calibration import check_max_items
 from beam_dpsu.dp.noise import RunKey
 from beam_dpsu.dp.contribution import (DEFAULT_FLUSH_PAIRS, DEFAULT_USER_GROUPS, ItemCounts,
+                                       canonical_id, canonical_pair, canonical_user_counts,
                                        merge_item_counts, sample_items, user_group)
 
 __all__ = ["KV_ANY", "GLOBAL_WINDOWS", "GLOBAL_TIMESTAMP", "GroupUsers", "MergeItemCountsFn",
-           "check_global_window", "PER_USER_DESIGNS", "PerUserItemCounts", "SampleItems"]
+           "check_global_window", "PER_USER_DESIGNS", "PerUserItemCounts", "SampleItems",
+           "mark_canonical_ids", "has_canonical_ids", "CanonicalPerUser"]
 
 
 KV_ANY = typehints.Tuple[Any, Any]
@@ -94,12 +96,48 @@ def check_global_window(pcoll: beam.PCollection, transform_name: str) -> None:
             f"beam.WindowInto(beam.window.GlobalWindows()) first.")
 
 
+# The attribute that marks a PCollection whose user ids and items are canonical
+# (``canonical_id``): the outputs of PerUserItemCounts and textio.ReadUserItems.
+_CANONICAL_IDS = "_beam_dpsu_canonical_ids"
+
+
+def mark_canonical_ids(pcoll):
+    """Marks ``pcoll`` (or each of a tuple of them) as holding ``(user_id, {item: count})``
+    with canonical ids (``dp.contribution.canonical_id``), so that
+    ``SelectPartitions(per_user=True)`` does not check them again; returns it."""
+    for one in (pcoll if isinstance(pcoll, tuple) else (pcoll,)):
+        setattr(one, _CANONICAL_IDS, True)
+    return pcoll
+
+
+def has_canonical_ids(pcoll) -> bool:
+    """Whether ``mark_canonical_ids`` marked this PCollection."""
+    return getattr(pcoll, _CANONICAL_IDS, False) is True
+
+
+class CanonicalPerUser(beam.PTransform):
+    """``(user_id, {item: count})`` → the same with canonical user ids and items.
+
+    ``dp.contribution.canonical_user_counts`` on each element: numpy integers
+    become ``int``; a ``bool``, ``float``, ``None`` or other refused type
+    raises ``IdTypeError`` when the pipeline runs (a PCollection's elements are
+    not known before). Applied by ``SelectPartitions(per_user=True)`` to input
+    that ``mark_canonical_ids`` did not mark; costs one step per user (a type
+    check per item). Privacy: makes identity exact (``docs/mechanisms.md``
+    section 1); it does not make several elements of one user into one.
+    """
+
+    def expand(self, per_user):
+        return mark_canonical_ids(
+            per_user | "CanonicalIds" >> beam.Map(canonical_user_counts))
+
+
 class _AggregateOccurrencesDoFn(beam.DoFn):
-    """Counts (user, item) occurrences inside a bundle, emitting (user, counts) partials."""
+    """Counts (user, item) occurrences inside a bundle, emitting (user, counts) partials.
+    User ids and items are made canonical (``canonical_id``) before they are counted."""
 
     def __init__(self, flush_pairs: int):
         self._flush_pairs = flush_pairs
-        self._none = beam.metrics.Metrics.counter("beam_dpsu", "rejected_none")
 
     def start_bundle(self):
         self._acc: Dict[Any, ItemCounts] = {}
@@ -107,9 +145,10 @@ class _AggregateOccurrencesDoFn(beam.DoFn):
 
     def process(self, element):
         user, item = element
-        if user is None or item is None:
-            self._none.inc()
-            return
+        if type(user) is not str:
+            user = canonical_id(user, "user id")
+        if type(item) is not str:
+            item = canonical_id(item, "item")
         counts = self._acc.get(user)
         if counts is None:
             counts = self._acc[user] = {}
@@ -135,26 +174,21 @@ class _CountItemsFn(beam.CombineFn):
     ``PerUserItemCounts`` applies it with ``CombinePerKey``, which Beam lifts
     into a per-bundle pre-combine (``add_input`` is called from the runner's
     combining table, without a DoFn invocation per occurrence) and merges the
-    partial dicts after the shuffle. A ``None`` item is skipped and counted in
-    ``beam_dpsu/rejected_none``.
+    partial dicts after the shuffle. The items are canonical (``canonical_pair``
+    runs before it).
     """
-
-    def __init__(self):
-        self._none = beam.metrics.Metrics.counter("beam_dpsu", "rejected_none")
 
     def create_accumulator(self):
         return {}
 
     def add_input(self, acc, item):
-        if item is None:
-            self._none.inc()
-            return acc
         acc[item] = acc.get(item, 0) + 1
         return acc
 
     def add_inputs(self, acc, items):
+        get = acc.get
         for item in items:
-            acc = self.add_input(acc, item)
+            acc[item] = get(item, 0) + 1
         return acc
 
     def merge_accumulators(self, accs):
@@ -162,20 +196,6 @@ class _CountItemsFn(beam.CombineFn):
 
     def extract_output(self, acc):
         return acc
-
-
-class _DropRejectedDoFn(beam.DoFn):
-    """Drops the ``None`` user (counting its occurrences) and users left with no items."""
-
-    def __init__(self):
-        self._none = beam.metrics.Metrics.counter("beam_dpsu", "rejected_none")
-
-    def process(self, element):
-        user, counts = element
-        if user is None:
-            self._none.inc(sum(counts.values()))
-        elif counts:
-            yield element
 
 
 #: The designs of ``PerUserItemCounts`` (benchmarks compare them in one process).
@@ -187,41 +207,60 @@ class PerUserItemCounts(beam.PTransform):
 
     The building block for every mechanism: deduplicates each user's items and
     keeps how often the user has each (GW uses the frequencies; the other
-    mechanisms use only the distinct items). Occurrences whose user id or item
-    is ``None`` are dropped and counted in the metric
-    ``beam_dpsu/rejected_none``; they are never released.
+    mechanisms use only the distinct items).
 
-    Items and user ids may be any value Beam can encode deterministically as a
-    grouping key (str, bytes, int, float, bool, and tuples of these; not sets or
-    dicts, which Beam rejects with a clear error when the pipeline runs). They
-    are passed through unchanged: ``42`` and ``"42"`` are different items.
+    User ids and items must be ``str``, ``bytes``, ``int`` or tuples of these
+    (recursively); numpy integers are converted to the equal ``int``. Any other
+    type (``bool``, ``float``, ``None``, sets, ...) makes the pipeline fail
+    when it runs, with an ``IdTypeError`` naming the type
+    (``dp.contribution.canonical_id``; the elements of a PCollection are not
+    known when the graph is built, so this is the earliest the error can
+    come). Within these types Python equality is exactly the identity the keyed
+    hashes use, so ``1``, ``1.0`` and ``True`` can never become one user or
+    one item; ``42`` and ``"42"`` are different items. Each element costs one
+    ``type(x) is str`` test per value when both are ``str``.
 
-    How: ``CombinePerKey`` with a dict-counting ``CombineFn``, which Beam lifts
-    into a per-bundle pre-aggregation before the shuffle (one partial dict per
-    user and bundle; the runner's combining table holds at most 100,000 users
-    per bundle before it flushes part of them). This costs less per occurrence
-    than a DoFn aggregating in its own dict (``design='bundle-dofn'``, the
-    previous implementation, kept for benchmarks): about 0.05 against 0.11 of
-    the cost of reading and splitting the lines (``benchmarks/RESULTS.md``).
-    On a runner that does not lift combiners (Dask) it is a ``GroupByKey``
-    followed by the count, still correct.
+    How, in one of two designs with the same output:
+
+    * ``'bundle-dofn'``: a DoFn counts each bundle's occurrences in its own
+      ``{user: {item: count}}`` (making each id canonical as it goes), emits
+      the partial dicts at the end of the bundle (or every ``flush_pairs``
+      distinct pairs), and ``CombinePerKey`` merges them per user.
+    * ``'combine'``: ``canonical_pair`` on each occurrence (a ``Map``, needed
+      because Beam's pre-combine table groups keys by Python equality before
+      any code of ours sees them; it also makes every element a tuple), then
+      ``CombinePerKey`` with a dict-counting ``CombineFn``, which Beam lifts
+      into a per-bundle pre-aggregation (at most 100,000 users per bundle in
+      the runner's table). On a runner that does not lift combiners it is a
+      ``GroupByKey`` of the pairs followed by the count.
+
+    The default picks ``'bundle-dofn'`` where the runner keeps what a DoFn
+    emits in ``finish_bundle`` (``runners.Capabilities.bundle_outputs``) and
+    ``'combine'`` elsewhere (Beam's Dask runner, where the bundle DoFn would
+    emit one dict per pair). Measured on 1M ``str`` pairs in one process
+    (FnApiRunner, CPU time beyond generating the pairs): ``'bundle-dofn'``
+    1.08 s, ``'combine'`` 2.05 s, of which about 0.8 s is the ``Map``; before
+    the ids were checked the two cost 1.19 s and 1.27 s.
 
     Args:
-      flush_pairs: with ``design='bundle-dofn'``, a bundle's partial aggregate
-        is emitted when it holds this many distinct (user, item) pairs
-        (default 1M). Validated and otherwise unused. No privacy effect.
-      design: ``'combine'`` (default) or ``'bundle-dofn'``; the same output.
+      flush_pairs: with ``'bundle-dofn'``, a bundle's partial aggregate is
+        emitted when it holds this many distinct (user, item) pairs (default
+        1M; bounds worker memory). No privacy effect.
+      design: None (default: chosen by the runner, see above), ``'combine'``
+        or ``'bundle-dofn'``; the same output. No privacy effect.
 
-    Privacy: none by itself; this transform does not bound contributions.
+    Privacy: this transform does not bound contributions; it makes each user's
+    identity exact (``docs/mechanisms.md`` section 1), which the add/remove-one-user
+    guarantees assume.
     """
 
     def __init__(self, flush_pairs: int = DEFAULT_FLUSH_PAIRS, label: Optional[str] = None,
-                 design: str = "combine"):
+                 design: Optional[str] = None):
         super().__init__(label)
         if isinstance(flush_pairs, bool) or not isinstance(flush_pairs, int) or flush_pairs < 1:
             raise ValueError(f"flush_pairs must be an integer >= 1, got {flush_pairs!r}")
-        if design not in PER_USER_DESIGNS:
-            raise ValueError(f"design must be one of {PER_USER_DESIGNS}, got {design!r}")
+        if design is not None and design not in PER_USER_DESIGNS:
+            raise ValueError(f"design must be None or one of {PER_USER_DESIGNS}, got {design!r}")
         self._flush_pairs = flush_pairs
         self._design = design
 
@@ -234,16 +273,22 @@ class PerUserItemCounts(beam.PTransform):
 
     def expand(self, occurrences):
         check_global_window(occurrences, "PerUserItemCounts")
-        if self._design == "bundle-dofn":
-            return (occurrences
-                    | "AggregateInBundle" >> beam.ParDo(self._aggregate_fn(occurrences))
-                    | "MergePerUser" >> beam.CombinePerKey(MergeItemCountsFn()))
-        if not typehints.typehints.is_consistent_with(occurrences.element_type, KV_ANY):
-            # e.g. typed only as ``tuple``: Beam's key-value type check would refuse it.
-            occurrences = occurrences | "AsPairs" >> beam.Map(tuple).with_output_types(KV_ANY)
-        return (occurrences
-                | "CountPerUser" >> beam.CombinePerKey(_CountItemsFn())
-                | "DropRejected" >> beam.ParDo(_DropRejectedDoFn()))
+        design = self._design
+        if design is None:
+            from beam_dpsu.transforms import runners
+            design = ("bundle-dofn" if runners.capabilities(occurrences.pipeline).bundle_outputs
+                      else "combine")
+        if design == "bundle-dofn":
+            return mark_canonical_ids(
+                occurrences
+                | "AggregateInBundle" >> beam.ParDo(self._aggregate_fn(occurrences))
+                | "MergePerUser" >> beam.CombinePerKey(MergeItemCountsFn()))
+        # canonical_pair also makes each element a tuple, typed as a key-value pair
+        # (an input typed only as ``tuple`` would fail Beam's key-value type check).
+        return mark_canonical_ids(
+            occurrences
+            | "CanonicalIds" >> beam.Map(canonical_pair).with_output_types(KV_ANY)
+            | "CountPerUser" >> beam.CombinePerKey(_CountItemsFn()))
 
 
 class SampleItems(beam.PTransform):

@@ -42,8 +42,8 @@ import apache_beam as beam
 
 from beam_dpsu.dp.noise import RunKey, test_seed_material
 
-__all__ = ["for_pipeline", "shared_key_names", "delete_shared_keys", "pipeline_key", "WorkerKey",
-           "key_bytes", "key_side_input", "KeyedCache", "Subkey"]
+__all__ = ["for_pipeline", "SHARED_KEYS", "shared_key_names", "shared_key", "delete_shared_keys",
+           "pipeline_key", "WorkerKey", "key_bytes", "key_side_input", "KeyedCache", "Subkey"]
 
 
 # pipeline -> {key identity: PCollection of the key bytes}
@@ -72,29 +72,30 @@ def _draw(seed: Optional[int]) -> bytes:
     return test_seed_material(seed)
 
 
-# pipeline -> names of the shared key variables it uses (Dask)
+# pipeline -> names of the shared keys it uses (Dask)
 _SHARED: "weakref.WeakKeyDictionary[beam.Pipeline, list]" = weakref.WeakKeyDictionary()
+
+#: Where the scheduler holds the shared keys: ``task_metadata[SHARED_KEYS][name]``
+#: (``Client.set_metadata`` / ``get_metadata``).
+SHARED_KEYS = "beam-dpsu-run-keys"
 
 
 def shared_key_names(pipeline: beam.Pipeline) -> list:
-    """Names of the ``distributed.Variable`` s holding ``pipeline``'s fresh keys (Dask)."""
+    """Names of ``pipeline``'s fresh keys shared through the Dask scheduler."""
     return list(_SHARED.get(pipeline, ()))
 
 
-def delete_shared_keys(pipeline: beam.Pipeline, client) -> None:
-    """Deletes, after a Dask run, the scheduler-held copies of the run keys.
+def shared_key(client, name: str) -> Optional[bytes]:
+    """The scheduler's copy of the shared key ``name``, or None (never drawn, or deleted)."""
+    return client.get_metadata([SHARED_KEYS, name], None) or None
 
-    ``Variable.delete`` is only sent, not awaited (a client closed right after
-    may never deliver it), so each copy is first overwritten by empty bytes
-    with ``Variable.set``, which waits for the scheduler.
-    """
-    from distributed import Variable
+
+def delete_shared_keys(pipeline: beam.Pipeline, client) -> None:
+    """Deletes, after a Dask run, the scheduler-held copies of the run keys: each is
+    replaced by None (``Client.set_metadata``, which waits for the scheduler), so only
+    the public name stays in the scheduler's memory."""
     for name in shared_key_names(pipeline):
-        var = Variable(name, client=client)
-        try:
-            var.set(b"")
-        finally:
-            var.delete()
+        client.set_metadata([SHARED_KEYS, name], None)
 
 
 def pipeline_key(pipeline: beam.Pipeline, run_key: RunKey) -> beam.PCollection:
@@ -134,11 +135,14 @@ class WorkerKey:
 
     * a fresh key: the first resolution in the cluster draws 32 bytes from the
       OS (``secrets``) under a cluster-wide ``distributed.Lock`` named ``name``
-      and stores them in a ``distributed.Variable`` of that name; every later
-      resolution (any worker, any retry) reads them. The key lives in the
-      scheduler's memory until the launcher deletes the variable after the run
-      (``delete_shared_keys``), and in each worker's memory (at most the last
-      ``_RESOLVED_MAX`` keys) while the process lives;
+      and stores them in the scheduler's metadata under that name
+      (``Client.set_metadata``); every later resolution (any worker, any retry)
+      reads them (``Client.get_metadata``, which answers at once whether or not
+      the key exists: a ``distributed.Variable`` could only be waited for, and a
+      wait that times out logs an ERROR traceback on the scheduler). The key
+      lives in the scheduler's memory until the launcher deletes it after the
+      run (``delete_shared_keys``), and in each worker's memory (at most the
+      last ``_RESOLVED_MAX`` keys) while the process lives;
     * a test seed: the bytes are derived from the seed.
 
     Only ``name`` (public, random, naming the copy) and the test seed are
@@ -165,16 +169,14 @@ _RESOLVED_MAX = 4
 
 def _shared_draw(name: str) -> bytes:
     """The cluster-wide fresh key called ``name``: drawn by the first caller, read by the rest."""
-    from distributed import Lock, Variable, get_client
+    from distributed import Lock, get_client
     client = get_client()
     with Lock(name):
-        var = Variable(name, client=client)
-        try:
-            return var.get(timeout=0.5)
-        except TimeoutError:
+        key = shared_key(client, name)
+        if key is None:
             key = secrets.token_bytes(32)
-            var.set(key)
-            return key
+            client.set_metadata([SHARED_KEYS, name], key)
+        return key
 
 
 def key_bytes(value) -> bytes:

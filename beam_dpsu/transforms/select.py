@@ -14,10 +14,11 @@ from beam_dpsu.dp.mechanisms.base import Mechanism
 from beam_dpsu.dp.noise import RunKey
 from beam_dpsu.transforms import budget as _budget  # noqa: F401  (registers its family)
 from beam_dpsu.transforms import ordered as _ordered  # noqa: F401  (registers its family)
+from beam_dpsu.transforms import peeling as _peeling  # noqa: F401  (registers its family)
 from beam_dpsu.transforms import sips as _sips  # noqa: F401  (registers its family)
 from beam_dpsu.transforms import topk as _topk  # noqa: F401  (registers its family)
 from beam_dpsu.transforms import run_key as keys
-from beam_dpsu.transforms.bounding import PerUserItemCounts
+from beam_dpsu.transforms.bounding import CanonicalPerUser, PerUserItemCounts, has_canonical_ids
 from beam_dpsu.transforms.expansion import expand_mechanism, expand_mechanism_parts
 
 __all__ = ["SelectPartitions"]
@@ -35,6 +36,18 @@ class SelectPartitions(beam.PTransform):
     the data), sort it (``dp.contribution.canonical_items``) and write ONE file,
     as ``beam_dpsu.transforms.write.WriteRelease`` does; never write this PCollection
     straight to a sharded sink.
+
+    User ids and items must be ``str``, ``bytes``, ``int`` or tuples of these
+    (recursively; numpy integers are converted to the equal ``int``). Any
+    other type (``bool``, ``float``, ``None``, ...) makes the pipeline fail
+    when it runs (the earliest its elements are seen) with an ``IdTypeError``
+    naming the type (``dp.contribution.canonical_id``): Python treats ``1``,
+    ``1.0`` and ``True`` as one key while the keyed hashes tell them apart, so
+    an added user ``True`` could otherwise merge into user ``1`` and change the
+    histogram by more than the noise is calibrated for. With ``per_user=True``
+    the ids of an input that neither ``PerUserItemCounts`` nor
+    ``textio.ReadUserItems`` produced are checked by one step per user
+    (``bounding.CanonicalPerUser``).
 
     Args:
       mechanism: a calibrated ``Mechanism`` (e.g. ``WeightedGaussian(3, 1e-6)``).
@@ -75,6 +88,14 @@ class SelectPartitions(beam.PTransform):
             if not self._per_user:
                 raise ValueError("SelectPartitions takes a tuple of PCollections only with "
                                  "per_user=True (per-user parts, each user in one of them)")
-            return expand_mechanism_parts(self._mechanism, tuple(pcoll), self._run_key)
-        per_user = pcoll if self._per_user else pcoll | "PerUserItemCounts" >> PerUserItemCounts()
+            parts = tuple(part if has_canonical_ids(part)
+                          else part | f"CanonicalPerUser{k}" >> CanonicalPerUser()
+                          for k, part in enumerate(pcoll))
+            return expand_mechanism_parts(self._mechanism, parts, self._run_key)
+        if not self._per_user:
+            per_user = pcoll | "PerUserItemCounts" >> PerUserItemCounts()
+        elif has_canonical_ids(pcoll):
+            per_user = pcoll
+        else:
+            per_user = pcoll | "CanonicalPerUser" >> CanonicalPerUser()
         return expand_mechanism(self._mechanism, per_user, self._run_key)

@@ -8,8 +8,11 @@ the Python SDK for every occurrence (``ReadFromText`` followed by a map costs
 several times as much on the same data).
 
 The format and its parsing are ``beam_dpsu.dp.lines``; files ending in
-``.gz`` or ``.bz2`` are decompressed; a malformed line is skipped and counted
-in the metric ``beam_dpsu/malformed_lines``, never a crash.
+``.gz`` or ``.bz2`` are decompressed; a UTF-8 byte-order mark at the start of
+a file is removed (``lines.iter_raw_blocks``, which every read path of this
+module goes through); a malformed line is skipped and counted in the metric
+``beam_dpsu/malformed_lines``, never a crash. User ids and items are always
+``str``.
 """
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ from beam_dpsu.dp.contribution import DEFAULT_FLUSH_PAIRS, ItemCounts
 from beam_dpsu.dp.lines import (BLOCK_BYTES, group_line_counts, iter_line_blocks,
                                 iter_line_counts, iter_raw_blocks, pack_user_groups,
                                 read_user_items, with_positions)
-from beam_dpsu.transforms.bounding import MergeItemCountsFn
+from beam_dpsu.transforms.bounding import MergeItemCountsFn, mark_canonical_ids
 
 __all__ = ["DEFAULT_COMPLETE_MAX_PAIRS", "MAX_FILE_PARTITIONS", "DEFAULT_READ_GROUPS",
            "open_binary", "MergeUserGroups", "MergeOrderedItemCountsFn", "read_per_user",
@@ -409,7 +412,11 @@ class ReadUserItems(beam.PTransform):
 
     Args:
       file_pattern: a path or glob on any Beam filesystem (local, gs://, ...);
-        ``.gz`` and ``.bz2`` files are decompressed.
+        ``.gz`` and ``.bz2`` files are decompressed. A UTF-8 byte-order mark
+        at the start of a file is removed (once, at offset 0 of the file's
+        decompressed text; anywhere else it stays part of the line), so it
+        never becomes part of the first user id. User ids and items are
+        ``str``.
       flush_pairs: a reader emits its partial per-user counts after this many
         distinct lines (bounds worker memory; default 1M). No privacy effect.
       keep_order: when True, each user's ``{item: count}`` iterates in the
@@ -532,7 +539,8 @@ class ReadUserItems(beam.PTransform):
                 files | label >> beam.ParDo(make_fn(self._flush_pairs, True, self._user_groups)),
                 "SplitOutputs", (None, _ReadFileDoFn.MALFORMED))
             users, malformed = split[None], split[_ReadFileDoFn.MALFORMED]
-        users = users | "MergePerUser" >> MergeUserGroups(self._keep_order)
+        # str user ids and items only: SelectPartitions(per_user=True) need not check them.
+        users = mark_canonical_ids(users | "MergePerUser" >> MergeUserGroups(self._keep_order))
         return (users, malformed) if self._with_malformed else users
 
     def _expand_complete(self, pbegin):
@@ -556,7 +564,8 @@ class ReadUserItems(beam.PTransform):
                 "SplitOutputs", (None, _ReadFileDoFn.MALFORMED, complete_tag))
             users, complete = split[None], split[complete_tag]
             malformed = split[_ReadFileDoFn.MALFORMED]
-        users = users | "MergePerUser" >> MergeUserGroups(self._keep_order)
+        users = mark_canonical_ids(users | "MergePerUser" >> MergeUserGroups(self._keep_order))
+        mark_canonical_ids(complete)
         return (users, complete, malformed) if self._with_malformed else (users, complete)
 
     def _file_partitions(self, pbegin, elements=None):

@@ -7,7 +7,9 @@
   WeightedLaplace, WeightedGaussian, WeightedGaussianZcdp);
 * ``sips``: DP-SIPS (``Sips``);
 * ``policy``: the sequential policies (PolicyLaplace, PolicyGaussian, GW, GWKT);
-* ``topk``: top-k over an unknown domain (``TopKMechanism``);
+* ``topk``: top-k over an unknown domain, limited domain (``TopKMechanism``);
+* ``peeling``: discovery, then peeling: top-k (``DiscoverPeelTopK``) and
+  k-hitting sets (``DiscoverPeelHittingSet``) over an unknown domain;
 * ``params``: the one declaration of every mechanism parameter.
 
 Nothing here imports Beam: each family's Beam expansion is registered in
@@ -19,6 +21,7 @@ from beam_dpsu.dp.mechanisms.histogram_threshold import (CountGaussian, CountLap
                                                          HistogramMechanism, TruncatedGeometric,
                                                          WeightedGaussian, WeightedGaussianZcdp,
                                                          WeightedLaplace)
+from beam_dpsu.dp.mechanisms.peeling import DiscoverPeelHittingSet, DiscoverPeelTopK
 from beam_dpsu.dp.mechanisms.policy import GW, GWKT, PolicyGaussian, PolicyLaplace, PolicyMechanism
 from beam_dpsu.dp.mechanisms.sips import Sips
 from beam_dpsu.dp.mechanisms.topk import TopKMechanism
@@ -28,5 +31,5 @@ __all__ = [
     "HistogramMechanism", "TruncatedGeometric", "CountLaplace", "CountGaussian",
     "WeightedLaplace", "WeightedGaussian", "WeightedGaussianZcdp",
     "PolicyMechanism", "PolicyLaplace", "PolicyGaussian", "GW", "GWKT",
-    "Sips", "TopKMechanism",
+    "Sips", "TopKMechanism", "DiscoverPeelTopK", "DiscoverPeelHittingSet",
 ]

@@ -30,13 +30,14 @@ import dataclasses
 from typing import Any, Callable, Dict, List, Mapping, Optional, Set
 
 from beam_dpsu.dp.accounting import PrivacyGuarantee
-from beam_dpsu.dp.contribution import ItemCounts
+from beam_dpsu.dp.contribution import ItemCounts, canonical_per_user
 from beam_dpsu.dp.noise import RunKey
 from beam_dpsu.dp.release_rules import NoisyThresholdRule
 from beam_dpsu.dp.mechanisms import units
 
 
-__all__ = ["RoundCalibration", "noise_purpose", "Mechanism", "ThresholdMechanism", "run_local"]
+__all__ = ["RoundCalibration", "noise_purpose", "Mechanism", "ThresholdMechanism", "released_items",
+           "run_local"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +87,9 @@ class Mechanism:
     #: False for a research variant whose privacy is NOT proven (the command
     #: line builds it only with ``--allow-unproven``).
     proven: bool = True
+    #: True when the release is ranked rows ``(rank, item, ...)`` (top-k, hitting set)
+    #: rather than a set of items; ``released_items`` gives the items either way.
+    ranked: bool = False
     #: True for the policy mechanisms: a user's weight goes to its items still
     #: below the cutoff (``units.threshold_meaning`` words the threshold so).
     _policy_weights: bool = False
@@ -177,15 +181,23 @@ class ThresholdMechanism(Mechanism):
                 if rule(item, w)}
 
 
+def released_items(mechanism: Mechanism, release) -> set:
+    """The set of items a release holds: the release itself, or the items of its
+    ranked rows ``(rank, item, ...)`` when ``mechanism.ranked``."""
+    return {row[1] for row in release} if mechanism.ranked else set(release)
+
+
 def run_local(per_user: Mapping[Any, ItemCounts], mechanism: Mechanism,
               run_key: RunKey = None):
     """The release of a mechanism on in-memory per-user data (``mechanism.run_local``).
 
     Args:
-      per_user: ``{user_id: {item: count}}`` (see ``per_user_counts``).
+      per_user: ``{user_id: {item: count}}`` (see ``per_user_counts``); user ids and
+        items must be of the accepted types (``contribution.canonical_id``: a refused
+        type raises ``IdTypeError``; numpy integers are converted).
       mechanism: a calibrated mechanism.
       run_key: the run's key; None (default) draws a fresh OS-random key.
     Returns:
       the released set (top-k: the ranked rows).
     """
-    return mechanism.run_local(per_user, RunKey.resolve(run_key))
+    return mechanism.run_local(canonical_per_user(per_user), RunKey.resolve(run_key))

@@ -203,18 +203,21 @@ class GW(PolicyMechanism):
         (the command-line pipeline does this when ``--tie-break
         first-occurrence`` is given) or ``dp.contribution.per_user_counts``; see
         ``needs_record_order``.
-      max_items: Δ0 ≥ 1, the size of K_i (cascade-free only; default
-        ``DEFAULT_GW_MAX_ITEMS`` = 20). Privacy: the guarantee holds for any
-        Δ0 because T grows with it, by at most ``log(1 + (Δ0 − 1)·e^(−ε))/ε``
+      max_items: Δ0, the size of K_i, an integer in [1, ``params.MAX_MAX_ITEMS`` =
+        10^6] (cascade-free only; default ``DEFAULT_GW_MAX_ITEMS`` = 20). Privacy:
+        the guarantee holds for any such Δ0 because T grows with it, by at most ``log(1 + (Δ0 − 1)·e^(−ε))/ε``
         over the published T (at ε = 3: 0.22 for Δ0 = 20, 0.59 for 100).
         Utility: a small Δ0 wastes the budget of users whose K_i is all at Γ,
         a large one raises T and Γ; on the five shared datasets (ε = 3,
         δ = e^-10, α = 3; ``docs/gw.md`` section 5) releases peak at
         Δ0 = 10-30 and fall by 5-10% at 100 and 15-20% at 300. 20 keeps GW at
         ≥ 0.9× the published GW on commits-rails and reddit-titles.
-      eta: η in (0, 1), the step-1 budget (cascade-free only; default
-        ``DEFAULT_GW_ETA`` = 0.001). Privacy: none on T; η > 0 is what makes the
-        support condition hold (any η > 0 does; in floating point too).
+      eta: η in [``params.MIN_ETA`` = 1e-12, 1), the step-1 budget (cascade-free
+        only; default ``DEFAULT_GW_ETA`` = 0.001). Privacy: none on T; η > 0 is
+        what makes the support condition hold, provided step 1's raise of at
+        least η/Δ0 is not lost in floating point: with η ≥ 1e-12 and Δ0 ≤ 10^6 it
+        is ≥ 1e-18, a normal double (``docs/gw.md``, "η in floating point"); a
+        smaller η is refused here, when the mechanism is built.
         Utility: budget spread evenly over K_i is mostly wasted on items that
         are never released, so η should be small; the sweep shows 0.2 clearly
         worse everywhere and 0.001, 0.01 and 0.05 within noise of each other.
@@ -321,8 +324,15 @@ class GWKT(GW):
       front_scale: κ > 0 of ``'front'`` (default ``DEFAULT_FRONT_SCALE`` = 20),
         in units of Γ. An item held by c users of a dataset of the public
         data's size was measured to reach Γ after about 10-20·Γ/c of the
-        order; when the private data has about r times as many users as the
-        public data, κ/r is the matching value. No privacy effect.
+        order. κ, and any ratio used to scale it, must come only from public
+        numbers or from numbers already released with DP (e.g. a DP count of
+        the private users, paid from the budget): never from the private
+        input itself. The proof needs each user's K_i to depend on nothing but
+        that user's data, the public counts, the run key and its id
+        (condition (a′) of ``docs/gw.md``); κ computed from the exact number of
+        private users depends on every user, so adding one user could change
+        every other user's K_i, and the proof no longer applies. No privacy
+        effect when κ is fixed in advance or public.
       front_margin: M ≥ 0 of ``'front'`` (default ``DEFAULT_FRONT_MARGIN`` = 4):
         walk items kept before the predicted front. No privacy effect.
       max_items: Δ0, as for ``GW``; default ``DEFAULT_GWKT_MAX_ITEMS``: 20 with

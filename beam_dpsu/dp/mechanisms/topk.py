@@ -10,10 +10,14 @@ known.
   ``v_⊥ = h_(k̄+1) + 1 + log(m/δ)/ε + G_⊥`` with ``m = k̄`` (unrestricted
   sensitivity) or ``m = min(Δ, k̄)`` (Δ-restricted), the candidates
   ``v_j = h_(j) + G_j`` for j = 1..k̄, ``G ~ Gumbel(scale 1/ε)``. The items with
-  ``v_j > v_⊥`` are released in decreasing ``v``, at most ``k``; no counts. ε is
-  PER SELECTION: a query releasing ℓ items is charged ``ℓ + 1`` ε-bounded-range
-  selections (``k`` when ℓ = k) and δ; compose with
-  ``accounting.PayWhatYouGetAccountant``.
+  ``v_j > v_⊥`` are released in decreasing ``v``, at most ``k``; no counts. The
+  ε of the Gumbel noise is PER SELECTION: a query releasing ℓ items is charged
+  ``ℓ + 1`` ε-bounded-range selections (``k`` when ℓ = k) and δ. Given the whole
+  query's (ε, δ) (the default), the per-selection ε is calibrated from it: the
+  largest whose composition over k selections
+  (``accounting.pay_what_you_get_epsilon``, one query: δ/2 for the threshold,
+  δ/2 for the conversion) is within (ε, δ). ``epsilon_per_selection=`` gives it
+  directly instead; compose many queries with ``accounting.PayWhatYouGetAccountant``.
 * Algorithm 1 (``with_counts=True``, Laplace, needs Δ): the threshold
   ``h_(k̄+1) + c + L_⊥``, the counts ``h_(j) + L_j``, ``L ~ Lap(b)`` with
   ``b = (Δ + 1)/ε`` and ``c = 1 + s`` (``laplace_tail_offset``); the items with
@@ -49,7 +53,8 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 
 from beam_dpsu.dp import calibration as cal
-from beam_dpsu.dp.accounting import PrivacyGuarantee, br_composition_guarantee, selections_charged
+from beam_dpsu.dp.accounting import (PrivacyGuarantee, br_composition_guarantee, figure,
+                                     pay_what_you_get_epsilon, selections_charged)
 from beam_dpsu.dp.contribution import ItemCounts
 from beam_dpsu.dp.contribution import sample_items
 from beam_dpsu.dp.mechanisms import units
@@ -140,45 +145,107 @@ class TopKMechanism(Mechanism):
 
     Args:
       k: the most items to release (integer ≥ 1).
+      epsilon: ε > 0 of the WHOLE query's (ε, δ)-DP guarantee, for both
+        algorithms. Algorithm 2 calibrates its per-selection ε from it: the largest
+        whose composition over k selections is within (ε, δ)
+        (``accounting.pay_what_you_get_epsilon`` with one query). Give either
+        ``epsilon`` or ``epsilon_per_selection``. Privacy: the stated ε.
+      delta: 0 < δ < 1. With ``epsilon``: the whole query's δ (Algorithm 2 uses
+        δ/2 as the probability bound of releasing an item outside the
+        neighbour's top k̄, and δ/2 for the conversion of its composition).
+        With ``epsilon_per_selection``: that probability bound itself, per query
+        (the stated δ is then the composition's, up to 2δ). Privacy: the stated δ.
       k_bar: k̄ ≥ k, the number of candidates (the true top k̄ are noised and
         ``h_(k̄+1)`` sets the threshold); default ``k``. A larger k̄ lets items
         just outside the true top k compete, at the price of a higher threshold
-        (log(k̄/δ)/ε for unrestricted sensitivity).
-      epsilon: ε > 0. Algorithm 2: per SELECTION (a query is charged ℓ + 1
-        selections, or k); Algorithm 1: of the whole query.
-      delta: 0 < δ < 1 per query: the probability bound of releasing an item
-        outside the neighbour's top k̄.
-      max_items: Δ, distinct items kept per user (integer ≥ 1), or None for
-        unrestricted sensitivity (Algorithm 2 only). With Δ, Algorithm 2's
-        threshold uses log(min(Δ, k̄)/δ); Algorithm 1 needs Δ (b = (Δ+1)/ε).
+        (log(k̄/δ)/ε for unrestricted sensitivity). No privacy effect.
+      max_items: Δ, distinct items kept per user (integer in [1,
+        ``params.MAX_MAX_ITEMS``]), or None (default) for unrestricted
+        sensitivity (Algorithm 2 only). With Δ, Algorithm 2's threshold uses
+        log(min(Δ, k̄)/δ); Algorithm 1 needs Δ (b = (Δ+1)/ε). No privacy effect:
+        the calibration accounts for it.
       with_counts: False (default) for Algorithm 2 (items only), True for
         Algorithm 1 (items and noisy counts on a discrete grid).
+      epsilon_per_selection: Algorithm 2 only, keyword only, instead of
+        ``epsilon``: ε > 0 of each bounded-range selection (the Gumbel scale is
+        1/ε), e.g. from a ``PayWhatYouGetAccountant`` that composes many queries.
+        Privacy: the stated guarantee is the composition of k such selections
+        (``br_composition_guarantee`` with δ₁ = δ), larger than it.
+
+    Attributes: ``epsilon``, ``delta`` (the whole query's stated guarantee, as
+    ``guarantee``), ``epsilon_per_selection`` and ``delta_per_query``
+    (Algorithm 2's calibration; None and δ for Algorithm 1), ``calibrated_from``
+    (``'epsilon'`` or ``'epsilon_per_selection'``).
     """
 
-    def __init__(self, k: int, epsilon: float, delta: float, k_bar: Optional[int] = None,
-                 max_items: Optional[int] = None, with_counts: bool = False):
+    ranked = True
+
+    def __init__(self, k: int, epsilon: Optional[float] = None, delta: Optional[float] = None,
+                 k_bar: Optional[int] = None, max_items: Optional[int] = None,
+                 with_counts: bool = False, *, epsilon_per_selection: Optional[float] = None):
         self.k = cal.check_positive_int(k, "k")
         self.k_bar = self.k if k_bar is None else cal.check_positive_int(k_bar, "k_bar")
         if self.k_bar < self.k:
             raise ValueError(f"k_bar must be >= k={self.k}, got {k_bar!r}")
-        self.epsilon = cal.check_epsilon(epsilon)
-        self.delta = cal.check_delta(delta)
-        max_items = None if max_items is None else cal.check_max_items(max_items)
         self.with_counts = bool(with_counts)
+        if epsilon is not None and epsilon_per_selection is not None:
+            raise ValueError("epsilon (the whole query's) and epsilon_per_selection cannot "
+                             "both be given")
+        if epsilon is None and epsilon_per_selection is None:
+            raise ValueError("epsilon must be given (the whole query's guarantee), or "
+                             "epsilon_per_selection for Algorithm 2")
+        if delta is None:
+            raise ValueError("delta must be given (0 < δ < 1)")
+        delta = cal.check_delta(delta)
+        max_items = None if max_items is None else cal.check_max_items(max_items)
         if self.with_counts:
+            if epsilon_per_selection is not None:
+                raise ValueError("epsilon_per_selection applies to Algorithm 2 only (not "
+                                 "with_counts): Algorithm 1's epsilon is the whole query's")
             if max_items is None:
                 raise ValueError("with_counts (Algorithm 1) needs max_items_per_user (Δ)")
+            epsilon = cal.check_epsilon(epsilon)
+            self.calibrated_from = "epsilon"
+            self.epsilon_per_selection, self.delta_per_query = None, delta
+            self.conversion_delta = None
             self.noise = "laplace"
-            self.noise_scale = cal.topk_laplace_scale(self.epsilon, max_items)
-            self.threshold_offset = cal.laplace_threshold_offset(self.epsilon, self.delta,
-                                                                 max_items)
+            self.noise_scale = cal.topk_laplace_scale(epsilon, max_items)
+            self.threshold_offset = cal.laplace_threshold_offset(epsilon, delta, max_items)
             self.name = "top-k-laplace"
+            self._guarantee = PrivacyGuarantee(epsilon, delta,
+                                               note="(ε, δ)-DP for the whole query (Algorithm 1)")
+            self.composition = None
         else:
+            if epsilon is not None:
+                epsilon = cal.check_epsilon(epsilon)
+                self.calibrated_from = "epsilon"
+                eps_sel, delta_q, delta_1 = pay_what_you_get_epsilon(epsilon, delta, self.k, 1)
+            else:
+                self.calibrated_from = "epsilon_per_selection"
+                eps_sel = cal.check_epsilon(epsilon_per_selection, "epsilon_per_selection")
+                delta_q = delta_1 = delta
+            self.epsilon_per_selection, self.delta_per_query = eps_sel, delta_q
+            self.conversion_delta = delta_1
             self.noise = "gumbel"
-            self.noise_scale = 1.0 / self.epsilon
-            self.threshold_offset = cal.gumbel_threshold_offset(self.epsilon, self.delta,
+            self.noise_scale = 1.0 / eps_sel
+            self.threshold_offset = cal.gumbel_threshold_offset(eps_sel, delta_q,
                                                                 self.k_bar, max_items)
             self.name = "top-k-gumbel"
+            # At most k selections and one query: the composition of the budget.
+            self.composition = br_composition_guarantee(eps_sel, delta_q, self.k, 1, delta_1)
+            c = self.composition
+            if epsilon is None:
+                self._guarantee = c
+            else:
+                # The composition is within (ε, δ) by the calibration; the stated
+                # guarantee is the (ε, δ) asked for, which is never below it.
+                self._guarantee = PrivacyGuarantee(
+                    epsilon, delta, rho=c.rho, zcdp_delta=c.zcdp_delta,
+                    note=(f"(ε, δ)-DP for the whole query: {self.k} selections of "
+                          f"ε = {eps_sel!r} each compose to ({figure(c.epsilon)}, "
+                          f"{figure(c.delta)}) ≤ ({figure(epsilon)}, {figure(delta)}); "
+                          f"{c.note}"))
+        self.epsilon, self.delta = self._guarantee.epsilon, self._guarantee.delta
         self.rounds = [RoundCalibration(None, self.noise, self.noise_scale, max_items, "count")]
 
     # -- accounting --------------------------------------------------------
@@ -186,47 +253,97 @@ class TopKMechanism(Mechanism):
     def charge(self, num_released: int) -> Dict[str, Any]:
         """What a query that released ``num_released`` items costs.
 
-        Algorithm 2: ``selections`` (ℓ + 1, or k) ε-BR selections, one query and
-        δ (the pay-what-you-get charge). Algorithm 1: one (ε, δ)-DP query.
+        Algorithm 2: ``selections`` (ℓ + 1, or k) ε-BR selections of
+        ``epsilon_per_selection``, one query and its δ (``delta``: the
+        per-query δ of the pay-what-you-get charge). Algorithm 1: one (ε, δ)-DP
+        query, whatever it released.
         """
         if self.with_counts:
             return {"selections": None, "queries": 1, "epsilon": self.epsilon,
                     "delta": self.delta}
         return {"selections": selections_charged(self.k, num_released), "queries": 1,
-                "epsilon_per_selection": self.epsilon, "delta": self.delta}
+                "epsilon_per_selection": self.epsilon_per_selection,
+                "delta": self.delta_per_query}
+
+    def release_note(self, num_released: int) -> str:
+        """One public sentence: how many items the query released out of k, and why.
+
+        Fewer than k means the next candidate's noisy count fell below the noisy
+        threshold (or no candidate was left): the query stops at the first one
+        that does. Algorithm 2 then pays what it got, ``ℓ + 1`` selections; the
+        statement is still the whole query's guarantee (the charge depends on the
+        data). ``num_released`` is public (it is the length of the release).
+        """
+        n = num_released
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= self.k:
+            raise ValueError(f"num_released must be an integer in [0, k={self.k}], got {n!r}")
+        if n == self.k:
+            return f"released {n} of k = {self.k} items"
+        why = (f"released {n} of k = {self.k} items: the next candidate's noisy count fell "
+               f"below the noisy threshold (or no candidate was left), so the query stopped "
+               f"there")
+        if self.with_counts:
+            return why + " (Algorithm 1 is charged the whole query whatever it releases)"
+        return why + (f" (pay what you get: only the {n + 1} selections made are charged, "
+                      f"not {self.k}; the stated guarantee covers all {self.k})")
 
     @property
     def guarantee(self) -> PrivacyGuarantee:
-        """The (ε, δ)-DP of one query on its own (before it runs).
+        """The (ε, δ)-DP of the whole query on its own (before it runs).
 
-        Algorithm 2: at most k selections, so the budget (k selections, one
-        query) composed by ``br_composition_guarantee`` with δ₁ = δ. Algorithm 1:
-        (ε, δ).
+        Calibrated from ``epsilon``: the (ε, δ) given (the composition of k
+        selections of the calibrated per-selection ε is within it). From
+        ``epsilon_per_selection``: that composition (k selections, one query, δ₁ =
+        δ; ``br_composition_guarantee``, rounded up). Algorithm 1: (ε, δ).
         """
-        if self.with_counts:
-            return PrivacyGuarantee(self.epsilon, self.delta, note="(ε, δ)-DP per query")
-        return br_composition_guarantee(self.epsilon, self.delta, self.k, 1, self.delta)
+        return self._guarantee
 
     def describe(self) -> Dict[str, Any]:
-        """JSON-ready statement of the calibration and the stand-alone guarantee."""
+        """JSON-ready statement of the calibration and the whole query's guarantee."""
         g = self.guarantee
+        c = self.composition
+        if self.with_counts:
+            meaning = "the guarantee of the whole query (Algorithm 1)"
+        elif self.calibrated_from == "epsilon":
+            meaning = ("the guarantee of the whole query (at most k selections); "
+                       "epsilon_per_selection was calibrated from it: the largest whose "
+                       "composition over k selections is within (epsilon, delta)")
+        else:
+            meaning = ("the guarantee of the whole query: the composition of k selections of "
+                       "epsilon_per_selection (given), with delta_per_query")
         return {
             "mechanism": self.name,
             "algorithm": 1 if self.with_counts else 2,
             "k": self.k, "k_bar": self.k_bar,
-            "epsilon": self.epsilon, "delta": self.delta,
-            "epsilon_meaning": ("per query" if self.with_counts else
-                                "per selection (pay what you get)"),
+            "epsilon": g.epsilon, "delta": g.delta,
+            "epsilon_meaning": meaning,
+            "calibrated_from": self.calibrated_from,
+            "epsilon_per_selection": self.epsilon_per_selection,
+            "delta_per_query": self.delta_per_query,
             "max_items_per_user": self.max_items,
             "noise": self.noise, "noise_scale": self.noise_scale,
             "threshold_offset": self.threshold_offset,
             "query_guarantee": {"epsilon": g.epsilon, "delta": g.delta, "note": g.note},
-            "units": units.topk_units(self.with_counts),
+            "composition": None if c is None else {"epsilon": c.epsilon, "delta": c.delta,
+                                                   "note": c.note},
+            "units": dict(units.topk_units(self.with_counts), **{
+                "epsilon": "ε of the (ε, δ)-DP guarantee of the whole query (every "
+                           "selection it makes)",
+                "delta_per_query": "δ of one query in the pay-what-you-get analysis "
+                                   "(Algorithm 2: the probability bound of releasing an "
+                                   "item outside the neighbour's top k̄; Algorithm 1: the "
+                                   "query's δ)",
+                "calibrated_from": "'epsilon' (the whole query's, given) or "
+                                   "'epsilon_per_selection' (given)",
+                "composition": "Algorithm 2: the composition of k selections of "
+                               "epsilon_per_selection (rounded up); null with counts"}),
         }
 
     def __repr__(self) -> str:
-        return (f"<TopKMechanism {self.name}: k={self.k}, k̄={self.k_bar}, ε={self.epsilon:g}, "
-                f"δ={self.delta:g}, Δ={self.max_items}>")
+        per = ("" if self.epsilon_per_selection is None
+               else f", ε per selection={self.epsilon_per_selection:.6g}")
+        return (f"<TopKMechanism {self.name}: k={self.k}, k̄={self.k_bar}, "
+                f"ε={figure(self.epsilon)}, δ={figure(self.delta)}{per}, Δ={self.max_items}>")
 
     # -- the release -------------------------------------------------------
 

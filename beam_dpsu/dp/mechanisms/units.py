@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, List, Optional
 
-__all__ = ["SCALES", "threshold_meaning", "set_union_units", "topk_units"]
+__all__ = ["SCALES", "threshold_meaning", "set_union_units", "topk_units", "peeling_units"]
 
 
 #: What one user adds to the histogram, per weighting of ``RoundCalibration``.
@@ -121,4 +121,20 @@ def topk_units(with_counts: bool) -> Dict[str, str]:
                             "threshold an item's noisy count must beat",
         "num_released": "number of items in the items file (at most k)",
         "charge": "what the query costs under pay-what-you-get composition",
+    }
+
+
+def peeling_units() -> Dict[str, str]:
+    """``{field: meaning}`` for a discovery-then-peel summary (top-k or hitting set)."""
+    return {
+        "epsilon": "ε of the (ε, δ)-DP guarantee of the whole release (both stages)",
+        "delta": "δ of that guarantee",
+        "k": "the most items released",
+        "max_items_per_user": "Δ0 of the discovery stage: the most distinct items one user "
+                              "contributes to it (the peeling stage counts every item)",
+        "discovery_share": "the fraction of ε and of δ spent on discovering the domain",
+        "discovery": "the Weighted Gaussian stage that discovers the domain: its ε, δ, "
+                     "threshold and noise scale (on the weighted-count scale)",
+        "peeling": "the known-domain stage: its ε and δ, the ε of each selection, and the "
+                   "scale of the Gumbel noise added to each user count (in users)",
     }

@@ -1,0 +1,101 @@
+"""Differentially private k-hitting set of a text file of user-keyed items (discovery, then user peeling).
+
+Usage::
+
+    beam-dpsu hitting-set --input PATH --output PREFIX --k K --epsilon E --delta D
+        [--max-items-per-user N] [--discovery-share F] [--overwrite]
+        [--dead-letter PATH] [--insecure-test-seed N]
+        [any Beam pipeline option, e.g. --runner=DirectRunner]
+
+Chooses at most k items that together are held by as many users as possible:
+Weighted Gaussian discovers a domain with the share F of (E, D) (default 1/2,
+``--max-items-per-user`` is its Δ0, default 100), then k rounds each choose
+the discovered item held by the most users not yet hit, plus Gumbel noise,
+and remove the users who hold it (``docs/mechanisms.md`` section 10). The k
+rounds run on one worker, over each user's discovered items.
+
+``--epsilon E --delta D`` is the guarantee of the WHOLE release (both
+stages), as on every command.
+
+Input: text files (glob allowed, ``.gz``/``.bz2`` decompressed), one
+``user_id<TAB>item`` line per occurrence.
+
+Output: ``PREFIX-items-00000-of-00001`` with lines ``rank<TAB>item`` in the
+order chosen (the order is part of the private output); ``PREFIX.json``,
+publishable; ``PREFIX.PRIVATE-run-details.json`` (mode 0600), never to be
+published. Bad parameters exit with status 2 and a one-line message before any
+data is read; other failures exit with status 1 and a one-line message.
+"""
+from __future__ import annotations
+
+import sys
+from typing import List, Optional, Sequence, Tuple
+
+from beam_dpsu.dp import params
+from beam_dpsu.dp.mechanisms.peeling import DiscoverPeelHittingSet, DiscoverThenPeel
+from beam_dpsu.pipelines import flags, run_budget, runs, top_k
+from beam_dpsu.pipelines.cli import UsageError
+
+__all__ = ["PROG", "build_parser", "parse_args", "public_fields", "run", "main"]
+
+PROG = "hitting_set"
+
+
+def build_parser():
+    p = flags.ArgumentParser(PROG, __doc__.split("\n")[0])
+    flags.add_io_arguments(p)
+    params.add_arguments(p, ["k", "epsilon", "delta", "max_items", "discovery_share"],
+                         required=("k", "epsilon", "delta"), help={
+        "epsilon": "ε > 0 of the whole release's (ε, δ)-DP guarantee (discovery and "
+                   "peeling). Privacy: the stated ε",
+        "delta": "δ in (0, 1) of the whole release. Privacy: the stated δ",
+        "max_items": f"Δ0 of the discovery stage: distinct items each user contributes to "
+                     f"it (integer >= 1; default {params.DEFAULT_MAX_ITEMS}); the peeling "
+                     f"stage counts every item. Privacy: none"})
+    flags.add_dead_letter_argument(p)
+    return p
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> Tuple[object, DiscoverThenPeel, List[str]]:
+    """Parses and validates everything; raises UsageError for any user mistake."""
+    args, beam_args = flags.parse_known(build_parser(), argv)
+    try:
+        mechanism = top_k.discover_peel(DiscoverPeelHittingSet, args, args.epsilon,
+                                        args.delta)
+    except ValueError as e:
+        raise UsageError(params.as_flags(str(e))) from None
+    return args, mechanism, beam_args
+
+
+def public_fields(mechanism: DiscoverThenPeel, released: int) -> dict:
+    """The publishable summary: the guarantee of the whole release and both stages."""
+    fields = dict(mechanism.describe())
+    fields["released_of_k"] = f"{released} of {mechanism.k}"
+    fields["units"] = dict(fields.get("units") or {}, released_of_k=(
+        "how many items were chosen out of k (fewer only when fewer were discovered)"))
+    return fields
+
+
+def run(argv: Optional[Sequence[str]] = None) -> dict:
+    """Runs the pipeline; returns the public summary (also written to PREFIX.json) with
+    the owner-only details under "PRIVATE_run_details"."""
+    args, mechanism, beam_args = parse_args(argv)
+    run_budget.warn_guarantee(mechanism.epsilon, mechanism.delta)
+    # The same read -> count -> release -> write graph as top-k's discover-peel method.
+    return runs.run_release(
+        args, beam_args,
+        lambda p, run_key: top_k.build_pipeline(p, args.input, args.output, mechanism,
+                                                run_key, args.dead_letter),
+        lambda result, released: public_fields(mechanism, released))
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    return runs.main_wrapper(PROG, run, argv, ("mechanism", "epsilon", "delta", "k",
+                                                 "num_released", "released_of_k"))
+
+
+if __name__ == "__main__":
+    # Runs the importable module (not this __main__ copy), so that what a runner
+    # pickles refers to beam_dpsu.pipelines.hitting_set, one name on every worker.
+    from beam_dpsu.pipelines import cli as _cli
+    sys.exit(_cli.run_module("hitting_set", sys.argv[1:]))
