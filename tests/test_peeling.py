@@ -306,3 +306,64 @@ def test_top_k_discover_peel_releases_the_beam_free_rows_and_refuses_k_bar(tmp_p
                          *bad])
         err = capsys.readouterr().err.strip().splitlines()
         assert rc == 2 and len(err) == 1 and "does not apply to --method discover-peel" in err[0]
+
+
+# -- the utility measures and compare --task top-k|hitting-set ----------------------------------
+
+def test_top_k_measures_against_a_hand_computation():
+    from beam_dpsu.dp import utility
+    per_user = {"a": {"x": 1, "y": 1}, "b": {"x": 1}, "c": {"z": 1}, "d": {"x": 1, "z": 1}}
+    holders = utility.users_per_item(per_user)
+    assert holders == {"x": 3, "y": 1, "z": 2} and utility.user_item_pairs(per_user) == 6
+    # k = 2: the top two hold 3 + 2 = 5 pairs; releasing x and y covers 3 + 1.
+    assert utility.top_k_missing_mass(holders, ["x", "y"], 2, 6) == pytest.approx(1 / 6)
+    assert utility.top_k_missing_mass(holders, [], 2, 6) == pytest.approx(5 / 6)
+    assert utility.k_relative_error(holders, ["x", "y"], 2) == 1      # N_(2) = 2, min 1
+    assert utility.k_relative_error(holders, ["x"], 2) == 2           # fewer than k: N_(2)
+    assert utility.k_relative_error(holders, ["x", "z"], 5) == 0      # N_(5) = 0 past items
+    assert utility.users_hit_share(per_user, ["z"]) == 0.5
+    assert utility.greedy_hitting_set(per_user, 5) == ["x", "z"]      # then nobody is left
+
+
+def test_compare_ranks_top_k_methods_and_hitting_sets(tmp_path, capsys):
+    import json
+    import os
+    from beam_dpsu.pipelines import compare
+    data = _input(tmp_path)
+    for task, methods, key in (("top-k", "limited-domain,limited-domain:k_bar=20,discover-peel",
+                                "top_k_missing_mass_mean"),
+                               ("hitting-set", "discover-peel:max_items=10", "users_hit_mean")):
+        out = str(tmp_path / task)
+        assert compare.main(["--input", data, "--output", out, "--task", task, "--k", "4",
+                             "--mechanisms", methods, "--epsilon", "1", "--delta", "1e-6",
+                             "--trials", "2", "--quiet"]) == 0
+        summary = json.load(open(os.path.join(out, "results.PRIVATE.json")))
+        rows = [r for r in summary["results"] if r["epsilon"] is not None]
+        assert summary["task"] == task and len(rows) == len(methods.split(","))
+        assert all(0 <= r[key] <= 1 for r in rows)
+        assert open(os.path.join(out, "results.PRIVATE.md")).read().startswith("# PRIVATE")
+    hit = json.load(open(tmp_path / "hitting-set" / "results.PRIVATE.json"))["results"]
+    assert hit[0]["mechanism"].startswith("greedy") and hit[0]["users_hit_mean"] == 1.0
+    capsys.readouterr()
+    for bad, message in ((["--task", "top-k"], "needs --k"),
+                         (["--task", "top-k", "--k", "3", "--mechanisms", "gw"], "unknown method"),
+                         (["--k", "3"], "--k applies")):
+        argv = ["--input", data, "--output", str(tmp_path / "x"), "--epsilon", "1",
+                "--delta", "1e-6", "--mechanisms", "discover-peel", *bad]
+        assert compare.main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], err
+
+
+def test_the_audit_command_builds_both_mechanisms(capsys):
+    import json
+    from beam_dpsu.pipelines import audit as audit_cli
+    for name in ("top-k-discover-peel", "hitting-set"):
+        assert audit_cli.main(["--mechanism", name, "--k", "3", "--epsilon", "1", "--delta",
+                               "1e-3", "--max-items-per-user", "4", "--trials", "100",
+                               "--quiet"]) == 0
+        report = json.loads(capsys.readouterr().out)
+        assert report["mechanism"] == name and report["claimed_epsilon"] == 1.0
+    assert audit_cli.main(["--mechanism", "hitting-set", "--epsilon", "1",
+                           "--delta", "1e-3"]) == 2
+    assert "needs --k" in capsys.readouterr().err

@@ -15,6 +15,7 @@ from beam_dpsu.dp.audit import (ALL_SCENARIOS, DEFAULT_CONFIDENCE, FAST_TRIALS, 
 from beam_dpsu.dp.audit import __doc__ as _AUDIT_DOC
 from beam_dpsu.dp import params
 from beam_dpsu.dp.mechanisms import Mechanism
+from beam_dpsu.dp.mechanisms.peeling import DiscoverPeelHittingSet, DiscoverPeelTopK
 from beam_dpsu.pipelines import cli
 from beam_dpsu.pipelines.cli import UsageError, run_main
 
@@ -49,8 +50,11 @@ def build_parser(broken: Optional[Mapping[str, Callable]] = None) -> argparse.Ar
     p = _Parser(prog=cli.command_prog(PROG), description=_AUDIT_DOC.split("\n")[0],
                 allow_abbrev=False)
     cli.add_output_flags(p)
-    p.add_argument("--mechanism", required=True, help="one of: " + ", ".join(sorted(REGISTRY)))
+    p.add_argument("--mechanism", required=True, help="one of: " + ", ".join(
+        sorted(REGISTRY) + sorted(RANKED)))
     params.add_arguments(p, list(params.MECHANISM_PARAMS))
+    params.add_arguments(p, ["k", "discovery_share"], help={
+        "k": f"{', '.join(sorted(RANKED))}: the most items released (integer >= 1)"})
     p.add_argument("--trials", type=int, default=FAST_TRIALS,
                    help=f"runs per dataset and scenario (default {FAST_TRIALS}; thorough: "
                         f"{THOROUGH_TRIALS})")
@@ -67,6 +71,21 @@ def build_parser(broken: Optional[Mapping[str, Callable]] = None) -> argparse.Ar
     return p
 
 
+#: The discovery-then-peel mechanisms, which the registry (set union) does not build.
+RANKED = {"top-k-discover-peel": DiscoverPeelTopK, "hitting-set": DiscoverPeelHittingSet}
+
+
+def _ranked(args):
+    """A discovery-then-peel mechanism from the auditor's flags (ValueError when bad)."""
+    if args.k is None or args.epsilon is None or args.delta is None:
+        raise ValueError(f"{args.mechanism} needs --k, --epsilon and --delta")
+    return RANKED[args.mechanism](
+        args.k, args.epsilon, args.delta,
+        params.DEFAULT_MAX_ITEMS if args.max_items is None else args.max_items,
+        params.DEFAULT_DISCOVERY_SHARE if args.discovery_share is None
+        else args.discovery_share)
+
+
 def parse_args(argv: Sequence[str], broken: Optional[Mapping[str, Callable]] = None):
     from beam_dpsu.dp.registry import MechanismParams, make_mechanism
     args = build_parser(broken).parse_args(argv)
@@ -75,7 +94,13 @@ def parse_args(argv: Sequence[str], broken: Optional[Mapping[str, Callable]] = N
     if not (0 < args.confidence < 1):
         raise UsageError(f"--confidence must be in (0, 1), got {args.confidence}")
     try:
-        mechanism = make_mechanism(args.mechanism, MechanismParams.from_namespace(args))
+        if args.mechanism in RANKED:
+            mechanism = _ranked(args)
+        elif args.k is not None or args.discovery_share is not None:
+            raise ValueError(f"--k and --discovery-share apply to "
+                             f"{', '.join(sorted(RANKED))} only")
+        else:
+            mechanism = make_mechanism(args.mechanism, MechanismParams.from_namespace(args))
         if getattr(args, "broken", None):
             mechanism = broken[args.broken](mechanism)
     except ValueError as e:

@@ -7,6 +7,8 @@ Usage::
         [--public-counts PATH] [--trials N] [--epsilons LIST] [--engine core|beam]
         [--budget-epsilon E --budget-delta D]
         --output DIR [any Beam pipeline option, with --engine beam]
+    beam-dpsu compare --task top-k|hitting-set --k K --mechanisms METHODS ...
+        (top-k methods or k-hitting sets: ``beam_dpsu.pipelines.compare_ranked``)
 
 ``LIST`` is comma-separated mechanism names, each optionally with its own
 parameters after colons, e.g.
@@ -80,7 +82,7 @@ from beam_dpsu.transforms import textio
 from beam_dpsu.dp import params
 from beam_dpsu.dp.noise import RunKey
 from beam_dpsu.dp.registry import REGISTRY, MechanismParams, make_mechanism
-from beam_dpsu.pipelines import run_budget, flags, outputs, runs, cli
+from beam_dpsu.pipelines import compare_ranked, run_budget, flags, outputs, runs, cli
 from beam_dpsu.pipelines.cli import UsageError
 
 __all__ = ["PROG", "RESULTS_MD", "RESULTS_JSON", "RELEASED_PNG", "COVERAGE_PNG", "BY_USERS_PNG",
@@ -148,6 +150,13 @@ def build_parser() -> flags.ArgumentParser:
                         f"(*.PRIVATE.png): exact statistics of the input, owner-only, never "
                         f"to be published")
     p.add_argument("--mechanisms", required=True, help="comma-separated NAME[:KEY=VALUE...]")
+    p.add_argument("--task", choices=("set-union",) + compare_ranked.TASKS, default="set-union",
+                   help="what to compare: set-union mechanisms (default), top-k methods "
+                        "(limited-domain, discover-peel: top-k missing mass and k-relative "
+                        "error) or hitting sets (discover-peel: share of users hit, beside "
+                        "the non-private greedy)")
+    params.add_arguments(p, ["k"], help={"k": "--task top-k or hitting-set: the most items "
+                                              "to release (integer >= 1)"})
     params.add_arguments(p, ["epsilon", "delta"], required=("delta",), help={
         "epsilon": "ε of the common (ε, δ)-DP target", "delta": "δ of the common target"})
     p.add_argument("--epsilons", help="comma-separated ε values to sweep")
@@ -182,6 +191,18 @@ def parse_args(argv):
         epsilons = [args.epsilon]
     else:
         raise UsageError("give --epsilon or --epsilons")
+    if args.task != "set-union":
+        if args.engine != "core":
+            raise UsageError(f"--task {args.task} runs on --engine core only")
+        if args.k is None:
+            raise UsageError(f"--task {args.task} needs --k")
+        specs = compare_ranked.parse_methods(args.mechanisms, args.task)
+        built = compare_ranked.build(args.task, specs, args.k, epsilons, args.delta)
+        args.privacy_cost = privacy_cost(args, specs, epsilons, built,
+                                         label=compare_ranked._label)
+        return args, beam_args, specs, epsilons, built
+    if args.k is not None:
+        raise UsageError("--k applies to --task top-k and --task hitting-set only")
     specs = parse_mechanisms(args.mechanisms)
     built = {}
     for name, own in specs:
@@ -196,10 +217,11 @@ def parse_args(argv):
     return args, beam_args, specs, epsilons, built
 
 
-def privacy_cost(args, specs, epsilons, built) -> Dict[str, Any]:
+def privacy_cost(args, specs, epsilons, built, label=None) -> Dict[str, Any]:
     """The composed guarantee of every trial ``run_trials`` will run (``--trials`` per
     listed mechanism and ε, a mechanism or ε listed twice counted twice), checked
     against ``--budget-epsilon/--budget-delta``; what it covers."""
+    label = label or globals()["label"]
     guarantees = [built[(label(name, own), eps)].guarantee
                   for name, own in specs for eps in epsilons for _ in range(args.trials)]
     cost = run_budget.total_cost(
@@ -525,6 +547,8 @@ def run(argv: Optional[Sequence[str]] = None, progress=None) -> Dict[str, Any]:
             raise runs.NoWellFormedInput(f"no well-formed user<TAB>item line in "
                                            f"{args.input!r}: nothing to compare")
         progress(f"{len(per_user)} users")
+        if args.task != "set-union":
+            return _run_ranked(args, argv, specs, epsilons, built, per_user, progress, start)
         occurrences = utility.item_occurrences(per_user)
     else:
         progress(f"counting item occurrences of {args.input} (for the coverage figure) ...")
@@ -545,9 +569,34 @@ def run(argv: Optional[Sequence[str]] = None, progress=None) -> Dict[str, Any]:
                "results": results, "plots": plots, "seconds": round(time.time() - start, 1),
                "privacy_cost": args.privacy_cost,
                "not_private": "many runs on the same data: this comparison is not DP"}
-    with _open_private(os.path.join(args.output, RESULTS_JSON)) as f:
+    _write_json(os.path.join(args.output, RESULTS_JSON), summary)
+    return summary
+
+
+def _write_json(path: str, summary: Dict[str, Any]) -> None:
+    with _open_private(path) as f:
         f.write((json.dumps(summary, indent=2, ensure_ascii=False, default=str) + "\n")
                 .encode("utf-8"))
+
+
+def _run_ranked(args, argv, specs, epsilons, built, per_user, progress, start):
+    """``--task top-k`` or ``hitting-set``: the trials, the table and the JSON (no plots)."""
+    results = compare_ranked.run_trials(args.task, specs, args.k, epsilons, built, per_user,
+                                        args.trials, progress)
+    command = "beam-dpsu compare " + " ".join(a if " " not in a else repr(a) for a in argv)
+    text = "\n".join([f"# {NOT_PRIVATE_NOTE}", "", f"Task: {args.task}, k = {args.k}, "
+                      f"δ = {args.delta:g}, {args.trials} trials per cell, fresh OS "
+                      f"randomness each.", "", f"Command: `{command}`", "",
+                      *compare_ranked.markdown_rows(args.task, results), ""])
+    with _open_private(os.path.join(args.output, RESULTS_MD)) as f:
+        f.write(text.encode("utf-8"))
+    summary = {"PRIVATE": NOT_PRIVATE_NOTE, "task": args.task, "k": args.k,
+               "input": args.input, "delta": args.delta, "epsilons": epsilons,
+               "trials": args.trials, "engine": "core", "command": command,
+               "results": results, "plots": [], "seconds": round(time.time() - start, 1),
+               "privacy_cost": args.privacy_cost,
+               "not_private": "many runs on the same data: this comparison is not DP"}
+    _write_json(os.path.join(args.output, RESULTS_JSON), summary)
     return summary
 
 
