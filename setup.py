@@ -18,6 +18,9 @@ setup(
         "apache-beam>=2.60",
         "numpy>=1.24",
         "scipy>=1.10",
+        # Imported directly by the columnar path (dp.columnar: Arrow string arrays,
+        # dictionary encoding, IPC between stages); apache-beam already depends on it.
+        "pyarrow>=14",
     ],
     extras_require={
         # pipeline-dp and dp-accounting install beside apache-beam 2.77 / numpy 2 without

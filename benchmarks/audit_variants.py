@@ -30,7 +30,9 @@ if __package__ in (None, ""):
 
 from beam_dpsu.dp import calibration as cal  # noqa: E402
 from beam_dpsu.dp.mechanisms.base import Mechanism  # noqa: E402
-from beam_dpsu.dp.noise import encode_value  # noqa: E402
+import numpy as np  # noqa: E402
+
+from beam_dpsu.dp.noise import gaussian_from_bits_many, laplace_from_bits_many  # noqa: E402
 from beam_dpsu.dp.release_rules import NoisyThresholdRule  # noqa: E402
 
 
@@ -83,9 +85,12 @@ class ZeroWeightKeys(Mechanism):
             for item in counts:
                 hist.setdefault(item, 0.0)
         rule: NoisyThresholdRule = inner.release_rule(run_key)
-        return {item for item, w in hist.items()
-                if (rule(item, w) if w > 0 else  # THE BUG: noise the zero-weight keys
-                    w + rule._noise(encode_value(item)) > rule.threshold)}
+        items = list(hist)
+        weights = np.array([hist[i] for i in items], np.float64)
+        draw = (gaussian_from_bits_many if rule.noise == "gaussian"
+                else laplace_from_bits_many)(rule.bits.many(items), rule.scale)
+        # THE BUG: the zero-weight keys are noised (and released) like the others
+        return {item for item, w, z in zip(items, weights, draw) if w + z > rule.threshold}
 
 
 def _closest_policy_class():

@@ -9,14 +9,20 @@ run's alone) on the DirectRunner:
 * ``cli2:<mechanism>``: the same with ``--direct_num_workers=2
   --direct_running_mode=multi_processing``;
 * ``plain:<mechanism>``: ``benchmarks/plain_inmemory.py``, the same mechanism
-  in plain in-memory Python + numpy (the floor);
+  in plain in-memory Python + numpy (the dict path's floor);
+* ``columnar:<mechanism>``: ``plain_inmemory.py --columnar``, the columnar
+  functions the command line runs, in one process without Beam (its floor);
+* ``zcat``: ``zcat FILES | wc -l`` (``cat`` for files not ending in .gz):
+  decompression alone, the physical floor of any reader;
 
 and prints one line per run, then per configuration the median wall time
 (min–max), the median CPU time (the child's and its workers'), the median
-peak RSS and the ratio of medians to the named ``--baseline``.
+peak RSS and the ratio of medians to the named ``--baseline`` and to every
+floor measured (``zcat``, ``plain:…``, ``columnar:…``).
 
     python benchmarks/bench_scale.py --keep /tmp/syn100k.tsv.gz --repeats 3 \\
-        --configs plain:weighted-gaussian cli:weighted-gaussian
+        --configs zcat plain:weighted-gaussian columnar:weighted-gaussian \\
+        cli:weighted-gaussian
     python benchmarks/bench_scale.py --input '/tmp/syn8/part-*' --repeats 3 \\
         --configs cli:weighted-gaussian cli2:weighted-gaussian
 
@@ -85,12 +91,26 @@ def run_child(cmd):
     raise RuntimeError(f"child failed: {proc.stderr[-3000:]}")
 
 
+def run_zcat(data):
+    import glob
+    paths = sorted(glob.glob(data))
+    tool = "zcat" if all(p.endswith(".gz") for p in paths) else "cat"
+    c0, t0 = _children_cpu(), time.perf_counter()
+    out = subprocess.run(f"{tool} {' '.join(paths)} | wc -l", shell=True, check=True,
+                         capture_output=True, text=True).stdout
+    return {"lines": int(out.split()[0]), "peak_rss_mib": 0}, time.perf_counter() - t0, \
+        _children_cpu() - c0
+
+
 def run_config(config, data, tmp, max_items):
+    if config == "zcat":
+        return run_zcat(data)
     kind, name = config.split(":", 1)
     flags = FLAGS.get(name, DEFAULT_FLAGS) + ["--max-items-per-user", str(max_items)]
-    if kind == "plain":
+    if kind in ("plain", "columnar"):
         s, wall, cpu = run_child([sys.executable, str(ROOT / "benchmarks" / "plain_inmemory.py"),
-                                  "--input", data, "--mechanism", name] + flags)
+                                  "--input", data, "--mechanism", name] + flags
+                                 + (["--columnar"] if kind == "columnar" else []))
         return {"released": s["released"], "users": s["users"], "inner_s": s["wall_seconds"],
                 "peak_rss_mib": s["peak_rss_mib"]}, wall, cpu
     out = os.path.join(tmp, f"{name}-{time.time_ns()}")
@@ -111,14 +131,15 @@ def main(argv=None) -> int:
     p.add_argument("--keep", help="reuse/keep the generated data at this path")
     p.add_argument("--configs", nargs="+",
                    default=["plain:weighted-gaussian", "cli:weighted-gaussian"],
-                   help="KIND:MECHANISM with KIND in cli, cli2, plain")
+                   help="KIND:MECHANISM with KIND in cli, cli2, plain, columnar; or zcat")
     p.add_argument("--baseline", help="the configuration ratios are taken against "
                    "(default: the first)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--max-items-per-user", type=int, default=100)
     args = p.parse_args(argv)
     for c in args.configs:
-        if c.split(":", 1)[0] not in ("cli", "cli2", "plain") or ":" not in c:
+        if c != "zcat" and (c.split(":", 1)[0] not in ("cli", "cli2", "plain", "columnar")
+                            or ":" not in c):
             p.error(f"bad configuration {c!r}")
     baseline = args.baseline or args.configs[0]
     runs = {c: [] for c in args.configs}
@@ -136,17 +157,21 @@ def main(argv=None) -> int:
                 runs[c].append((wall, cpu, row))
                 print(json.dumps({"round": r, "config": c, "wall_s": round(wall, 2),
                                   "cpu_s": round(cpu, 2), **row}), flush=True)
-    base = statistics.median(w for w, _, _ in runs[baseline])
-    print(f"\n| configuration | median wall s (min–max) | median CPU s | peak RSS MiB | "
-          f"released | ratio to {baseline} |\n|---|---|---|---|---|---|")
+    med = {c: statistics.median(w for w, _, _ in runs[c]) for c in args.configs}
+    floors = [c for c in args.configs if c == "zcat" or c.split(":", 1)[0] in
+              ("plain", "columnar")]
+    ratios = [baseline] + [f for f in floors if f != baseline]
+    print("\n| configuration | median wall s (min–max) | median CPU s | peak RSS MiB | "
+          "released | " + " | ".join(f"ratio to {r}" for r in ratios) + " |\n|"
+          + "---|" * (5 + len(ratios)))
     for c in args.configs:
         walls = [w for w, _, _ in runs[c]]
-        m = statistics.median(walls)
         cpu = statistics.median(x for _, x, _ in runs[c])
         rss = statistics.median(row["peak_rss_mib"] for _, _, row in runs[c])
-        rel = ", ".join(str(row["released"]) for _, _, row in runs[c])
-        print(f"| {c} | {m:.2f} ({min(walls):.2f}–{max(walls):.2f}) | {cpu:.2f} | {rss:.0f} | "
-              f"{rel} | {m / base:.2f} |")
+        rel = ", ".join(str(row.get("released", "-")) for _, _, row in runs[c])
+        print(f"| {c} | {med[c]:.2f} ({min(walls):.2f}–{max(walls):.2f}) | {cpu:.2f} | "
+              f"{rss:.0f} | {rel} | "
+              + " | ".join(f"{med[c] / med[r]:.2f}" for r in ratios) + " |")
     return 0
 
 

@@ -13,6 +13,10 @@ Beam: no elements, coders, shuffles, bundles or side inputs.
     python benchmarks/plain_inmemory.py --input PATH [--mechanism weighted-gaussian]
         [--epsilon 3] [--delta 1e-5] [--max-items-per-user 100] [--test-seed N]
 
+With ``--columnar`` the same release is computed by the columnar functions
+(``dp.columnar.release_from_files``: blocks of arrays, the code the command line
+runs on Beam) in this one process: the floor of the columnar path.
+
 Prints one ``RESULT {json}`` line: wall and CPU seconds (total and per phase),
 the number released and the peak RSS of the process. ``benchmarks/bench_scale.py``
 runs it (configuration ``plain:MECHANISM``) alternated with the command line.
@@ -47,6 +51,16 @@ def run(input_pattern: str, mechanism, run_key: RunKey) -> dict:
             "mechanism_wall": t2 - t1, "mechanism_cpu": c2 - c1}
 
 
+def run_columnar(input_pattern: str, mechanism, run_key: RunKey) -> dict:
+    import glob
+    from beam_dpsu.dp.columnar import release_from_files
+    t0, c0 = time.perf_counter(), time.process_time()
+    released, users, _ = release_from_files(sorted(glob.glob(input_pattern)), mechanism,
+                                            RunKey.resolve(run_key))
+    return {"users": users, "released": len(released),
+            "wall_seconds": time.perf_counter() - t0, "cpu_seconds": time.process_time() - c0}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--input", required=True)
@@ -55,11 +69,13 @@ def main(argv=None) -> int:
     ap.add_argument("--delta", type=float, default=1e-5)
     ap.add_argument("--max-items-per-user", dest="max_items", type=int, default=100)
     ap.add_argument("--test-seed", type=int, help="a known key (benchmarks only); default fresh")
+    ap.add_argument("--columnar", action="store_true",
+                    help="run the columnar functions (dp.columnar) instead of the dict path")
     args = ap.parse_args(argv)
     params = MechanismParams(epsilon=args.epsilon, delta=args.delta, max_items=args.max_items)
     mechanism = make_mechanism(args.mechanism, params)
     run_key = RunKey.from_test_seed(args.test_seed) if args.test_seed is not None else None
-    result = run(args.input, mechanism, run_key)
+    result = (run_columnar if args.columnar else run)(args.input, mechanism, run_key)
     result["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print("RESULT " + json.dumps(result), flush=True)
     return 0

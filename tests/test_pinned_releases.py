@@ -1,8 +1,6 @@
 """Pinned releases: the exact sets every mechanism releases under a test seed.
 
-A refactoring must not change what any mechanism releases. These digests were
-computed on the code before the mechanism families were reorganised (gw-kt's
-default changed afterwards, see its entry); the Beam-free run
+A refactoring must not change what any mechanism releases. The Beam-free run
 (``run_local`` / ``topk.top_k_local``) and the Beam run
 (``SelectPartitions`` / ``TopK``) must both reproduce them.
 """
@@ -68,37 +66,32 @@ def topk_mechanisms():
 
 
 EXPECTED = {
-    "truncated-geometric": "fcfaf88ac58c4751",
-    "count-laplace": "c9045f7cac9bf2a4",
-    "count-gaussian": "6d2a6245e94c9c34",
-    "weighted-laplace": "c7093c72ab96e233",
-    "weighted-gaussian": "6d2a6245e94c9c34",
-    "weighted-gaussian-zcdp": "6ee9c587e3be09aa",
-    "sips": "730ed0ad7c098715",
-    "sips-from-dp": "d82221f38a5aa29e",
-    "policy-laplace": "f8e15cfce79f4052",
-    "policy-gaussian": "6ee9c587e3be09aa",
-    "gw": "04c4d9995e5625cf",
-    "gw-first-occurrence": "fb7db5c056927e49",
-    "gw-published": "1e085111193f4598",
-    # gw-kt's default K_i selection became 'front' with Δ0 = 20 (docs/gw.md
-    # section 1.3): a new release by design. The old default
-    # ('prefix', Δ0 = 100) is pinned to the digest gw-kt had before.
-    "gw-kt": "c4e4b720da441282",
-    "gw-kt-prefix": "a2ad943e48df7ee7",
-    # Computed with the code before the 'front' selection (commit f7bc0cf): unchanged.
-    "gw-kt-published": "0890e2a2e813e37a",
-    "top-k-gumbel": "2cf081473ae7310a",
-    # TopKMechanism's epsilon became the whole query's guarantee (the per-selection ε
-    # is now calibrated from it, about 0.41 here, with δ/2 in the threshold): a new
-    # release by design. "top-k-gumbel" releases the same set as before (its top 10
-    # are far apart). The old meaning, epsilon_per_selection=EPS, keeps the old digest.
-    "top-k-gumbel-restricted": "a6bbfc2fb1f23ccd",
-    "top-k-gumbel-restricted-per-selection": "7bbd681d4b6affd4",
-    "top-k-laplace": "c3ad5f3145d05322",
-    # Added with the discovery-then-peeling family (not from the earlier code).
+    # Re-pinned when the release rules' noise became SipHash-2-4 of each item (decided a
+    # shard at a time) and the Δ0 sample the items of smallest keyed SipHash score (the
+    # columnar path computes both on arrays): new releases by design, every mechanism
+    # but unrestricted top-k (no sampling, its own Gumbel noise).
+    "truncated-geometric": "078deda835e80b78",
+    "count-laplace": "8701fbbca976e5a2",
+    "count-gaussian": "9871268a76d2abea",
+    "weighted-laplace": "bac11532749f62bf",
+    "weighted-gaussian": "d58a60b09c14815b",
+    "weighted-gaussian-zcdp": "6247941d77705024",
+    "sips": "693bd86b5dcfa1b1",
+    "sips-from-dp": "712237886fc7e725",
+    "policy-laplace": "e7422863e073234c",
+    "policy-gaussian": "dc9ed4eb9f789878",
+    "gw": "4fc5fb4764eaac39",
+    "gw-first-occurrence": "edcf821dc418ec97",
+    "gw-published": "e117788d1421f24b",
+    "gw-kt": "e79d005fda097b7f",
+    "gw-kt-prefix": "e0277fd13d08800e",
+    "gw-kt-published": "50ac1aaaf4f16ee9",
     "top-k-discover-peel": "2cf081473ae7310a",
-    "hitting-set": "a7106b7c15d6b9b1",
+    "hitting-set": "22ec579c461b1483",
+    "top-k-gumbel": "2cf081473ae7310a",
+    "top-k-gumbel-restricted": "4a238015d55798ed",
+    "top-k-gumbel-restricted-per-selection": "f305bb9a7bd1083b",
+    "top-k-laplace": "bd2cf59dc0e7d422",
 }
 
 
@@ -161,3 +154,18 @@ def test_beam_releases_from_per_user_parts_are_pinned():
                            | f"D_{name}" >> beam.Map(_digest_of_list(name)))
         assert_that(tuple(results) | beam.Flatten(),
                     equal_to(sorted((k, v) for k, v in EXPECTED.items() if k in mechanisms())))
+
+
+def test_columnar_releases_are_pinned(tmp_path):
+    # The histogram mechanisms on the columnar path (the command line's), from text.
+    from beam_dpsu.dp.columnar import release_from_files
+    from beam_dpsu.dp.mechanisms.histogram_threshold import HistogramMechanism
+    path = tmp_path / "in.tsv"
+    path.write_text("".join(f"{u}\t{i}\n" for u, counts in _per_user().items()
+                            for i in counts), encoding="utf-8")
+    histogram = {n: m for n, m in mechanisms().items() if isinstance(m, HistogramMechanism)}
+    assert len(histogram) == 6
+    for name, m in histogram.items():
+        released, users, malformed = release_from_files([str(path)], m,
+                                                        RunKey.from_test_seed(SEED))
+        assert (digest(released), users, malformed) == (EXPECTED[name], 3000, {}), name

@@ -167,9 +167,10 @@ def test_one_file_is_split_only_on_several_direct_workers_and_below_the_size_lim
     from beam_dpsu.dp.noise import RunKey
     if limit is not None:
         monkeypatch.setattr(textio, "SPLIT_ONE_FILE_MAX_BYTES", limit)
+    # a mechanism that reads per-user counts (the histogram mechanisms read columns)
     args, plan, _ = select_partitions.parse_plan(
         ["--input", data[0], "--output", "/nonexistent/out", "--mechanism",
-         "weighted-gaussian"] + FLAGS["weighted-gaussian"])
+         "sips"] + FLAGS["sips"])
     p = beam.Pipeline(options=PipelineOptions(["--runner=DirectRunner"] + workers))
     select_partitions.build_pipeline(p, data[0], "/nonexistent/out", plan.mechanism,
                                      RunKey.from_test_seed(1))
@@ -177,6 +178,24 @@ def test_one_file_is_split_only_on_several_direct_workers_and_below_the_size_lim
     split = any(label.endswith("ReadBlocks") for label in labels)
     whole = any(label.endswith("CountCompleteUsers") for label in labels)
     assert (split, whole) == ((True, False) if want == "split" else (False, True))
+
+
+@pytest.mark.parametrize("name, columnar", [("weighted-gaussian", True),
+                                           ("count-laplace", True), ("sips", False),
+                                           ("gw", False)])
+def test_the_histogram_mechanisms_read_columns(data, name, columnar):
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from beam_dpsu.dp.noise import RunKey
+    flags = FLAGS.get(name, ["--epsilon", "1", "--delta", "1e-5"])
+    _, plan, _ = select_partitions.parse_plan(
+        ["--input", data[0], "--output", "/nonexistent/out", "--mechanism", name] + flags)
+    p = beam.Pipeline(options=PipelineOptions(["--runner=DirectRunner"]))
+    select_partitions.build_pipeline(p, data[0], "/nonexistent/out", plan.mechanism,
+                                     RunKey.from_test_seed(1))
+    labels = transform_labels(p)
+    assert any(label.startswith("SelectFromText") for label in labels) == columnar
+    assert any(label.startswith("ReadUserItems") for label in labels) == (not columnar)
 
 
 @pytest.mark.parametrize("workers, want_split", [

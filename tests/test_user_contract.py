@@ -174,7 +174,12 @@ def test_an_interrupt_inside_the_pipeline_is_one_line_130_and_leaves_nothing(
     def interrupt(self, element):
         raise KeyboardInterrupt()
 
+    def interrupt_group(*args):
+        raise KeyboardInterrupt()
+
+    from beam_dpsu.dp import columnar
     monkeypatch.setattr(runs.UserProgress, "process", interrupt)
+    monkeypatch.setattr(columnar, "bounded_histogram", interrupt_group)  # the columnar path
     data = small_input(tmp_path, junk=2)
     for main, flags in ((select_partitions.main, SELECT),
                         (top_k.main, ["--k", "2", "--epsilon", "1", "--delta", "1e-6"])):

@@ -5,8 +5,9 @@ The per-user representation used throughout the library is
 user has each (``C_i[u]`` of the specification).
 
 ``sample_items`` keeps, for a user with more than Δ0 distinct items, a
-uniformly random subset of Δ0 of them drawn by a generator seeded with
-``HMAC(key, user)``: the same subset on every retry and on every runner.
+uniformly random subset of Δ0 of them: those of smallest keyed score
+(SipHash-2-4 under a key of the user's own, derived from the run key and the
+user id), the same subset on every retry and on every runner.
 The Beam transforms over these functions are in
 ``beam_dpsu.transforms.bounding``.
 
@@ -18,16 +19,18 @@ refused (``docs/mechanisms.md`` section 1).
 """
 from __future__ import annotations
 
+import hashlib
 import pickle
 import zlib
 from typing import Any, Dict, Hashable, Iterable, Mapping, Tuple
 
 import numpy as np
 
-from beam_dpsu.dp.noise import encode_value, keyed_generator
+from beam_dpsu.dp.noise import encode_value
+from beam_dpsu.dp.siphash import siphash24_many, siphash24_many_keys
 
 __all__ = ["ItemCounts", "DEFAULT_FLUSH_PAIRS", "DEFAULT_USER_GROUPS", "user_group", "pack_by",
-           "canonical_items", "sample_items", "merge_item_counts", "per_user_counts",
+           "canonical_items", "sampling_keys", "user_keys", "item_scores", "sample_items", "merge_item_counts", "per_user_counts",
            "IdTypeError", "ID_TYPES", "MAX_INT_ID_DIGITS", "canonical_id", "canonical_pair",
            "canonical_counts", "canonical_user_counts", "canonical_per_user"]
 
@@ -225,31 +228,65 @@ def canonical_items(items) -> list:
         return sorted(items, key=encode_value)
 
 
+def sampling_keys(key: bytes) -> Tuple[bytes, bytes]:
+    """The two 16-byte SipHash keys of the sampler, derived from a sampling key
+    (``RunKey.subkey('sample/<round>')``) with keyed BLAKE2b."""
+    k = hashlib.blake2b(b"beam_dpsu/sample", key=key[:64], digest_size=32).digest()
+    return k[:16], k[16:]
+
+
+def user_keys(keys: Tuple[bytes, bytes], data, starts, lengths, prefix=None):
+    """Each user's own 128-bit sampling key ``(k0, k1)`` (two uint64 arrays): SipHash-2-4
+    of the user's canonical bytes (``data[starts[i]:starts[i] + lengths[i]]``, after
+    the one-byte ``prefix`` when given) under the two keys of ``sampling_keys``."""
+    return (siphash24_many(keys[0], data, starts, lengths, prefix),
+            siphash24_many(keys[1], data, starts, lengths, prefix))
+
+
+def item_scores(k0, k1, data, starts, lengths, prefix=None) -> np.ndarray:
+    """The sampling score of each (user, item) pair: SipHash-2-4 of the item's canonical
+    bytes under its user's key ``(k0[i], k1[i])`` (``user_keys``)."""
+    return siphash24_many_keys(k0, k1, data, starts, lengths, prefix)
+
+
+def _spans(encoded):
+    lengths = np.fromiter(map(len, encoded), np.int64, len(encoded))
+    starts = np.zeros(len(encoded), np.int64)
+    np.cumsum(lengths[:-1], out=starts[1:])
+    return b"".join(encoded), starts, lengths
+
+
 def sample_items(user_id: Any, counts: ItemCounts, max_items: int, key: bytes) -> ItemCounts:
     """At most ``max_items`` of a user's distinct items, a uniformly random subset.
 
-    A user with at most Δ0 items keeps all of them. Otherwise the user's items
-    are put in canonical order and a generator seeded with
-    ``HMAC(key, user_id)`` draws Δ0 of them without replacement. The choice
-    depends only on the key, the user id and the user's item set, never on
-    other users, on the order of ``counts`` or on how a runner split the work;
-    a retry draws the same subset.
+    A user with at most Δ0 items keeps all of them. Otherwise each item gets a
+    score, SipHash-2-4 of the item's canonical bytes (``noise.encode_value``)
+    under the user's own key (``user_keys``: SipHash-2-4 of the user id under
+    two keys derived from ``key``), and the user keeps the Δ0 items of
+    smallest score (ties, of probability about n²/2^65, by canonical bytes).
+    The choice is a keyed pseudo-random function of the key, the user id and
+    the user's item set only, never of other users, of the order of ``counts``
+    or of how a runner split the work; a retry keeps the same subset. The
+    columnar path (``dp.columnar``) computes the same scores for many users at
+    once and keeps the same subsets.
 
     Args:
-      user_id: the user (any hashable; encoded with ``noise.encode_value``).
+      user_id: the user (encoded with ``noise.encode_value``).
       counts: ``{item: count}`` of that user.
       max_items: Δ0 ≥ 1.
       key: the sampling key, ``RunKey.subkey('sample/<round>')``.
     Returns:
-      ``{item: count}`` restricted to the kept items.
+      ``{item: count}`` restricted to the kept items (in the order of ``counts``).
     """
     n = len(counts)
     if n <= max_items:
         return counts
-    items = canonical_items(counts)
-    rng = keyed_generator(key, encode_value(user_id))
-    chosen = rng.choice(n, size=max_items, replace=False)
-    return {items[i]: counts[items[i]] for i in chosen.tolist()}
+    items = list(counts)
+    k0, k1 = user_keys(sampling_keys(key), *_spans([encode_value(user_id)]))
+    encoded = [encode_value(x) for x in items]
+    scores = item_scores(np.repeat(k0, n), np.repeat(k1, n), *_spans(encoded)).tolist()
+    kept = sorted(range(n), key=lambda j: (scores[j], encoded[j]))[:max_items]
+    return {items[j]: counts[items[j]] for j in sorted(kept)}
 
 
 def merge_item_counts(parts: Iterable[ItemCounts]) -> ItemCounts:

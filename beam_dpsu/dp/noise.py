@@ -41,7 +41,8 @@ __all__ = ["encode_value", "RunKey", "DetachedKeyError", "test_seed_material", "
            "KeyedHash64", "keyed_seed", "keyed_generator", "laplace_from_bits",
            "gaussian_from_bits", "uniform_from_bits", "gumbel_from_bits", "KeyedNoise",
            "GRID_BITS", "grid_granularity", "round_to_grid", "two_sided_geometric",
-           "discrete_laplace_on_grid", "KeyedGridLaplace"]
+           "discrete_laplace_on_grid", "KeyedGridLaplace", "STR_TAG", "ItemBits",
+           "laplace_from_bits_many", "gaussian_from_bits_many", "uniform_from_bits_many"]
 
 
 _NORMAL = NormalDist()
@@ -320,6 +321,80 @@ _SAMPLERS = {
     "gaussian": gaussian_from_bits,
     "gumbel": gumbel_from_bits,
 }
+
+
+_LOW63 = np.uint64(0x7FFFFFFFFFFFFFFF)
+
+
+def _sign_and_tail_many(bits: np.ndarray):
+    """``_sign_and_tail`` of every element of a uint64 array."""
+    negative = (bits >> np.uint64(63)).astype(bool)
+    p = ((bits & _LOW63).astype(np.float64) + 0.5) * _TWO_POW_M64
+    return negative, p
+
+
+def laplace_from_bits_many(bits: np.ndarray, scale: float) -> np.ndarray:
+    """``laplace_from_bits`` of every element of a uint64 array (float64 array)."""
+    negative, p = _sign_and_tail_many(bits)
+    magnitude = -scale * np.log(2.0 * p)
+    return np.where(negative, -magnitude, magnitude)
+
+
+def gaussian_from_bits_many(bits: np.ndarray, sigma: float) -> np.ndarray:
+    """``gaussian_from_bits`` of every element of a uint64 array: N(0, sigma²) by
+    inverse CDF (scipy's ``ndtri``, within a few ulps of ``NormalDist.inv_cdf``)."""
+    from scipy.special import ndtri
+    negative, p = _sign_and_tail_many(bits)
+    magnitude = -sigma * ndtri(p)
+    return np.where(negative, -magnitude, magnitude)
+
+
+def uniform_from_bits_many(bits: np.ndarray) -> np.ndarray:
+    """``uniform_from_bits`` of every element of a uint64 array (the same values)."""
+    return ((bits >> np.uint64(12)).astype(np.float64) + 0.5) * 2.0 ** -52
+
+
+#: The type tag that starts a string's canonical bytes (``encode_value``).
+STR_TAG = b"s"[0]
+
+
+class ItemBits:
+    """64 pseudo-random bits per item: SipHash-2-4 of the item's canonical bytes
+    (``encode_value``) under a 16-byte key taken from a run key's subkey.
+
+    Distinct items get independent uniform bits (SipHash-2-4 is a PRF,
+    ``dp.siphash``), the same item always the same bits under the same key, and
+    nothing else enters: an item's bits never depend on the other items of a
+    batch, on its position or on how a runner split the work. ``many`` takes
+    Python values, ``many_str`` strings held as UTF-8 in one buffer (Arrow's
+    layout, no copy); both give the values ``one`` gives.
+    """
+
+    def __init__(self, run_key: "RunKey", purpose: str):
+        self._key = run_key.subkey(purpose)[:16]
+
+    def __getstate__(self):
+        return self._key
+
+    def __setstate__(self, state):
+        self._key = state
+
+    def one(self, item: Any) -> int:
+        return int(self.many([item])[0])
+
+    def many(self, items) -> np.ndarray:
+        from beam_dpsu.dp.siphash import siphash24_many
+        encoded = [b"s" + x.encode("utf-8", "surrogatepass") if type(x) is str
+                   else encode_value(x) for x in items]
+        lengths = np.fromiter(map(len, encoded), np.int64, len(encoded))
+        starts = np.zeros(len(encoded), np.int64)
+        np.cumsum(lengths[:-1], out=starts[1:])
+        return siphash24_many(self._key, b"".join(encoded), starts, lengths)
+
+    def many_str(self, data, starts, lengths) -> np.ndarray:
+        """The bits of the strings ``data[starts[i]:starts[i] + lengths[i]]`` (UTF-8)."""
+        from beam_dpsu.dp.siphash import siphash24_many
+        return siphash24_many(self._key, data, starts, lengths, prefix=STR_TAG)
 
 
 class KeyedNoise:

@@ -1,6 +1,7 @@
 """Release rules: decide, item by item, whether a weighted item is released.
 
-The rules are small picklable callables, ``rule(item, weight) -> bool``,
+The rules are small picklable callables, ``rule(item, weight) -> bool``, that
+also decide many items at once (``rule.decide(items, weights)``, vectorised),
 shared by the Beam transforms (``beam_dpsu.transforms.release``) and the
 Beam-free runs:
 
@@ -15,12 +16,13 @@ user gave weight to must not leak (``docs/mechanisms.md`` section 3).
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
 from beam_dpsu.dp import calibration
-from beam_dpsu.dp.noise import KeyedNoise, RunKey, encode_value
+from beam_dpsu.dp.noise import (ItemBits, RunKey, gaussian_from_bits_many,
+                                laplace_from_bits_many, uniform_from_bits_many)
 
 
 __all__ = ["NOISE_KINDS", "check_noisy_threshold", "NoisyThresholdRule", "TruncatedGeometricRule"]
@@ -44,6 +46,14 @@ def check_noisy_threshold(noise: str, scale: float, threshold: float) -> None:
 class NoisyThresholdRule:
     """Release ``item`` iff ``weight > 0`` and ``weight + noise(item) > threshold``.
 
+    The noise of an item is drawn by inverse CDF from its 64 keyed bits
+    (``noise.ItemBits``: SipHash-2-4 of the item's canonical bytes under the
+    run key's subkey ``purpose``): the same item gets the same noise on a
+    retry, distinct items independent noise, and no item's noise depends on
+    any other item. ``decide`` rules on many items at once (vectorised; the
+    Beam transforms and the Beam-free runs use it), ``rule(item, weight)`` on
+    one, with the same result.
+
     Args:
       noise: ``'laplace'`` (scale λ) or ``'gaussian'`` (standard deviation σ).
       scale: λ or σ, > 0.
@@ -55,29 +65,39 @@ class NoisyThresholdRule:
     def __init__(self, noise: str, scale: float, threshold: float, run_key: RunKey,
                  purpose: str = "noise/0"):
         check_noisy_threshold(noise, scale, threshold)
+        self.noise = noise
+        self.scale = float(scale)
         self.threshold = float(threshold)
-        self._noise = KeyedNoise(run_key, noise, scale, purpose)
-        self._hash = self._noise._hash  # keyed_hash64(run_key.subkey(purpose), ·)
+        self.bits = ItemBits(run_key, purpose)
 
     def __call__(self, item: Any, weight: float) -> bool:
-        if not weight > 0:
-            return False
-        # The same decision as ``weight + noise(item) > threshold``, with the
-        # noise's inverse CDF skipped where its sign alone decides: the noise
-        # is ``-m`` or ``+m`` with magnitude m >= 0 by the top bit of the item's
-        # keyed hash (``noise._sign_and_tail``), so a negative draw can never lift
-        # a weight <= T above T, and a positive one always keeps a weight > T.
-        # Both shortcuts are exact (no rounding is involved); everything else
-        # is the full computation.
-        encoded = (b"s" + item.encode("utf-8", "surrogatepass") if type(item) is str
-                   else encode_value(item))
-        bits = self._hash(encoded)
-        if weight <= self.threshold:
-            if bits & _SIGN_BIT:
-                return False
-        elif not bits & _SIGN_BIT:
-            return True
-        return weight + self._noise._sampler(bits, self._noise.scale) > self.threshold
+        return bool(self.decide([item], np.array([weight], np.float64))[0])
+
+    def decide(self, items: Sequence[Any], weights) -> np.ndarray:
+        """The decisions (bool array) on ``items`` with their ``weights``."""
+        return self.decide_bits(self.bits.many(items), weights)
+
+    def decide_bits(self, bits: np.ndarray, weights) -> np.ndarray:
+        """The decisions on items whose keyed bits (``self.bits``) are ``bits``.
+
+        The same as ``weight + noise > threshold`` for every positive weight,
+        with the noise's inverse CDF skipped where its sign alone decides: the
+        noise is ``-m`` or ``+m`` with magnitude m >= 0 by the top bit of the
+        item's bits (``noise._sign_and_tail``), so a negative draw can never
+        lift a weight <= T above T, and a positive one always keeps a weight
+        > T. Both shortcuts are exact; everything else is the full computation.
+        """
+        weights = np.asarray(weights, dtype=np.float64)
+        positive = weights > 0  # False for NaN
+        negative = (bits >> np.uint64(63)).astype(bool)
+        low = weights <= self.threshold
+        out = positive & ~low & ~negative
+        undecided = np.flatnonzero(positive & (low != negative))
+        if undecided.size:
+            draw = (gaussian_from_bits_many if self.noise == "gaussian"
+                    else laplace_from_bits_many)(bits[undecided], self.scale)
+            out[undecided] = weights[undecided] + draw > self.threshold
+        return out
 
 
 class TruncatedGeometricRule:
@@ -92,7 +112,7 @@ class TruncatedGeometricRule:
                  purpose: str = "noise/0"):
         self._params = (calibration.check_epsilon(epsilon), calibration.check_delta(delta),
                         calibration.check_max_items(max_items))
-        self._uniform = KeyedNoise(run_key, "laplace", 1.0, purpose).uniform
+        self.bits = ItemBits(run_key, purpose)
         self._table: Optional[np.ndarray] = None
 
     def probability(self, n: int) -> float:
@@ -115,7 +135,22 @@ class TruncatedGeometricRule:
         return state
 
     def __call__(self, item: Any, weight: float) -> bool:
-        n = int(round(weight))
-        if n <= 0:
-            return False
-        return self._uniform(encode_value(item)) < self.probability(n)
+        return bool(self.decide([item], np.array([weight], np.float64))[0])
+
+    def decide(self, items: Sequence[Any], weights) -> np.ndarray:
+        """The decisions (bool array) on ``items`` with their user counts ``weights``."""
+        return self.decide_bits(self.bits.many(items), weights)
+
+    def decide_bits(self, bits: np.ndarray, weights) -> np.ndarray:
+        """Keep item ``i`` iff its count ``n = round(weights[i])`` is >= 1 and the
+        uniform draw of its keyed bits (``noise.uniform_from_bits``) is below p(n)."""
+        n = np.rint(np.asarray(weights, dtype=np.float64))
+        n = np.where(np.isfinite(n), n, 0.0)
+        out = np.zeros(len(n), dtype=bool)
+        counted = np.flatnonzero(n >= 1)
+        if counted.size:
+            self.probability(int(n[counted].max()))  # the table reaches the largest count
+            table = self._table
+            p = table[np.minimum(n[counted], len(table) - 1).astype(np.int64)]
+            out[counted] = uniform_from_bits_many(bits[counted]) < p
+        return out

@@ -71,6 +71,8 @@ from beam_dpsu.dp.accounting import PayWhatYouGetAccountant
 from beam_dpsu.dp.budget import PrivacyBudget
 from beam_dpsu.dp import params
 from beam_dpsu.dp.mechanisms import Mechanism
+from beam_dpsu.dp.mechanisms.histogram_threshold import HistogramMechanism
+from beam_dpsu.transforms.columnar import SelectFromText
 from beam_dpsu.transforms.select import SelectPartitions
 from beam_dpsu.dp.noise import RunKey
 from beam_dpsu.dp.registry import REGISTRY, MechanismParams, make_mechanism
@@ -193,13 +195,20 @@ def _to_line(item) -> str:
     return item if isinstance(item, str) else str(item)
 
 
+def _counted(n: int):
+    return None, n
+
+
 def build_pipeline(p: beam.Pipeline, input_pattern: str, output_prefix: str,
                    mechanism: Mechanism, run_key: RunKey,
                    dead_letter: Optional[str] = None,
                    top_k: Optional[TopKMechanism] = None) -> None:
     """Adds the read → select → write graph to ``p`` (one sorted items file).
 
-    How the input is read depends on what ``input_pattern`` matches now, while
+    A histogram mechanism without ``top_k`` runs on the columnar path
+    (``transforms.columnar.SelectFromText``: blocks of arrays from the files
+    to the release). Every other mechanism reads per-user counts; how the
+    input is then read depends on what ``input_pattern`` matches now, while
     the graph is built, and on the runner; whatever it matches when the run
     reads it, the mechanism sees the same per-user counts:
 
@@ -223,6 +232,13 @@ def build_pipeline(p: beam.Pipeline, input_pattern: str, output_prefix: str,
     top-k's subkeys differ), so their randomness is independent, as composition
     needs.
     """
+    if isinstance(mechanism, HistogramMechanism) and top_k is None:
+        items, malformed, users = p | "SelectFromText" >> SelectFromText(
+            input_pattern, mechanism, run_key)
+        outputs.tally(users | "UsersPerGroup" >> beam.Map(_counted), "users", counts_second=True)
+        outputs.write_dead_letter(malformed, dead_letter)
+        outputs.write_items(items, output_prefix)
+        return
     order = mechanism.needs_record_order
     sized = match_sized(input_pattern)
     split = split_one_file(p, sized)

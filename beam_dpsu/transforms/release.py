@@ -1,6 +1,7 @@
 """Noisy thresholding: release the items whose noisy weight is above a threshold.
 
-The release rules are small picklable callables, ``rule(item, weight) -> bool``,
+The release rules are small picklable callables, ``rule(item, weight) -> bool``
+with a vectorised ``rule.decide(items, weights)`` (used on sharded input),
 shared by the Beam transforms and the Beam-free core (``beam_dpsu.dp.mechanisms.base``):
 
 * ``NoisyThresholdRule``: add Laplace or Gaussian noise to a positive weight
@@ -17,6 +18,7 @@ import functools
 from typing import Any, Callable, Optional
 
 import apache_beam as beam
+import numpy as np
 
 from beam_dpsu.transforms import run_key as keys
 from beam_dpsu.dp.noise import RunKey
@@ -36,12 +38,18 @@ class _SelectDoFn(beam.DoFn):
                                if metric else None)
 
     def process(self, element, key_bytes):
-        pairs = element[1].items() if self._sharded else (element,)
-        rule, n = self._rule(key_bytes), 0
+        rule = self._rule(key_bytes)
+        if self._sharded:  # one vectorised decision for the shard's items
+            hist = element[1]
+            items = list(hist)
+            weights = np.fromiter(hist.values(), np.float64, len(items))
+            chosen = np.flatnonzero(rule.decide(items, weights)).tolist() if items else []
+            pairs = [(items[i], hist[items[i]]) for i in chosen]
+        else:
+            pairs = [element] if rule(*element) else []
+        n = len(pairs)
         for item, weight in pairs:
-            if rule(item, weight):
-                n += 1
-                yield (item, weight) if self._with_weight else item
+            yield (item, weight) if self._with_weight else item
         if n:
             self._released.inc(n)
             if self._released_here is not None:
@@ -53,7 +61,8 @@ class ApplyReleaseRule(beam.PTransform):
 
     Args:
       make_rule: ``make_rule(run_key) -> rule`` with ``rule(item, weight) ->
-        bool``, e.g. a mechanism's ``release_rule`` method or
+        bool`` and, for ``sharded`` input, ``rule.decide(items, weights) -> bool
+        array`` (the rules of ``dp.release_rules`` have both), e.g. a mechanism's ``release_rule`` method or
         ``functools.partial(NoisyThresholdRule, 'laplace', λ, T)``. It is
         called on the workers with the run's key (read from a side input, see
         ``beam_dpsu.transforms.run_key``), so no key is part of the job graph; it must be

@@ -37,7 +37,7 @@ from beam_dpsu.transforms.bounding import MergeItemCountsFn, mark_canonical_ids
 __all__ = ["DEFAULT_COMPLETE_MAX_PAIRS", "MAX_FILE_PARTITIONS", "DEFAULT_READ_GROUPS",
            "open_binary", "MergeUserGroups", "MergeOrderedItemCountsFn", "read_per_user",
            "match_files", "match_sized", "SPLIT_ONE_FILE_MAX_BYTES", "split_one_file",
-           "balanced_bins", "ReadUserItems"]
+           "balanced_bins", "input_files", "ReadUserItems"]
 
 
 #: ``ReadUserItems(complete_users=True)``: a single input file with at most this
@@ -399,6 +399,22 @@ class _SpreadFiles(beam.PTransform):
         return (matched
                 | "DropBins" >> beam.Map(lambda kv: kv[1])
                 | "SpreadFiles" >> beam.Reshuffle())
+
+
+def input_files(pbegin, file_pattern: str, label: str = "Files"):
+    """The paths matching ``file_pattern`` as a PCollection spread over the workers:
+    ``_SpreadFiles`` where the runner redistributes, else (Dask) matched now, in the
+    launcher, one ``Create`` per file (``MAX_FILE_PARTITIONS`` at most) so that
+    each file starts its own partition. Which worker reads which file changes only
+    the time a run takes."""
+    if runners.capabilities(pbegin.pipeline).redistributes:
+        return pbegin | label >> _SpreadFiles(file_pattern, False, False)
+    paths = match_files(file_pattern)
+    n = min(len(paths), MAX_FILE_PARTITIONS)
+    if n <= 1:
+        return pbegin | label >> beam.Create(paths)
+    return (tuple(pbegin | f"{label}{i}" >> beam.Create(paths[i::n]) for i in range(n))
+            | f"{label}/Spread" >> beam.Flatten())
 
 
 class ReadUserItems(beam.PTransform):

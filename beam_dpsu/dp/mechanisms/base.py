@@ -29,6 +29,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Dict, List, Mapping, Optional, Set
 
+import numpy as np
+
 from beam_dpsu.dp.accounting import PrivacyGuarantee
 from beam_dpsu.dp.contribution import ItemCounts, canonical_per_user
 from beam_dpsu.dp.noise import RunKey
@@ -36,7 +38,7 @@ from beam_dpsu.dp.release_rules import NoisyThresholdRule
 from beam_dpsu.dp.mechanisms import units
 
 
-__all__ = ["RoundCalibration", "noise_purpose", "Mechanism", "ThresholdMechanism", "released_items",
+__all__ = ["RoundCalibration", "noise_purpose", "Mechanism", "ThresholdMechanism", "decided", "released_items",
            "run_local"]
 
 
@@ -176,9 +178,17 @@ class ThresholdMechanism(Mechanism):
     def run_local(self, per_user: Mapping[Any, ItemCounts], run_key: RunKey) -> Set[Any]:
         """The released set on in-memory data: the Beam expansion without Beam."""
         run_key = RunKey.resolve(run_key)
-        rule = self.release_rule(run_key)
-        return {item for item, w in self.histogram_local(per_user, run_key).items()
-                if rule(item, w)}
+        return decided(self.release_rule(run_key), self.histogram_local(per_user, run_key))
+
+
+def decided(rule, histogram: Mapping[Any, float]) -> Set[Any]:
+    """The items of ``{item: weight}`` that ``rule`` releases (one vectorised
+    ``rule.decide`` over the whole histogram, as the Beam transforms decide a shard)."""
+    items = list(histogram)
+    if not items:
+        return set()
+    weights = np.fromiter(histogram.values(), np.float64, len(items))
+    return {items[i] for i in np.flatnonzero(rule.decide(items, weights)).tolist()}
 
 
 def released_items(mechanism: Mechanism, release) -> set:

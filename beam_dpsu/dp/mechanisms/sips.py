@@ -34,7 +34,7 @@ from typing import Any, Dict, Optional, Set
 from beam_dpsu.dp import calibration as cal
 from beam_dpsu.dp.accounting import PrivacyGuarantee, dp_to_zcdp_rho, zcdp_guarantee
 from beam_dpsu.dp.calibration import check_ratio, check_rounds, round_budgets
-from beam_dpsu.dp.mechanisms.base import Mechanism, noise_purpose
+from beam_dpsu.dp.mechanisms.base import Mechanism, decided, noise_purpose
 from beam_dpsu.dp.mechanisms.histogram_threshold import WeightedGaussianZcdp, round_histogram
 from beam_dpsu.dp.noise import RunKey
 from beam_dpsu.dp.release_rules import NoisyThresholdRule
@@ -124,10 +124,9 @@ class Sips(Mechanism):
         """``{item: round that released it}`` on in-memory ``{user: {item: count}}``."""
         released: Dict[Any, int] = {}
         for i, r in enumerate(self.rounds):
-            rule = self.release_rule(run_key, i)
-            for item, w in round_histogram(per_user, r, run_key, i, released).items():
-                if rule(item, w):
-                    released[item] = i
+            hist = round_histogram(per_user, r, run_key, i, released)
+            for item in decided(self.release_rule(run_key, i), hist):
+                released[item] = i
         return released
 
 

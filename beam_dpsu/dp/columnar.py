@@ -1,0 +1,482 @@
+"""The histogram mechanisms' preparation on blocks of arrays, not Python objects per line.
+
+A block of ``user<TAB>item`` text goes through four pure steps, each on
+numpy and Arrow arrays (``pyarrow``, a dependency of Beam):
+
+1. ``parse_block``: the lines of a block → two Arrow string arrays (user ids
+   and items) and the malformed lines, with exactly the semantics of
+   ``dp.lines.parse_line`` (split at the FIRST tab, one trailing ``\\r``
+   removed, an empty user id, no tab or invalid UTF-8 is malformed).
+2. ``pair_blocks``: the block's distinct ``(user, item)`` pairs, split into
+   ``PairBlock`` s by user group (``string_groups`` of the user id), each a
+   few arrays that serialise to one compact Arrow IPC message
+   (``PairBlock.to_bytes``). Every line of a user lands in the same group.
+3. ``bounded_histogram``: all the pair blocks of one user group → each user's
+   distinct items, at most Δ0 of them kept by ``contribution.sample_items``'s
+   own rule (the same keyed scores, the same subset), each kept item
+   weighted by ``weights.user_weight``; the group's partial histogram.
+4. ``sum_histograms``: the partial histograms of one item shard (the shards
+   split by ``string_groups`` of the item) → one weight per item, decided by a
+   release rule's vectorised ``decide_bits`` (``release_shard``).
+
+Identity is exact: users and items are compared as strings wherever they
+meet (Arrow's dictionary encoding), never through a hash. The only hash is
+``string_groups``, which chooses the group of a user or the shard of an item
+to spread work: a collision there only puts two users in one group.
+
+The per-user data and the histogram equal those of the dict path
+(``dp.lines`` → ``contribution.sample_items`` → ``weights``), so a seeded run
+releases the same set on either path (up to the order in which floating-point
+weights are summed, which the tests show does not change a release).
+"""
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Optional, Tuple
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from beam_dpsu.dp.contribution import item_scores, sample_items, sampling_keys, user_keys
+from beam_dpsu.dp.noise import STR_TAG
+from beam_dpsu.dp.siphash import siphash24_many
+from beam_dpsu.dp.weights import check_weighting
+
+__all__ = ["COLUMNAR_USER_GROUPS", "COLUMNAR_ITEM_SHARDS", "ParsedBlock", "parse_block", "string_spans", "string_groups", "PairBlock",
+           "pair_blocks", "GroupHistogram", "bounded_histogram", "sum_histograms",
+           "split_by_shard", "release_shard", "IPC_COMPRESSION", "release_from_files"]
+
+
+_NL, _TAB, _CR = 10, 9, 13
+
+#: Users are split into this many groups (one ``bounded_histogram`` call each).
+COLUMNAR_USER_GROUPS = 64
+#: The histogram is split into this many item shards (one ``release_shard`` call each).
+COLUMNAR_ITEM_SHARDS = 16
+
+
+@dataclass
+class ParsedBlock:
+    """The well-formed lines of a block as two Arrow string arrays of equal length
+    (``users[k]``, ``items[k]``: line k's user id and item, in line order), and
+    the malformed lines: ``{raw line: occurrences}``."""
+    users: pa.Array
+    items: pa.Array
+    malformed: Dict[bytes, int]
+
+
+def _gather(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> pa.Array:
+    """The byte ranges ``buf[starts[k]:ends[k]]`` as one Arrow string array (copied
+    into one contiguous buffer: one pass over the bytes)."""
+    lengths = (ends - starts).astype(np.int64)
+    offsets = np.zeros(len(lengths) + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    total = int(offsets[-1])
+    if _copy_ranges is not None:
+        data = _copy_ranges(buf, starts.astype(np.int64), offsets)
+    else:  # each output byte's position in buf: its range's start + its rank in the range
+        index = np.int32 if len(buf) < 1 << 31 else np.int64
+        shift = np.repeat((starts - offsets[:-1]).astype(index), lengths)
+        shift += np.arange(total, dtype=index)
+        data = buf[shift]
+    kind = pa.large_string() if total >= 1 << 31 else pa.string()
+    offs = offsets if kind == pa.large_string() else offsets.astype(np.int32)
+    return pa.Array.from_buffers(kind, len(lengths), [None, pa.py_buffer(offs),
+                                                      pa.py_buffer(data)])
+
+
+try:  # pragma: no cover - exercised when numba is installed
+    from numba import njit
+except ImportError:  # pragma: no cover
+    njit = None
+
+_copy_ranges = _compare_spans = None
+if njit is not None:  # pragma: no cover - exercised when numba is installed
+
+    @njit(cache=True)
+    def _compare_spans(data, a, b, lengths):  # noqa: F811
+        out = np.ones(a.size, np.bool_)
+        for k in range(a.size):
+            for j in range(lengths[k]):
+                if data[a[k] + j] != data[b[k] + j]:
+                    out[k] = False
+                    break
+        return out
+
+    @njit(cache=True)
+    def _copy_ranges(buf, starts, offsets):  # noqa: F811
+        out = np.empty(offsets[-1], np.uint8)
+        for k in range(starts.size):
+            s = starts[k]
+            o = offsets[k]
+            for j in range(offsets[k + 1] - o):
+                out[o + j] = buf[s + j]
+        return out
+
+
+def _spans_equal(data: np.ndarray, a: np.ndarray, b: np.ndarray,
+                 lengths: np.ndarray) -> np.ndarray:
+    """Whether ``data[a[k]:a[k]+lengths[k]] == data[b[k]:b[k]+lengths[k]]`` for each k."""
+    if _compare_spans is not None:
+        return _compare_spans(data, a.astype(np.int64), b.astype(np.int64),
+                              lengths.astype(np.int64))
+    total = int(lengths.sum())
+    if total == 0:
+        return np.ones(len(a), dtype=bool)
+    offsets = np.zeros(len(lengths), np.int64)
+    np.cumsum(lengths[:-1], out=offsets[1:])
+    rank = np.arange(total, dtype=np.int64) - np.repeat(offsets, lengths)
+    differ = data[np.repeat(a, lengths) + rank] != data[np.repeat(b, lengths) + rank]
+    mismatches = np.zeros(len(a), np.int64)
+    np.add.at(mismatches, np.repeat(np.arange(len(a)), lengths), differ)
+    return mismatches == 0
+
+
+def parse_block(block: bytes) -> ParsedBlock:
+    """Parses a block of lines (``\\n``-separated, as ``dp.lines.iter_raw_blocks``
+    yields them: no final newline) into user ids and items.
+
+    Exactly ``dp.lines.parse_line`` on each line: a trailing ``\\r`` is removed,
+    the user id is everything before the first tab and must be non-empty, the
+    item everything after it (further tabs included), and a line that is not
+    valid UTF-8 (strict: no surrogates) is malformed, as is an empty line.
+    """
+    buf = np.frombuffer(block, dtype=np.uint8)
+    n = len(buf)
+    newlines = np.flatnonzero(buf == _NL)
+    starts = np.empty(len(newlines) + 1, np.int64)
+    starts[0] = 0
+    starts[1:] = newlines + 1
+    raw_ends = np.empty_like(starts)
+    raw_ends[:-1] = newlines
+    raw_ends[-1] = n
+    ends = raw_ends.copy()
+    nonempty = ends > starts
+    ends[nonempty] -= buf[ends[nonempty] - 1] == _CR
+    tabs = np.flatnonzero(buf == _TAB)
+    if len(tabs):
+        first = np.searchsorted(tabs, starts)
+        tab = np.append(tabs, n + 1)[first]  # the first tab at or after the start
+    else:
+        tab = np.full(len(starts), n + 1, np.int64)
+    ok = (tab > starts) & (tab < ends)
+    high = np.flatnonzero(buf >= 0x80)
+    if len(high):  # check the UTF-8 of the lines that hold a non-ASCII byte
+        try:
+            block.decode("utf-8")
+        except UnicodeDecodeError:
+            lines = np.unique(np.searchsorted(starts, high, side="right") - 1)
+            for k in lines[ok[lines]].tolist():
+                try:
+                    block[starts[k]:ends[k]].decode("utf-8")
+                except UnicodeDecodeError:
+                    ok[k] = False
+    bad = np.flatnonzero(~ok)
+    malformed: Dict[bytes, int] = {}
+    if len(bad):
+        malformed = dict(collections.Counter(block[starts[k]:raw_ends[k]] for k in bad.tolist()))
+        keep = np.flatnonzero(ok)
+        starts, ends, tab = starts[keep], ends[keep], tab[keep]
+    return ParsedBlock(_gather(buf, starts, tab), _gather(buf, tab + 1, ends), malformed)
+
+
+def string_spans(array: pa.Array) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(data, starts, lengths)`` of an Arrow string array without nulls: element k
+    is ``data[starts[k]:starts[k] + lengths[k]]`` (no copy of the bytes)."""
+    if array.null_count:
+        raise ValueError("string arrays of user ids and items hold no nulls")
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    large = pa.types.is_large_string(array.type) or pa.types.is_large_binary(array.type)
+    _, offsets_buf, data_buf = array.buffers()
+    offsets = np.frombuffer(offsets_buf, np.int64 if large else np.int32)
+    offsets = offsets[array.offset:array.offset + len(array) + 1].astype(np.int64)
+    data = (np.frombuffer(data_buf, np.uint8) if data_buf is not None
+            else np.zeros(0, np.uint8))
+    return data, offsets[:-1], offsets[1:] - offsets[:-1]
+
+
+# A public, fixed key: ``string_groups`` spreads work and has no privacy role.
+_GROUP_KEY = b"beam_dpsu/groups"
+
+
+def string_groups(array: pa.Array, groups: int) -> np.ndarray:
+    """The group in [0, groups) of every string of an Arrow string array: SipHash-2-4
+    of its UTF-8 bytes under a fixed public key, modulo ``groups``. It only spreads
+    users over groups and items over shards (no privacy role)."""
+    data, starts, lengths = string_spans(array)
+    return (siphash24_many(_GROUP_KEY, data, starts, lengths) % np.uint64(groups)).astype(
+        np.int64)
+
+
+#: Compression of the Arrow IPC messages between stages (``lz4`` is fast and is
+#: built into pyarrow's wheels; None disables it).
+IPC_COMPRESSION = "zstd"
+
+
+def _to_ipc(batch: pa.RecordBatch) -> bytes:
+    sink = pa.BufferOutputStream()
+    options = pa.ipc.IpcWriteOptions(compression=IPC_COMPRESSION)
+    with pa.ipc.new_stream(sink, batch.schema, options=options) as writer:
+        writer.write_batch(batch)
+    return sink.getvalue().to_pybytes()
+
+
+def _from_ipc(blob: bytes) -> pa.RecordBatch:
+    with pa.ipc.open_stream(pa.py_buffer(blob)) as reader:
+        return reader.read_next_batch()
+
+
+@dataclass
+class PairBlock:
+    """``(user, item)`` pairs: pair k is ``(users[user_index[k]], items[k])``;
+    ``users`` holds distinct user ids."""
+    users: pa.Array
+    items: pa.Array
+    user_index: np.ndarray
+
+    def to_bytes(self) -> bytes:
+        """One Arrow IPC message (the user column dictionary-encoded)."""
+        return _to_ipc(pa.RecordBatch.from_arrays(
+            [pa.DictionaryArray.from_arrays(pa.array(self.user_index, pa.int32()), self.users),
+             self.items], names=["user", "item"]))
+
+    @classmethod
+    def from_bytes(cls, blob: bytes) -> "PairBlock":
+        batch = _from_ipc(blob)
+        user = batch.column(0)
+        return cls(user.dictionary, batch.column(1),
+                   user.indices.to_numpy(zero_copy_only=False))
+
+
+def _encode(array: pa.Array) -> Tuple[pa.Array, np.ndarray]:
+    """``(distinct strings, index of each element in them)`` (exact string equality)."""
+    encoded = pc.dictionary_encode(array)
+    return encoded.dictionary, encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def _distinct_codes(codes: np.ndarray) -> np.ndarray:
+    """The distinct values of an int64 array, sorted."""
+    codes = np.sort(codes)
+    if len(codes) > 1:
+        codes = codes[np.r_[True, codes[1:] != codes[:-1]]]
+    return codes
+
+
+def pair_blocks(parsed: ParsedBlock, groups: int) -> Dict[int, PairBlock]:
+    """The block's ``(user, item)`` pairs by user group (``string_groups`` of the user
+    id, in [0, groups)): ``{group: PairBlock}`` for the non-empty groups; a group's
+    users are held once (``PairBlock.users``), and a user's repeated lines in the
+    block once (``bounded_histogram`` removes the repeats across blocks)."""
+    if len(parsed.users) == 0:
+        return {}
+    users, u = _encode(parsed.users)
+    group = string_groups(users, groups)
+    # number the users group by group: a group's users are then one range of codes
+    by_group = np.argsort(group, kind="stable")
+    code = np.empty(len(users), np.int64)
+    code[by_group] = np.arange(len(users))
+    users, group = users.take(pa.array(by_group)), group[by_group]
+    line_code = code[u]
+    # lines by group, then user, then a hash of the item: a user's repeated lines
+    # are neighbours and are dropped (compared byte for byte: a hash collision
+    # never merges two items, it only leaves a repeat for bounded_histogram)
+    data, starts, lengths = string_spans(parsed.items)
+    item_hash = siphash24_many(_GROUP_KEY, data, starts, lengths)
+    bits = max(1, int(len(users) - 1).bit_length())
+    order = np.argsort((line_code.astype(np.uint64) << np.uint64(64 - bits))
+                       | (item_hash >> np.uint64(bits)))
+    line_code = line_code[order]
+    s_starts, s_lengths = starts[order], lengths[order]
+    same = np.flatnonzero((line_code[1:] == line_code[:-1]) & (s_lengths[1:] == s_lengths[:-1])
+                          & (item_hash[order][1:] >> np.uint64(bits)
+                             == item_hash[order][:-1] >> np.uint64(bits)))
+    if len(same):
+        equal = _spans_equal(data, s_starts[same], s_starts[same + 1], s_lengths[same])
+        repeat = same[equal] + 1
+        keep = np.ones(len(order), dtype=bool)
+        keep[repeat] = False
+        order, line_code = order[keep], line_code[keep]
+    items = parsed.items.take(pa.array(order))
+    user_bounds = np.r_[0, np.flatnonzero(group[1:] != group[:-1]) + 1, len(users)]
+    line_bounds = np.searchsorted(line_code, user_bounds)
+    out: Dict[int, PairBlock] = {}
+    for k in range(len(user_bounds) - 1):
+        a, b = int(user_bounds[k]), int(user_bounds[k + 1])
+        la, lb = int(line_bounds[k]), int(line_bounds[k + 1])
+        out[int(group[a])] = PairBlock(users.slice(a, b - a), items.slice(la, lb - la),
+                                       (line_code[la:lb] - a).astype(np.int32))
+    return out
+
+
+@dataclass
+class GroupHistogram:
+    """A user group's partial histogram: ``weights[k]`` of ``items[k]`` (distinct
+    items, each with weight > 0) and the number of distinct users of the group."""
+    items: pa.Array
+    weights: np.ndarray
+    num_users: int
+
+
+def _concat(arrays: List[pa.Array]) -> pa.Array:
+    if len(arrays) == 1:
+        return arrays[0]
+    kinds = {a.type for a in arrays}
+    if len(kinds) > 1 or sum(a.nbytes for a in arrays) >= 1 << 30:
+        arrays = [a.cast(pa.large_string()) for a in arrays]
+    return pa.concat_arrays(arrays)
+
+
+def _user_weights(num_items: np.ndarray, weighting: str) -> np.ndarray:
+    """``weights.user_weight`` of each count (counts >= 1): the same float values."""
+    n = num_items.astype(np.float64)
+    if weighting == "count":
+        return np.ones_like(n)
+    if weighting == "l1":
+        return 1.0 / n
+    return 1.0 / np.sqrt(n)
+
+
+def bounded_histogram(blocks: Iterable[PairBlock], max_items: Optional[int], weighting: str,
+                      sample_key: Optional[bytes]) -> GroupHistogram:
+    """The partial histogram of the users in ``blocks`` (all pair blocks of their group).
+
+    Each user's distinct items are gathered across the blocks; a user with more
+    than ``max_items`` (Δ0) distinct items keeps the subset
+    ``contribution.sample_items(user, ..., max_items, sample_key)`` keeps (the
+    Δ0 items of smallest keyed score under the user's own key); every kept item gets the user's weight (``weighting``: ``'count'``,
+    ``'l1'`` or ``'l2'`` of the number kept). ``max_items`` None keeps all.
+    """
+    check_weighting(weighting)
+    blocks = list(blocks)
+    if not blocks:
+        return GroupHistogram(pa.array([], pa.string()), np.zeros(0), 0)
+    user_off = np.cumsum([0] + [len(b.users) for b in blocks])
+    users, user_code = _encode(_concat([b.users for b in blocks]))
+    items, i = _encode(_concat([b.items for b in blocks]))
+    u = np.concatenate([user_code[b.user_index.astype(np.int64) + user_off[k]]
+                        for k, b in enumerate(blocks)])
+    width = max(len(items), 1)
+    codes = _distinct_codes(u * width + i)  # sorted: by user, then item code
+    u, i = codes // width, codes % width
+    num = np.bincount(u, minlength=len(users))
+    keep = np.ones(len(u), dtype=bool)
+    if max_items is not None:
+        big = np.flatnonzero(num > max_items)
+        if len(big):
+            keep = _sample_big_users(users, items, u, i, big, max_items, sample_key, keep)
+            num = np.minimum(num, max_items)
+    w = _user_weights(np.maximum(num, 1), weighting)
+    kept_items = i[keep]
+    hist = np.bincount(kept_items, weights=w[u[keep]], minlength=len(items))
+    present = np.flatnonzero(np.bincount(kept_items, minlength=len(items)))
+    return GroupHistogram(items.take(pa.array(present)), hist[present], len(users))
+
+
+def _sample_big_users(users, items, u, i, big, max_items, sample_key, keep):
+    """Marks in ``keep`` the pairs of the users ``big`` that ``sample_items`` keeps:
+    the Δ0 items of smallest score under the user's own key, computed for all
+    their pairs at once."""
+    keys = sampling_keys(sample_key)
+    k0, k1 = np.zeros(len(users), np.uint64), np.zeros(len(users), np.uint64)
+    k0[big], k1[big] = user_keys(keys, *string_spans(users.take(pa.array(big))),
+                                 prefix=STR_TAG)
+    is_big = np.zeros(len(users), dtype=bool)
+    is_big[big] = True
+    pairs = np.flatnonzero(is_big[u])
+    data, starts, lengths = string_spans(items)
+    pu, pi = u[pairs], i[pairs]
+    scores = item_scores(k0[pu], k1[pu], data, starts[pi], lengths[pi], prefix=STR_TAG)
+    order = np.lexsort((scores, pu))  # by user, then score
+    su, ss = pu[order], scores[order]
+    first = np.r_[True, su[1:] != su[:-1]]
+    at = np.arange(len(order))
+    rank = at - np.maximum.accumulate(np.where(first, at, 0))
+    keep[pairs] = False
+    keep[pairs[order[rank < max_items]]] = True
+    tied = np.flatnonzero(~first[1:] & (ss[1:] == ss[:-1]))
+    for user in np.unique(su[tied + 1]).tolist():  # equal scores (p ≈ n²/2^65): exactly
+        mine = pairs[pu == user]
+        names = items.take(pa.array(i[mine])).to_pylist()
+        kept = sample_items(users[user].as_py(), dict.fromkeys(names, 1), max_items,
+                            sample_key)
+        keep[mine] = [name in kept for name in names]
+    return keep
+
+
+def split_by_shard(hist: GroupHistogram, shards: int) -> Dict[int, bytes]:
+    """A partial histogram split by item shard (``string_groups`` of the item):
+    ``{shard: Arrow IPC message of (item, weight)}`` for the non-empty shards."""
+    if len(hist.items) == 0:
+        return {}
+    shard = string_groups(hist.items, shards)
+    order = np.argsort(shard, kind="stable")
+    bounds = np.flatnonzero(np.diff(shard[order])) + 1
+    out = {}
+    for part in np.split(order, bounds):
+        idx = pa.array(part)
+        out[int(shard[part[0]])] = _to_ipc(pa.RecordBatch.from_arrays(
+            [hist.items.take(idx), pa.array(hist.weights[part], pa.float64())],
+            names=["item", "weight"]))
+    return out
+
+
+def sum_histograms(blobs: Iterable[bytes]) -> Tuple[pa.Array, np.ndarray]:
+    """Partial histograms (``split_by_shard``'s messages of one shard) → ``(items,
+    weights)``: each distinct item once, with the sum of its partial weights."""
+    batches = [_from_ipc(b) for b in blobs]
+    if not batches:
+        return pa.array([], pa.string()), np.zeros(0)
+    items, code = _encode(_concat([b.column(0) for b in batches]))
+    weights = np.concatenate([b.column(1).to_numpy() for b in batches])
+    return items, np.bincount(code, weights=weights, minlength=len(items))
+
+
+def release_shard(rule, items: pa.Array, weights: np.ndarray) -> List[str]:
+    """The items of a summed shard that ``rule`` releases (its vectorised
+    ``decide_bits`` on the items' keyed bits, ``rule.bits.many_str``)."""
+    if len(items) == 0:
+        return []
+    data, starts, lengths = string_spans(items)
+    chosen = np.flatnonzero(rule.decide_bits(rule.bits.many_str(data, starts, lengths), weights))
+    return items.take(pa.array(chosen)).to_pylist() if len(chosen) else []
+
+
+def release_from_files(paths: Iterable[str], mechanism, run_key,
+                       user_groups: int = COLUMNAR_USER_GROUPS,
+                       item_shards: int = COLUMNAR_ITEM_SHARDS, block_bytes: Optional[int] = None
+                       ) -> Tuple[set, int, Dict[bytes, int]]:
+    """The columnar path in one process, without Beam: local text files → ``(released
+    set, number of users, {malformed line: occurrences})``, exactly what
+    ``transforms.columnar.SelectFromText`` computes on a runner (the benchmarks'
+    floor). ``mechanism``: a histogram mechanism; ``run_key``: its ``RunKey``."""
+    from beam_dpsu.dp.lines import BLOCK_BYTES, iter_raw_blocks, open_local_binary
+    r = mechanism.calibration
+    groups: Dict[int, List[bytes]] = {}
+    malformed: Dict[bytes, int] = {}
+    for path in paths:
+        with open_local_binary(path) as f:
+            for block in iter_raw_blocks(f, block_bytes or BLOCK_BYTES):
+                parsed = parse_block(block)
+                for line, n in parsed.malformed.items():
+                    malformed[line] = malformed.get(line, 0) + n
+                for g, pairs in pair_blocks(parsed, user_groups).items():
+                    groups.setdefault(g, []).append(pairs.to_bytes())
+    shards: Dict[int, List[bytes]] = {}
+    users = 0
+    key = run_key.subkey("sample/0")
+    while groups:
+        _, blobs = groups.popitem()
+        hist = bounded_histogram([PairBlock.from_bytes(b) for b in blobs], r.max_items,
+                                 r.weighting, key)
+        users += hist.num_users
+        for s, blob in split_by_shard(hist, item_shards).items():
+            shards.setdefault(s, []).append(blob)
+    rule = mechanism.release_rule(run_key)
+    released: set = set()
+    while shards:
+        _, blobs = shards.popitem()
+        released.update(release_shard(rule, *sum_histograms(blobs)))
+    return released, users, malformed

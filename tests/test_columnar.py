@@ -1,0 +1,280 @@
+"""The columnar path (dp.columnar, transforms.columnar): the same per-user data, samples,
+histogram and release as the dict path, on blocks of arrays."""
+import io
+import itertools
+import random
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pytest
+from apache_beam.testing.util import assert_that, equal_to
+from scipy import stats
+
+from beam_dpsu.dp import columnar, synthetic
+from beam_dpsu.dp.contribution import (item_scores, per_user_counts, sample_items,
+                                       sampling_keys, user_keys)
+from beam_dpsu.dp.lines import iter_raw_blocks, parse_line
+from beam_dpsu.dp.mechanisms import (CountGaussian, CountLaplace, TruncatedGeometric,
+                                     WeightedGaussian, WeightedGaussianZcdp, WeightedLaplace)
+from beam_dpsu.dp.noise import STR_TAG, RunKey
+from beam_dpsu.dp.weights import add_user_to_histogram
+from beam_dpsu.transforms.columnar import SelectFromText
+
+from conftest import local_pipeline
+
+RK = RunKey.from_test_seed(2024)
+
+
+# -- parsing -----------------------------------------------------------------------
+
+
+def _expected_parse(lines):
+    pairs, bad = [], {}
+    for line in lines:
+        parsed = parse_line(line)
+        if parsed is None:
+            bad[line] = bad.get(line, 0) + 1
+        else:
+            pairs.append(parsed)
+    return pairs, bad
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_parse_block_is_parse_line_on_every_line(seed):
+    # Random lines over an alphabet of tabs, carriage returns, valid and invalid UTF-8
+    # (a lone continuation byte, a truncated sequence, an encoded surrogate).
+    rnd = random.Random(seed)
+    alphabet = [b"a", b"b", b"\t", b"\r", "é".encode(), "€".encode(), b"\xff", b"\xe2\x82",
+                b"\xed\xa0\x80", b"x", b" ", b"\x00"]
+    weights = [8, 8, 3, 2, 2, 2, 1, 1, 1, 8, 2, 1]
+    lines = [b"".join(rnd.choices(alphabet, weights, k=rnd.randint(0, 9)))
+             for _ in range(5000)]
+    parsed = columnar.parse_block(b"\n".join(lines))
+    pairs, bad = _expected_parse(lines)
+    assert list(zip(parsed.users.to_pylist(), parsed.items.to_pylist())) == pairs
+    assert parsed.malformed == bad
+    assert len(pairs) > 500 and len(bad) > 100  # both kinds were exercised
+
+
+def test_parse_block_edge_lines():
+    lines = [b"u\titem\twith\ttabs", b"u\t", b"\tno-user", b"no-tab", b"", b"u\titem\r",
+             b"u\titem\r\r", b"u\r\titem", "ü\t✓".encode(), b"u\t\xff"]
+    parsed = columnar.parse_block(b"\n".join(lines))
+    pairs, bad = _expected_parse(lines)
+    assert list(zip(parsed.users.to_pylist(), parsed.items.to_pylist())) == pairs
+    assert parsed.malformed == bad
+    empty = columnar.parse_block(b"")
+    assert len(empty.users) == 0 and empty.malformed == {b"": 1}
+
+
+# -- the sampler -------------------------------------------------------------------
+
+
+def _columnar_histogram(per_user, max_items, weighting, key, groups=5, block_bytes=4000):
+    text = "".join(f"{u}\t{i}\n" for u, counts in per_user.items() for i in counts).encode()
+    by_group = {}
+    for block in iter_raw_blocks(io.BytesIO(text), block_bytes):
+        for g, pb in columnar.pair_blocks(columnar.parse_block(block), groups).items():
+            by_group.setdefault(g, []).append(columnar.PairBlock.from_bytes(pb.to_bytes()))
+    hist, users = {}, 0
+    for blocks in by_group.values():
+        h = columnar.bounded_histogram(blocks, max_items, weighting, key)
+        users += h.num_users
+        for item, w in zip(h.items.to_pylist(), h.weights.tolist()):
+            hist[item] = hist.get(item, 0.0) + w
+    return hist, users
+
+
+@pytest.mark.parametrize("weighting", ["count", "l1", "l2"])
+def test_columnar_histogram_is_the_dict_histogram(weighting):
+    per_user = per_user_counts(synthetic.occurrences(600, seed=3))
+    key = RK.subkey("sample/0")
+    expected = {}
+    for user, counts in per_user.items():
+        add_user_to_histogram(expected, sample_items(user, counts, 6, key), weighting)
+    got, users = _columnar_histogram(per_user, 6, weighting, key)
+    assert users == len(per_user)
+    assert set(got) == set(expected)
+    assert max(abs(got[i] - expected[i]) for i in got) < 1e-9
+
+
+def test_each_user_keeps_the_subset_sample_items_keeps():
+    # Users with many items, spread over blocks and repeated lines: the kept pairs are
+    # exactly sample_items' (weights 'count' of one user per group reveal them).
+    rnd = random.Random(7)
+    per_user = {f"user{u}": {f"it{rnd.randrange(300)}": 1 for _ in range(rnd.randrange(1, 60))}
+                for u in range(40)}
+    key = RK.subkey("sample/3")
+    for user, counts in per_user.items():
+        got, _ = _columnar_histogram({user: counts}, 9, "count", key, groups=1, block_bytes=64)
+        assert set(got) == set(sample_items(user, counts, 9, key))
+
+
+def test_sampler_scores_are_the_user_keyed_siphash_of_the_item():
+    key = RK.subkey("sample/0")
+    from beam_dpsu.dp.siphash import siphash24
+    a, b = sampling_keys(key)
+    user, items = "alice", ["x", "y", "z", "w"]
+    k0 = siphash24(a, b"salice")
+    k1 = siphash24(b, b"salice")
+    data = "".join(items).encode()
+    got = item_scores(np.full(4, k0, np.uint64), np.full(4, k1, np.uint64), data,
+                      np.arange(4), np.ones(4, np.int64), prefix=STR_TAG)
+    user_key = k0.to_bytes(8, "little") + k1.to_bytes(8, "little")
+    assert got.tolist() == [siphash24(user_key, b"s" + x.encode()) for x in items]
+    kept = sample_items(user, dict.fromkeys(items, 1), 2, key)
+    assert set(kept) == {items[j] for j in np.argsort(got)[:2]}
+
+
+def test_sampled_subsets_are_uniform_and_independent_across_users():
+    # 6 items, Δ0 = 2: 15 subsets of probability 1/15. 60,000 users under one key:
+    # chi-square of the subsets (uniformity), and of the joint subsets of 30,000 pairs
+    # of users (independence: 225 cells of probability 1/225). Each test's
+    # false-failure probability is 1e-7 (both together < 1e-6).
+    n_users, items, d = 60000, ["a", "b", "c", "d", "e", "f"], 2
+    keys = sampling_keys(RunKey.fresh().subkey("sample/0"))
+    names = [f"user{u}".encode() for u in range(n_users)]
+    ulen = np.array([len(x) for x in names])
+    k0, k1 = user_keys(keys, b"".join(names), np.r_[0, np.cumsum(ulen)[:-1]], ulen,
+                       prefix=STR_TAG)
+    data = "".join(items).encode()
+    scores = item_scores(np.repeat(k0, 6), np.repeat(k1, 6), data,
+                         np.tile(np.arange(6), n_users), np.ones(6 * n_users, np.int64),
+                         prefix=STR_TAG).reshape(n_users, 6)
+    kept = np.sort(np.argsort(scores, axis=1)[:, :d], axis=1)
+    subsets = {s: k for k, s in enumerate(itertools.combinations(range(6), d))}
+    cell = np.array([subsets[tuple(row)] for row in kept.tolist()])
+    assert stats.chisquare(np.bincount(cell, minlength=15)).pvalue > 1e-7
+    joint = cell[0::2] * 15 + cell[1::2]
+    assert stats.chisquare(np.bincount(joint, minlength=225)).pvalue > 1e-7
+
+
+# -- neighbouring datasets -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("weighting,norm", [("count", 1), ("l1", 1), ("l2", 2)])
+def test_an_added_user_changes_the_columnar_histogram_by_their_own_contribution(
+        weighting, norm):
+    # Conditions (a)-(c) of docs/mechanisms.md section 3 on the columnar path: H' - H is
+    # supported on x's kept items (at most Δ0), each with x's per-item weight, and
+    # every other user keeps the same sample.
+    per_user = per_user_counts(synthetic.occurrences(300, seed=9))
+    key, d = RK.subkey("sample/0"), 5
+    base, _ = _columnar_histogram(per_user, d, weighting, key)
+    for x_items in (["i1", "i2"], [f"new{k}" for k in range(12)], ["i1"] * 3 + ["i9999"]):
+        added = dict(per_user, added_user={i: 1 for i in x_items})
+        after, _ = _columnar_histogram(added, d, weighting, key)
+        diff = {i: after.get(i, 0.0) - base.get(i, 0.0) for i in set(after) | set(base)}
+        moved = {i: v for i, v in diff.items() if abs(v) > 1e-12}
+        kept = sample_items("added_user", {i: 1 for i in x_items}, d, key)
+        assert set(moved) == set(kept) and len(moved) <= d
+        k = len(kept)
+        weight = {"count": 1.0, "l1": 1.0 / k, "l2": k ** -0.5}[weighting]
+        assert all(abs(v - weight) < 1e-9 for v in moved.values())
+        size = sum(abs(v) ** norm for v in moved.values()) ** (1 / norm)
+        assert size <= {"count": d, "l1": 1.0, "l2": 1.0}[weighting] + 1e-9
+
+
+# -- releases ----------------------------------------------------------------------
+
+
+MECHANISMS = [TruncatedGeometric(1.0, 1e-5, 5), CountLaplace(1.0, 1e-5, 5),
+              CountGaussian(1.0, 1e-5, 5), WeightedLaplace(0.5, 1e-5, 3),
+              WeightedGaussian(1.0, 1e-5, 5), WeightedGaussianZcdp(0.1, 1e-5, 5)]
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS, ids=lambda m: m.name)
+def test_columnar_release_is_run_local(mechanism):
+    per_user = per_user_counts(synthetic.occurrences(2000, seed=5))
+    r = mechanism.calibration
+    text = "".join(f"{u}\t{i}\n" for u, counts in per_user.items() for i in counts).encode()
+    groups = {}
+    for block in iter_raw_blocks(io.BytesIO(text), 30000):
+        for g, pb in columnar.pair_blocks(columnar.parse_block(block), 7).items():
+            groups.setdefault(g, []).append(columnar.PairBlock.from_bytes(pb.to_bytes()))
+    shards = {}
+    for blocks in groups.values():
+        h = columnar.bounded_histogram(blocks, r.max_items, r.weighting, RK.subkey("sample/0"))
+        for s, blob in columnar.split_by_shard(h, 5).items():
+            shards.setdefault(s, []).append(blob)
+    rule = mechanism.release_rule(RK)
+    released = set()
+    for blobs in shards.values():
+        released |= set(columnar.release_shard(rule, *columnar.sum_histograms(blobs)))
+    expected = mechanism.run_local(per_user, RK)
+    assert released == expected and len(expected) > 3
+
+
+def _write(tmp_path, name, lines):
+    path = tmp_path / name
+    path.write_bytes(b"".join(line + b"\n" for line in lines))
+    return str(path)
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS[::2], ids=lambda m: m.name)
+def test_select_from_text_releases_what_select_partitions_releases(tmp_path, mechanism):
+    pairs = list(synthetic.occurrences(1500, seed=11))
+    # two files (a user's lines in both), a BOM, CRLF lines and malformed lines
+    lines = [f"{u}\t{i}".encode() for u, i in pairs]
+    half = len(lines) // 2
+    _write(tmp_path, "a.tsv", [b"\xef\xbb\xbf" + lines[0]] + lines[1:half] + [b"bad", b""])
+    _write(tmp_path, "b.tsv", [x + b"\r" for x in lines[half:]] + [b"\tno-user", b"bad"])
+    expected = mechanism.run_local(per_user_counts(pairs), RK)
+    with local_pipeline() as p:
+        released, malformed, users = p | SelectFromText(str(tmp_path / "*.tsv"), mechanism, RK,
+                                                        user_groups=3, item_shards=2,
+                                                        block_bytes=5000)
+        assert_that(released, equal_to(sorted(expected)), label="released")
+        assert_that(malformed | beam.CombinePerKey(sum), equal_to(
+            [(b"bad", 2), (b"", 1), (b"\tno-user", 1)]), label="malformed")
+        assert_that(users | beam.CombineGlobally(sum), equal_to([1500]), label="users")
+
+
+def test_select_from_text_refuses_other_mechanisms_and_bad_counts():
+    from beam_dpsu.dp.mechanisms.policy import GW
+    with pytest.raises(ValueError, match="histogram mechanisms"):
+        SelectFromText("x", GW(1.0, 1e-5))
+    with pytest.raises(ValueError, match="user_groups"):
+        SelectFromText("x", WeightedGaussian(1.0, 1e-5), user_groups=0)
+    with pytest.raises(ValueError, match="item_shards"):
+        SelectFromText("x", WeightedGaussian(1.0, 1e-5), item_shards=True)
+    with pytest.raises(ValueError, match="file_pattern"):
+        SelectFromText("", WeightedGaussian(1.0, 1e-5))
+
+
+def test_identity_is_exact_even_when_groups_collide():
+    # One group and one shard for everyone: every user and item meets every other; ids
+    # that differ by a byte (or by case, or normalisation) stay distinct.
+    names = ["a", "A", "a ", "é", "e\u0301", "0", "00"]
+    per_user = {u: {i: 1 for i in names} for u in names}
+    hist, users = _columnar_histogram(per_user, None, "count", RK.subkey("s"), groups=1)
+    assert users == len(names)
+    assert hist == {i: float(len(names)) for i in names}
+    assert columnar.string_groups(pa.array(names), 1).tolist() == [0] * len(names)
+
+
+def test_the_numpy_fallbacks_equal_the_compiled_kernels(monkeypatch):
+    # Without numba the columnar functions use numpy forms of the kernels: same results.
+    rnd = random.Random(4)
+    lines = [f"u{rnd.randrange(50)}\t{'x' * rnd.randrange(4)}{rnd.randrange(30)}".encode()
+             for _ in range(3000)]
+    block = b"\n".join(lines)
+    compiled = columnar.pair_blocks(columnar.parse_block(block), 3)
+    data = np.frombuffer(block, np.uint8)
+    a = np.array([0, 5, 9, 100]); b = np.array([5, 0, 9, 101]); n = np.array([3, 3, 0, 2])
+    expected = [block[x:x + k] == block[y:y + k] for x, y, k in zip(a, b, n)]
+    monkeypatch.setattr(columnar, "_copy_ranges", None)
+    monkeypatch.setattr(columnar, "_compare_spans", None)
+    assert columnar._spans_equal(data, a, b, n).tolist() == expected
+    fallback = columnar.pair_blocks(columnar.parse_block(block), 3)
+    assert set(fallback) == set(compiled)
+    for g in compiled:
+        x, y = compiled[g], fallback[g]
+        assert x.users.equals(y.users) and x.items.equals(y.items)
+        assert x.user_index.tolist() == y.user_index.tolist()
+    # repeats of a user's line within a block are dropped, distinct pairs all kept
+    pairs = {(x.users[int(k)].as_py(), item) for x in compiled.values()
+             for k, item in zip(x.user_index, x.items.to_pylist())}
+    assert sum(len(x.items) for x in compiled.values()) == len(pairs)
+    assert pairs == {tuple(line.decode().split("\t", 1)) for line in lines}

@@ -1,0 +1,95 @@
+"""SipHash-2-4 (dp.siphash), the keyed bits of the release rules (noise.ItemBits) and the
+vectorised samplers: each against an independent computation."""
+import math
+import os
+
+import numpy as np
+import pytest
+
+from beam_dpsu.dp import siphash
+from beam_dpsu.dp.noise import (ItemBits, RunKey, encode_value, gaussian_from_bits,
+                                gaussian_from_bits_many, laplace_from_bits,
+                                laplace_from_bits_many, uniform_from_bits,
+                                uniform_from_bits_many)
+
+KEY = bytes(range(16))
+
+
+def test_published_test_vectors():
+    # Aumasson and Bernstein, SipHash paper, appendix A (key 00..0f, message 00..0e),
+    # and the first entry of the reference implementation's vectors.h (empty message).
+    assert siphash.siphash24(KEY, bytes(range(15))) == 0xA129CA6149BE45E5
+    assert siphash.siphash24(KEY, b"") == 0x726FDB47DD0E0E31
+
+
+def _messages(count, seed):
+    rng = np.random.default_rng(seed)
+    return [os.urandom(int(rng.integers(0, 40))) for _ in range(count)]
+
+
+def _spans(messages):
+    lengths = np.array([len(m) for m in messages], np.int64)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    return b"".join(messages), starts, lengths
+
+
+@pytest.mark.parametrize("prefix", [None, 115])
+def test_many_equals_the_scalar_reference(prefix):
+    messages = _messages(2000, 1)
+    data, starts, lengths = _spans(messages)
+    head = b"" if prefix is None else bytes([prefix])
+    expected = [siphash.siphash24(KEY, head + m) for m in messages]
+    assert siphash.siphash24_many(KEY, data, starts, lengths, prefix).tolist() == expected
+    # the numpy fallback (used without numba) gives the same values
+    n = len(messages)
+    k0, k1 = siphash.split_key(KEY)
+    fallback = siphash._numpy_many(np.full(n, k0, np.uint64), np.full(n, k1, np.uint64),
+                                   np.frombuffer(data, np.uint8), starts, lengths, prefix)
+    assert fallback.tolist() == expected
+
+
+def test_a_key_per_message():
+    messages = _messages(500, 2)
+    data, starts, lengths = _spans(messages)
+    keys = [os.urandom(16) for _ in messages]
+    k0 = np.array([siphash.split_key(k)[0] for k in keys], np.uint64)
+    k1 = np.array([siphash.split_key(k)[1] for k in keys], np.uint64)
+    expected = [siphash.siphash24(k, m) for k, m in zip(keys, messages)]
+    assert siphash.siphash24_many_keys(k0, k1, data, starts, lengths).tolist() == expected
+    assert siphash._numpy_many(k0, k1, np.frombuffer(data, np.uint8), starts, lengths,
+                               None).tolist() == expected
+
+
+def test_a_key_has_16_bytes():
+    with pytest.raises(ValueError, match="16 bytes"):
+        siphash.siphash24(b"short", b"x")
+
+
+def test_item_bits_are_siphash_of_the_canonical_bytes_whatever_the_batch():
+    rk = RunKey.from_test_seed(3)
+    bits = ItemBits(rk, "noise/0")
+    items = ["a", "é", "", "tab\there", 7, -3, b"\x00", ("t", 1)]
+    key = rk.subkey("noise/0")[:16]
+    expected = [siphash.siphash24(key, encode_value(x)) for x in items]
+    assert bits.many(items).tolist() == expected
+    assert [bits.one(x) for x in items] == expected
+    assert bits.many(items[::-1]).tolist() == expected[::-1]  # no dependence on the others
+    strings = [x for x in items if isinstance(x, str)]
+    data, starts, lengths = _spans([s.encode() for s in strings])
+    assert bits.many_str(data, starts, lengths).tolist() == [
+        expected[items.index(s)] for s in strings]
+    assert ItemBits(rk, "noise/1").many(items).tolist() != expected
+
+
+def test_vectorised_samplers_match_the_scalar_ones():
+    rng = np.random.default_rng(5)
+    bits = rng.integers(0, 2 ** 64, size=5000, dtype=np.uint64)
+    edge = np.array([0, 1, 2 ** 63 - 1, 2 ** 63, 2 ** 64 - 1], np.uint64)
+    bits = np.concatenate([bits, edge])
+    lap = laplace_from_bits_many(bits, 2.5)
+    gau = gaussian_from_bits_many(bits, 0.7)
+    uni = uniform_from_bits_many(bits)
+    for k, b in enumerate(bits.tolist()):
+        assert math.isclose(lap[k], laplace_from_bits(b, 2.5), rel_tol=1e-12, abs_tol=1e-300)
+        assert math.isclose(gau[k], gaussian_from_bits(b, 0.7), rel_tol=1e-9, abs_tol=1e-12)
+        assert uni[k] == uniform_from_bits(b)  # exact: no rounding on either side
