@@ -255,26 +255,40 @@ def test_identity_is_exact_even_when_groups_collide():
 
 
 def test_the_numpy_fallbacks_equal_the_compiled_kernels(monkeypatch):
-    # Without numba the columnar functions use numpy forms of the kernels: same results.
+    # Without numba (or before a process has enough work for it) the columnar functions
+    # use numpy forms of the kernels: the same results.
+    pytest.importorskip("numba")
+    from beam_dpsu.dp import compiled
+    monkeypatch.setattr(compiled, "WORK_BEFORE_COMPILING", 0)
     rnd = random.Random(4)
     lines = [f"u{rnd.randrange(50)}\t{'x' * rnd.randrange(4)}{rnd.randrange(30)}".encode()
              for _ in range(3000)]
     block = b"\n".join(lines)
-    compiled = columnar.pair_blocks(columnar.parse_block(block), 3)
+    with_kernels = columnar.pair_blocks(columnar.parse_block(block), 3)
     data = np.frombuffer(block, np.uint8)
     a = np.array([0, 5, 9, 100]); b = np.array([5, 0, 9, 101]); n = np.array([3, 3, 0, 2])
     expected = [block[x:x + k] == block[y:y + k] for x, y, k in zip(a, b, n)]
-    monkeypatch.setattr(columnar, "_copy_ranges", None)
-    monkeypatch.setattr(columnar, "_compare_spans", None)
+    assert columnar._spans_equal(data, a, b, n).tolist() == expected
+    assert compiled.kernel("compare_spans", 1) is not None
+    assert compiled.kernel("copy_ranges", 1) is not None
+    monkeypatch.setattr(compiled, "kernel", lambda name, work: None)
     assert columnar._spans_equal(data, a, b, n).tolist() == expected
     fallback = columnar.pair_blocks(columnar.parse_block(block), 3)
-    assert set(fallback) == set(compiled)
-    for g in compiled:
-        x, y = compiled[g], fallback[g]
+    assert set(fallback) == set(with_kernels)
+    for g in with_kernels:
+        x, y = with_kernels[g], fallback[g]
         assert x.users.equals(y.users) and x.items.equals(y.items)
         assert x.user_index.tolist() == y.user_index.tolist()
     # repeats of a user's line within a block are dropped, distinct pairs all kept
-    pairs = {(x.users[int(k)].as_py(), item) for x in compiled.values()
+    pairs = {(x.users[int(k)].as_py(), item) for x in with_kernels.values()
              for k, item in zip(x.user_index, x.items.to_pylist())}
-    assert sum(len(x.items) for x in compiled.values()) == len(pairs)
+    assert sum(len(x.items) for x in with_kernels.values()) == len(pairs)
     assert pairs == {tuple(line.decode().split("\t", 1)) for line in lines}
+
+
+def test_user_groups_grow_with_the_input():
+    assert columnar.user_groups_for(None) == columnar.COLUMNAR_USER_GROUPS
+    assert columnar.user_groups_for(0) == columnar.MIN_USER_GROUPS
+    assert columnar.user_groups_for(5 << 20) == columnar.MIN_USER_GROUPS
+    assert columnar.user_groups_for(300 << 20) == 300 // 8
+    assert columnar.user_groups_for(10 ** 13) == columnar.MAX_USER_GROUPS

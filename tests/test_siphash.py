@@ -1,18 +1,20 @@
 """SipHash-2-4 (dp.siphash), the keyed bits of the release rules (noise.ItemBits) and the
 vectorised samplers: each against an independent computation."""
+import importlib.util
 import math
 import os
 
 import numpy as np
 import pytest
 
-from beam_dpsu.dp import siphash
+from beam_dpsu.dp import compiled, siphash
 from beam_dpsu.dp.noise import (ItemBits, RunKey, encode_value, gaussian_from_bits,
                                 gaussian_from_bits_many, laplace_from_bits,
                                 laplace_from_bits_many, uniform_from_bits,
                                 uniform_from_bits_many)
 
 KEY = bytes(range(16))
+NUMBA = importlib.util.find_spec("numba") is not None
 
 
 def test_published_test_vectors():
@@ -40,12 +42,16 @@ def test_many_equals_the_scalar_reference(prefix):
     head = b"" if prefix is None else bytes([prefix])
     expected = [siphash.siphash24(KEY, head + m) for m in messages]
     assert siphash.siphash24_many(KEY, data, starts, lengths, prefix).tolist() == expected
-    # the numpy fallback (used without numba) gives the same values
+    # both implementations: numpy, and the numba kernel when numba is installed
     n = len(messages)
     k0, k1 = siphash.split_key(KEY)
-    fallback = siphash._numpy_many(np.full(n, k0, np.uint64), np.full(n, k1, np.uint64),
-                                   np.frombuffer(data, np.uint8), starts, lengths, prefix)
-    assert fallback.tolist() == expected
+    k0, k1 = np.full(n, k0, np.uint64), np.full(n, k1, np.uint64)
+    buf = np.frombuffer(data, np.uint8)
+    assert siphash._numpy_many(k0, k1, buf, starts, lengths, prefix).tolist() == expected
+    if NUMBA:
+        from beam_dpsu.dp import array_kernels
+        assert array_kernels.siphash24_many(k0, k1, buf, starts, lengths,
+                                            -1 if prefix is None else prefix).tolist() == expected
 
 
 def test_a_key_per_message():
@@ -58,6 +64,10 @@ def test_a_key_per_message():
     assert siphash.siphash24_many_keys(k0, k1, data, starts, lengths).tolist() == expected
     assert siphash._numpy_many(k0, k1, np.frombuffer(data, np.uint8), starts, lengths,
                                None).tolist() == expected
+    if NUMBA:
+        from beam_dpsu.dp import array_kernels
+        assert array_kernels.siphash24_many(k0, k1, np.frombuffer(data, np.uint8), starts,
+                                            lengths, -1).tolist() == expected
 
 
 def test_a_key_has_16_bytes():
@@ -93,3 +103,12 @@ def test_vectorised_samplers_match_the_scalar_ones():
         assert math.isclose(lap[k], laplace_from_bits(b, 2.5), rel_tol=1e-12, abs_tol=1e-300)
         assert math.isclose(gau[k], gaussian_from_bits(b, 0.7), rel_tol=1e-9, abs_tol=1e-12)
         assert uni[k] == uniform_from_bits(b)  # exact: no rounding on either side
+
+
+def test_compiled_kernels_wait_for_enough_work(monkeypatch):
+    monkeypatch.setattr(compiled, "_work", {})
+    monkeypatch.setattr(compiled, "_module", None)
+    monkeypatch.setattr(compiled, "WORK_BEFORE_COMPILING", 100)
+    assert compiled.kernel("compare_spans", 60) is None
+    got = compiled.kernel("compare_spans", 60)
+    assert (got is not None) == NUMBA

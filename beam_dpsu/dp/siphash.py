@@ -12,8 +12,8 @@ messages with a few dozen integer operations on uint64 arrays
 ``siphash24`` is the scalar reference (the published test vectors hold for it,
 ``tests/test_siphash.py``); ``siphash24_many`` computes the same values for many
 messages at once and is tested against it: compiled by numba when it is
-installed (the ``fast`` extra; about 30 ns a message), otherwise as numpy
-operations on uint64 arrays (about 0.5 µs a message).
+installed and the process has enough work for it (``dp.compiled``; about 30 ns a
+message), otherwise as numpy operations on uint64 arrays (about 0.5 µs a message).
 """
 from __future__ import annotations
 
@@ -23,10 +23,7 @@ import numpy as np
 
 __all__ = ["siphash24", "siphash24_many", "siphash24_many_keys", "split_key"]
 
-try:  # pragma: no cover - exercised when numba is installed
-    from numba import njit
-except ImportError:  # pragma: no cover
-    njit = None
+from beam_dpsu.dp import compiled
 
 _MASK = (1 << 64) - 1
 _C0, _C1, _C2, _C3 = (0x736F6D6570736575, 0x646F72616E646F6D, 0x6C7967656E657261,
@@ -142,8 +139,9 @@ def siphash24_many_keys(k0, k1, data, starts, lengths, prefix: Optional[int] = N
     lengths = np.asarray(lengths, dtype=np.int64)
     k0 = np.asarray(k0, dtype=np.uint64)
     k1 = np.asarray(k1, dtype=np.uint64)
-    if _compiled is not None:
-        return _compiled(k0, k1, buf, starts, lengths, -1 if prefix is None else int(prefix))
+    kernel = compiled.kernel("siphash24_many", len(starts))
+    if kernel is not None:
+        return kernel(k0, k1, buf, starts, lengths, -1 if prefix is None else int(prefix))
     return _numpy_many(k0, k1, buf, starts, lengths, prefix)
 
 
@@ -205,66 +203,3 @@ def _numpy_many(k0, k1, buf, starts, lengths, prefix):
     return out
 
 
-_compiled = None
-if njit is not None:  # pragma: no cover - exercised when numba is installed
-
-    @njit(cache=True, inline="always")
-    def _rotl_one(x, b):
-        return (x << np.uint64(b)) | (x >> np.uint64(64 - b))
-
-    @njit(cache=True, inline="always")
-    def _round_one(v0, v1, v2, v3):
-        v0 += v1
-        v1 = _rotl_one(v1, 13)
-        v1 ^= v0
-        v0 = _rotl_one(v0, 32)
-        v2 += v3
-        v3 = _rotl_one(v3, 16)
-        v3 ^= v2
-        v0 += v3
-        v3 = _rotl_one(v3, 21)
-        v3 ^= v0
-        v2 += v1
-        v1 = _rotl_one(v1, 17)
-        v1 ^= v2
-        v2 = _rotl_one(v2, 32)
-        return v0, v1, v2, v3
-
-    @njit(cache=True)
-    def _compiled(k0, k1, buf, starts, lengths, prefix):  # noqa: F811
-        n = starts.size
-        out = np.empty(n, np.uint64)
-        pre = 0 if prefix < 0 else 1
-        for i in range(n):
-            v0 = k0[i] ^ np.uint64(_C0)
-            v1 = k1[i] ^ np.uint64(_C1)
-            v2 = k0[i] ^ np.uint64(_C2)
-            v3 = k1[i] ^ np.uint64(_C3)
-            total = lengths[i] + pre
-            base = starts[i] - pre
-            m = np.uint64(0)
-            k = 0
-            for pos in range(total):
-                if pos == 0 and pre == 1:
-                    byte = np.uint64(prefix)
-                else:
-                    byte = np.uint64(buf[base + pos])
-                m |= byte << np.uint64(8 * k)
-                k += 1
-                if k == 8:
-                    v3 ^= m
-                    v0, v1, v2, v3 = _round_one(v0, v1, v2, v3)
-                    v0, v1, v2, v3 = _round_one(v0, v1, v2, v3)
-                    v0 ^= m
-                    m = np.uint64(0)
-                    k = 0
-            m |= np.uint64(total & 0xFF) << np.uint64(56)
-            v3 ^= m
-            v0, v1, v2, v3 = _round_one(v0, v1, v2, v3)
-            v0, v1, v2, v3 = _round_one(v0, v1, v2, v3)
-            v0 ^= m
-            v2 ^= np.uint64(0xFF)
-            for _ in range(4):
-                v0, v1, v2, v3 = _round_one(v0, v1, v2, v3)
-            out[i] = v0 ^ v1 ^ v2 ^ v3
-        return out

@@ -71,6 +71,7 @@ from beam_dpsu.dp.accounting import PayWhatYouGetAccountant
 from beam_dpsu.dp.budget import PrivacyBudget
 from beam_dpsu.dp import params
 from beam_dpsu.dp.mechanisms import Mechanism
+from beam_dpsu.dp.columnar import user_groups_for
 from beam_dpsu.dp.mechanisms.histogram_threshold import HistogramMechanism
 from beam_dpsu.transforms.columnar import SelectFromText
 from beam_dpsu.transforms.select import SelectPartitions
@@ -207,7 +208,8 @@ def build_pipeline(p: beam.Pipeline, input_pattern: str, output_prefix: str,
 
     A histogram mechanism without ``top_k`` runs on the columnar path
     (``transforms.columnar.SelectFromText``: blocks of arrays from the files
-    to the release). Every other mechanism reads per-user counts; how the
+    to the release), with ``dp.columnar.user_groups_for`` the input's size user
+    groups. Every other mechanism reads per-user counts; how the
     input is then read depends on what ``input_pattern`` matches now, while
     the graph is built, and on the runner; whatever it matches when the run
     reads it, the mechanism sees the same per-user counts:
@@ -233,8 +235,10 @@ def build_pipeline(p: beam.Pipeline, input_pattern: str, output_prefix: str,
     needs.
     """
     if isinstance(mechanism, HistogramMechanism) and top_k is None:
+        sizes = [size for _, size in match_sized(input_pattern)]
+        groups = user_groups_for(None if None in sizes else sum(sizes))
         items, malformed, users = p | "SelectFromText" >> SelectFromText(
-            input_pattern, mechanism, run_key)
+            input_pattern, mechanism, run_key, user_groups=groups)
         outputs.tally(users | "UsersPerGroup" >> beam.Map(_counted), "users", counts_second=True)
         outputs.write_dead_letter(malformed, dead_letter)
         outputs.write_items(items, output_prefix)
