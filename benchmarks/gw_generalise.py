@@ -277,11 +277,11 @@ def max_items_rule(epsilon: float, c: float) -> int:
     return max(1, 1 + int(round(c * math.exp(epsilon))))
 
 
-def gw_candidates(eps: float, quick: bool) -> List[Candidate]:
+def gw_candidates(eps: float, quick: bool, max_items: Sequence[int] = ()) -> List[Candidate]:
     cs = [0.5, 1.0, 1.5] if quick else [0.25, 0.5, 0.75, 1.0, 1.5, 2.0]
+    d0s = sorted(set(max_items) if max_items else {max_items_rule(eps, c) for c in cs})
     out = []
-    for c in cs:
-        d0 = max_items_rule(eps, c)
+    for d0 in d0s:
         for tb in ("item-hash", "first-occurrence"):
             out.append(Candidate(d0, tie_break=tb))
     return out
@@ -298,11 +298,14 @@ def kt_candidates(eps: float, quick: bool) -> List[Candidate]:
     return out
 
 
-def default_gw() -> Candidate:
-    return Candidate(params.DEFAULT_GW_MAX_ITEMS, params.DEFAULT_GW_ETA, params.DEFAULT_TIE_BREAK)
+def default_gw(eps: float) -> Candidate:
+    """The command line's gw defaults at this ε."""
+    return Candidate(params.gw_default_max_items(eps), params.DEFAULT_GW_ETA,
+                     params.DEFAULT_TIE_BREAK)
 
 
 def default_kt() -> Candidate:
+    """The command line's gw-kt defaults."""
     return Candidate(params.DEFAULT_GWKT_MAX_ITEMS[params.DEFAULT_GWKT_SELECTION],
                      params.DEFAULT_GW_ETA, params.DEFAULT_TIE_BREAK,
                      params.DEFAULT_GWKT_SELECTION, params.DEFAULT_FRONT_SCALE,
@@ -387,6 +390,8 @@ def main(argv=None) -> int:
     p.add_argument("--alpha", type=float, default=params.DEFAULT_ALPHA)
     p.add_argument("--defaults-only", action="store_true",
                    help="only the library's current defaults on every fold")
+    p.add_argument("--gw-max-items", type=int, nargs="*", default=(),
+                   help="gw: these Δ0 instead of the grid 1 + round(c·e^ε)")
     p.add_argument("--only", choices=["gw", "gw-kt"], help="one mechanism only")
     p.add_argument("--check", action="store_true",
                    help="first verify the fast path against the library's histogram")
@@ -417,11 +422,11 @@ def main(argv=None) -> int:
     out = {}
     if args.only in (None, "gw"):
         folds = [Fold(n, data.get(n), None, seeds, eps, delta, alpha) for n in DATASETS]
-        rows = fixed_rows(folds, default_gw())
-        print_rows("gw, the current defaults", rows)
+        rows = fixed_rows(folds, default_gw(eps))
+        print_rows("gw, the command line's defaults", rows)
         out["gw defaults"] = rows
         if not args.defaults_only:
-            cands = gw_candidates(eps, args.quick)
+            cands = gw_candidates(eps, args.quick, args.gw_max_items)
             for c in cands:
                 rows = fixed_rows(folds, c)
                 out.setdefault("gw grid", []).extend(rows)
@@ -435,7 +440,7 @@ def main(argv=None) -> int:
         folds = [Fold(name, data.get(priv), users_per_item(data.get(pub)), seeds, eps, delta,
                       alpha) for name, priv, pub in KT_PAIRS]
         rows = fixed_rows(folds, default_kt())
-        print_rows("gw-kt, the current defaults", rows)
+        print_rows("gw-kt, the command line's defaults", rows)
         out["gw-kt defaults"] = rows
         if not args.defaults_only:
             cands = kt_candidates(eps, args.quick)

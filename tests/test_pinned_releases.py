@@ -78,12 +78,15 @@ EXPECTED = {
     "sips-from-dp": "d82221f38a5aa29e",
     "policy-laplace": "f8e15cfce79f4052",
     "policy-gaussian": "6ee9c587e3be09aa",
-    "gw": "04c4d9995e5625cf",
+    # gw's default Δ0 became the rule 1 + 5ε rounded (16 at ε = 3, was 20; docs/gw.md
+    # section 5): a new release by design. The constructor's tie-break is unchanged.
+    "gw": "976bfb3d766d1d1b",
     "gw-first-occurrence": "fb7db5c056927e49",
     "gw-published": "1e085111193f4598",
     # gw-kt's default K_i selection became 'front' with Δ0 = 20 (docs/gw.md
     # section 1.3): a new release by design. The old default
-    # ('prefix', Δ0 = 100) is pinned to the digest gw-kt had before.
+    # ('prefix', Δ0 = 100) is pinned to the digest gw-kt had before. The later
+    # change of κ, M (20, 4 -> 10, 8) moves no user's window on this data: unchanged.
     "gw-kt": "c4e4b720da441282",
     "gw-kt-prefix": "a2ad943e48df7ee7",
     # Computed with the code before the 'front' selection (commit f7bc0cf): unchanged.

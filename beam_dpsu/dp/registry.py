@@ -17,6 +17,7 @@ from beam_dpsu.dp.mechanisms import (CountGaussian, CountLaplace, Mechanism, Tru
 from beam_dpsu.dp.mechanisms import policy as _policy
 from beam_dpsu.dp.params import MECHANISM_PARAMS, canonical_keywords, flag, flags
 from beam_dpsu.dp.params import DEFAULT_MAX_ITEMS, DEFAULT_ALPHA, DEFAULT_ROUNDS, DEFAULT_RATIO
+from beam_dpsu.dp.params import DEFAULT_TIE_BREAK
 
 
 __all__ = ["MechanismParams", "RegisteredMechanism", "REGISTRY", "register", "make_mechanism"]
@@ -166,7 +167,9 @@ def _policy_builder(cls, name):
 
 
 def _tie_break(params: MechanismParams) -> str:
-    return "item-hash" if params.tie_break is None else params.tie_break
+    """The tie-break: the user's, else ``DEFAULT_TIE_BREAK`` (the registry builds the
+    command line's mechanisms, which read each user's items in record order)."""
+    return DEFAULT_TIE_BREAK if params.tie_break is None else params.tie_break
 
 
 def _gw_options(params: MechanismParams, name: str) -> dict:
