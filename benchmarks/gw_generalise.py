@@ -192,11 +192,17 @@ class Candidate:
     selection: str = "prefix"
     scale: float = 0.0
     margin: int = 0
+    keep: float = 0.0   # 'front' experiment: also keep this fraction of the predicted-full items
+    head: int = 0       # 'front' experiment: K_i = the first `head` walk items + the window
 
     def label(self) -> str:
         s = f"Δ0={self.max_items} η={self.eta:g} {self.tie_break}"
         if self.selection == "front":
             s += f" front κ={self.scale:g} M={self.margin}"
+            if self.keep:
+                s += f" keep={self.keep:g}"
+            if self.head:
+                s += f" head={self.head}"
         elif self.selection == "shift":
             s += f" shift c={self.scale:g}"
         return s
@@ -215,7 +221,12 @@ def kept_items(w: Walks, c: Candidate, cutoff: float) -> List[np.ndarray]:
         if c.selection == "front" and p > 0.0:
             bar = c.scale * cutoff / p
             s = int(np.count_nonzero(w.public_desc[k] >= bar))
-            start = min(n - d0, max(0, s - c.margin))
+            start = min(n - d0, max(0, s - c.margin - int(c.keep * s)))
+            if c.head and start > 0:
+                h = min(c.head, d0)
+                start = max(start, h)
+                out.append(np.concatenate([walk[:h], walk[start:start + d0 - h]]))
+                continue
         elif c.selection == "shift":
             start = int(min(1.0, c.scale * p) * (n - d0))
         out.append(walk[start:start + d0])
@@ -277,24 +288,31 @@ def max_items_rule(epsilon: float, c: float) -> int:
     return max(1, 1 + int(round(c * math.exp(epsilon))))
 
 
-def gw_candidates(eps: float, quick: bool, max_items: Sequence[int] = ()) -> List[Candidate]:
+def gw_candidates(eps: float, quick: bool, max_items: Sequence[int] = (),
+                  etas: Sequence[float] = (params.DEFAULT_GW_ETA,)) -> List[Candidate]:
     cs = [0.5, 1.0, 1.5] if quick else [0.25, 0.5, 0.75, 1.0, 1.5, 2.0]
     d0s = sorted(set(max_items) if max_items else {max_items_rule(eps, c) for c in cs})
     out = []
-    for d0 in d0s:
+    for d0, eta in itertools.product(d0s, etas):
         for tb in ("item-hash", "first-occurrence"):
-            out.append(Candidate(d0, tie_break=tb))
+            out.append(Candidate(d0, eta=eta, tie_break=tb))
     return out
 
 
-def kt_candidates(eps: float, quick: bool) -> List[Candidate]:
-    d0s = [params.DEFAULT_GWKT_MAX_ITEMS["front"]] if quick else [15, 20, 30]
-    kappas = [8, 12, 20] if quick else [6, 8, 10, 12, 16, 20, 28]
-    margins = [0, 4] if quick else [0, 2, 4, 8]
+def kt_candidates(eps: float, quick: bool, keeps: Sequence[float] = (0.0,),
+                  heads: Sequence[int] = (0,),
+                  tie_breaks: Sequence[str] = ("item-hash", "first-occurrence"),
+                  max_items: Sequence[int] = (), scales: Sequence[float] = (),
+                  margins: Sequence[int] = ()) -> List[Candidate]:
+    d0s = list(max_items) or ([params.gwkt_default_max_items(eps)] if quick
+                              else [15, 20, 30])
+    kappas = list(scales) or ([8, 12, 20] if quick else [6, 8, 10, 12, 16, 20, 28])
+    margins = list(margins) or ([0, 4] if quick else [0, 2, 4, 8])
     out = []
-    for d0, k, m in itertools.product(d0s, kappas, margins):
-        for tb in ("item-hash", "first-occurrence"):
-            out.append(Candidate(d0, tie_break=tb, selection="front", scale=k, margin=m))
+    for d0, k, m, keep, head in itertools.product(d0s, kappas, margins, keeps, heads):
+        for tb in tie_breaks:
+            out.append(Candidate(d0, tie_break=tb, selection="front", scale=k, margin=m,
+                                 keep=keep, head=head))
     return out
 
 
@@ -304,9 +322,9 @@ def default_gw(eps: float) -> Candidate:
                      params.DEFAULT_TIE_BREAK)
 
 
-def default_kt() -> Candidate:
-    """The command line's gw-kt defaults."""
-    return Candidate(params.DEFAULT_GWKT_MAX_ITEMS[params.DEFAULT_GWKT_SELECTION],
+def default_kt(eps: float) -> Candidate:
+    """The command line's gw-kt defaults at this ε."""
+    return Candidate(params.gwkt_default_max_items(eps, params.DEFAULT_GWKT_SELECTION),
                      params.DEFAULT_GW_ETA, params.DEFAULT_TIE_BREAK,
                      params.DEFAULT_GWKT_SELECTION, params.DEFAULT_FRONT_SCALE,
                      params.DEFAULT_FRONT_MARGIN)
@@ -392,6 +410,16 @@ def main(argv=None) -> int:
                    help="only the library's current defaults on every fold")
     p.add_argument("--gw-max-items", type=int, nargs="*", default=(),
                    help="gw: these Δ0 instead of the grid 1 + round(c·e^ε)")
+    p.add_argument("--gw-eta", type=float, nargs="*", default=(params.DEFAULT_GW_ETA,),
+                   help="gw: these η (default: the library's)")
+    p.add_argument("--kt-keep", type=float, nargs="*", default=(0.0,),
+                   help="gw-kt experiment: fractions of the predicted-full items also kept")
+    p.add_argument("--kt-head", type=int, nargs="*", default=(0,),
+                   help="gw-kt experiment: K_i also holds the first HEAD walk items")
+    p.add_argument("--kt-tie-breaks", nargs="*", default=("item-hash", "first-occurrence"))
+    p.add_argument("--kt-max-items", type=int, nargs="*", default=())
+    p.add_argument("--kt-scales", type=float, nargs="*", default=())
+    p.add_argument("--kt-margins", type=int, nargs="*", default=())
     p.add_argument("--only", choices=["gw", "gw-kt"], help="one mechanism only")
     p.add_argument("--check", action="store_true",
                    help="first verify the fast path against the library's histogram")
@@ -426,7 +454,7 @@ def main(argv=None) -> int:
         print_rows("gw, the command line's defaults", rows)
         out["gw defaults"] = rows
         if not args.defaults_only:
-            cands = gw_candidates(eps, args.quick, args.gw_max_items)
+            cands = gw_candidates(eps, args.quick, args.gw_max_items, args.gw_eta)
             for c in cands:
                 rows = fixed_rows(folds, c)
                 out.setdefault("gw grid", []).extend(rows)
@@ -439,11 +467,12 @@ def main(argv=None) -> int:
     if args.only in (None, "gw-kt"):
         folds = [Fold(name, data.get(priv), users_per_item(data.get(pub)), seeds, eps, delta,
                       alpha) for name, priv, pub in KT_PAIRS]
-        rows = fixed_rows(folds, default_kt())
+        rows = fixed_rows(folds, default_kt(eps))
         print_rows("gw-kt, the command line's defaults", rows)
         out["gw-kt defaults"] = rows
         if not args.defaults_only:
-            cands = kt_candidates(eps, args.quick)
+            cands = kt_candidates(eps, args.quick, args.kt_keep, args.kt_head, args.kt_tie_breaks,
+                                  args.kt_max_items, args.kt_scales, args.kt_margins)
             for c in cands:
                 rows = fixed_rows(folds, c)
                 out.setdefault("gw-kt grid", []).extend(rows)

@@ -95,3 +95,18 @@ def test_gw_default_max_items_is_one_plus_five_epsilon_rounded():
     for bad in (0, -1, float("inf"), float("nan"), True, "3", None):
         with pytest.raises(ValueError, match="epsilon"):
             gw_default_max_items(bad)
+
+
+def test_gwkt_default_max_items_is_gw_rule_plus_four_or_the_prefix_constant():
+    from beam_dpsu.dp.params import MAX_MAX_ITEMS, gw_default_max_items, gwkt_default_max_items
+
+    # Independent computation: round(1 + 5ε) half up, + 4 (front); 100 (prefix).
+    assert [gwkt_default_max_items(e) for e in (1, 3, 5)] == [10, 20, 30]
+    assert gwkt_default_max_items(0.01) == 1 + 4
+    assert gwkt_default_max_items(2.95) == 16 + 4 == gw_default_max_items(2.95) + 4
+    assert gwkt_default_max_items(1e300) == MAX_MAX_ITEMS
+    assert gwkt_default_max_items(3, "prefix") == gwkt_default_max_items(0.5, "prefix") == 100
+    with pytest.raises(ValueError, match="kt_selection"):
+        gwkt_default_max_items(3, "window")
+    with pytest.raises(ValueError, match="epsilon"):
+        gwkt_default_max_items(0, "prefix")

@@ -18,7 +18,8 @@ from typing import Any, Dict, Iterable, Mapping, Optional, Sequence, Tuple
 
 
 __all__ = ["DEFAULT_MAX_ITEMS", "DEFAULT_GW_MAX_ITEMS_PER_EPSILON", "gw_default_max_items",
-           "DEFAULT_GWKT_MAX_ITEMS", "DEFAULT_ALPHA",
+           "DEFAULT_GWKT_MAX_ITEMS", "DEFAULT_GWKT_FRONT_EXTRA_ITEMS",
+           "gwkt_default_max_items", "DEFAULT_ALPHA",
            "DEFAULT_GW_ETA", "DEFAULT_TIE_BREAK", "DEFAULT_EMBEDDED_TIE_BREAK", "DEFAULT_GWKT_SELECTION", "DEFAULT_FRONT_SCALE",
            "DEFAULT_FRONT_MARGIN", "DEFAULT_VARIANT", "DEFAULT_ROUNDS", "DEFAULT_RATIO",
            "DEFAULT_DISCOVERY_SHARE", "TOPK_METHODS", "DEFAULT_TOPK_METHOD", "MAX_MAX_ITEMS", "MIN_ETA", "WARN_EPSILON_ABOVE",
@@ -98,8 +99,11 @@ DEFAULT_MAX_ITEMS = 100
 #: Δ0 of the cascade-free GW when none is given: a rule of ε, ``gw_default_max_items``
 #: (1 + 5ε, rounded: 6 at ε = 1, 16 at ε = 3, 26 at ε = 5); docs/gw.md section 5.
 DEFAULT_GW_MAX_ITEMS_PER_EPSILON = 5.0
-#: Δ0 of GW-KT by ``kt_selection``.
-DEFAULT_GWKT_MAX_ITEMS = {"front": 20, "prefix": 100}
+#: Δ0 of GW-KT with ``kt_selection='prefix'`` (for 'front' see the next constant).
+DEFAULT_GWKT_MAX_ITEMS = {"prefix": 100}
+#: GW-KT with ``kt_selection='front'``: Δ0 = gw's rule + this (``gwkt_default_max_items``:
+#: 10 at ε = 1, 20 at ε = 3, 30 at ε = 5); docs/gw.md section 5.
+DEFAULT_GWKT_FRONT_EXTRA_ITEMS = 4
 #: α of the sequential policies' cutoff Γ = T + α·(noise scale).
 DEFAULT_ALPHA = 3.0
 #: η, GW's step-1 budget.
@@ -171,6 +175,26 @@ def gw_default_max_items(epsilon: float) -> int:
     return int(min(float(MAX_MAX_ITEMS), max(1.0, value // 1.0)))
 
 
+def gwkt_default_max_items(epsilon: float, selection: str = "front") -> int:
+    """Δ0 of the cascade-free GW-KT when none is given.
+
+    ``'prefix'``: ``DEFAULT_GWKT_MAX_ITEMS['prefix']`` (100). ``'front'``:
+    ``gw_default_max_items(ε) + DEFAULT_GWKT_FRONT_EXTRA_ITEMS`` (1 + 5ε rounded, plus 4;
+    at most ``MAX_MAX_ITEMS``), a function of the public ε only. Measured
+    (docs/gw.md section 5): GW-KT's releases peak at Δ0 ≈ 10 at ε = 1, 20 at ε = 3 and
+    26-30 at ε = 5 on the public/private pairings of ``benchmarks/gw_generalise.py``,
+    a few items more than GW's (its window keeps M items before the predicted front).
+
+    Raises ValueError for an ε that is not a finite number > 0, or another selection.
+    """
+    if selection == "prefix":
+        gw_default_max_items(epsilon)  # validates ε
+        return DEFAULT_GWKT_MAX_ITEMS["prefix"]
+    if selection != "front":
+        raise ValueError(f"kt_selection must be 'front' or 'prefix', got {selection!r}")
+    return min(MAX_MAX_ITEMS, gw_default_max_items(epsilon) + DEFAULT_GWKT_FRONT_EXTRA_ITEMS)
+
+
 def _text(value) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
@@ -190,8 +214,9 @@ MECHANISM_PARAMS: Dict[str, Param] = {p.name: p for p in [
     Param("max_items", int, f"Δ0, distinct items kept per user (integer in [1, "
           f"{MAX_MAX_ITEMS:,}]: above, calibration is slow and meaningless)",
           f"{DEFAULT_MAX_ITEMS}; gw 1 + {DEFAULT_GW_MAX_ITEMS_PER_EPSILON:g}ε rounded "
-          f"({gw_default_max_items(3.0)} at ε = 3), gw-kt {DEFAULT_GWKT_MAX_ITEMS['front']} "
-          f"({DEFAULT_GWKT_MAX_ITEMS['prefix']} with --kt-selection prefix)",
+          f"({gw_default_max_items(3.0)} at ε = 3), gw-kt that + "
+          f"{DEFAULT_GWKT_FRONT_EXTRA_ITEMS} ({gwkt_default_max_items(3.0)} at ε = 3; "
+          f"{DEFAULT_GWKT_MAX_ITEMS['prefix']} with --kt-selection prefix)",
           "none: the calibration accounts for Δ0 (a larger Δ0 raises the threshold)",
           flag="--max-items-per-user",
           # PipelineDP calls it max_partitions_contributed

@@ -22,7 +22,7 @@ from beam_dpsu.dp.accounting import PrivacyGuarantee
 from beam_dpsu.dp.mechanisms.base import RoundCalibration, ThresholdMechanism
 from beam_dpsu.dp.mechanisms.histogram_threshold import WeightedGaussian, WeightedLaplace
 from beam_dpsu.dp.noise import RunKey
-from beam_dpsu.dp.params import (DEFAULT_MAX_ITEMS, gw_default_max_items, DEFAULT_GWKT_MAX_ITEMS,
+from beam_dpsu.dp.params import (DEFAULT_MAX_ITEMS, gw_default_max_items, gwkt_default_max_items,
                                  DEFAULT_ALPHA, DEFAULT_GW_ETA, DEFAULT_GWKT_SELECTION,
                                  DEFAULT_FRONT_SCALE, DEFAULT_FRONT_MARGIN,
                                  DEFAULT_EMBEDDED_TIE_BREAK)
@@ -340,8 +340,9 @@ class GWKT(GW):
         effect when κ is fixed in advance or public.
       front_margin: M ≥ 0 of ``'front'`` (default ``DEFAULT_FRONT_MARGIN`` = 8):
         walk items kept before the predicted front. No privacy effect.
-      max_items: Δ0, as for ``GW``; default ``DEFAULT_GWKT_MAX_ITEMS``: 20 with
-        ``'front'``, 100 with ``'prefix'`` (with the first Δ0 items, K_i must be
+      max_items: Δ0, as for ``GW``; default ``params.gwkt_default_max_items(ε)``:
+        with ``'front'`` GW's rule + 4 (1 + 5ε rounded + 4: 20 at ε = 3), 100 with
+        ``'prefix'`` (with the first Δ0 items, K_i must be
         long for late users to reach items below Γ; releases rise up to
         Δ0 ≈ 100 and are flat to 150).
       eta, variant: as for ``GW`` (defaults 0.001, ``'cascade-free'``).
@@ -380,7 +381,7 @@ class GWKT(GW):
                     raise ValueError(f"{', '.join(given)} apply to kt_selection='front' only")
                 self.front_scale = self.front_margin = None
             if max_items is None:
-                max_items = DEFAULT_GWKT_MAX_ITEMS[self.kt_selection]
+                max_items = gwkt_default_max_items(float(epsilon), self.kt_selection)
         super().__init__(epsilon, delta, alpha, state, tie_break, max_items=max_items, eta=eta,
                          variant=variant, _name="gw-kt")
         self.public_counts = public_counts
