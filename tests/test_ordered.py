@@ -141,6 +141,47 @@ def test_first_occurrence_needs_per_user_counts_in_record_order():
         make_mechanism("policy-laplace", epsilon=1.0, delta=1e-5, tie_break="item-hash")
 
 
+def test_the_default_tie_break_is_first_occurrence_where_the_record_order_is_read(tmp_path):
+    from beam_dpsu.transforms.textio import read_per_user
+    pattern = _record_order_files(tmp_path)
+    per_user = read_per_user(pattern)
+    by_record = run_local(per_user, GW(1.0, 0.3, tie_break="first-occurrence"), RK)
+    by_hash = run_local(per_user, GW(1.0, 0.3, tie_break="item-hash"), RK)
+    assert by_record != by_hash   # the tie-break matters on this data
+    # The constructors keep item-hash (an embedded pipeline may have no record order).
+    assert GW(1.0, 0.3).tie_break == GWKT(1.0, 0.3, PUBLIC).tie_break == "item-hash"
+    # The registry (the command line's builder) defaults to first-occurrence ...
+    built = make_mechanism("gw", epsilon=1.0, delta=0.3)
+    assert built.tie_break == params.DEFAULT_TIE_BREAK == "first-occurrence"
+    assert run_local(per_user, built, RK) == by_record
+    # ... and the command line reads the record order for it, without --tie-break.
+    from beam_dpsu.pipelines import select_partitions
+    prefix = str(tmp_path / "out")
+    assert select_partitions.main(["--input", pattern, "--output", prefix, "--mechanism", "gw",
+                                   "--epsilon", "1", "--delta", "0.3",
+                                   "--insecure-test-seed", "11", "--runner=DirectRunner"]) == 0
+    released = set()
+    for path in tmp_path.glob("out-items-*"):
+        released |= set(path.read_text().split())
+    assert released == by_record
+    assert json.loads((tmp_path / "out.json").read_text())["tie_break"] == "first-occurrence"
+    # On (user, item) pairs, which carry no record order, the defaulted tie-break falls
+    # back to item-hash; an explicit first-occurrence is refused.
+    fallback = built.without_record_order()
+    assert fallback.tie_break == "item-hash" and built.tie_break == "first-occurrence"
+    assert fallback.describe()["tie_break"] == "item-hash"
+    explicit = make_mechanism("gw", epsilon=1.0, delta=0.3, tie_break="first-occurrence")
+    with pytest.raises(ValueError, match="record order"):
+        explicit.without_record_order()
+    with pytest.raises(ValueError, match="record order"):
+        SelectPartitions(explicit, RK)
+    pairs = [(u, i) for u, counts in per_user.items() for i, c in counts.items()
+             for _ in range(c)]
+    with local_pipeline() as p:
+        out = p | beam.Create(pairs) | SelectPartitions(built, RK)
+        assert_that(out, equal_to(sorted(by_hash)))
+
+
 def test_empty_input_releases_nothing():
     with local_pipeline() as p:
         out = p | beam.Create([]) | SelectPartitions(GW(1.0, 1e-5), RunKey.from_test_seed(1))

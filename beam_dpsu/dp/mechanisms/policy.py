@@ -11,6 +11,7 @@ under the same key.
 """
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any, Dict, Hashable, Mapping, Optional
 
@@ -272,6 +273,32 @@ class GW(PolicyMechanism):
     def needs_record_order(self) -> bool:
         """True when the per-user counts must iterate in the users' record order."""
         return self.tie_break == "first-occurrence"
+
+    #: The tie-break to use instead where the input has no record order, or None
+    #: (refuse such input). ``registry.make_mechanism`` sets it to
+    #: ``params.DEFAULT_EMBEDDED_TIE_BREAK`` when the caller chose no tie-break, so that
+    #: the command line's default (first-occurrence) does not stop an embedded
+    #: pipeline whose ``(user, item)`` pairs carry no order.
+    record_order_fallback: Optional[str] = None
+
+    def without_record_order(self) -> "GW":
+        """This mechanism for input without record order: a copy with the
+        ``record_order_fallback`` tie-break (``self`` when it needs no record order).
+
+        Raises ValueError when it needs the record order and has no fallback.
+        """
+        if not self.needs_record_order:
+            return self
+        if self.record_order_fallback is None:
+            raise ValueError(
+                f"{self.name} with tie_break='first-occurrence' needs each user's items "
+                "in record order, which a PCollection of (user_id, item) pairs does not "
+                "have; read with textio.ReadUserItems(pattern, keep_order=True) and pass "
+                "per_user=True")
+        other = copy.copy(self)
+        other.tie_break = policies.check_tie_break(self.record_order_fallback)
+        other.record_order_fallback = None
+        return other
 
     def describe(self) -> Dict[str, Any]:
         d = super().describe()
