@@ -150,8 +150,8 @@ def test_published_and_cascade_free_gw_side_by_side_with_allow_unproven(data, tm
     cal = [(r["calibration"]["variant"], r["calibration"]["proven"],
             r["calibration"]["max_items_per_user"], r["calibration"]["eta"])
            for r in s["results"]]
-    from beam_dpsu.dp.params import DEFAULT_GW_ETA, DEFAULT_GW_MAX_ITEMS
-    assert cal == [("cascade-free", True, DEFAULT_GW_MAX_ITEMS, DEFAULT_GW_ETA),
+    from beam_dpsu.dp.params import DEFAULT_GW_ETA, gw_default_max_items
+    assert cal == [("cascade-free", True, gw_default_max_items(2.0), DEFAULT_GW_ETA),
                    ("published", False, None, None), ("cascade-free", True, 5, 0.1)]
     # The beam engine gets the same mechanism through the command-line flags.
     flags = compare._cli_flags("gw", compare.MechanismParams(

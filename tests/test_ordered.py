@@ -19,7 +19,7 @@ from beam_dpsu.dp import params
 from beam_dpsu.dp import sequential as P
 from beam_dpsu.transforms.select import SelectPartitions
 from beam_dpsu.dp.noise import RunKey
-from beam_dpsu.dp.params import DEFAULT_GW_ETA, DEFAULT_GW_MAX_ITEMS
+from beam_dpsu.dp.params import DEFAULT_GW_ETA, gw_default_max_items
 from beam_dpsu.dp.mechanisms.policy import GW, GWKT, PolicyGaussian, PolicyLaplace
 from beam_dpsu.transforms.ordered import OrderedUserPolicy
 from beam_dpsu.dp.registry import make_mechanism
@@ -61,7 +61,9 @@ def test_public_counts_from_a_file_and_the_command_line(tmp_path):
     pub.write_text("".join(f"{k}\t{v}\n" for k, v in PUBLIC.items()))
     data = tmp_path / "in.tsv"
     data.write_text("".join(f"{u}\t{i}\n" for u, i in small_dataset()))
-    from_map = run_local(per_user_counts(small_dataset()), GWKT(1.0, 1e-5, PUBLIC), RK)
+    # The command line's default tie-break (it reads the record order), as params declares.
+    from_map = run_local(per_user_counts(small_dataset()),
+                         GWKT(1.0, 1e-5, PUBLIC, tie_break=params.DEFAULT_TIE_BREAK), RK)
     from beam_dpsu.pipelines import select_partitions
     prefix = str(tmp_path / "out")
     assert select_partitions.main(["--input", str(data), "--output", prefix, "--mechanism",
@@ -139,6 +141,47 @@ def test_first_occurrence_needs_per_user_counts_in_record_order():
         make_mechanism("policy-laplace", epsilon=1.0, delta=1e-5, tie_break="item-hash")
 
 
+def test_the_default_tie_break_is_first_occurrence_where_the_record_order_is_read(tmp_path):
+    from beam_dpsu.transforms.textio import read_per_user
+    pattern = _record_order_files(tmp_path)
+    per_user = read_per_user(pattern)
+    by_record = run_local(per_user, GW(1.0, 0.3, tie_break="first-occurrence"), RK)
+    by_hash = run_local(per_user, GW(1.0, 0.3, tie_break="item-hash"), RK)
+    assert by_record != by_hash   # the tie-break matters on this data
+    # The constructors keep item-hash (an embedded pipeline may have no record order).
+    assert GW(1.0, 0.3).tie_break == GWKT(1.0, 0.3, PUBLIC).tie_break == "item-hash"
+    # The registry (the command line's builder) defaults to first-occurrence ...
+    built = make_mechanism("gw", epsilon=1.0, delta=0.3)
+    assert built.tie_break == params.DEFAULT_TIE_BREAK == "first-occurrence"
+    assert run_local(per_user, built, RK) == by_record
+    # ... and the command line reads the record order for it, without --tie-break.
+    from beam_dpsu.pipelines import select_partitions
+    prefix = str(tmp_path / "out")
+    assert select_partitions.main(["--input", pattern, "--output", prefix, "--mechanism", "gw",
+                                   "--epsilon", "1", "--delta", "0.3",
+                                   "--insecure-test-seed", "11", "--runner=DirectRunner"]) == 0
+    released = set()
+    for path in tmp_path.glob("out-items-*"):
+        released |= set(path.read_text().split())
+    assert released == by_record
+    assert json.loads((tmp_path / "out.json").read_text())["tie_break"] == "first-occurrence"
+    # On (user, item) pairs, which carry no record order, the defaulted tie-break falls
+    # back to item-hash; an explicit first-occurrence is refused.
+    fallback = built.without_record_order()
+    assert fallback.tie_break == "item-hash" and built.tie_break == "first-occurrence"
+    assert fallback.describe()["tie_break"] == "item-hash"
+    explicit = make_mechanism("gw", epsilon=1.0, delta=0.3, tie_break="first-occurrence")
+    with pytest.raises(ValueError, match="record order"):
+        explicit.without_record_order()
+    with pytest.raises(ValueError, match="record order"):
+        SelectPartitions(explicit, RK)
+    pairs = [(u, i) for u, counts in per_user.items() for i, c in counts.items()
+             for _ in range(c)]
+    with local_pipeline() as p:
+        out = p | beam.Create(pairs) | SelectPartitions(built, RK)
+        assert_that(out, equal_to(sorted(by_hash)))
+
+
 def test_empty_input_releases_nothing():
     with local_pipeline() as p:
         out = p | beam.Create([]) | SelectPartitions(GW(1.0, 1e-5), RunKey.from_test_seed(1))
@@ -206,14 +249,14 @@ def test_describe_and_calibration():
     d = g.describe()
     assert d["variant"] == "published" and d["proven"] is False and "NOT PROVEN" in d["guarantee"]
     assert d["policy"] == "greedy" and d["eta"] is None
-    c = GW(3, math.exp(-10))      # the default: cascade-free, Δ0 and η from the sweep
-    assert c.max_items == DEFAULT_GW_MAX_ITEMS and c.eta == DEFAULT_GW_ETA
-    assert c.calibration.threshold == cal.gw_cascade_free_threshold(3, math.exp(-10),
-                                                                     DEFAULT_GW_MAX_ITEMS)
+    c = GW(3, math.exp(-10))      # the default: cascade-free, Δ0 by the rule of ε, η
+    assert c.max_items == gw_default_max_items(3) == 16 and c.eta == DEFAULT_GW_ETA
+    assert GW(1, 1e-6).max_items == 6 and GW(5, 1e-6).max_items == 26
+    assert c.calibration.threshold == cal.gw_cascade_free_threshold(3, math.exp(-10), 16)
     assert c.cutoff == pytest.approx(c.calibration.threshold + 1.0)
     d = c.describe()
     assert (d["variant"], d["proven"], d["policy"], d["eta"], d["max_items_per_user"]) == \
-        ("cascade-free", True, "cascade-free-greedy", DEFAULT_GW_ETA, DEFAULT_GW_MAX_ITEMS)
+        ("cascade-free", True, "cascade-free-greedy", DEFAULT_GW_ETA, 16)
     assert make_mechanism("gw", epsilon=3, delta=1e-6, max_items=7, eta=0.2).describe()[
         "max_items_per_user"] == 7
     assert make_mechanism("policy-laplace", epsilon=1, delta=1e-6).alpha == 3.0
@@ -292,10 +335,12 @@ def test_gw_kt_kt_selection_defaults_describe_and_validation():
         ("front", 20, params.DEFAULT_FRONT_SCALE, params.DEFAULT_FRONT_MARGIN)
     d = m.describe()
     assert (d["kt_selection"], d["front_scale"], d["front_margin"],
-            d["max_items_per_user"]) == ("front", 20.0, 4, 20)
+            d["max_items_per_user"]) == ("front", params.DEFAULT_FRONT_SCALE,
+                                         params.DEFAULT_FRONT_MARGIN, 20)
     assert {"kt_selection", "front_scale", "front_margin"} <= set(d["units"])
     pol = m.policy(RK)
-    assert (pol.selection, pol.front_scale, pol.front_margin) == ("front", 20.0, 4)
+    assert (pol.selection, pol.front_scale, pol.front_margin) == \
+        ("front", params.DEFAULT_FRONT_SCALE, params.DEFAULT_FRONT_MARGIN)
     prefix = GWKT(3.0, 1e-5, PUBLIC, kt_selection="prefix")
     assert (prefix.max_items, prefix.front_scale, prefix.policy(RK).selection) == \
         (100, None, "prefix")

@@ -75,3 +75,38 @@ def test_messages_name_the_flag_whatever_the_spelling():
 def test_public_name_is_the_json_key():
     assert params.MECHANISM_PARAMS["max_items"].public_name == "max_items_per_user"
     assert params.canonical("max_partitions_contributed") == "max_items"
+
+
+def test_gw_default_max_items_is_one_plus_five_epsilon_rounded():
+    from fractions import Fraction
+
+    from beam_dpsu.dp.params import MAX_MAX_ITEMS, gw_default_max_items
+
+    # Independent computation: exact rational arithmetic, round half up.
+    def expected(eps):
+        x = 1 + 5 * Fraction(eps)
+        n = int(x + Fraction(1, 2))
+        return min(MAX_MAX_ITEMS, max(1, n))
+
+    # (ε away from the half-way points 0.1 + 0.2k, where float rounding may decide)
+    for eps in (1e-9, 0.05, 0.2, 0.33, 0.77, 1, 1.17, 2, 2.95, 3, 3.14, 5, 10, 1e5, 1e300):
+        assert gw_default_max_items(eps) == expected(eps), eps
+    assert [gw_default_max_items(e) for e in (1, 3, 5)] == [6, 16, 26]
+    for bad in (0, -1, float("inf"), float("nan"), True, "3", None):
+        with pytest.raises(ValueError, match="epsilon"):
+            gw_default_max_items(bad)
+
+
+def test_gwkt_default_max_items_is_gw_rule_plus_four_or_the_prefix_constant():
+    from beam_dpsu.dp.params import MAX_MAX_ITEMS, gw_default_max_items, gwkt_default_max_items
+
+    # Independent computation: round(1 + 5ε) half up, + 4 (front); 100 (prefix).
+    assert [gwkt_default_max_items(e) for e in (1, 3, 5)] == [10, 20, 30]
+    assert gwkt_default_max_items(0.01) == 1 + 4
+    assert gwkt_default_max_items(2.95) == 16 + 4 == gw_default_max_items(2.95) + 4
+    assert gwkt_default_max_items(1e300) == MAX_MAX_ITEMS
+    assert gwkt_default_max_items(3, "prefix") == gwkt_default_max_items(0.5, "prefix") == 100
+    with pytest.raises(ValueError, match="kt_selection"):
+        gwkt_default_max_items(3, "window")
+    with pytest.raises(ValueError, match="epsilon"):
+        gwkt_default_max_items(0, "prefix")

@@ -17,8 +17,11 @@ import re
 from typing import Any, Dict, Iterable, Mapping, Optional, Sequence, Tuple
 
 
-__all__ = ["DEFAULT_MAX_ITEMS", "DEFAULT_GW_MAX_ITEMS", "DEFAULT_GWKT_MAX_ITEMS", "DEFAULT_ALPHA",
-           "DEFAULT_GW_ETA", "DEFAULT_TIE_BREAK", "DEFAULT_GWKT_SELECTION", "DEFAULT_FRONT_SCALE",
+__all__ = ["DEFAULT_MAX_ITEMS", "DEFAULT_GW_MAX_ITEMS_PER_EPSILON", "gw_default_max_items",
+           "DEFAULT_GWKT_MAX_ITEMS", "DEFAULT_GWKT_FRONT_EXTRA_ITEMS",
+           "gwkt_default_max_items", "DEFAULT_ALPHA",
+           "DEFAULT_GW_ETA", "DEFAULT_TIE_BREAK", "DEFAULT_EMBEDDED_TIE_BREAK",
+           "DEFAULT_GWKT_SELECTION", "DEFAULT_FRONT_SCALE",
            "DEFAULT_FRONT_MARGIN", "DEFAULT_VARIANT", "DEFAULT_ROUNDS", "DEFAULT_RATIO",
            "DEFAULT_DISCOVERY_SHARE", "TOPK_METHODS", "DEFAULT_TOPK_METHOD", "MAX_MAX_ITEMS", "MIN_ETA", "WARN_EPSILON_ABOVE",
            "WARN_DELTA_ABOVE", "Param", "MECHANISM_PARAMS", "TOPK_PARAMS", "ALL_PARAMS",
@@ -94,21 +97,32 @@ class Param:
 
 #: Δ0, distinct items kept per user, of every mechanism that bounds users (but GW).
 DEFAULT_MAX_ITEMS = 100
-#: Δ0 of GW (cascade-free and published).
-DEFAULT_GW_MAX_ITEMS = 20
-#: Δ0 of GW-KT by ``kt_selection``.
-DEFAULT_GWKT_MAX_ITEMS = {"front": 20, "prefix": 100}
+#: Δ0 of the cascade-free GW when none is given: a rule of ε, ``gw_default_max_items``
+#: (1 + 5ε, rounded: 6 at ε = 1, 16 at ε = 3, 26 at ε = 5); docs/gw.md section 5.
+DEFAULT_GW_MAX_ITEMS_PER_EPSILON = 5.0
+#: Δ0 of GW-KT with ``kt_selection='prefix'`` (for 'front' see the next constant).
+DEFAULT_GWKT_MAX_ITEMS = {"prefix": 100}
+#: GW-KT with ``kt_selection='front'``: Δ0 = gw's rule + this (``gwkt_default_max_items``:
+#: 10 at ε = 1, 20 at ε = 3, 30 at ε = 5); docs/gw.md section 5.
+DEFAULT_GWKT_FRONT_EXTRA_ITEMS = 4
 #: α of the sequential policies' cutoff Γ = T + α·(noise scale).
 DEFAULT_ALPHA = 3.0
 #: η, GW's step-1 budget.
 DEFAULT_GW_ETA = 0.001
-#: How GW orders a user's items of equal frequency.
-DEFAULT_TIE_BREAK = "item-hash"
+#: How GW and GW-KT order a user's items of equal frequency where the user's record
+#: order is known: the command line (``select``, ``compare``, ``audit``, and
+#: ``registry.make_mechanism``), which reads each user's items in record order. The
+#: leave-one-dataset-out protocol (``benchmarks/gw_generalise.py``, docs/gw.md section 5)
+#: found it better than the hash on every left-out dataset.
+DEFAULT_TIE_BREAK = "first-occurrence"
+#: The tie-break of the ``GW`` and ``GWKT`` constructors (an embedded pipeline, whose
+#: ``(user, item)`` pairs may carry no record order).
+DEFAULT_EMBEDDED_TIE_BREAK = "item-hash"
 #: GW-KT's choice of a user's Δ0 walk items.
 DEFAULT_GWKT_SELECTION = "front"
-#: GW-KT front window: κ and the margin M.
-DEFAULT_FRONT_SCALE = 20.0
-DEFAULT_FRONT_MARGIN = 4
+#: GW-KT front window: κ and the margin M (leave-one-pairing-out, docs/gw.md section 5).
+DEFAULT_FRONT_SCALE = 10.0
+DEFAULT_FRONT_MARGIN = 8
 #: GW and GW-KT variant.
 DEFAULT_VARIANT = "cascade-free"
 #: DP-SIPS rounds I and budget ratio r.
@@ -142,6 +156,46 @@ TOPK_METHODS = ("limited-domain", "discover-peel")
 DEFAULT_TOPK_METHOD = "limited-domain"
 
 
+def gw_default_max_items(epsilon: float) -> int:
+    """Δ0 of the cascade-free GW for a given ε when none is given: ``⌊1 + 5ε + ½⌋``
+    (``DEFAULT_GW_MAX_ITEMS_PER_EPSILON`` = 5), in [1, ``MAX_MAX_ITEMS``].
+
+    A function of the public ε only, never of the data. Why it grows with ε: Δ0 raises
+    T by ``log(1 + (Δ0 − 1)e^(−ε))/ε`` (the union bound of docs/gw.md section 1.2), a
+    cost that falls fast with ε, while a larger K_i wastes less of each user's budget.
+    Measured (docs/gw.md section 5, ``benchmarks/gw_generalise.py``): the releases of every
+    shared dataset peak at Δ0 ≈ 5-6 at ε = 1, 16-21 at ε = 3 and 30-38 at ε = 5, and
+    are flat within 1-2% around the peak; the rule gives 6, 16 and 26.
+
+    Raises ValueError unless ε is a finite number > 0.
+    """
+    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) \
+            or not (0 < float(epsilon) < float("inf")):
+        raise ValueError(f"epsilon must be a finite number > 0, got {epsilon!r}")
+    value = 1.0 + DEFAULT_GW_MAX_ITEMS_PER_EPSILON * float(epsilon) + 0.5
+    return int(min(float(MAX_MAX_ITEMS), max(1.0, value // 1.0)))
+
+
+def gwkt_default_max_items(epsilon: float, selection: str = "front") -> int:
+    """Δ0 of the cascade-free GW-KT when none is given.
+
+    ``'prefix'``: ``DEFAULT_GWKT_MAX_ITEMS['prefix']`` (100). ``'front'``:
+    ``gw_default_max_items(ε) + DEFAULT_GWKT_FRONT_EXTRA_ITEMS`` (1 + 5ε rounded, plus 4;
+    at most ``MAX_MAX_ITEMS``), a function of the public ε only. Measured
+    (docs/gw.md section 5): GW-KT's releases peak at Δ0 ≈ 10 at ε = 1, 20 at ε = 3 and
+    26-30 at ε = 5 on the public/private pairings of ``benchmarks/gw_generalise.py``,
+    a few items more than GW's (its window keeps M items before the predicted front).
+
+    Raises ValueError for an ε that is not a finite number > 0, or another selection.
+    """
+    if selection == "prefix":
+        gw_default_max_items(epsilon)  # validates ε
+        return DEFAULT_GWKT_MAX_ITEMS["prefix"]
+    if selection != "front":
+        raise ValueError(f"kt_selection must be 'front' or 'prefix', got {selection!r}")
+    return min(MAX_MAX_ITEMS, gw_default_max_items(epsilon) + DEFAULT_GWKT_FRONT_EXTRA_ITEMS)
+
+
 def _text(value) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
@@ -160,8 +214,10 @@ MECHANISM_PARAMS: Dict[str, Param] = {p.name: p for p in [
           "the guarantee's ρ (converted to (ε, δ) in the summary)"),
     Param("max_items", int, f"Δ0, distinct items kept per user (integer in [1, "
           f"{MAX_MAX_ITEMS:,}]: above, calibration is slow and meaningless)",
-          f"{DEFAULT_MAX_ITEMS}; gw {DEFAULT_GW_MAX_ITEMS}, gw-kt {DEFAULT_GWKT_MAX_ITEMS['front']} "
-          f"({DEFAULT_GWKT_MAX_ITEMS['prefix']} with --kt-selection prefix)",
+          f"{DEFAULT_MAX_ITEMS}; gw 1 + {DEFAULT_GW_MAX_ITEMS_PER_EPSILON:g}ε rounded "
+          f"({gw_default_max_items(3.0)} at ε = 3), gw-kt that + "
+          f"{DEFAULT_GWKT_FRONT_EXTRA_ITEMS} ({gwkt_default_max_items(3.0)} at ε = 3; "
+          f"{DEFAULT_GWKT_MAX_ITEMS['prefix']} with --kt-selection prefix)",
           "none: the calibration accounts for Δ0 (a larger Δ0 raises the threshold)",
           flag="--max-items-per-user",
           # PipelineDP calls it max_partitions_contributed
@@ -178,7 +234,8 @@ MECHANISM_PARAMS: Dict[str, Param] = {p.name: p for p in [
           "input"),
     Param("tie_break", str, "gw, gw-kt: order of a user's items of equal frequency, "
           "'item-hash' (keyed hash) or 'first-occurrence' (the user's record order, as the "
-          "authors' code)", DEFAULT_TIE_BREAK, "none: both orders depend on the user's own data "
+          "authors' code)", f"{DEFAULT_TIE_BREAK} (Python constructors: "
+          f"{DEFAULT_EMBEDDED_TIE_BREAK})", "none: both orders depend on the user's own data "
           "only"),
     Param("eta", float, f"gw, gw-kt: step-1 budget η in [{MIN_ETA:g}, 1) (a smaller η "
           f"could underflow in step 1)", _text(DEFAULT_GW_ETA),

@@ -17,6 +17,7 @@ from beam_dpsu.dp.mechanisms import (CountGaussian, CountLaplace, Mechanism, Tru
 from beam_dpsu.dp.mechanisms import policy as _policy
 from beam_dpsu.dp.params import MECHANISM_PARAMS, canonical_keywords, flag, flags
 from beam_dpsu.dp.params import DEFAULT_MAX_ITEMS, DEFAULT_ALPHA, DEFAULT_ROUNDS, DEFAULT_RATIO
+from beam_dpsu.dp.params import DEFAULT_TIE_BREAK, DEFAULT_EMBEDDED_TIE_BREAK
 
 
 __all__ = ["MechanismParams", "RegisteredMechanism", "REGISTRY", "register", "make_mechanism"]
@@ -166,7 +167,9 @@ def _policy_builder(cls, name):
 
 
 def _tie_break(params: MechanismParams) -> str:
-    return "item-hash" if params.tie_break is None else params.tie_break
+    """The tie-break: the user's, else ``DEFAULT_TIE_BREAK`` (the registry builds the
+    command line's mechanisms, which read each user's items in record order)."""
+    return DEFAULT_TIE_BREAK if params.tie_break is None else params.tie_break
 
 
 def _gw_options(params: MechanismParams, name: str) -> dict:
@@ -181,11 +184,19 @@ def _gw_options(params: MechanismParams, name: str) -> dict:
             "max_items": params.max_items, "eta": params.eta}
 
 
+def _with_fallback(mechanism, params: MechanismParams):
+    """A defaulted tie-break may fall back to ``DEFAULT_EMBEDDED_TIE_BREAK`` where the
+    input has no record order (``SelectPartitions`` on ``(user, item)`` pairs)."""
+    if params.tie_break is None:
+        mechanism.record_order_fallback = DEFAULT_EMBEDDED_TIE_BREAK
+    return mechanism
+
+
 def _gw(params: MechanismParams) -> Mechanism:
     _require(params, "gw", "epsilon", "delta")
-    return _policy.GW(params.epsilon, params.delta,
-                      DEFAULT_ALPHA if params.alpha is None else params.alpha,
-                      **_gw_options(params, "gw"))
+    return _with_fallback(_policy.GW(params.epsilon, params.delta,
+                                     DEFAULT_ALPHA if params.alpha is None else params.alpha,
+                                     **_gw_options(params, "gw")), params)
 
 
 _KT_OPTIONS = ("kt_selection", "front_scale", "front_margin")
@@ -205,9 +216,10 @@ def _gw_kt(params: MechanismParams) -> Mechanism:
     path = params.public_counts
     if "://" not in path and not os.path.exists(path):  # a remote one is read when the job runs
         raise ValueError(f"{flag('public_counts')} file not found: {params.public_counts!r}")
-    return _policy.GWKT(params.epsilon, params.delta, params.public_counts,
-                        DEFAULT_ALPHA if params.alpha is None else params.alpha,
-                        **options, **{f: getattr(params, f) for f in _KT_OPTIONS})
+    return _with_fallback(_policy.GWKT(params.epsilon, params.delta, params.public_counts,
+                                       DEFAULT_ALPHA if params.alpha is None else params.alpha,
+                                       **options, **{f: getattr(params, f) for f in _KT_OPTIONS}),
+                          params)
 
 
 register("policy-laplace", _policy_builder(_policy.PolicyLaplace, "policy-laplace"),

@@ -50,7 +50,11 @@ class SelectPartitions(beam.PTransform):
     (``bounding.CanonicalPerUser``).
 
     Args:
-      mechanism: a calibrated ``Mechanism`` (e.g. ``WeightedGaussian(3, 1e-6)``).
+      mechanism: a calibrated ``Mechanism`` (e.g. ``WeightedGaussian(3, 1e-6)``). A GW
+        or GW-KT with ``tie_break='first-occurrence'`` needs ``per_user=True`` input in
+        record order; on ``(user, item)`` pairs one built by ``registry.make_mechanism``
+        without a tie-break runs with ``item-hash`` instead (``GW.without_record_order``),
+        one given the tie-break explicitly is refused (ValueError).
       run_key: the run's ``RunKey``. None (the default) means a fresh key:
         its 32 bytes are drawn from the operating system on a worker when the
         pipeline runs and read by every step as a side input, so the secret is
@@ -74,11 +78,9 @@ class SelectPartitions(beam.PTransform):
         if not isinstance(mechanism, Mechanism):
             raise ValueError(f"mechanism must be a beam_dpsu Mechanism, got {mechanism!r}")
         if mechanism.needs_record_order and not per_user:
-            raise ValueError(
-                f"{mechanism.name} with tie_break='first-occurrence' needs each user's items "
-                "in record order, which a PCollection of (user_id, item) pairs does not "
-                "have; read with textio.ReadUserItems(pattern, keep_order=True) and pass "
-                "per_user=True")
+            # (user, item) pairs have no record order: the mechanism's fallback tie-break
+            # (registry-built with the default tie-break), else a ValueError.
+            mechanism = mechanism.without_record_order()
         self._mechanism = mechanism
         self._run_key = keys.for_pipeline(run_key)
         self._per_user = bool(per_user)

@@ -11,6 +11,7 @@ under the same key.
 """
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any, Dict, Hashable, Mapping, Optional
 
@@ -22,9 +23,10 @@ from beam_dpsu.dp.accounting import PrivacyGuarantee
 from beam_dpsu.dp.mechanisms.base import RoundCalibration, ThresholdMechanism
 from beam_dpsu.dp.mechanisms.histogram_threshold import WeightedGaussian, WeightedLaplace
 from beam_dpsu.dp.noise import RunKey
-from beam_dpsu.dp.params import (DEFAULT_MAX_ITEMS, DEFAULT_GW_MAX_ITEMS, DEFAULT_GWKT_MAX_ITEMS,
+from beam_dpsu.dp.params import (DEFAULT_MAX_ITEMS, gw_default_max_items, gwkt_default_max_items,
                                  DEFAULT_ALPHA, DEFAULT_GW_ETA, DEFAULT_GWKT_SELECTION,
-                                 DEFAULT_FRONT_SCALE, DEFAULT_FRONT_MARGIN)
+                                 DEFAULT_FRONT_SCALE, DEFAULT_FRONT_MARGIN,
+                                 DEFAULT_EMBEDDED_TIE_BREAK)
 
 
 __all__ = ["STATES", "PolicyMechanism", "PolicyLaplace", "PolicyGaussian", "VARIANTS",
@@ -194,24 +196,28 @@ class GW(PolicyMechanism):
       alpha: α ≥ 0 (default 3), Γ = T + α·λ; no privacy effect.
       state: ``OrderedUserPolicy`` state choice (default ``'auto'``); no
         privacy effect.
-      tie_break: ``'item-hash'`` (default, ``docs/gw.md`` section 1: items of equal
-        frequency are walked in the order of a keyed hash) or
-        ``'first-occurrence'`` (in the order they first occur in the user's
-        records, as the authors' reference code does). No privacy effect: both
+      tie_break: ``'item-hash'`` (``docs/gw.md`` section 1: items of equal
+        frequency are walked in the order of a keyed hash; the default here,
+        ``params.DEFAULT_EMBEDDED_TIE_BREAK``, since an embedded pipeline's pairs may
+        carry no record order) or ``'first-occurrence'`` (in the order they first
+        occur in the user's records, as the authors' reference code does; the
+        command line's default, ``params.DEFAULT_TIE_BREAK``, as it reads the record
+        order). ``'first-occurrence'`` releases more on every shared dataset left out
+        of the tuning (``docs/gw.md`` section 5). No privacy effect: both
         orders depend on the user's own data only. ``'first-occurrence'``
         needs per-user counts in record order: ``ReadUserItems(keep_order=True)``
         (the command-line pipeline does this when ``--tie-break
         first-occurrence`` is given) or ``dp.contribution.per_user_counts``; see
         ``needs_record_order``.
       max_items: Δ0, the size of K_i, an integer in [1, ``params.MAX_MAX_ITEMS`` =
-        10^6] (cascade-free only; default ``DEFAULT_GW_MAX_ITEMS`` = 20). Privacy:
-        the guarantee holds for any such Δ0 because T grows with it, by at most ``log(1 + (Δ0 − 1)·e^(−ε))/ε``
-        over the published T (at ε = 3: 0.22 for Δ0 = 20, 0.59 for 100).
-        Utility: a small Δ0 wastes the budget of users whose K_i is all at Γ,
-        a large one raises T and Γ; on the five shared datasets (ε = 3,
-        δ = e^-10, α = 3; ``docs/gw.md`` section 5) releases peak at
-        Δ0 = 10-30 and fall by 5-10% at 100 and 15-20% at 300. 20 keeps GW at
-        ≥ 0.9× the published GW on commits-rails and reddit-titles.
+        10^6] (cascade-free only; default ``params.gw_default_max_items(ε)``,
+        1 + 5ε rounded: 16 at ε = 3). Privacy:
+        the guarantee holds for any such Δ0 because T grows with it, by at most
+        ``log(1 + (Δ0 − 1)·e^(−ε))/ε`` over the published T (at ε = 3: 0.22 for
+        Δ0 = 20, 0.59 for 100). Utility: a small Δ0 wastes the budget of users whose
+        K_i is all at Γ, a large one raises T and Γ; on the five shared datasets
+        (δ = e^-10, α = 3; ``docs/gw.md`` section 5) releases peak at Δ0 ≈ 6 at
+        ε = 1, 16-21 at ε = 3 and 30-38 at ε = 5, which the rule follows.
       eta: η in [``params.MIN_ETA`` = 1e-12, 1), the step-1 budget (cascade-free
         only; default ``DEFAULT_GW_ETA`` = 0.001). Privacy: none on T; η > 0 is
         what makes the support condition hold, provided step 1's raise of at
@@ -225,7 +231,7 @@ class GW(PolicyMechanism):
     """
 
     def __init__(self, epsilon: float, delta: float, alpha: float = DEFAULT_ALPHA,
-                 state: str = "auto", tie_break: str = "item-hash", *,
+                 state: str = "auto", tie_break: str = DEFAULT_EMBEDDED_TIE_BREAK, *,
                  max_items: Optional[int] = None, eta: Optional[float] = None,
                  variant: str = "cascade-free", _name: str = "gw"):
         self.variant = check_variant(variant)
@@ -239,7 +245,8 @@ class GW(PolicyMechanism):
             note = ("(ε, δ)-DP as claimed by Carvalho et al.; NOT PROVEN: the published δ "
                     "argument ignores cascades (docs/gw.md)")
         else:
-            max_items = self._default_max_items if max_items is None else max_items
+            if max_items is None:
+                max_items = gw_default_max_items(float(epsilon))
             max_items = cal.check_max_items(max_items)
             self.eta = cal.check_eta(DEFAULT_GW_ETA if eta is None else eta)
             t = cal.gw_cascade_free_threshold(epsilon, delta, max_items)
@@ -251,7 +258,6 @@ class GW(PolicyMechanism):
 
     _policy_names = {"cascade-free": "cascade-free-greedy", "published": "greedy"}
     _public = False
-    _default_max_items = DEFAULT_GW_MAX_ITEMS
 
     def threshold_for(self, epsilon: float, delta: float) -> float:
         if self.variant == "published":
@@ -267,6 +273,32 @@ class GW(PolicyMechanism):
     def needs_record_order(self) -> bool:
         """True when the per-user counts must iterate in the users' record order."""
         return self.tie_break == "first-occurrence"
+
+    #: The tie-break to use instead where the input has no record order, or None
+    #: (refuse such input). ``registry.make_mechanism`` sets it to
+    #: ``params.DEFAULT_EMBEDDED_TIE_BREAK`` when the caller chose no tie-break, so that
+    #: the command line's default (first-occurrence) does not stop an embedded
+    #: pipeline whose ``(user, item)`` pairs carry no order.
+    record_order_fallback: Optional[str] = None
+
+    def without_record_order(self) -> "GW":
+        """This mechanism for input without record order: a copy with the
+        ``record_order_fallback`` tie-break (``self`` when it needs no record order).
+
+        Raises ValueError when it needs the record order and has no fallback.
+        """
+        if not self.needs_record_order:
+            return self
+        if self.record_order_fallback is None:
+            raise ValueError(
+                f"{self.name} with tie_break='first-occurrence' needs each user's items "
+                "in record order, which a PCollection of (user_id, item) pairs does not "
+                "have; read with textio.ReadUserItems(pattern, keep_order=True) and pass "
+                "per_user=True")
+        other = copy.copy(self)
+        other.tie_break = policies.check_tie_break(self.record_order_fallback)
+        other.record_order_fallback = None
+        return other
 
     def describe(self) -> Dict[str, Any]:
         d = super().describe()
@@ -317,11 +349,11 @@ class GWKT(GW):
         default). Privacy: none; both choices depend on the
         user's own data, the public counts, the run key and the user's own
         id only (condition (a′) of ``docs/gw.md``), so the threshold and the
-        proof are the same. Utility: on commits-rails with public counts
-        from commits-ansible (ε = 3, δ = e^-10, α = 3; ``docs/gw.md`` section 5
-        section 6) ``'front'`` releases about 0.91× the published GW-KT,
-        ``'prefix'`` (Δ0 = 100) about 0.85×.
-      front_scale: κ > 0 of ``'front'`` (default ``DEFAULT_FRONT_SCALE`` = 20),
+        proof are the same. Utility (ε = 3, δ = e^-10, α = 3; ``docs/gw.md``
+        section 5): ``'front'`` with its defaults releases 0.92-0.95× the published
+        GW-KT on the five public/private pairings of ``benchmarks/gw_generalise.py``,
+        ``'prefix'`` (Δ0 = 100) about 0.85× on commits-rails.
+      front_scale: κ > 0 of ``'front'`` (default ``DEFAULT_FRONT_SCALE`` = 10),
         in units of Γ. An item held by c users of a dataset of the public
         data's size was measured to reach Γ after about 10-20·Γ/c of the
         order. κ, and any ratio used to scale it, must come only from public
@@ -333,10 +365,11 @@ class GWKT(GW):
         private users depends on every user, so adding one user could change
         every other user's K_i, and the proof no longer applies. No privacy
         effect when κ is fixed in advance or public.
-      front_margin: M ≥ 0 of ``'front'`` (default ``DEFAULT_FRONT_MARGIN`` = 4):
+      front_margin: M ≥ 0 of ``'front'`` (default ``DEFAULT_FRONT_MARGIN`` = 8):
         walk items kept before the predicted front. No privacy effect.
-      max_items: Δ0, as for ``GW``; default ``DEFAULT_GWKT_MAX_ITEMS``: 20 with
-        ``'front'``, 100 with ``'prefix'`` (with the first Δ0 items, K_i must be
+      max_items: Δ0, as for ``GW``; default ``params.gwkt_default_max_items(ε)``:
+        with ``'front'`` GW's rule + 4 (1 + 5ε rounded + 4: 20 at ε = 3), 100 with
+        ``'prefix'`` (with the first Δ0 items, K_i must be
         long for late users to reach items below Γ; releases rise up to
         Δ0 ≈ 100 and are flat to 150).
       eta, variant: as for ``GW`` (defaults 0.001, ``'cascade-free'``).
@@ -344,7 +377,7 @@ class GWKT(GW):
 
     def __init__(self, epsilon: float, delta: float, public_counts,
                  alpha: float = DEFAULT_ALPHA, state: str = "auto",
-                 tie_break: str = "item-hash", *, max_items: Optional[int] = None,
+                 tie_break: str = DEFAULT_EMBEDDED_TIE_BREAK, *, max_items: Optional[int] = None,
                  eta: Optional[float] = None, variant: str = "cascade-free",
                  kt_selection: Optional[str] = None, front_scale: Optional[float] = None,
                  front_margin: Optional[int] = None):
@@ -375,7 +408,7 @@ class GWKT(GW):
                     raise ValueError(f"{', '.join(given)} apply to kt_selection='front' only")
                 self.front_scale = self.front_margin = None
             if max_items is None:
-                max_items = DEFAULT_GWKT_MAX_ITEMS[self.kt_selection]
+                max_items = gwkt_default_max_items(float(epsilon), self.kt_selection)
         super().__init__(epsilon, delta, alpha, state, tie_break, max_items=max_items, eta=eta,
                          variant=variant, _name="gw-kt")
         self.public_counts = public_counts
