@@ -398,6 +398,23 @@ def check_against_library(data: Data, eps, delta, alpha, log) -> None:
         log(f"  check {mech.name}: fast path = library ({got:.6f})")
 
 
+def _sweep(kind, loo_title, folds, defaults, cands, out, log):
+    """The command line's defaults on every fold, then (``cands`` not None) every
+    candidate and the leave-one-out choice; tables printed, rows kept in ``out``."""
+    rows = fixed_rows(folds, defaults)
+    print_rows(f"{kind}, the command line's defaults", rows)
+    out[f"{kind} defaults"] = rows
+    if cands is not None:
+        for c in cands:
+            rows = fixed_rows(folds, c)
+            out.setdefault(f"{kind} grid", []).extend(rows)
+            log(f"{kind} {c.label()}: " + ", ".join(f"{r['ratio']:.3f}" for r in rows))
+        rows = leave_one_out(folds, cands, log)
+        print_rows(f"{kind}, {loo_title} (rule chosen on the other four)", rows)
+        out[f"{kind} loo"] = rows
+    log(f"{kind} done")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
@@ -450,37 +467,17 @@ def main(argv=None) -> int:
     out = {}
     if args.only in (None, "gw"):
         folds = [Fold(n, data.get(n), None, seeds, eps, delta, alpha) for n in DATASETS]
-        rows = fixed_rows(folds, default_gw(eps))
-        print_rows("gw, the command line's defaults", rows)
-        out["gw defaults"] = rows
-        if not args.defaults_only:
-            cands = gw_candidates(eps, args.quick, args.gw_max_items, args.gw_eta)
-            for c in cands:
-                rows = fixed_rows(folds, c)
-                out.setdefault("gw grid", []).extend(rows)
-                log(f"gw {c.label()}: " + ", ".join(f"{r['ratio']:.3f}" for r in rows))
-            rows = leave_one_out(folds, cands, log)
-            print_rows("gw, leave one dataset out (rule chosen on the other four)", rows)
-            out["gw loo"] = rows
-        log("gw done")
+        cands = (None if args.defaults_only else
+                 gw_candidates(eps, args.quick, args.gw_max_items, args.gw_eta))
+        _sweep("gw", "leave one dataset out", folds, default_gw(eps), cands, out, log)
         del folds
     if args.only in (None, "gw-kt"):
         folds = [Fold(name, data.get(priv), users_per_item(data.get(pub)), seeds, eps, delta,
                       alpha) for name, priv, pub in KT_PAIRS]
-        rows = fixed_rows(folds, default_kt(eps))
-        print_rows("gw-kt, the command line's defaults", rows)
-        out["gw-kt defaults"] = rows
-        if not args.defaults_only:
-            cands = kt_candidates(eps, args.quick, args.kt_keep, args.kt_head, args.kt_tie_breaks,
-                                  args.kt_max_items, args.kt_scales, args.kt_margins)
-            for c in cands:
-                rows = fixed_rows(folds, c)
-                out.setdefault("gw-kt grid", []).extend(rows)
-                log(f"gw-kt {c.label()}: " + ", ".join(f"{r['ratio']:.3f}" for r in rows))
-            rows = leave_one_out(folds, cands, log)
-            print_rows("gw-kt, leave one pairing out (rule chosen on the other four)", rows)
-            out["gw-kt loo"] = rows
-        log("gw-kt done")
+        cands = (None if args.defaults_only else
+                 kt_candidates(eps, args.quick, args.kt_keep, args.kt_head, args.kt_tie_breaks,
+                               args.kt_max_items, args.kt_scales, args.kt_margins))
+        _sweep("gw-kt", "leave one pairing out", folds, default_kt(eps), cands, out, log)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(out, f, indent=1, ensure_ascii=False)
