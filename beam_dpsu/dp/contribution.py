@@ -22,15 +22,16 @@ from __future__ import annotations
 import hashlib
 import pickle
 import zlib
-from typing import Any, Dict, Hashable, Iterable, Mapping, Tuple
+from typing import Any, Dict, Hashable, Iterable, List, Mapping, Sequence, Tuple
 
 import numpy as np
 
-from beam_dpsu.dp.noise import encode_value
+from beam_dpsu.dp.noise import STR_TAG, encode_value
 from beam_dpsu.dp.siphash import siphash24_many, siphash24_many_keys
 
 __all__ = ["ItemCounts", "DEFAULT_FLUSH_PAIRS", "DEFAULT_USER_GROUPS", "user_group", "pack_by",
-           "canonical_items", "sampling_keys", "user_keys", "item_scores", "sample_items", "merge_item_counts", "per_user_counts",
+           "canonical_items", "sampling_keys", "user_keys", "item_scores", "sample_items",
+           "sample_many", "merge_item_counts", "per_user_counts",
            "IdTypeError", "ID_TYPES", "MAX_INT_ID_DIGITS", "canonical_id", "canonical_pair",
            "canonical_counts", "canonical_user_counts", "canonical_per_user"]
 
@@ -249,6 +250,22 @@ def item_scores(k0, k1, data, starts, lengths, prefix=None) -> np.ndarray:
     return siphash24_many_keys(k0, k1, data, starts, lengths, prefix)
 
 
+def _canonical_spans(values, keep: bool = False):
+    """The canonical bytes (``noise.encode_value``) of ``values`` as ``(data, starts,
+    lengths, prefix)`` for ``siphash24_many``: when every value is a ``str``, its UTF-8
+    in one buffer with the type tag as the one-byte prefix (no per-value encoding
+    call); otherwise each value's full encoding. With ``keep``, the per-value bytes
+    (comparable in canonical order) are returned too."""
+    if all(type(v) is str for v in values):
+        encoded = [v.encode("utf-8", "surrogatepass") for v in values]
+        prefix = STR_TAG
+    else:
+        encoded = [encode_value(v) for v in values]
+        prefix = None
+    spans = _spans(encoded) + (prefix,)
+    return spans + (encoded,) if keep else spans
+
+
 def _spans(encoded):
     lengths = np.fromiter(map(len, encoded), np.int64, len(encoded))
     starts = np.zeros(len(encoded), np.int64)
@@ -266,9 +283,9 @@ def sample_items(user_id: Any, counts: ItemCounts, max_items: int, key: bytes) -
     smallest score (ties, of probability about n²/2^65, by canonical bytes).
     The choice is a keyed pseudo-random function of the key, the user id and
     the user's item set only, never of other users, of the order of ``counts``
-    or of how a runner split the work; a retry keeps the same subset. The
-    columnar path (``dp.columnar``) computes the same scores for many users at
-    once and keeps the same subsets.
+    or of how a runner split the work; a retry keeps the same subset.
+    ``sample_many`` computes the same for many users at once (one vectorised
+    pass, far cheaper per user), as does the columnar path (``dp.columnar``).
 
     Args:
       user_id: the user (encoded with ``noise.encode_value``).
@@ -278,15 +295,39 @@ def sample_items(user_id: Any, counts: ItemCounts, max_items: int, key: bytes) -
     Returns:
       ``{item: count}`` restricted to the kept items (in the order of ``counts``).
     """
-    n = len(counts)
-    if n <= max_items:
-        return counts
-    items = list(counts)
-    k0, k1 = user_keys(sampling_keys(key), *_spans([encode_value(user_id)]))
-    encoded = [encode_value(x) for x in items]
-    scores = item_scores(np.repeat(k0, n), np.repeat(k1, n), *_spans(encoded)).tolist()
-    kept = sorted(range(n), key=lambda j: (scores[j], encoded[j]))[:max_items]
-    return {items[j]: counts[items[j]] for j in sorted(kept)}
+    return sample_many([(user_id, counts)], max_items, key)[0]
+
+
+def sample_many(users: Sequence[Tuple[Any, ItemCounts]], max_items: int,
+                key: bytes) -> List[ItemCounts]:
+    """``sample_items`` of every ``(user_id, counts)`` of ``users`` (in order), with the
+    scores of all users above Δ0 computed in one vectorised pass."""
+    out: List[ItemCounts] = [counts for _, counts in users]
+    big = [k for k, (_, counts) in enumerate(users) if len(counts) > max_items]
+    if not big:
+        return out
+    k0, k1 = user_keys(sampling_keys(key), *_canonical_spans([users[k][0] for k in big]))
+    items = [list(users[k][1]) for k in big]
+    sizes = np.fromiter(map(len, items), np.int64, len(items))
+    flat = [x for mine in items for x in mine]
+    data, starts, lengths, prefix, encoded = _canonical_spans(flat, keep=True)
+    scores = item_scores(np.repeat(k0, sizes), np.repeat(k1, sizes), data, starts, lengths,
+                         prefix)
+    owner = np.repeat(np.arange(len(big)), sizes)
+    order = np.lexsort((scores, owner))  # by user, then score
+    first = np.zeros(len(big) + 1, np.int64)
+    np.cumsum(sizes, out=first[1:])
+    for j, k in enumerate(big):  # user j's items, smallest score first
+        mine = order[first[j]:first[j + 1]] - first[j]
+        s = scores[first[j]:first[j + 1]]
+        head = mine[:max_items]
+        if len(mine) > max_items and s[mine[max_items - 1]] == s[mine[max_items]]:
+            enc = encoded[first[j]:first[j + 1]]  # a tie at the cut: by canonical bytes
+            head = sorted(range(len(mine)), key=lambda i: (int(s[i]), enc[i]))[:max_items]
+        counts = users[k][1]
+        names = items[j]
+        out[k] = {names[i]: counts[names[i]] for i in sorted(head)}
+    return out
 
 
 def merge_item_counts(parts: Iterable[ItemCounts]) -> ItemCounts:

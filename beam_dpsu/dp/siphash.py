@@ -79,32 +79,25 @@ def siphash24(key: bytes, message: bytes) -> int:
 _U = np.uint64
 
 
-def _rotl_many(x, b, rb):
-    t = x >> rb
-    x <<= b
-    x |= t
+def _rounds_many(v, n, tmp):
+    """``n`` SipRounds on the state arrays ``v`` in place (``tmp``: scratch of their size)."""
+    v0, v1, v2, v3 = v
+    shl, shr, xor = np.left_shift, np.right_shift, np.bitwise_xor
+    for _ in range(n):
+        for a, b, r, s in ((v0, v1, 13, 32), (v2, v3, 16, None), (v0, v3, 21, None),
+                           (v2, v1, 17, 32)):
+            a += b
+            shr(b, _S[r][1], out=tmp)  # b = rotl(b, r) ^ a
+            shl(b, _S[r][0], out=b)
+            b |= tmp
+            xor(b, a, out=b)
+            if s is not None:  # a = rotl(a, 32)
+                shr(a, _S[32][1], out=tmp)
+                shl(a, _S[32][0], out=a)
+                a |= tmp
 
 
 _S = {b: (_U(b), _U(64 - b)) for b in (13, 16, 17, 21, 32)}
-
-
-def _rounds_many(v, n):
-    v0, v1, v2, v3 = v
-    for _ in range(n):
-        v0 += v1
-        _rotl_many(v1, *_S[13])
-        v1 ^= v0
-        _rotl_many(v0, *_S[32])
-        v2 += v3
-        _rotl_many(v3, *_S[16])
-        v3 ^= v2
-        v0 += v3
-        _rotl_many(v3, *_S[21])
-        v3 ^= v0
-        v2 += v1
-        _rotl_many(v1, *_S[17])
-        v1 ^= v2
-        _rotl_many(v2, *_S[32])
 
 
 def siphash24_many(key: bytes, data, starts, lengths, prefix: Optional[int] = None
@@ -178,6 +171,7 @@ def _numpy_many(k0, k1, buf, starts, lengths, prefix):
     k0, k1 = k0[order], k1[order]
     v = [k0 ^ _U(_C0), k1 ^ _U(_C1), k0 ^ _U(_C2), k1 ^ _U(_C3)]
     neg_f = -f  # ascending
+    tmp = np.empty(n, np.uint64)
     for j in range(int(f[0])):
         count = int(np.searchsorted(neg_f, -j, side="left"))  # messages with f > j
         m = word_at(s[:count] + 8 * j)
@@ -186,7 +180,7 @@ def _numpy_many(k0, k1, buf, starts, lengths, prefix):
             m |= _U(prefix)
         sub = [x[:count] for x in v]  # views: updated in place
         sub[3] ^= m
-        _rounds_many(sub, 2)
+        _rounds_many(sub, 2, tmp[:count])
         sub[0] ^= m
     rest = t - 8 * f
     b = word_at(s + 8 * f, rest)
@@ -195,10 +189,10 @@ def _numpy_many(k0, k1, buf, starts, lengths, prefix):
         b[first] = (b[first] & ~_U(0xFF)) | _U(prefix)
     b |= (t & 0xFF).astype(np.uint64) << _U(56)
     v[3] ^= b
-    _rounds_many(v, 2)
+    _rounds_many(v, 2, tmp)
     v[0] ^= b
     v[2] ^= np.uint64(0xFF)
-    _rounds_many(v, 4)
+    _rounds_many(v, 4, tmp)
     out[order] = v[0] ^ v[1] ^ v[2] ^ v[3]
     return out
 

@@ -25,7 +25,7 @@ from beam_dpsu.dp.calibration import check_max_items
 from beam_dpsu.dp.noise import RunKey
 from beam_dpsu.dp.contribution import (DEFAULT_FLUSH_PAIRS, DEFAULT_USER_GROUPS, ItemCounts,
                                        canonical_id, canonical_pair, canonical_user_counts,
-                                       merge_item_counts, sample_items, user_group)
+                                       merge_item_counts, sample_many, user_group)
 
 __all__ = ["KV_ANY", "GLOBAL_WINDOWS", "GLOBAL_TIMESTAMP", "GroupUsers", "MergeItemCountsFn",
            "check_global_window", "PER_USER_DESIGNS", "PerUserItemCounts", "SampleItems",
@@ -319,13 +319,27 @@ class SampleItems(beam.PTransform):
         self._purpose = purpose
 
     def expand(self, per_user):
-        return per_user | "SampleToMaxItems" >> beam.ParDo(
-            _SampleDoFn(self._max_items, self._purpose),
-            keys.key_side_input(per_user, self._run_key))
+        from beam_dpsu.transforms import runners
+        if runners.capabilities(per_user.pipeline).bundle_outputs:
+            return per_user | "SampleToMaxItems" >> beam.ParDo(
+                _SampleDoFn(self._max_items, self._purpose),
+                keys.key_side_input(per_user, self._run_key))
+        # Where finish_bundle outputs are dropped (Dask): batches are groups of users.
+        grouped = per_user | "GroupForSampling" >> GroupUsers()
+        return grouped | "SampleToMaxItems" >> beam.ParDo(
+            _SampleGroupDoFn(self._max_items, self._purpose),
+            keys.key_side_input(grouped, self._run_key))
+
+
+#: ``_SampleDoFn`` samples its buffered users when they hold this many items.
+SAMPLE_BATCH_ITEMS = 100_000
 
 
 class _SampleDoFn(beam.DoFn):
-    """Applies ``sample_items`` to each ``(user, counts)``; drops users with no items.
+    """Applies ``sample_items`` to each ``(user, counts)``, in batches (``sample_many``:
+    one vectorised pass per batch of users, emitted when the batch holds
+    ``SAMPLE_BATCH_ITEMS`` items and at the end of the bundle); drops users with
+    no items.
 
     The sampling key is derived on the worker from the run key's bytes (a side
     input), so it is never part of the job graph.
@@ -335,7 +349,39 @@ class _SampleDoFn(beam.DoFn):
         self._max_items = max_items
         self._key = keys.KeyedCache(keys.Subkey(purpose))
 
+    def start_bundle(self):
+        self._batch, self._items, self._sample_key = [], 0, None
+
     def process(self, element, key_bytes):
         user, counts = element
-        if counts:
-            yield user, sample_items(user, counts, self._max_items, self._key(key_bytes))
+        if not counts:
+            return
+        self._sample_key = self._key(key_bytes)
+        self._batch.append(element)
+        self._items += len(counts)
+        if self._items >= SAMPLE_BATCH_ITEMS:
+            yield from self._flush()
+
+    def _flush(self):
+        batch, self._batch, self._items = self._batch, [], 0
+        if not batch:
+            return []
+        sampled = sample_many(batch, self._max_items, self._sample_key)
+        return [(user, kept) for (user, _), kept in zip(batch, sampled)]
+
+    def finish_bundle(self):
+        for value in self._flush():
+            yield WindowedValue(value, GLOBAL_TIMESTAMP, GLOBAL_WINDOWS)
+
+
+class _SampleGroupDoFn(beam.DoFn):
+    """``(group, [(user, counts), ...])`` → each user sampled (``sample_many``)."""
+
+    def __init__(self, max_items: int, purpose: str):
+        self._max_items = max_items
+        self._key = keys.KeyedCache(keys.Subkey(purpose))
+
+    def process(self, element, key_bytes):
+        users = [(user, counts) for user, counts in element[1] if counts]
+        sampled = sample_many(users, self._max_items, self._key(key_bytes))
+        yield from ((user, kept) for (user, _), kept in zip(users, sampled))
