@@ -255,11 +255,35 @@ def _distinct_codes(codes: np.ndarray) -> np.ndarray:
     return codes
 
 
+def _drop_repeats(items: pa.Array, line_code: np.ndarray, users: int):
+    """The lines' order by user (``line_code``), then a hash of the item, without a
+    user's repeated lines: ``(order, line_code[order])``. Repeats are neighbours in
+    that order and are compared byte for byte, so a hash collision never merges two
+    items (it only leaves a repeat for ``bounded_histogram``)."""
+    data, starts, lengths = string_spans(items)
+    item_hash = siphash24_many(_GROUP_KEY, data, starts, lengths)
+    bits = max(1, int(users - 1).bit_length())
+    order = np.argsort((line_code.astype(np.uint64) << np.uint64(64 - bits))
+                       | (item_hash >> np.uint64(bits)))
+    line_code = line_code[order]
+    s_starts, s_lengths = starts[order], lengths[order]
+    same = np.flatnonzero((line_code[1:] == line_code[:-1]) & (s_lengths[1:] == s_lengths[:-1])
+                          & (item_hash[order][1:] >> np.uint64(bits)
+                             == item_hash[order][:-1] >> np.uint64(bits)))
+    if len(same):
+        equal = _spans_equal(data, s_starts[same], s_starts[same + 1], s_lengths[same])
+        keep = np.ones(len(order), dtype=bool)
+        keep[same[equal] + 1] = False
+        order, line_code = order[keep], line_code[keep]
+    return order, line_code
+
+
 def pair_blocks(parsed: ParsedBlock, groups: int) -> Dict[int, PairBlock]:
     """The block's ``(user, item)`` pairs by user group (``string_groups`` of the user
     id, in [0, groups)): ``{group: PairBlock}`` for the non-empty groups; a group's
-    users are held once (``PairBlock.users``), and a user's repeated lines in the
-    block once (``bounded_histogram`` removes the repeats across blocks)."""
+    users are held once (``PairBlock.users``), and, once the process uses the
+    compiled kernels (a large input), a user's repeated lines in the block once
+    (``_drop_repeats``; ``bounded_histogram`` removes every other repeat)."""
     if len(parsed.users) == 0:
         return {}
     users, u = _encode(parsed.users)
@@ -270,25 +294,11 @@ def pair_blocks(parsed: ParsedBlock, groups: int) -> Dict[int, PairBlock]:
     code[by_group] = np.arange(len(users))
     users, group = users.take(pa.array(by_group)), group[by_group]
     line_code = code[u]
-    # lines by group, then user, then a hash of the item: a user's repeated lines
-    # are neighbours and are dropped (compared byte for byte: a hash collision
-    # never merges two items, it only leaves a repeat for bounded_histogram)
-    data, starts, lengths = string_spans(parsed.items)
-    item_hash = siphash24_many(_GROUP_KEY, data, starts, lengths)
-    bits = max(1, int(len(users) - 1).bit_length())
-    order = np.argsort((line_code.astype(np.uint64) << np.uint64(64 - bits))
-                       | (item_hash >> np.uint64(bits)))
-    line_code = line_code[order]
-    s_starts, s_lengths = starts[order], lengths[order]
-    same = np.flatnonzero((line_code[1:] == line_code[:-1]) & (s_lengths[1:] == s_lengths[:-1])
-                          & (item_hash[order][1:] >> np.uint64(bits)
-                             == item_hash[order][:-1] >> np.uint64(bits)))
-    if len(same):
-        equal = _spans_equal(data, s_starts[same], s_starts[same + 1], s_lengths[same])
-        repeat = same[equal] + 1
-        keep = np.ones(len(order), dtype=bool)
-        keep[repeat] = False
-        order, line_code = order[keep], line_code[keep]
+    if compiled.kernel("siphash24_many", len(line_code)) is not None:
+        order, line_code = _drop_repeats(parsed.items, line_code, len(users))
+    else:  # without compiled kernels the repeats are cheaper to leave to bounded_histogram
+        order = np.argsort(line_code, kind="stable")
+        line_code = line_code[order]
     items = parsed.items.take(pa.array(order))
     user_bounds = np.r_[0, np.flatnonzero(group[1:] != group[:-1]) + 1, len(users)]
     line_bounds = np.searchsorted(line_code, user_bounds)

@@ -403,13 +403,14 @@ class _SpreadFiles(beam.PTransform):
 
 def input_files(pbegin, file_pattern: str, label: str = "Files"):
     """The paths matching ``file_pattern`` as a PCollection spread over the workers:
-    ``_SpreadFiles`` where the runner redistributes, else (Dask) matched now, in the
-    launcher, one ``Create`` per file (``MAX_FILE_PARTITIONS`` at most) so that
-    each file starts its own partition. Which worker reads which file changes only
-    the time a run takes."""
-    if runners.capabilities(pbegin.pipeline).redistributes:
-        return pbegin | label >> _SpreadFiles(file_pattern, False, False)
+    ``_SpreadFiles`` (matched when the pipeline runs) where the runner redistributes
+    and the pattern matches several files now; else matched now, in the launcher,
+    one ``Create`` per file (``MAX_FILE_PARTITIONS`` at most) so that each file
+    starts its own partition (Dask), and a lone file needs no redistribution. Which
+    worker reads which file changes only the time a run takes."""
     paths = match_files(file_pattern)
+    if runners.capabilities(pbegin.pipeline).redistributes and len(paths) != 1:
+        return pbegin | label >> _SpreadFiles(file_pattern, False, False)
     n = min(len(paths), MAX_FILE_PARTITIONS)
     if n <= 1:
         return pbegin | label >> beam.Create(paths)
