@@ -119,14 +119,20 @@ def test_a_retried_bundle_draws_the_same_sample():
     # every attempt), never inside the pickled DoFn.
     key_bytes = RunKey.from_test_seed(77)._material()
     users = [(f"u{i}", {f"i{j}": 1 for j in range(50)}) for i in range(20)]
+    def bundle(fn, elements, key):
+        # one bundle: the DoFn samples its users in a batch, emitted at the bundle's end
+        fn.start_bundle()
+        out = [o for u in elements for o in fn.process(u, key)]
+        out += [getattr(o, "value", o) for o in fn.finish_bundle()]
+        return dict(out)
+
     fn = _SampleDoFn(5, "sample/0")
-    first = [list(fn.process(u, key_bytes)) for u in users]
+    first = bundle(fn, users, key_bytes)
+    assert len(first) == 20 and all(len(kept) == 5 for kept in first.values())
     retried_fn = pickle.loads(pickle.dumps(fn))
-    second = [list(retried_fn.process(u, key_bytes)) for u in reversed(users)][::-1]
-    assert first == second
+    assert bundle(retried_fn, users[::-1], key_bytes) == first  # other order, same samples
     # And with a fresh (secret) key per run, two runs differ.
-    other_key = RunKey.fresh()._material()
-    assert [list(fn.process(u, other_key)) for u in users] != first
+    assert bundle(fn, users, RunKey.fresh()._material()) != first
 
 
 def test_users_with_one_item_and_empty_users():
