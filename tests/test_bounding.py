@@ -106,3 +106,19 @@ def test_per_user_item_counts_designs_agree():
                                        (7, {8: 1}), (b"7", {(8, "x"): 1})]))
     with pytest.raises(ValueError, match="design"):
         PerUserItemCounts(design="other")
+
+
+def test_smallest_scores_against_a_sort_per_owner():
+    import numpy as np
+    from beam_dpsu.dp.contribution import smallest_scores
+    rng = np.random.default_rng(3)
+    owner = rng.integers(0, 40, 3000)
+    scores = rng.integers(0, 500, 3000).astype(np.uint64)  # many ties on purpose
+    keep, tied = smallest_scores(owner, scores, 4)
+    for o in range(40):
+        mine = np.flatnonzero(owner == o)
+        ranked = sorted(scores[mine].tolist())
+        is_tied = len(ranked) > 4 and ranked[3] == ranked[4]
+        assert (o in tied.tolist()) == is_tied
+        if not is_tied:
+            assert sorted(scores[mine[keep[mine]]].tolist()) == ranked[:4]

@@ -40,7 +40,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from beam_dpsu.dp import compiled
-from beam_dpsu.dp.contribution import item_scores, sample_items, sampling_keys, user_keys
+from beam_dpsu.dp.contribution import (item_scores, sample_items, sampling_keys,
+                                       smallest_scores, user_keys)
 from beam_dpsu.dp.noise import STR_TAG
 from beam_dpsu.dp.siphash import siphash24_many
 from beam_dpsu.dp.weights import check_weighting
@@ -375,19 +376,6 @@ def bounded_histogram(blocks: Iterable[PairBlock], max_items: Optional[int], wei
     return GroupHistogram(items.take(pa.array(present)), hist[present], len(users))
 
 
-def _by_user_then_score(user: np.ndarray, score: np.ndarray, users: int) -> np.ndarray:
-    """The order of the pairs by user, then score: one sort of a 64-bit key (the user
-    in the high bits, the score's high bits below), or ``lexsort`` where two keys of
-    one user are equal (truncated scores can tie; rare)."""
-    bits = max(1, int(users - 1).bit_length())
-    key = (user.astype(np.uint64) << np.uint64(64 - bits)) | (score >> np.uint64(bits))
-    order = np.argsort(key)
-    ordered = key[order]
-    if len(ordered) > 1 and (ordered[1:] == ordered[:-1]).any():
-        return np.lexsort((score, user))
-    return order
-
-
 def _sample_big_users(users, items, u, i, big, max_items, sample_key, keep):
     """Marks in ``keep`` the pairs of the users ``big`` that ``sample_items`` keeps:
     the Δ0 items of smallest score under the user's own key, computed for all
@@ -402,15 +390,9 @@ def _sample_big_users(users, items, u, i, big, max_items, sample_key, keep):
     data, starts, lengths = string_spans(items)
     pu, pi = u[pairs], i[pairs]
     scores = item_scores(k0[pu], k1[pu], data, starts[pi], lengths[pi], prefix=STR_TAG)
-    order = _by_user_then_score(pu, scores, len(users))
-    su, ss = pu[order], scores[order]
-    first = np.r_[True, su[1:] != su[:-1]]
-    at = np.arange(len(order))
-    rank = at - np.maximum.accumulate(np.where(first, at, 0))
-    keep[pairs] = False
-    keep[pairs[order[rank < max_items]]] = True
-    tied = np.flatnonzero(~first[1:] & (ss[1:] == ss[:-1]))
-    for user in np.unique(su[tied + 1]).tolist():  # equal scores (p ≈ n²/2^65): exactly
+    kept, tied = smallest_scores(pu, scores, max_items)
+    keep[pairs] = kept
+    for user in tied.tolist():  # a tie at the cut (p ≈ n²/2^65): sample_items settles it
         mine = pairs[pu == user]
         names = items.take(pa.array(i[mine])).to_pylist()
         kept = sample_items(users[user].as_py(), dict.fromkeys(names, 1), max_items,

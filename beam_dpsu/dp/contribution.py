@@ -26,12 +26,12 @@ from typing import Any, Dict, Hashable, Iterable, List, Mapping, Sequence, Tuple
 
 import numpy as np
 
-from beam_dpsu.dp.noise import STR_TAG, encode_value
+from beam_dpsu.dp.noise import canonical_spans, encode_value
 from beam_dpsu.dp.siphash import siphash24_many, siphash24_many_keys
 
 __all__ = ["ItemCounts", "DEFAULT_FLUSH_PAIRS", "DEFAULT_USER_GROUPS", "user_group", "pack_by",
            "canonical_items", "sampling_keys", "user_keys", "item_scores", "sample_items",
-           "sample_many", "merge_item_counts", "per_user_counts",
+           "sample_many", "smallest_scores", "merge_item_counts", "per_user_counts",
            "IdTypeError", "ID_TYPES", "MAX_INT_ID_DIGITS", "canonical_id", "canonical_pair",
            "canonical_counts", "canonical_user_counts", "canonical_per_user"]
 
@@ -250,29 +250,6 @@ def item_scores(k0, k1, data, starts, lengths, prefix=None) -> np.ndarray:
     return siphash24_many_keys(k0, k1, data, starts, lengths, prefix)
 
 
-def _canonical_spans(values, keep: bool = False):
-    """The canonical bytes (``noise.encode_value``) of ``values`` as ``(data, starts,
-    lengths, prefix)`` for ``siphash24_many``: when every value is a ``str``, its UTF-8
-    in one buffer with the type tag as the one-byte prefix (no per-value encoding
-    call); otherwise each value's full encoding. With ``keep``, the per-value bytes
-    (comparable in canonical order) are returned too."""
-    if all(type(v) is str for v in values):
-        encoded = [v.encode("utf-8", "surrogatepass") for v in values]
-        prefix = STR_TAG
-    else:
-        encoded = [encode_value(v) for v in values]
-        prefix = None
-    spans = _spans(encoded) + (prefix,)
-    return spans + (encoded,) if keep else spans
-
-
-def _spans(encoded):
-    lengths = np.fromiter(map(len, encoded), np.int64, len(encoded))
-    starts = np.zeros(len(encoded), np.int64)
-    np.cumsum(lengths[:-1], out=starts[1:])
-    return b"".join(encoded), starts, lengths
-
-
 def sample_items(user_id: Any, counts: ItemCounts, max_items: int, key: bytes) -> ItemCounts:
     """At most ``max_items`` of a user's distinct items, a uniformly random subset.
 
@@ -306,28 +283,44 @@ def sample_many(users: Sequence[Tuple[Any, ItemCounts]], max_items: int,
     big = [k for k, (_, counts) in enumerate(users) if len(counts) > max_items]
     if not big:
         return out
-    k0, k1 = user_keys(sampling_keys(key), *_canonical_spans([users[k][0] for k in big]))
+    user_data, user_starts, user_lengths, user_prefix, _ = canonical_spans(
+        [users[k][0] for k in big])
+    k0, k1 = user_keys(sampling_keys(key), user_data, user_starts, user_lengths, user_prefix)
     items = [list(users[k][1]) for k in big]
     sizes = np.fromiter(map(len, items), np.int64, len(items))
-    flat = [x for mine in items for x in mine]
-    data, starts, lengths, prefix, encoded = _canonical_spans(flat, keep=True)
+    data, starts, lengths, prefix, encoded = canonical_spans([x for mine in items for x in mine])
     scores = item_scores(np.repeat(k0, sizes), np.repeat(k1, sizes), data, starts, lengths,
                          prefix)
-    owner = np.repeat(np.arange(len(big)), sizes)
-    order = np.lexsort((scores, owner))  # by user, then score
+    keep, tied = smallest_scores(np.repeat(np.arange(len(big)), sizes), scores, max_items)
     first = np.zeros(len(big) + 1, np.int64)
     np.cumsum(sizes, out=first[1:])
-    for j, k in enumerate(big):  # user j's items, smallest score first
-        mine = order[first[j]:first[j + 1]] - first[j]
-        s = scores[first[j]:first[j + 1]]
-        head = mine[:max_items]
-        if len(mine) > max_items and s[mine[max_items - 1]] == s[mine[max_items]]:
-            enc = encoded[first[j]:first[j + 1]]  # a tie at the cut: by canonical bytes
-            head = sorted(range(len(mine)), key=lambda i: (int(s[i]), enc[i]))[:max_items]
-        counts = users[k][1]
-        names = items[j]
-        out[k] = {names[i]: counts[names[i]] for i in sorted(head)}
+    tied = set(tied.tolist())
+    for j, k in enumerate(big):
+        a, b = int(first[j]), int(first[j + 1])
+        if j in tied:  # a tie at the cut: by canonical bytes
+            s, enc = scores[a:b].tolist(), encoded[a:b]
+            head = sorted(sorted(range(b - a), key=lambda i: (s[i], enc[i]))[:max_items])
+        else:
+            head = np.flatnonzero(keep[a:b]).tolist()
+        counts, names = users[k][1], items[j]
+        out[k] = {names[i]: counts[names[i]] for i in head}
     return out
+
+
+def smallest_scores(owner: np.ndarray, scores: np.ndarray, max_items: int):
+    """The sampler's rule on many users' pairs at once: ``(keep, tied)``, ``keep[p]``
+    True for the ``max_items`` pairs of smallest score of each owner (user), and
+    ``tied`` the owners whose ``max_items``-th and next scores are equal (probability
+    about n²/2^65), whose choice the caller settles by canonical bytes."""
+    order = np.lexsort((scores, owner))  # by owner, then score
+    so, ss = owner[order], scores[order]
+    first = np.r_[True, so[1:] != so[:-1]]
+    at = np.arange(len(order))
+    rank = at - np.maximum.accumulate(np.where(first, at, 0))
+    keep = np.zeros(len(order), dtype=bool)
+    keep[order[rank < max_items]] = True
+    cut = np.flatnonzero((rank[1:] == max_items) & ~first[1:] & (ss[1:] == ss[:-1]))
+    return keep, np.unique(so[cut + 1])
 
 
 def merge_item_counts(parts: Iterable[ItemCounts]) -> ItemCounts:

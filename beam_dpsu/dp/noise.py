@@ -41,7 +41,8 @@ __all__ = ["encode_value", "RunKey", "DetachedKeyError", "test_seed_material", "
            "KeyedHash64", "keyed_seed", "keyed_generator", "laplace_from_bits",
            "gaussian_from_bits", "uniform_from_bits", "gumbel_from_bits", "KeyedNoise",
            "GRID_BITS", "grid_granularity", "round_to_grid", "two_sided_geometric",
-           "discrete_laplace_on_grid", "KeyedGridLaplace", "STR_TAG", "ItemBits",
+           "discrete_laplace_on_grid", "KeyedGridLaplace", "STR_TAG", "canonical_spans",
+           "ItemBits",
            "laplace_from_bits_many", "normal_quantile_many", "gaussian_from_bits_many",
            "uniform_from_bits_many"]
 
@@ -424,6 +425,25 @@ def uniform_from_bits_many(bits: np.ndarray) -> np.ndarray:
 STR_TAG = b"s"[0]
 
 
+def canonical_spans(values):
+    """The canonical bytes (``encode_value``) of ``values``, laid out for the vectorised
+    keyed hashes (``dp.siphash.siphash24_many``): ``(data, starts, lengths, prefix,
+    encoded)``, value ``i``'s bytes being ``prefix`` (when not None) followed by
+    ``data[starts[i]:starts[i] + lengths[i]]``, which is ``encoded[i]``. When every
+    value is a ``str`` that is its UTF-8 behind the type tag ``STR_TAG`` (no call of
+    ``encode_value`` per value); otherwise each value's whole encoding, no prefix."""
+    if all(type(v) is str for v in values):
+        encoded = [v.encode("utf-8", "surrogatepass") for v in values]
+        prefix = STR_TAG
+    else:
+        encoded = [encode_value(v) for v in values]
+        prefix = None
+    lengths = np.fromiter(map(len, encoded), np.int64, len(encoded))
+    starts = np.zeros(len(encoded), np.int64)
+    np.cumsum(lengths[:-1], out=starts[1:])
+    return b"".join(encoded), starts, lengths, prefix, encoded
+
+
 class ItemBits:
     """64 pseudo-random bits per item: SipHash-2-4 of the item's canonical bytes
     (``encode_value``) under a 16-byte key taken from a run key's subkey.
@@ -450,12 +470,8 @@ class ItemBits:
 
     def many(self, items) -> np.ndarray:
         from beam_dpsu.dp.siphash import siphash24_many
-        encoded = [b"s" + x.encode("utf-8", "surrogatepass") if type(x) is str
-                   else encode_value(x) for x in items]
-        lengths = np.fromiter(map(len, encoded), np.int64, len(encoded))
-        starts = np.zeros(len(encoded), np.int64)
-        np.cumsum(lengths[:-1], out=starts[1:])
-        return siphash24_many(self._key, b"".join(encoded), starts, lengths)
+        data, starts, lengths, prefix, _ = canonical_spans(items)
+        return siphash24_many(self._key, data, starts, lengths, prefix)
 
     def many_str(self, data, starts, lengths) -> np.ndarray:
         """The bits of the strings ``data[starts[i]:starts[i] + lengths[i]]`` (UTF-8)."""

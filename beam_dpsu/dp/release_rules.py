@@ -43,7 +43,19 @@ def check_noisy_threshold(noise: str, scale: float, threshold: float) -> None:
         raise ValueError(f"threshold must be finite, got {threshold!r}")
 
 
-class NoisyThresholdRule:
+class _KeyedRule:
+    """A rule on the keyed bits of each item (``self.bits``, a ``noise.ItemBits``):
+    subclasses implement ``decide_bits(bits, weights)``."""
+
+    def __call__(self, item: Any, weight: float) -> bool:
+        return bool(self.decide([item], np.array([weight], np.float64))[0])
+
+    def decide(self, items: Sequence[Any], weights) -> np.ndarray:
+        """The decisions (bool array) on ``items`` with their ``weights``."""
+        return self.decide_bits(self.bits.many(items), weights)
+
+
+class NoisyThresholdRule(_KeyedRule):
     """Release ``item`` iff ``weight > 0`` and ``weight + noise(item) > threshold``.
 
     The noise of an item is drawn by inverse CDF from its 64 keyed bits
@@ -70,13 +82,6 @@ class NoisyThresholdRule:
         self.threshold = float(threshold)
         self.bits = ItemBits(run_key, purpose)
 
-    def __call__(self, item: Any, weight: float) -> bool:
-        return bool(self.decide([item], np.array([weight], np.float64))[0])
-
-    def decide(self, items: Sequence[Any], weights) -> np.ndarray:
-        """The decisions (bool array) on ``items`` with their ``weights``."""
-        return self.decide_bits(self.bits.many(items), weights)
-
     def decide_bits(self, bits: np.ndarray, weights) -> np.ndarray:
         """The decisions on items whose keyed bits (``self.bits``) are ``bits``.
 
@@ -100,7 +105,7 @@ class NoisyThresholdRule:
         return out
 
 
-class TruncatedGeometricRule:
+class TruncatedGeometricRule(_KeyedRule):
     """Keep an item with ``n ≥ 1`` users with probability ``p(n)`` (truncated geometric).
 
     ``weight`` must be the item's number of distinct users after Δ0 sampling.
@@ -133,13 +138,6 @@ class TruncatedGeometricRule:
         state = dict(self.__dict__)
         state["_table"] = None
         return state
-
-    def __call__(self, item: Any, weight: float) -> bool:
-        return bool(self.decide([item], np.array([weight], np.float64))[0])
-
-    def decide(self, items: Sequence[Any], weights) -> np.ndarray:
-        """The decisions (bool array) on ``items`` with their user counts ``weights``."""
-        return self.decide_bits(self.bits.many(items), weights)
 
     def decide_bits(self, bits: np.ndarray, weights) -> np.ndarray:
         """Keep item ``i`` iff its count ``n = round(weights[i])`` is >= 1 and the
