@@ -17,6 +17,7 @@ from beam_dpsu.dp.contribution import (item_scores, per_user_counts, sample_item
 from beam_dpsu.dp.lines import iter_raw_blocks, parse_line
 from beam_dpsu.dp.mechanisms import (CountGaussian, CountLaplace, TruncatedGeometric,
                                      WeightedGaussian, WeightedGaussianZcdp, WeightedLaplace)
+from beam_dpsu.dp.mechanisms.sips import Sips
 from beam_dpsu.dp.noise import STR_TAG, RunKey
 from beam_dpsu.dp.weights import add_user_to_histogram
 from beam_dpsu.transforms.columnar import SelectFromText
@@ -231,10 +232,73 @@ def test_select_from_text_releases_what_select_partitions_releases(tmp_path, mec
         assert_that(users | beam.CombineGlobally(sum), equal_to([1500]), label="users")
 
 
+# -- DP-SIPS -------------------------------------------------------------------------
+
+
+def test_without_items_drops_exactly_the_pairs_of_removed_items():
+    per_user = {"u1": {"a": 1, "b": 1, "A": 1}, "u2": {"a": 1}, "u3": {"é": 1, "e\u0301": 1}}
+    blocks = [columnar.PairBlock(pa.array(list(per_user)), pa.array(
+        [i for counts in per_user.values() for i in counts]), np.array(
+        [k for k, counts in enumerate(per_user.values()) for _ in counts], np.int32))]
+    pairs = columnar.group_pairs(blocks)
+    left = columnar.without_items(pairs, pa.array(["a", "é", "zz"]))
+
+    def as_set(p):
+        return {(p.users[u].as_py(), p.items[i].as_py()) for u, i in zip(p.u, p.i)}
+    assert as_set(left) == {("u1", "b"), ("u1", "A"), ("u3", "e\u0301")}
+    assert columnar.without_items(pairs, pa.array([], pa.string())) is pairs
+    back = columnar.GroupPairs.from_bytes(left.to_bytes())
+    assert as_set(back) == as_set(left)
+    # u2 keeps no pair: it adds nothing to a later round's histogram
+    hist = columnar.pairs_histogram(left, None, "count", None)
+    assert dict(zip(hist.items.to_pylist(), hist.weights)) == {"b": 1, "A": 1, "e\u0301": 1}
+
+
+SIPS = [Sips(0.3, 1e-5, 5, 3, 1 / 3), Sips(0.3, 1e-5, 5, 2, 1.0)]
+
+
+@pytest.mark.parametrize("sips", SIPS, ids=lambda m: f"{len(m.rounds)}-rounds")
+def test_columnar_sips_is_run_local_round_by_round(tmp_path, sips):
+    # Every round's sample, weights and rule on the items earlier rounds left: the
+    # pure columnar run releases run_local's set, and every round releases something
+    # (so a wrong removal would show).
+    pairs = list(synthetic.occurrences(3000, seed=5))
+    path = _write(tmp_path, "a.tsv", [f"{u}\t{i}".encode() for u, i in pairs])
+    expected = sips.run_local_with_rounds(per_user_counts(pairs), RK)
+    assert set(expected.values()) == set(range(len(sips.rounds)))
+    got, users, bad = columnar.release_from_files([path], sips, RK, user_groups=7,
+                                                  item_shards=3, block_bytes=20000)
+    assert got == set(expected) and users == 3000 and not bad
+
+
+@pytest.mark.parametrize("side_inputs_once", [True, False])
+def test_select_from_text_runs_sips_with_either_removal(tmp_path, monkeypatch,
+                                                        side_inputs_once):
+    # The released items reach the groups as a side input, or (as on Dask, whose
+    # capabilities are patched in here) through one GroupByKey: the same release.
+    from beam_dpsu.transforms import runners
+    if not side_inputs_once:
+        dask = runners.capabilities("DaskRunner")
+        monkeypatch.setattr(runners, "capabilities", lambda _: dask)
+    pairs = list(synthetic.occurrences(2000, seed=11))
+    _write(tmp_path, "a.tsv", [f"{u}\t{i}".encode() for u, i in pairs] + [b"bad"])
+    sips = SIPS[0]
+    expected = sips.run_local(per_user_counts(pairs), RK)
+    with local_pipeline() as p:
+        released, malformed, users = p | SelectFromText(str(tmp_path / "a.tsv"), sips, RK,
+                                                        user_groups=5, item_shards=3,
+                                                        block_bytes=4000)
+        assert_that(released, equal_to(sorted(expected)), label="released")
+        assert_that(malformed, equal_to([(b"bad", 1)]), label="malformed")
+        assert_that(users | beam.CombineGlobally(sum), equal_to([2000]), label="users")
+
+
 def test_select_from_text_refuses_other_mechanisms_and_bad_counts():
     from beam_dpsu.dp.mechanisms.policy import GW
     with pytest.raises(ValueError, match="histogram mechanisms"):
         SelectFromText("x", GW(1.0, 1e-5))
+    with pytest.raises(ValueError, match="removal='side-input'"):
+        SelectFromText("x", Sips(0.3, 1e-5, removal="join"))
     with pytest.raises(ValueError, match="user_groups"):
         SelectFromText("x", WeightedGaussian(1.0, 1e-5), user_groups=0)
     with pytest.raises(ValueError, match="item_shards"):

@@ -167,10 +167,11 @@ def test_one_file_is_split_only_on_several_direct_workers_and_below_the_size_lim
     from beam_dpsu.dp.noise import RunKey
     if limit is not None:
         monkeypatch.setattr(textio, "SPLIT_ONE_FILE_MAX_BYTES", limit)
-    # a mechanism that reads per-user counts (the histogram mechanisms read columns)
+    # a mechanism that reads per-user counts (the histogram mechanisms and DP-SIPS read
+    # columns)
     args, plan, _ = select_partitions.parse_plan(
         ["--input", data[0], "--output", "/nonexistent/out", "--mechanism",
-         "sips"] + FLAGS["sips"])
+         "policy-gaussian"] + FLAGS["policy-gaussian"])
     p = beam.Pipeline(options=PipelineOptions(["--runner=DirectRunner"] + workers))
     select_partitions.build_pipeline(p, data[0], "/nonexistent/out", plan.mechanism,
                                      RunKey.from_test_seed(1))
@@ -181,9 +182,9 @@ def test_one_file_is_split_only_on_several_direct_workers_and_below_the_size_lim
 
 
 @pytest.mark.parametrize("name, columnar", [("weighted-gaussian", True),
-                                           ("count-laplace", True), ("sips", False),
-                                           ("gw", False)])
-def test_the_histogram_mechanisms_read_columns(data, name, columnar):
+                                           ("count-laplace", True), ("sips", True),
+                                           ("gw", False), ("policy-gaussian", False)])
+def test_the_histogram_mechanisms_and_sips_read_columns(data, name, columnar):
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
     from beam_dpsu.dp.noise import RunKey

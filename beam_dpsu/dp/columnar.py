@@ -42,13 +42,16 @@ import pyarrow.compute as pc
 from beam_dpsu.dp import compiled
 from beam_dpsu.dp.contribution import (item_scores, sample_items, sampling_keys,
                                        smallest_scores, user_keys)
+from beam_dpsu.dp.mechanisms.histogram_threshold import HistogramMechanism
+from beam_dpsu.dp.mechanisms.sips import Sips
 from beam_dpsu.dp.noise import STR_TAG
 from beam_dpsu.dp.siphash import siphash24_many
 from beam_dpsu.dp.weights import check_weighting
 
 __all__ = ["COLUMNAR_USER_GROUPS", "COLUMNAR_ITEM_SHARDS", "BYTES_PER_USER_GROUP",
            "MIN_USER_GROUPS", "MAX_USER_GROUPS", "user_groups_for", "ParsedBlock", "parse_block", "string_spans", "string_groups", "PairBlock",
-           "pair_blocks", "GroupHistogram", "bounded_histogram", "sum_histograms",
+           "pair_blocks", "GroupPairs", "group_pairs", "without_items", "pairs_histogram",
+           "GroupHistogram", "bounded_histogram", "sum_histograms", "runs_columnar", "columnar_rounds",
            "split_by_shard", "release_shard", "IPC_COMPRESSION", "release_from_files"]
 
 
@@ -340,20 +343,44 @@ def _user_weights(num_items: np.ndarray, weighting: str) -> np.ndarray:
     return 1.0 / np.sqrt(n)
 
 
-def bounded_histogram(blocks: Iterable[PairBlock], max_items: Optional[int], weighting: str,
-                      sample_key: Optional[bytes]) -> GroupHistogram:
-    """The partial histogram of the users in ``blocks`` (all pair blocks of their group).
+@dataclass
+class GroupPairs:
+    """A user group's distinct ``(user, item)`` pairs: pair k is ``(users[u[k]],
+    items[i[k]])``, sorted by user code, then item code. ``users`` and ``items``
+    hold distinct strings (an item no pair refers to any more, after
+    ``without_items``, may stay in ``items``)."""
+    users: pa.Array
+    items: pa.Array
+    u: np.ndarray
+    i: np.ndarray
 
-    Each user's distinct items are gathered across the blocks; a user with more
-    than ``max_items`` (Δ0) distinct items keeps the subset
-    ``contribution.sample_items(user, ..., max_items, sample_key)`` keeps (the
-    Δ0 items of smallest keyed score under the user's own key); every kept item gets the user's weight (``weighting``: ``'count'``,
-    ``'l1'`` or ``'l2'`` of the number kept). ``max_items`` None keeps all.
-    """
-    check_weighting(weighting)
+    def to_bytes(self) -> bytes:
+        """One Arrow IPC message (both columns dictionary-encoded)."""
+        return _to_ipc(pa.RecordBatch.from_arrays(
+            [pa.DictionaryArray.from_arrays(pa.array(self.u, pa.int32()), self.users),
+             pa.DictionaryArray.from_arrays(pa.array(self.i, pa.int32()), self.items)],
+            names=["user", "item"]))
+
+    @classmethod
+    def from_bytes(cls, blob: bytes) -> "GroupPairs":
+        batch = _from_ipc(blob)
+        user, item = batch.column(0), batch.column(1)
+        return cls(user.dictionary, item.dictionary,
+                   user.indices.to_numpy(zero_copy_only=False).astype(np.int64),
+                   item.indices.to_numpy(zero_copy_only=False).astype(np.int64))
+
+    def __len__(self) -> int:
+        return len(self.u)
+
+
+def group_pairs(blocks: Iterable[PairBlock]) -> GroupPairs:
+    """All the pair blocks of one user group → the group's distinct ``(user, item)``
+    pairs (each user's lines gathered across the blocks, repeats removed; users
+    and items compared as exact strings)."""
     blocks = list(blocks)
     if not blocks:
-        return GroupHistogram(pa.array([], pa.string()), np.zeros(0), 0)
+        empty = pa.array([], pa.string())
+        return GroupPairs(empty, empty, np.zeros(0, np.int64), np.zeros(0, np.int64))
     user_off = np.cumsum([0] + [len(b.users) for b in blocks])
     users, user_code = _encode(_concat([b.users for b in blocks]))
     items, i = _encode(_concat([b.items for b in blocks]))
@@ -361,7 +388,35 @@ def bounded_histogram(blocks: Iterable[PairBlock], max_items: Optional[int], wei
                         for k, b in enumerate(blocks)])
     width = max(len(items), 1)
     codes = _distinct_codes(u * width + i)  # sorted: by user, then item code
-    u, i = codes // width, codes % width
+    return GroupPairs(users, items, codes // width, codes % width)
+
+
+def without_items(pairs: GroupPairs, removed: pa.Array) -> GroupPairs:
+    """``pairs`` without every pair whose item is in ``removed`` (a string array;
+    exact string equality): DP-SIPS's removal of the items earlier rounds
+    released. A user left without pairs no longer appears in any pair."""
+    if len(removed) == 0 or len(pairs) == 0:
+        return pairs
+    gone = pc.is_in(pairs.items, value_set=removed).to_numpy(zero_copy_only=False)
+    if not gone.any():
+        return pairs
+    keep = ~gone[pairs.i]
+    return GroupPairs(pairs.users, pairs.items, pairs.u[keep], pairs.i[keep])
+
+
+def pairs_histogram(pairs: GroupPairs, max_items: Optional[int], weighting: str,
+                    sample_key: Optional[bytes]) -> GroupHistogram:
+    """The partial histogram of a group's distinct pairs.
+
+    A user with more than ``max_items`` (Δ0) distinct items keeps the subset
+    ``contribution.sample_items(user, ..., max_items, sample_key)`` keeps (the
+    Δ0 items of smallest keyed score under the user's own key); every kept
+    item gets the user's weight (``weighting``: ``'count'``, ``'l1'`` or
+    ``'l2'`` of the number kept). ``max_items`` None keeps all. ``num_users``
+    is the number of distinct users of ``pairs.users``.
+    """
+    check_weighting(weighting)
+    users, items, u, i = pairs.users, pairs.items, pairs.u, pairs.i
     num = np.bincount(u, minlength=len(users))
     keep = np.ones(len(u), dtype=bool)
     if max_items is not None:
@@ -374,6 +429,14 @@ def bounded_histogram(blocks: Iterable[PairBlock], max_items: Optional[int], wei
     hist = np.bincount(kept_items, weights=w[u[keep]], minlength=len(items))
     present = np.flatnonzero(np.bincount(kept_items, minlength=len(items)))
     return GroupHistogram(items.take(pa.array(present)), hist[present], len(users))
+
+
+def bounded_histogram(blocks: Iterable[PairBlock], max_items: Optional[int], weighting: str,
+                      sample_key: Optional[bytes]) -> GroupHistogram:
+    """The partial histogram of the users in ``blocks`` (all pair blocks of their
+    group): ``pairs_histogram(group_pairs(blocks), ...)``."""
+    check_weighting(weighting)
+    return pairs_histogram(group_pairs(blocks), max_items, weighting, sample_key)
 
 
 def _sample_big_users(users, items, u, i, big, max_items, sample_key, keep):
@@ -429,6 +492,25 @@ def sum_histograms(blobs: Iterable[bytes]) -> Tuple[pa.Array, np.ndarray]:
     return items, np.bincount(code, weights=weights, minlength=len(items))
 
 
+def runs_columnar(mechanism) -> bool:
+    """Whether the columnar path runs ``mechanism``: a histogram mechanism (one
+    round) or DP-SIPS with ``removal='side-input'`` (its rounds, each on the items
+    earlier rounds did not release, the released items held per group)."""
+    return (isinstance(mechanism, HistogramMechanism)
+            or (isinstance(mechanism, Sips) and mechanism.removal == "side-input"))
+
+
+def columnar_rounds(mechanism) -> list:
+    """The rounds of a mechanism the columnar path runs (``runs_columnar``); raises
+    ValueError for any other."""
+    if runs_columnar(mechanism):
+        return list(mechanism.rounds)
+    raise ValueError(
+        f"the columnar path runs the histogram mechanisms and DP-SIPS with "
+        f"removal='side-input'; got {mechanism!r}: use textio.ReadUserItems and "
+        f"SelectPartitions for it")
+
+
 def release_shard(rule, items: pa.Array, weights: np.ndarray) -> List[str]:
     """The items of a summed shard that ``rule`` releases (its vectorised
     ``decide_bits`` on the items' keyed bits, ``rule.bits.many_str``)."""
@@ -446,9 +528,10 @@ def release_from_files(paths: Iterable[str], mechanism, run_key,
     """The columnar path in one process, without Beam: local text files → ``(released
     set, number of users, {malformed line: occurrences})``, exactly what
     ``transforms.columnar.SelectFromText`` computes on a runner (the benchmarks'
-    floor). ``mechanism``: a histogram mechanism; ``run_key``: its ``RunKey``."""
+    floor). ``mechanism``: a histogram mechanism or DP-SIPS (``columnar_rounds``);
+    ``run_key``: its ``RunKey``."""
     from beam_dpsu.dp.lines import BLOCK_BYTES, iter_raw_blocks, open_local_binary
-    r = mechanism.calibration
+    rounds = columnar_rounds(mechanism)
     groups: Dict[int, List[bytes]] = {}
     malformed: Dict[bytes, int] = {}
     for path in paths:
@@ -459,19 +542,27 @@ def release_from_files(paths: Iterable[str], mechanism, run_key,
                     malformed[line] = malformed.get(line, 0) + n
                 for g, pairs in pair_blocks(parsed, user_groups).items():
                     groups.setdefault(g, []).append(pairs.to_bytes())
-    shards: Dict[int, List[bytes]] = {}
+    kept: Dict[int, bytes] = {}  # a group's pairs between rounds
+    released: Dict[str, int] = {}
     users = 0
-    key = run_key.subkey("sample/0")
-    while groups:
-        _, blobs = groups.popitem()
-        hist = bounded_histogram([PairBlock.from_bytes(b) for b in blobs], r.max_items,
-                                 r.weighting, key)
-        users += hist.num_users
-        for s, blob in split_by_shard(hist, item_shards).items():
-            shards.setdefault(s, []).append(blob)
-    rule = mechanism.release_rule(run_key)
-    released: set = set()
-    while shards:
-        _, blobs = shards.popitem()
-        released.update(release_shard(rule, *sum_histograms(blobs)))
-    return released, users, malformed
+    for index, r in enumerate(rounds):
+        last = index + 1 == len(rounds)
+        removed = pa.array(list(released), pa.string())
+        key = run_key.subkey(f"sample/{index}")
+        shards: Dict[int, List[bytes]] = {}
+        for g in sorted(groups if index == 0 else kept):
+            if index == 0:
+                pairs = group_pairs([PairBlock.from_bytes(b) for b in groups.pop(g)])
+            else:
+                pairs = without_items(GroupPairs.from_bytes(kept.pop(g)), removed)
+            hist = pairs_histogram(pairs, r.max_items, r.weighting, key)
+            users += hist.num_users if index == 0 else 0
+            if not last and len(pairs):
+                kept[g] = pairs.to_bytes()
+            for s, blob in split_by_shard(hist, item_shards).items():
+                shards.setdefault(s, []).append(blob)
+        rule = mechanism.release_rule(run_key, round_index=index)
+        while shards:
+            _, blobs = shards.popitem()
+            released.update(dict.fromkeys(release_shard(rule, *sum_histograms(blobs)), index))
+    return set(released), users, malformed

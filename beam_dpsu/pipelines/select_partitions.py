@@ -71,8 +71,7 @@ from beam_dpsu.dp.accounting import PayWhatYouGetAccountant
 from beam_dpsu.dp.budget import PrivacyBudget
 from beam_dpsu.dp import params
 from beam_dpsu.dp.mechanisms import Mechanism
-from beam_dpsu.dp.columnar import user_groups_for
-from beam_dpsu.dp.mechanisms.histogram_threshold import HistogramMechanism
+from beam_dpsu.dp.columnar import runs_columnar, user_groups_for
 from beam_dpsu.transforms.columnar import SelectFromText
 from beam_dpsu.transforms.select import SelectPartitions
 from beam_dpsu.dp.noise import RunKey
@@ -206,7 +205,8 @@ def build_pipeline(p: beam.Pipeline, input_pattern: str, output_prefix: str,
                    top_k: Optional[TopKMechanism] = None) -> None:
     """Adds the read → select → write graph to ``p`` (one sorted items file).
 
-    A histogram mechanism without ``top_k`` runs on the columnar path
+    A histogram mechanism or DP-SIPS (``dp.columnar.runs_columnar``) without
+    ``top_k`` runs on the columnar path
     (``transforms.columnar.SelectFromText``: blocks of arrays from the files
     to the release), with ``dp.columnar.user_groups_for`` the input's size user
     groups. Every other mechanism reads per-user counts; how the
@@ -234,7 +234,7 @@ def build_pipeline(p: beam.Pipeline, input_pattern: str, output_prefix: str,
     top-k's subkeys differ), so their randomness is independent, as composition
     needs.
     """
-    if isinstance(mechanism, HistogramMechanism) and top_k is None:
+    if runs_columnar(mechanism) and top_k is None:
         sizes = [size for _, size in match_sized(input_pattern)]
         groups = user_groups_for(None if None in sizes else sum(sizes))
         items, malformed, users = p | "SelectFromText" >> SelectFromText(

@@ -1,8 +1,8 @@
-"""``SelectFromText``: a histogram mechanism straight from text files, on blocks of arrays.
+"""``SelectFromText``: a histogram mechanism or DP-SIPS straight from text files, on blocks of arrays.
 
-The columnar path of the histogram-and-threshold family. Every element that
-crosses a shuffle is a block of arrays (``dp.columnar``), never a user, a
-line or an item:
+The columnar path of the histogram-and-threshold family and of DP-SIPS. Every
+element that crosses a shuffle is a block of arrays (``dp.columnar``), never a
+user, a line or an item:
 
 1. ``ReadPairs``: each file is read in blocks of about ``block_bytes`` of
    text; a block is parsed into arrays and split by user group into Arrow
@@ -12,6 +12,12 @@ line or an item:
    rule) and weighted, as partial histograms by item shard ``(shard, bytes)``;
 3. ``GroupByKey`` on the shard, then ``Release``: the shard's weights summed
    per item and decided by the mechanism's release rule, vectorised.
+
+DP-SIPS runs its rounds on the groups' distinct pairs (``GroupPairs``, one
+Arrow message per group): each round samples, weighs and releases as above
+under its own keys and rule, and the next round's groups lose the items it
+released (``WithoutReleased``: a side input on runners that compute one once,
+else the released list sent to every group through one ``GroupByKey``).
 
 It releases exactly what ``SelectPartitions(mechanism, run_key)`` releases on
 the same per-user data with the same key (the tests check it), at a fraction
@@ -26,17 +32,17 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import apache_beam as beam
+import pyarrow as pa
 
 from beam_dpsu.dp import columnar
 from beam_dpsu.dp.columnar import COLUMNAR_ITEM_SHARDS, COLUMNAR_USER_GROUPS
 from beam_dpsu.dp.lines import BLOCK_BYTES, iter_raw_blocks
-from beam_dpsu.dp.mechanisms.histogram_threshold import HistogramMechanism
 from beam_dpsu.dp.noise import RunKey
 from beam_dpsu.transforms import run_key as keys
 from beam_dpsu.transforms import runners
 from beam_dpsu.transforms.textio import input_files, open_binary
 
-__all__ = ["SelectFromText"]
+__all__ = ["SelectFromText", "WithoutReleased"]
 
 _MALFORMED, _USERS = "malformed", "users"
 
@@ -80,18 +86,120 @@ class _BoundHistogramDoFn(beam.DoFn):
 
 
 class _ReleaseDoFn(beam.DoFn):
-    """``(shard, [partial histogram bytes])`` → the shard's released items."""
+    """``(shard, [partial histogram bytes])`` → the shard's released items (counted in
+    the metric ``released`` and, when given, in ``metric`` too)."""
 
-    def __init__(self, make_rule):
+    def __init__(self, make_rule, metric: Optional[str] = None):
         self._rule = keys.KeyedCache(make_rule)
         self._released = beam.metrics.Metrics.counter("beam_dpsu", "released")
+        self._released_here = (beam.metrics.Metrics.counter("beam_dpsu", metric)
+                               if metric else None)
 
     def process(self, element, key_bytes):
         items, weights = columnar.sum_histograms(element[1])
         released = columnar.release_shard(self._rule(key_bytes), items, weights)
         if released:
             self._released.inc(len(released))
+            if self._released_here is not None:
+                self._released_here.inc(len(released))
         yield from released
+
+
+class _GroupPairsDoFn(beam.DoFn):
+    """``(group, [PairBlock bytes])`` → ``(group, GroupPairs bytes)``; the group's
+    number of users on ``_USERS``."""
+
+    def __init__(self, envelope: bool):
+        self._envelope = envelope
+
+    def process(self, element):
+        pairs = columnar.group_pairs(columnar.PairBlock.from_bytes(b) for b in element[1])
+        yield runners.tag(len(pairs.users), _USERS, self._envelope)
+        if len(pairs):
+            yield runners.main_output((element[0], pairs.to_bytes()), self._envelope)
+
+
+class _RoundHistogramDoFn(beam.DoFn):
+    """``(group, GroupPairs bytes)`` → ``(shard, partial histogram bytes)`` of one round."""
+
+    def __init__(self, max_items, weighting: str, purpose: str, shards: int):
+        self._args = (max_items, weighting)
+        self._key = keys.KeyedCache(keys.Subkey(purpose))
+        self._shards = shards
+
+    def process(self, element, key_bytes):
+        pairs = columnar.GroupPairs.from_bytes(element[1])
+        hist = columnar.pairs_histogram(pairs, *self._args, self._key(key_bytes))
+        yield from columnar.split_by_shard(hist, self._shards).items()
+
+
+def _without(group: int, blob: bytes, removed: pa.Array):
+    pairs = columnar.GroupPairs.from_bytes(blob)
+    left = columnar.without_items(pairs, removed)
+    if left is pairs:
+        yield group, blob
+    elif len(left):
+        yield group, left.to_bytes()
+
+
+class _WithoutReleasedDoFn(beam.DoFn):
+    """``(group, GroupPairs bytes)`` and the released items (side input) → the group
+    without them; a group left without pairs disappears."""
+
+    def __init__(self):
+        self._seen, self._removed = None, None
+
+    def process(self, element, released):
+        if self._seen is not released:
+            self._seen, self._removed = released, pa.array(list(released), pa.string())
+        yield from _without(*element, self._removed)
+
+
+def _to_every_group(element, groups: int):
+    items = list(element[1])
+    for g in range(groups):
+        yield g, (True, items)
+
+
+def _without_in_group(element):
+    group, members = element
+    removed, blobs = [], []
+    for is_release, value in members:
+        if is_release:
+            removed.extend(value)
+        else:
+            blobs.append(value)
+    for blob in blobs:  # one: a group's pairs are one element
+        yield from _without(group, blob, pa.array(removed, pa.string()))
+
+
+class WithoutReleased(beam.PTransform):
+    """``(group, GroupPairs bytes)`` → the same groups without the items of
+    ``released`` (a PCollection of ``str``): DP-SIPS's removal between rounds.
+
+    On a runner that computes a side input once per run, ``released`` is a side
+    input (``AsList``) held as one Arrow array per worker. Elsewhere (Beam's
+    Dask runner re-evaluates side inputs in every task) the released items are
+    gathered into one list and sent to each of ``groups`` group keys, which
+    meet their pairs in one ``GroupByKey``. The result is the same."""
+
+    def __init__(self, released, groups: int, label: Optional[str] = None):
+        super().__init__(label)
+        self._released, self._groups = released, groups
+
+    def expand(self, pairs):
+        if runners.capabilities(pairs.pipeline).side_inputs_once:
+            return pairs | "Remove" >> beam.ParDo(_WithoutReleasedDoFn(),
+                                                  beam.pvalue.AsList(self._released))
+        lists = (self._released
+                 | "OneKey" >> beam.Map(lambda item: (None, item))
+                 | "Gather" >> beam.GroupByKey()
+                 | "ToEveryGroup" >> beam.FlatMap(_to_every_group, self._groups))
+        marked = pairs | "Mark" >> beam.MapTuple(lambda g, blob: (g, (False, blob)))
+        return ((marked, lists)
+                | "Together" >> beam.Flatten()
+                | "PerGroup" >> beam.GroupByKey()
+                | "Remove" >> beam.FlatMap(_without_in_group))
 
 
 def _check_count(value, name: str) -> int:
@@ -101,18 +209,20 @@ def _check_count(value, name: str) -> int:
 
 
 class SelectFromText(beam.PTransform):
-    """Text files of ``user_id<TAB>item`` lines → the items a histogram mechanism releases.
+    """Text files of ``user_id<TAB>item`` lines → the items a histogram mechanism or
+    DP-SIPS releases.
 
     ``p | SelectFromText(pattern, WeightedGaussian(3, 1e-5))`` is
     ``p | ReadUserItems(pattern) | SelectPartitions(mechanism, per_user=True)``
     computed on blocks of arrays (``dp.columnar``): the same per-user data
     (the same line format, ``dp.lines``), the same sampled items, weights and
-    release rule, so the same release under the same ``run_key``. Returns
-    ``(released, malformed, users)``: the released items (``str``, no order;
-    write them with ``write.WriteRelease``), the malformed lines as ``(raw
-    line bytes, occurrences)`` (private input: a dead-letter file, never a
-    release) and one ``int`` per user group, the number of its users (their
-    sum is the number of distinct users; private, like the input).
+    release rule (for DP-SIPS, in every round, after the same removal), so the
+    same release under the same ``run_key``. Returns ``(released, malformed,
+    users)``: the released items (``str``, no order; write them with
+    ``write.WriteRelease``), the malformed lines as ``(raw line bytes,
+    occurrences)`` (private input: a dead-letter file, never a release) and one
+    ``int`` per user group, the number of its users (their sum is the number of
+    distinct users; private, like the input).
 
     Args:
       file_pattern: a path or glob on any Beam filesystem; ``.gz`` and ``.bz2``
@@ -120,8 +230,10 @@ class SelectFromText(beam.PTransform):
         is removed.
       mechanism: a histogram mechanism (``TruncatedGeometric``,
         ``CountLaplace``, ``CountGaussian``, ``WeightedLaplace``,
-        ``WeightedGaussian``, ``WeightedGaussianZcdp``). Its guarantee is the
-        release's.
+        ``WeightedGaussian``, ``WeightedGaussianZcdp``) or ``Sips`` with
+        ``removal='side-input'`` (its default; ``dp.columnar.columnar_rounds``).
+        Its guarantee is the release's. DP-SIPS's released items carry no round
+        here; the metrics ``beam_dpsu/released_round_<i>`` count them per round.
       run_key: the run's ``RunKey``; None (default) draws a fresh OS-random key
         on a worker (``transforms.run_key``). ``RunKey.from_test_seed`` only
         in tests.
@@ -140,17 +252,14 @@ class SelectFromText(beam.PTransform):
     run key is secret and used for one release only.
     """
 
-    def __init__(self, file_pattern: str, mechanism: HistogramMechanism,
+    def __init__(self, file_pattern: str, mechanism,
                  run_key: Optional[RunKey] = None, user_groups: int = COLUMNAR_USER_GROUPS,
                  item_shards: int = COLUMNAR_ITEM_SHARDS, block_bytes: int = BLOCK_BYTES,
                  label: Optional[str] = None):
         super().__init__(label)
         if not isinstance(file_pattern, str) or not file_pattern:
             raise ValueError(f"file_pattern must be a non-empty string, got {file_pattern!r}")
-        if not isinstance(mechanism, HistogramMechanism):
-            raise ValueError(f"SelectFromText runs the histogram mechanisms "
-                             f"(dp.mechanisms.histogram_threshold); got {mechanism!r}: use "
-                             f"textio.ReadUserItems and SelectPartitions for it")
+        self._rounds = columnar.columnar_rounds(mechanism)
         self._pattern = file_pattern
         self._mechanism = mechanism
         self._run_key = keys.for_pipeline(run_key)
@@ -160,18 +269,45 @@ class SelectFromText(beam.PTransform):
 
     def expand(self, pbegin):
         envelope = not runners.capabilities(pbegin.pipeline).tagged_outputs
-        r = self._mechanism.calibration
         files = input_files(pbegin, self._pattern)
         pairs, malformed = _apply(files, "ReadPairs", _ReadPairsDoFn(
             self._groups, self._block_bytes, envelope), envelope, _MALFORMED)
         grouped = pairs | "GroupUsers" >> beam.GroupByKey()
-        partials, users = _apply(grouped, "BoundHistogram", _BoundHistogramDoFn(
-            r.max_items, r.weighting, "sample/0", self._shards, envelope), envelope, _USERS,
-            keys.key_side_input(grouped, self._run_key))
-        shards = partials | "GroupShards" >> beam.GroupByKey()
-        released = shards | "Release" >> beam.ParDo(
-            _ReleaseDoFn(self._mechanism.release_rule), keys.key_side_input(shards, self._run_key))
-        return released, malformed, users
+        if len(self._rounds) == 1:
+            r = self._rounds[0]
+            partials, users = _apply(grouped, "BoundHistogram", _BoundHistogramDoFn(
+                r.max_items, r.weighting, "sample/0", self._shards, envelope), envelope,
+                _USERS, keys.key_side_input(grouped, self._run_key))
+            return self._release(partials, 0, ""), malformed, users
+        groups, users = _apply(grouped, "GroupPairs", _GroupPairsDoFn(envelope), envelope,
+                               _USERS)
+        released = []
+        for i, r in enumerate(self._rounds):
+            partials = groups | f"Histogram{i}" >> beam.ParDo(
+                _RoundHistogramDoFn(r.max_items, r.weighting, f"sample/{i}", self._shards),
+                keys.key_side_input(groups, self._run_key))
+            released.append(self._release(partials, i, str(i)))
+            if i + 1 < len(self._rounds):
+                groups = groups | f"Remove{i}" >> WithoutReleased(released[-1], self._groups)
+        return tuple(released) | "Union" >> beam.Flatten(), malformed, users
+
+    def _release(self, partials, index: int, suffix: str):
+        """Round ``index``'s released items from its partial histograms by shard."""
+        shards = partials | f"GroupShards{suffix}" >> beam.GroupByKey()
+        metric = f"released_round_{index}" if len(self._rounds) > 1 else None
+        return shards | f"Release{suffix}" >> beam.ParDo(
+            _ReleaseDoFn(_RoundRule(self._mechanism, index), metric),
+            keys.key_side_input(shards, self._run_key))
+
+
+class _RoundRule:
+    """``run_key → mechanism.release_rule(run_key, round_index)`` (picklable)."""
+
+    def __init__(self, mechanism, round_index: int):
+        self._mechanism, self._index = mechanism, round_index
+
+    def __call__(self, run_key: RunKey):
+        return self._mechanism.release_rule(run_key, round_index=self._index)
 
 
 def _apply(pcoll, label: str, dofn, envelope: bool, tag: str, *side_inputs):
