@@ -77,7 +77,17 @@ def main():
     ap.add_argument("--runners", default="direct,dask", help="order within a repeat")
     ap.add_argument("--workdir", default="/tmp/bench_dask")
     ap.add_argument("--out", default=None, help="JSON rows (default: WORKDIR/bench_dask.json)")
+    ap.add_argument("--flags", default=None,
+                    help="the mechanism's flags for every mechanism, e.g. '--epsilon 3 "
+                         "--delta 1e-5 --max-items-per-user 100' (default: FLAGS above)")
+    ap.add_argument("--memory-limit", default="auto",
+                    help="each Dask worker's memory limit (dask's memory_limit, e.g. 8GB; "
+                         "a worker spills its data to disk above 60%% of it; default "
+                         "auto: the machine's memory / 2)")
     a = ap.parse_args()
+
+    def mech_flags(mech):
+        return a.flags.split() if a.flags else FLAGS[mech]
     os.makedirs(a.workdir, exist_ok=True)
     out_path = a.out or os.path.join(a.workdir, "bench_dask.json")
     data = a.input or os.path.join(a.workdir, f"syn-{a.users}.tsv")
@@ -89,7 +99,7 @@ def main():
     from beam_dpsu.pipelines import select_partitions
     rows = []
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                      dashboard_address=None) as cluster, Client(cluster) as client:
+                      dashboard_address=None, memory_limit=a.memory_limit) as cluster, Client(cluster) as client:
         for mech in a.mechanisms.split(","):
             released = {}
             for rep in range(a.repeats):
@@ -107,7 +117,7 @@ def main():
                     t0 = time.time()
                     select_partitions.run(["--input", data, "--output", out, "--overwrite",
                                            "--mechanism", mech, "--insecure-test-seed", "1",
-                                           "--quiet"] + FLAGS[mech] + flags)
+                                           "--quiet"] + mech_flags(mech) + flags)
                     wall = time.time() - t0
                     mon.finish()
                     items = open(out + "-items-00000-of-00001").read().split()

@@ -334,7 +334,6 @@ def test_the_numpy_fallbacks_equal_the_compiled_kernels(monkeypatch):
     expected = [block[x:x + k] == block[y:y + k] for x, y, k in zip(a, b, n)]
     assert columnar._spans_equal(data, a, b, n).tolist() == expected
     assert compiled.kernel("compare_spans", 1) is not None
-    assert compiled.kernel("copy_ranges", 1) is not None
     monkeypatch.setattr(compiled, "kernel", lambda name, work: None)
     assert columnar._spans_equal(data, a, b, n).tolist() == expected
     fallback = columnar.pair_blocks(columnar.parse_block(block), 3)

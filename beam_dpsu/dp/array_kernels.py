@@ -1,7 +1,7 @@
 """numba kernels of the columnar path and of SipHash-2-4 (needs numba: the ``fast`` extra).
 
 Each has a numpy twin that gives the same results (``dp.siphash._numpy_many``,
-``dp.columnar._spans_equal``, ``dp.columnar._gather``; the tests compare them).
+``dp.columnar._spans_equal``; the tests compare them).
 Import this module only through ``dp.compiled.kernel``, which loads it once a
 process has enough work to repay numba's start-up.
 """
@@ -10,7 +10,7 @@ from numba import njit
 
 from beam_dpsu.dp.siphash import _C0, _C1, _C2, _C3
 
-__all__ = ["siphash24_many", "compare_spans", "copy_ranges"]
+__all__ = ["siphash24_many", "compare_spans"]
 
 
 @njit(cache=True, inline="always")
@@ -85,15 +85,4 @@ def compare_spans(data, a, b, lengths):
             if data[a[k] + j] != data[b[k] + j]:
                 out[k] = False
                 break
-    return out
-
-
-@njit(cache=True)
-def copy_ranges(buf, starts, offsets):
-    out = np.empty(offsets[-1], np.uint8)
-    for k in range(starts.size):
-        s = starts[k]
-        o = offsets[k]
-        for j in range(offsets[k + 1] - o):
-            out[o + j] = buf[s + j]
     return out

@@ -79,24 +79,24 @@ class ParsedBlock:
 
 def _gather(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> pa.Array:
     """The disjoint byte ranges ``buf[starts[k]:ends[k]]`` (in increasing order) as one
-    Arrow string array, copied into one contiguous buffer (numpy: the bytes inside a
-    range picked by a mask of one-byte arrays)."""
-    lengths = (ends - starts).astype(np.int64)
-    offsets = np.zeros(len(lengths) + 1, np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    total = int(offsets[-1])
-    kernel = compiled.kernel("copy_ranges", len(lengths))
-    if kernel is not None:
-        data = kernel(buf, starts.astype(np.int64), offsets)
-    else:
-        marks = np.zeros(len(buf) + 1, np.int8)
-        marks[starts] += 1
-        marks[ends] -= 1
-        data = buf[np.cumsum(marks[:-1], dtype=np.int8).view(bool)]
-    kind = pa.large_string() if total >= 1 << 31 else pa.string()
-    offs = offsets if kind == pa.large_string() else offsets.astype(np.int32)
-    return pa.Array.from_buffers(kind, len(lengths), [None, pa.py_buffer(offs),
-                                                      pa.py_buffer(data)])
+    Arrow string array, copied into one contiguous buffer.
+
+    ``buf`` is viewed, without a copy, as an Arrow binary array whose elements are the
+    ranges and the gaps between them (offsets ``starts[0], ends[0], starts[1], ...``),
+    and Arrow's ``take`` of the even elements copies the ranges. The gaps (which may
+    hold malformed lines) are never read; the ranges are valid UTF-8 (``parse_block``
+    checked every line it keeps), so the result is viewed as strings."""
+    n = len(starts)
+    large = len(buf) >= 1 << 31
+    offsets = np.empty(2 * n + 1, np.int64 if large else np.int32)
+    offsets[0:-1:2] = starts
+    offsets[1:-1:2] = ends
+    offsets[-1] = len(buf)
+    kind = pa.large_binary() if large else pa.binary()
+    spans = pa.Array.from_buffers(kind, 2 * n, [None, pa.py_buffer(offsets),
+                                                pa.py_buffer(buf)])
+    picked = spans.take(pa.array(np.arange(0, 2 * n, 2, dtype=np.int64)))
+    return picked.view(pa.large_string() if large else pa.string())
 
 
 def user_groups_for(input_bytes: Optional[int]) -> int:
@@ -155,11 +155,11 @@ def parse_block(block: bytes) -> ParsedBlock:
     else:
         tab = np.full(len(starts), n + 1, np.int64)
     ok = (tab > starts) & (tab < ends)
-    high = np.flatnonzero(buf >= 0x80)
-    if len(high):  # check the UTF-8 of the lines that hold a non-ASCII byte
+    if (buf >= 0x80).any():  # check the UTF-8 of the lines that hold a non-ASCII byte
         try:
             block.decode("utf-8")
         except UnicodeDecodeError:
+            high = np.flatnonzero(buf >= 0x80)
             lines = np.unique(np.searchsorted(starts, high, side="right") - 1)
             for k in lines[ok[lines]].tolist():
                 try:
