@@ -182,7 +182,8 @@ def test_top_k_refuses_an_earlier_run_too(tmp_path, capsys):
 
 # -- the public summary and the owner-only details --------------------------------
 
-def test_public_summary_holds_no_exact_count_path_or_timing(tmp_path, capsys):
+@pytest.mark.parametrize("rounds", [3, 1])
+def test_public_summary_holds_no_exact_count_path_or_timing(tmp_path, capsys, rounds):
     # DP-SIPS releases "common" (257 holders, weight 257/√2 ≈ 182 against a round-0
     # threshold near 45 with σ near 8, a margin above 15 σ): a false failure of
     # "num_released > 0" has probability below 1e-50.
@@ -191,7 +192,8 @@ def test_public_summary_holds_no_exact_count_path_or_timing(tmp_path, capsys):
     prefix = str(tmp_path / "out")
     old_umask = os.umask(0)  # the owner-only mode must not depend on the umask
     try:
-        assert select_partitions.main(sp_args(data, prefix, "--mechanism", "sips")) == 0
+        assert select_partitions.main(sp_args(data, prefix, "--mechanism", "sips",
+                                              "--rounds", str(rounds))) == 0
     finally:
         os.umask(old_umask)
     printed = json.loads(capsys.readouterr().out)

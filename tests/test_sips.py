@@ -200,14 +200,21 @@ def test_published_numbers(dataset, rounds, authors, runs):
     assert abs(mean - authors) <= 0.03 * authors, (mean, authors)
 
 
-def test_grouped_removal_equals_removing_by_hand():
-    """The Dask removal (``_RemoveFromGroups``), run here on the DirectRunner: every
-    user loses exactly the released items, in its own group; users left empty (and
-    groups left empty) disappear; with nothing released the groups are unchanged."""
+@pytest.mark.parametrize("side_inputs_once", [True, False])
+def test_grouped_removal_equals_removing_by_hand(monkeypatch, side_inputs_once):
+    """The grouped removal (``runners.WithList`` of ``_remove_in_group``), run here on
+    the DirectRunner with a side input and, with Dask's capabilities patched in, with
+    the list sent to every group: every user loses exactly the released items, in its
+    own group; users left empty (and groups left empty) disappear; with nothing
+    released the groups are unchanged."""
     import apache_beam as beam
     from apache_beam.testing.util import assert_that, equal_to
+    from beam_dpsu.transforms import runners
     from beam_dpsu.transforms.bounding import GroupUsers
-    from beam_dpsu.transforms.sips import _RemoveFromGroups, _group_as_list
+    from beam_dpsu.transforms.sips import _group_as_list, _remove_in_group
+    if not side_inputs_once:
+        dask = runners.capabilities("DaskRunner")
+        monkeypatch.setattr(runners, "capabilities", lambda _: dask)
     from beam_dpsu.dp.mechanisms.histogram_threshold import remove_items
     per_user = {f"u{u}": {f"i{(u * 7 + k) % 23}": k + 1 for k in range(u % 5 + 1)}
                 for u in range(200)}
@@ -220,7 +227,7 @@ def test_grouped_removal_equals_removing_by_hand():
             rel = p | "R" >> beam.Create(rel_items)
             groups = (p | beam.Create(sorted(per_user.items()))
                       | GroupUsers(7) | beam.Map(_group_as_list)
-                      | _RemoveFromGroups(rel, 7))
+                      | runners.WithList(rel, 7, _remove_in_group))
             assert_that(groups | "Users" >> beam.FlatMap(lambda g: g[1]), equal_to(want))
             assert_that(groups | "Sizes" >> beam.Map(lambda g: len(g[1]) > 0),
                         equal_to([True] * 7), label="NoEmptyGroups")

@@ -29,7 +29,7 @@ outputs travel as ``(tag, value)`` envelopes, ``runners.tag``).
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Iterator, Optional, Tuple
 
 import apache_beam as beam
 import pyarrow as pa
@@ -37,12 +37,13 @@ import pyarrow as pa
 from beam_dpsu.dp import columnar
 from beam_dpsu.dp.columnar import COLUMNAR_ITEM_SHARDS, COLUMNAR_USER_GROUPS
 from beam_dpsu.dp.lines import BLOCK_BYTES, iter_raw_blocks
+from beam_dpsu.dp.mechanisms.sips import Sips
 from beam_dpsu.dp.noise import RunKey
 from beam_dpsu.transforms import run_key as keys
 from beam_dpsu.transforms import runners
 from beam_dpsu.transforms.textio import input_files, open_binary
 
-__all__ = ["SelectFromText", "WithoutReleased"]
+__all__ = ["SelectFromText"]
 
 _MALFORMED, _USERS = "malformed", "users"
 
@@ -133,73 +134,30 @@ class _RoundHistogramDoFn(beam.DoFn):
         yield from columnar.split_by_shard(hist, self._shards).items()
 
 
-def _without(group: int, blob: bytes, removed: pa.Array):
+def _without(group: int, blob: bytes, removed) -> Iterator[Tuple[int, bytes]]:
+    """``(group, GroupPairs bytes)`` without the items of ``removed`` (a list of
+    ``str``); nothing when no pair is left."""
     pairs = columnar.GroupPairs.from_bytes(blob)
-    left = columnar.without_items(pairs, removed)
+    left = columnar.without_items(pairs, pa.array(removed, pa.string()))
     if left is pairs:
         yield group, blob
     elif len(left):
         yield group, left.to_bytes()
 
 
-class _WithoutReleasedDoFn(beam.DoFn):
-    """``(group, GroupPairs bytes)`` and the released items (side input) → the group
-    without them; a group left without pairs disappears."""
-
-    def __init__(self):
-        self._seen, self._removed = None, None
-
-    def process(self, element, released):
-        if self._seen is not released:
-            self._seen, self._removed = released, pa.array(list(released), pa.string())
-        yield from _without(*element, self._removed)
-
-
-def _to_every_group(element, groups: int):
-    items = list(element[1])
-    for g in range(groups):
-        yield g, (True, items)
-
-
-def _without_in_group(element):
-    group, members = element
-    removed, blobs = [], []
-    for is_release, value in members:
-        if is_release:
-            removed.extend(value)
-        else:
-            blobs.append(value)
-    for blob in blobs:  # one: a group's pairs are one element
-        yield from _without(group, blob, pa.array(removed, pa.string()))
-
-
 class WithoutReleased(beam.PTransform):
     """``(group, GroupPairs bytes)`` → the same groups without the items of
     ``released`` (a PCollection of ``str``): DP-SIPS's removal between rounds.
-
-    On a runner that computes a side input once per run, ``released`` is a side
-    input (``AsList``) held as one Arrow array per worker. Elsewhere (Beam's
-    Dask runner re-evaluates side inputs in every task) the released items are
-    gathered into one list and sent to each of ``groups`` group keys, which
-    meet their pairs in one ``GroupByKey``. The result is the same."""
+    Every group gets the whole released list (``runners.WithList``: a side input,
+    or one ``GroupByKey`` on runners that re-evaluate side inputs); a group left
+    without pairs disappears."""
 
     def __init__(self, released, groups: int, label: Optional[str] = None):
         super().__init__(label)
         self._released, self._groups = released, groups
 
     def expand(self, pairs):
-        if runners.capabilities(pairs.pipeline).side_inputs_once:
-            return pairs | "Remove" >> beam.ParDo(_WithoutReleasedDoFn(),
-                                                  beam.pvalue.AsList(self._released))
-        lists = (self._released
-                 | "OneKey" >> beam.Map(lambda item: (None, item))
-                 | "Gather" >> beam.GroupByKey()
-                 | "ToEveryGroup" >> beam.FlatMap(_to_every_group, self._groups))
-        marked = pairs | "Mark" >> beam.MapTuple(lambda g, blob: (g, (False, blob)))
-        return ((marked, lists)
-                | "Together" >> beam.Flatten()
-                | "PerGroup" >> beam.GroupByKey()
-                | "Remove" >> beam.FlatMap(_without_in_group))
+        return pairs | "Remove" >> runners.WithList(self._released, self._groups, _without)
 
 
 def _check_count(value, name: str) -> int:
@@ -294,7 +252,8 @@ class SelectFromText(beam.PTransform):
     def _release(self, partials, index: int, suffix: str):
         """Round ``index``'s released items from its partial histograms by shard."""
         shards = partials | f"GroupShards{suffix}" >> beam.GroupByKey()
-        metric = f"released_round_{index}" if len(self._rounds) > 1 else None
+        # DP-SIPS's summary reports every round's count, one round included
+        metric = f"released_round_{index}" if isinstance(self._mechanism, Sips) else None
         return shards | f"Release{suffix}" >> beam.ParDo(
             _ReleaseDoFn(_RoundRule(self._mechanism, index), metric),
             keys.key_side_input(shards, self._run_key))

@@ -34,7 +34,7 @@ silently mistranslate.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, List
+from typing import Any, List, Optional
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
@@ -44,7 +44,7 @@ __all__ = ["DASK_RUNNER", "RUNNER_ALIASES", "Capabilities", "NO_ORDERED_LIST_RUN
            "runner_name", "capabilities", "dealt_workers", "DIRECT_RUNNER_NAMES", "LOCAL_RUNNER",
            "is_direct", "runner_name_of", "pipeline_options", "wait_for", "resolve_runner_flag",
            "import_dask_options", "NO_BUNDLE_OUTPUT", "per_element_flush", "tag", "main_output",
-           "split_envelopes", "check_pipeline", "join_leaves"]
+           "split_envelopes", "WithList", "check_pipeline", "join_leaves"]
 
 
 DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
@@ -322,6 +322,61 @@ def split_envelopes(pcoll, label: str, names):
                    | f"{label}/Keep{name}" >> beam.Filter(_is_tag, name)
                    | f"{label}/Value{name}" >> beam.Map(_value))
             for name in names}
+
+
+def _with_list(element, fn, items):
+    return fn(element[0], element[1], items)
+
+
+def _to_every_key(element, keys: int):
+    items = list(element[1])
+    for k in range(keys):
+        yield k, (True, items)
+
+
+def _mark(element):
+    return element[0], (False, element[1])
+
+
+def _meet(element, fn):
+    key, members = element
+    items, values = [], []
+    for is_list, value in members:
+        if is_list:
+            items.extend(value)
+        else:
+            values.append(value)
+    for value in values:
+        yield from fn(key, value, items)
+
+
+class WithList(beam.PTransform):
+    """``(key, value)`` elements, keys in ``range(keys)``, and a PCollection ``items`` →
+    what ``fn(key, value, [every element of items])`` yields, for each element.
+
+    Where the runner computes a side input once per run, the list is a side input
+    (``AsList``). Elsewhere (Beam's Dask runner re-evaluates a side input in every
+    task) the items are gathered into one list, sent to each of the ``keys`` keys
+    and meet the elements in one ``GroupByKey``. Either way ``fn`` sees the whole
+    list; the list's order is unspecified. ``fn`` must be picklable.
+    """
+
+    def __init__(self, items, keys: int, fn, label: Optional[str] = None):
+        super().__init__(label)
+        self._items, self._keys, self._fn = items, keys, fn
+
+    def expand(self, pcoll):
+        if capabilities(pcoll.pipeline).side_inputs_once:
+            return pcoll | "Apply" >> beam.FlatMap(_with_list, self._fn,
+                                                   beam.pvalue.AsList(self._items))
+        lists = (self._items
+                 | "OneKey" >> beam.Map(lambda item: (None, item))
+                 | "Gather" >> beam.GroupByKey()
+                 | "ToEveryKey" >> beam.FlatMap(_to_every_key, self._keys))
+        return ((pcoll | "Mark" >> beam.Map(_mark), lists)
+                | "Together" >> beam.Flatten()
+                | "PerKey" >> beam.GroupByKey()
+                | "Apply" >> beam.FlatMap(_meet, self._fn))
 
 
 def check_pipeline(pipeline: beam.Pipeline) -> None:

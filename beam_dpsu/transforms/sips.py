@@ -101,23 +101,10 @@ class _GroupRoundDoFn(beam.DoFn):
         yield from packed_shards(hist, self._num_shards)
 
 
-def _released_to_every_group(element, groups: int):
-    items = tuple(element[1])
-    for g in range(groups):
-        yield g, (True, items)
-
-
-def _remove_in_group(element):
-    """``(group, [(True, released items)..., (False, users)])`` → ``(group, users left)``:
-    every user without the released items; users left empty disappear."""
-    group, members = element
-    released: Set[Any] = set()
-    users = []
-    for is_release, value in members:
-        if is_release:
-            released.update(value)
-        else:
-            users = value
+def _remove_in_group(group, users, released):
+    """``(group, users)`` → the group's users without the released items; users left
+    empty disappear, and so does a group left without users."""
+    released = set(released)
     left = []
     for user, counts in users:
         remaining = remove_items(counts, released)
@@ -125,33 +112,6 @@ def _remove_in_group(element):
             left.append((user, remaining))
     if left:
         yield group, left
-
-
-class _RemoveFromGroups(beam.PTransform):
-    """``(group, users)`` → the same groups without the released items.
-
-    The released items are gathered into one list and sent, as one element, to
-    each of ``groups`` groups, which meet their users in one ``GroupByKey``: no
-    side input (Beam's Dask runner re-evaluates one in every task) and no
-    shuffle of per-user elements. A group holds its users and the released
-    list, as a worker holds the side input elsewhere.
-    """
-
-    def __init__(self, released, groups: int):
-        super().__init__()
-        self._released = released
-        self._groups = groups
-
-    def expand(self, user_groups):
-        lists = (self._released
-                 | "OneKey" >> beam.Map(lambda item: (None, item))
-                 | "Gather" >> beam.GroupByKey()
-                 | "ToEveryGroup" >> beam.FlatMap(_released_to_every_group, self._groups))
-        users = user_groups | "Mark" >> beam.MapTuple(lambda g, users: (g, (False, users)))
-        return ((users, lists)
-                | "Together" >> beam.Flatten()
-                | "PerGroup" >> beam.GroupByKey()
-                | "Remove" >> beam.FlatMap(_remove_in_group))
 
 
 class SipsRounds(beam.PTransform):
@@ -205,7 +165,7 @@ class SipsRounds(beam.PTransform):
         re-evaluate side inputs in every task and drop ``finish_bundle`` outputs (Dask):
         per round, each group's users are sampled and summed into a partial histogram
         packed per shard (``_GroupRoundDoFn``) and lose the released items in the group
-        (``_RemoveFromGroups``), so only groups, packed shards and released lists cross
+        (``runners.WithList``), so only groups, packed shards and released lists cross
         the shuffles. The same samples, weights and rules as the per-user expansion."""
         sips, run_key = self._sips, self._run_key
         key = keys.key_side_input(per_user, run_key)
@@ -224,8 +184,8 @@ class SipsRounds(beam.PTransform):
                             metric=f"released_round_{i}", sharded=True))
             outputs.append(released | f"Tag{i}" >> beam.Map(lambda item, i=i: (item, i)))
             if i + 1 < len(sips.rounds):
-                groups = groups | f"Remove{i}" >> _RemoveFromGroups(released,
-                                                                     DEFAULT_USER_GROUPS)
+                groups = groups | f"Remove{i}" >> runners.WithList(
+                    released, DEFAULT_USER_GROUPS, _remove_in_group)
         return tuple(outputs) | "Union" >> beam.Flatten()
 
 
