@@ -108,11 +108,14 @@ def test_per_user_item_counts_designs_agree():
         PerUserItemCounts(design="other")
 
 
-def test_smallest_scores_against_a_sort_per_owner():
+@pytest.mark.parametrize("owners_sorted", [False, True])
+def test_smallest_scores_against_a_sort_per_owner(owners_sorted):
     import numpy as np
     from beam_dpsu.dp.contribution import smallest_scores
     rng = np.random.default_rng(3)
     owner = rng.integers(0, 40, 3000)
+    if owners_sorted:  # as the samplers pass them: the one-key sort
+        owner = np.sort(owner)
     scores = rng.integers(0, 500, 3000).astype(np.uint64)  # many ties on purpose
     keep, tied = smallest_scores(owner, scores, 4)
     for o in range(40):
@@ -122,3 +125,20 @@ def test_smallest_scores_against_a_sort_per_owner():
         assert (o in tied.tolist()) == is_tied
         if not is_tied:
             assert sorted(scores[mine[keep[mine]]].tolist()) == ranked[:4]
+
+
+def test_the_one_key_order_is_lexsort_even_when_scores_differ_only_in_low_bits():
+    # Sorted owners are ordered by one 64-bit key (owner rank, then the score's high
+    # bits); keys that tie there are re-sorted by the full score: exactly lexsort's order.
+    import numpy as np
+    from beam_dpsu.dp.contribution import _owner_score_order
+    rng = np.random.default_rng(5)
+    for trial in range(200):
+        n, m = int(rng.integers(0, 400)), int(rng.integers(1, 60))
+        owner = np.sort(rng.integers(0, m, n))
+        scores = rng.integers(0, [3, 2**20, 2**64 - 1][trial % 3], n, dtype=np.uint64,
+                              endpoint=True)
+        if trial % 2:  # equal high bits, different low bits
+            scores = (scores << np.uint64(8)) | rng.integers(0, 4, n, dtype=np.uint64)
+        assert np.array_equal(_owner_score_order(owner, scores),
+                              np.lexsort((scores, owner))), trial

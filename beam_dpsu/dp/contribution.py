@@ -307,12 +307,42 @@ def sample_many(users: Sequence[Tuple[Any, ItemCounts]], max_items: int,
     return out
 
 
+def _owner_score_order(owner: np.ndarray, scores: np.ndarray) -> np.ndarray:
+    """``np.lexsort((scores, owner))`` (by owner, then score, then position), computed
+    with one sort of a 64-bit key when ``owner`` is sorted (as the samplers pass it):
+    the owner's rank in the high bits and the score's high bits below it, then the
+    rare runs of equal keys re-sorted exactly."""
+    n = len(owner)
+    if n < 2 or not (owner[1:] >= owner[:-1]).all():
+        return np.lexsort((scores, owner))
+    first = np.empty(n, dtype=bool)
+    first[0] = True
+    np.not_equal(owner[1:], owner[:-1], out=first[1:])
+    rank = np.cumsum(first, dtype=np.int64) - 1
+    bits = int(rank[-1]).bit_length()
+    if bits > 32:
+        return np.lexsort((scores, owner))
+    scores = scores.astype(np.uint64, copy=False)
+    key = scores if bits == 0 else ((rank.astype(np.uint64) << np.uint64(64 - bits))
+                                    | (scores >> np.uint64(bits)))
+    order = np.argsort(key)
+    ordered = key[order]
+    same = np.flatnonzero(ordered[1:] == ordered[:-1])  # order[j], order[j+1] share a key
+    if len(same):
+        starts = same[np.r_[True, same[1:] != same[:-1] + 1]]
+        ends = same[np.r_[same[1:] != same[:-1] + 1, True]] + 2
+        for a, b in zip(starts.tolist(), ends.tolist()):
+            run = order[a:b]
+            order[a:b] = run[np.lexsort((run, scores[run]))]
+    return order
+
+
 def smallest_scores(owner: np.ndarray, scores: np.ndarray, max_items: int):
     """The sampler's rule on many users' pairs at once: ``(keep, tied)``, ``keep[p]``
     True for the ``max_items`` pairs of smallest score of each owner (user), and
     ``tied`` the owners whose ``max_items``-th and next scores are equal (probability
     about n²/2^65), whose choice the caller settles by canonical bytes."""
-    order = np.lexsort((scores, owner))  # by owner, then score
+    order = _owner_score_order(owner, scores)  # by owner, then score
     so, ss = owner[order], scores[order]
     first = np.r_[True, so[1:] != so[:-1]]
     at = np.arange(len(order))
