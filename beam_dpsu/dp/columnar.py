@@ -223,6 +223,11 @@ def _from_ipc(blob: bytes) -> pa.RecordBatch:
         return reader.read_next_batch()
 
 
+def _coded(codes: np.ndarray, values: pa.Array) -> pa.DictionaryArray:
+    """``values[codes[k]]`` for each k, as an Arrow dictionary column (int32 codes)."""
+    return pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32()), values)
+
+
 @dataclass
 class PairBlock:
     """``(user, item)`` pairs: pair k is ``(users[user_index[k]], items[k])``;
@@ -234,8 +239,7 @@ class PairBlock:
     def to_bytes(self) -> bytes:
         """One Arrow IPC message (the user column dictionary-encoded)."""
         return _to_ipc(pa.RecordBatch.from_arrays(
-            [pa.DictionaryArray.from_arrays(pa.array(self.user_index, pa.int32()), self.users),
-             self.items], names=["user", "item"]))
+            [_coded(self.user_index, self.users), self.items], names=["user", "item"]))
 
     @classmethod
     def from_bytes(cls, blob: bytes) -> "PairBlock":
@@ -357,9 +361,7 @@ class GroupPairs:
     def to_bytes(self) -> bytes:
         """One Arrow IPC message (both columns dictionary-encoded)."""
         return _to_ipc(pa.RecordBatch.from_arrays(
-            [pa.DictionaryArray.from_arrays(pa.array(self.u, pa.int32()), self.users),
-             pa.DictionaryArray.from_arrays(pa.array(self.i, pa.int32()), self.items)],
-            names=["user", "item"]))
+            [_coded(self.u, self.users), _coded(self.i, self.items)], names=["user", "item"]))
 
     @classmethod
     def from_bytes(cls, blob: bytes) -> "GroupPairs":
