@@ -7,9 +7,10 @@ a PCollection of ``(user_id, item)`` occurrences, aggregating inside each
 bundle before the shuffle so that the per-element cost of the Python SDK is
 paid once per (bundle, user) rather than once per occurrence.
 
-``sample_items`` keeps, for a user with more than Δ0 distinct items, a
-uniformly random subset of Δ0 of them drawn by a generator seeded with
-``HMAC(key, user)``: the same subset on every retry and on every runner.
+``sample_items`` keeps, for a user with more than Δ0 distinct items, the Δ0
+items of smallest SipHash score under a key derived from the run key and the
+user (``dp.contribution``): a uniformly random subset, the same on every retry
+and on every runner.
 """
 from __future__ import annotations
 

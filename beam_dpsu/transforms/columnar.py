@@ -137,6 +137,9 @@ class _RoundHistogramDoFn(beam.DoFn):
 def _without(group: int, blob: bytes, removed) -> Iterator[Tuple[int, bytes]]:
     """``(group, GroupPairs bytes)`` without the items of ``removed`` (a list of
     ``str``); nothing when no pair is left."""
+    if not removed:  # nothing released: the message as it is, undecoded
+        yield group, blob
+        return
     pairs = columnar.GroupPairs.from_bytes(blob)
     left = columnar.without_items(pairs, pa.array(removed, pa.string()))
     if left is pairs:
