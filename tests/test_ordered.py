@@ -310,15 +310,16 @@ def test_validation():
 
 
 def test_auto_state_choice():
-    t = OrderedUserPolicy(GW(1, 1e-5).policy, RK)
-    assert t._resolve_state(local_pipeline()) == "ordered_list"
+    assert ordered.resolve_state("auto", local_pipeline()) == "ordered_list"
 
     class OtherRunner:
         pass
 
     class FakePipeline:
         runner = OtherRunner()
-    assert t._resolve_state(FakePipeline()) == "bag"
+    assert ordered.resolve_state("auto", FakePipeline()) == "bag"
+    with pytest.raises(ValueError, match="state must be one of"):
+        ordered.resolve_state("ordered", local_pipeline())
 
 
 def test_runner_capabilities_choose_the_fallback_or_fail_clearly():
@@ -326,12 +327,11 @@ def test_runner_capabilities_choose_the_fallback_or_fail_clearly():
     policy = PolicyGaussian(1.0, 1e-5, 3).policy
     p = beam.Pipeline(runner="FlinkRunner", options=PipelineOptions(["--flink_master=[local]"]))
     users = p | beam.Create([("u", {"a": 1})])
-    auto = OrderedUserPolicy(policy, RK)
-    assert auto._resolve_state(p) == "bag"          # Flink has no OrderedListState
+    assert ordered.resolve_state("auto", p) == "bag"          # Flink has no OrderedListState
     with pytest.raises(ValueError, match="FlinkRunner does not support"):
         _ = users | OrderedUserPolicy(policy, RK, state="ordered_list")
     direct = local_pipeline()
-    assert OrderedUserPolicy(policy, RK)._resolve_state(direct) == "ordered_list"
+    assert ordered.resolve_state("auto", direct) == "ordered_list"
 
 
 def test_gw_kt_kt_selection_defaults_describe_and_validation():

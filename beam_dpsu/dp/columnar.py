@@ -43,6 +43,7 @@ from beam_dpsu.dp import compiled
 from beam_dpsu.dp.contribution import (item_scores, sample_items, sampling_keys,
                                        smallest_scores, user_keys)
 from beam_dpsu.dp.mechanisms.histogram_threshold import HistogramMechanism
+from beam_dpsu.dp.mechanisms.policy import PolicyMechanism
 from beam_dpsu.dp.mechanisms.sips import Sips
 from beam_dpsu.dp.noise import STR_TAG
 from beam_dpsu.dp.siphash import siphash24_many
@@ -50,7 +51,7 @@ from beam_dpsu.dp.weights import check_weighting
 
 __all__ = ["COLUMNAR_USER_GROUPS", "COLUMNAR_ITEM_SHARDS", "BYTES_PER_USER_GROUP",
            "MIN_USER_GROUPS", "MAX_USER_GROUPS", "user_groups_for", "ParsedBlock", "parse_block", "string_spans", "string_groups", "PairBlock",
-           "pair_blocks", "GroupPairs", "group_pairs", "without_items", "pairs_histogram",
+           "pair_blocks", "FILE_SHIFT", "line_position", "counted_pair_blocks", "GroupPairs", "group_pairs", "without_items", "pairs_histogram", "sampled_pairs",
            "GroupHistogram", "bounded_histogram", "sum_histograms", "runs_columnar", "columnar_rounds",
            "split_by_shard", "release_shard", "IPC_COMPRESSION", "release_from_files"]
 
@@ -70,11 +71,13 @@ COLUMNAR_ITEM_SHARDS = 16
 @dataclass
 class ParsedBlock:
     """The well-formed lines of a block as two Arrow string arrays of equal length
-    (``users[k]``, ``items[k]``: line k's user id and item, in line order), and
-    the malformed lines: ``{raw line: occurrences}``."""
+    (``users[k]``, ``items[k]``: line k's user id and item, in line order), the
+    offset in the block at which each of those lines starts (``offsets[k]``),
+    and the malformed lines: ``{raw line: occurrences}``."""
     users: pa.Array
     items: pa.Array
     malformed: Dict[bytes, int]
+    offsets: np.ndarray
 
 
 def _gather(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> pa.Array:
@@ -172,7 +175,8 @@ def parse_block(block: bytes) -> ParsedBlock:
         malformed = dict(collections.Counter(block[starts[k]:raw_ends[k]] for k in bad.tolist()))
         keep = np.flatnonzero(ok)
         starts, ends, tab = starts[keep], ends[keep], tab[keep]
-    return ParsedBlock(_gather(buf, starts, tab), _gather(buf, tab + 1, ends), malformed)
+    return ParsedBlock(_gather(buf, starts, tab), _gather(buf, tab + 1, ends), malformed,
+                       starts)
 
 
 def string_spans(array: pa.Array) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -231,22 +235,34 @@ def _coded(codes: np.ndarray, values: pa.Array) -> pa.DictionaryArray:
 @dataclass
 class PairBlock:
     """``(user, item)`` pairs: pair k is ``(users[user_index[k]], items[k])``;
-    ``users`` holds distinct user ids."""
+    ``users`` holds distinct user ids. A block made for the sequential policies
+    (``counted_pair_blocks``) also holds each pair's number of lines
+    (``counts[k]``) and, when the record order is kept, the position of its
+    first line in the input (``first[k]``); both are None otherwise."""
     users: pa.Array
     items: pa.Array
     user_index: np.ndarray
+    counts: Optional[np.ndarray] = None
+    first: Optional[np.ndarray] = None
 
     def to_bytes(self) -> bytes:
         """One Arrow IPC message (the user column dictionary-encoded)."""
-        return _to_ipc(pa.RecordBatch.from_arrays(
-            [_coded(self.user_index, self.users), self.items], names=["user", "item"]))
+        columns = [_coded(self.user_index, self.users), self.items]
+        names = ["user", "item"]
+        for name in ("counts", "first"):
+            if getattr(self, name) is not None:
+                columns.append(pa.array(getattr(self, name), pa.int64()))
+                names.append(name)
+        return _to_ipc(pa.RecordBatch.from_arrays(columns, names=names))
 
     @classmethod
     def from_bytes(cls, blob: bytes) -> "PairBlock":
         batch = _from_ipc(blob)
         user = batch.column(0)
+        extra = {name: batch.column(name).to_numpy() for name in ("counts", "first")
+                 if name in batch.schema.names}
         return cls(user.dictionary, batch.column(1),
-                   user.indices.to_numpy(zero_copy_only=False))
+                   user.indices.to_numpy(zero_copy_only=False), **extra)
 
 
 def _encode(array: pa.Array) -> Tuple[pa.Array, np.ndarray]:
@@ -319,6 +335,59 @@ def pair_blocks(parsed: ParsedBlock, groups: int) -> Dict[int, PairBlock]:
     return out
 
 
+#: ``counted_pair_blocks``: a file's first line is at position ``file_index << FILE_SHIFT``;
+#: a file's text may be up to 2^44 bytes (16 TiB) long.
+FILE_SHIFT = 44
+
+
+def line_position(file_index: int, offset: int) -> int:
+    """The position in the whole input of the line at byte ``offset`` of the text of
+    the ``file_index``-th input file (files sorted by path): positions order lines by
+    file, then by place in the file (the record order)."""
+    if not 0 <= offset < 1 << FILE_SHIFT or file_index < 0:
+        raise ValueError(f"no line position for file {file_index}, offset {offset}")
+    return (file_index << FILE_SHIFT) + offset
+
+
+def counted_pair_blocks(parsed: ParsedBlock, groups: int, base: Optional[int] = None
+                        ) -> Dict[int, PairBlock]:
+    """The block's distinct ``(user, item)`` pairs by user group, as ``pair_blocks``,
+    each with its number of lines in the block (``PairBlock.counts``) and, given
+    ``base`` (``line_position`` of the block's first byte), the position of its
+    first line (``PairBlock.first``): what the sequential policies need of a user
+    (``{item: count}`` in record order). Users and items are compared as exact
+    strings (Arrow's dictionary encoding)."""
+    if len(parsed.users) == 0:
+        return {}
+    users, u = _encode(parsed.users)
+    items, i = _encode(parsed.items)
+    group = string_groups(users, groups)
+    by_group = np.argsort(group, kind="stable")
+    code = np.empty(len(users), np.int64)
+    code[by_group] = np.arange(len(users))
+    users, group = users.take(pa.array(by_group)), group[by_group]
+    width = max(len(items), 1)
+    key = code[u] * width + i
+    order = np.argsort(key, kind="stable")  # a pair's lines in line order
+    key = key[order]
+    head = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+    counts = np.diff(np.r_[head, len(key)]).astype(np.int64)
+    first = None if base is None else base + parsed.offsets[order[head]]
+    line_code, item_code = key[head] // width, key[head] % width
+    pair_items = items.take(pa.array(item_code))
+    user_bounds = np.r_[0, np.flatnonzero(group[1:] != group[:-1]) + 1, len(users)]
+    pair_bounds = np.searchsorted(line_code, user_bounds)
+    out: Dict[int, PairBlock] = {}
+    for k in range(len(user_bounds) - 1):
+        a, b = int(user_bounds[k]), int(user_bounds[k + 1])
+        la, lb = int(pair_bounds[k]), int(pair_bounds[k + 1])
+        out[int(group[a])] = PairBlock(
+            users.slice(a, b - a), pair_items.slice(la, lb - la),
+            (line_code[la:lb] - a).astype(np.int32), counts[la:lb],
+            None if first is None else first[la:lb])
+    return out
+
+
 @dataclass
 class GroupHistogram:
     """A user group's partial histogram: ``weights[k]`` of ``items[k]`` (distinct
@@ -352,24 +421,36 @@ class GroupPairs:
     """A user group's distinct ``(user, item)`` pairs: pair k is ``(users[u[k]],
     items[i[k]])``, sorted by user code, then item code. ``users`` and ``items``
     hold distinct strings (an item no pair refers to any more, after
-    ``without_items``, may stay in ``items``)."""
+    ``without_items``, may stay in ``items``). From counted pair blocks
+    (``counted_pair_blocks``), ``counts[k]`` is the pair's number of lines and
+    ``first[k]`` (when the blocks kept it) the position of its first line;
+    both are None otherwise."""
     users: pa.Array
     items: pa.Array
     u: np.ndarray
     i: np.ndarray
+    counts: Optional[np.ndarray] = None
+    first: Optional[np.ndarray] = None
 
     def to_bytes(self) -> bytes:
-        """One Arrow IPC message (both columns dictionary-encoded)."""
-        return _to_ipc(pa.RecordBatch.from_arrays(
-            [_coded(self.u, self.users), _coded(self.i, self.items)], names=["user", "item"]))
+        """One Arrow IPC message (user and item dictionary-encoded)."""
+        columns = [_coded(self.u, self.users), _coded(self.i, self.items)]
+        names = ["user", "item"]
+        for name in ("counts", "first"):
+            if getattr(self, name) is not None:
+                columns.append(pa.array(getattr(self, name), pa.int64()))
+                names.append(name)
+        return _to_ipc(pa.RecordBatch.from_arrays(columns, names=names))
 
     @classmethod
     def from_bytes(cls, blob: bytes) -> "GroupPairs":
         batch = _from_ipc(blob)
         user, item = batch.column(0), batch.column(1)
+        extra = {name: batch.column(name).to_numpy() for name in ("counts", "first")
+                 if name in batch.schema.names}
         return cls(user.dictionary, item.dictionary,
                    user.indices.to_numpy(zero_copy_only=False).astype(np.int64),
-                   item.indices.to_numpy(zero_copy_only=False).astype(np.int64))
+                   item.indices.to_numpy(zero_copy_only=False).astype(np.int64), **extra)
 
     def __len__(self) -> int:
         return len(self.u)
@@ -378,7 +459,8 @@ class GroupPairs:
 def group_pairs(blocks: Iterable[PairBlock]) -> GroupPairs:
     """All the pair blocks of one user group → the group's distinct ``(user, item)``
     pairs (each user's lines gathered across the blocks, repeats removed; users
-    and items compared as exact strings)."""
+    and items compared as exact strings). Counted blocks (``counted_pair_blocks``)
+    give counted pairs: the counts summed, the first positions' minimum."""
     blocks = list(blocks)
     if not blocks:
         empty = pa.array([], pa.string())
@@ -389,8 +471,20 @@ def group_pairs(blocks: Iterable[PairBlock]) -> GroupPairs:
     u = np.concatenate([user_code[b.user_index.astype(np.int64) + user_off[k]]
                         for k, b in enumerate(blocks)])
     width = max(len(items), 1)
-    codes = _distinct_codes(u * width + i)  # sorted: by user, then item code
-    return GroupPairs(users, items, codes // width, codes % width)
+    if any(b.counts is None for b in blocks):
+        codes = _distinct_codes(u * width + i)  # sorted: by user, then item code
+        return GroupPairs(users, items, codes // width, codes % width)
+    codes = u * width + i
+    order = np.argsort(codes, kind="stable")
+    codes = codes[order]
+    head = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
+    counts = np.add.reduceat(np.concatenate([b.counts for b in blocks])[order], head)
+    first = None
+    if all(b.first is not None for b in blocks):
+        first = np.minimum.reduceat(np.concatenate([b.first for b in blocks])[order], head)
+    codes = codes[head]
+    return GroupPairs(users, items, codes // width, codes % width, counts.astype(np.int64),
+                      first)
 
 
 def without_items(pairs: GroupPairs, removed: pa.Array) -> GroupPairs:
@@ -403,7 +497,9 @@ def without_items(pairs: GroupPairs, removed: pa.Array) -> GroupPairs:
     if not gone.any():
         return pairs
     keep = ~gone[pairs.i]
-    return GroupPairs(pairs.users, pairs.items, pairs.u[keep], pairs.i[keep])
+    return GroupPairs(pairs.users, pairs.items, pairs.u[keep], pairs.i[keep],
+                      None if pairs.counts is None else pairs.counts[keep],
+                      None if pairs.first is None else pairs.first[keep])
 
 
 def pairs_histogram(pairs: GroupPairs, max_items: Optional[int], weighting: str,
@@ -418,19 +514,34 @@ def pairs_histogram(pairs: GroupPairs, max_items: Optional[int], weighting: str,
     is the number of distinct users of ``pairs.users``.
     """
     check_weighting(weighting)
-    users, items, u, i = pairs.users, pairs.items, pairs.u, pairs.i
-    num = np.bincount(u, minlength=len(users))
-    keep = np.ones(len(u), dtype=bool)
+    items, u, i = pairs.items, pairs.u, pairs.i
+    num = np.bincount(u, minlength=len(pairs.users))
+    keep = sampled_pairs(pairs, max_items, sample_key, num)
     if max_items is not None:
-        big = np.flatnonzero(num > max_items)
-        if len(big):
-            keep = _sample_big_users(users, items, u, i, big, max_items, sample_key, keep)
-            num = np.minimum(num, max_items)
+        num = np.minimum(num, max_items)
     w = _user_weights(np.maximum(num, 1), weighting)
     kept_items = i[keep]
     hist = np.bincount(kept_items, weights=w[u[keep]], minlength=len(items))
     present = np.flatnonzero(np.bincount(kept_items, minlength=len(items)))
-    return GroupHistogram(items.take(pa.array(present)), hist[present], len(users))
+    return GroupHistogram(items.take(pa.array(present)), hist[present], len(pairs.users))
+
+
+def sampled_pairs(pairs: GroupPairs, max_items: Optional[int], sample_key: Optional[bytes],
+                  num: Optional[np.ndarray] = None) -> np.ndarray:
+    """Which of a group's distinct pairs the Δ0 sampler keeps (a boolean mask): all of
+    a user with at most ``max_items`` (Δ0) distinct items (all of everyone when it
+    is None), else the subset ``contribution.sample_items(user, ..., max_items,
+    sample_key)`` keeps. ``num``: each user's number of pairs, if known."""
+    keep = np.ones(len(pairs.u), dtype=bool)
+    if max_items is None:
+        return keep
+    if num is None:
+        num = np.bincount(pairs.u, minlength=len(pairs.users))
+    big = np.flatnonzero(num > max_items)
+    if len(big):
+        keep = _sample_big_users(pairs.users, pairs.items, pairs.u, pairs.i, big, max_items,
+                                 sample_key, keep)
+    return keep
 
 
 def bounded_histogram(blocks: Iterable[PairBlock], max_items: Optional[int], weighting: str,
@@ -496,16 +607,19 @@ def sum_histograms(blobs: Iterable[bytes]) -> Tuple[pa.Array, np.ndarray]:
 
 def runs_columnar(mechanism) -> bool:
     """Whether the columnar path runs ``mechanism``: a histogram mechanism (one
-    round) or DP-SIPS with ``removal='side-input'`` (its rounds, each on the items
-    earlier rounds did not release, the released items held per group)."""
-    return (isinstance(mechanism, HistogramMechanism)
+    round), DP-SIPS with ``removal='side-input'`` (its rounds, each on the items
+    earlier rounds did not release, the released items held per group) or a
+    sequential policy mechanism (its users prepared on counted pairs,
+    ``dp.columnar_policy``)."""
+    return (isinstance(mechanism, (HistogramMechanism, PolicyMechanism))
             or (isinstance(mechanism, Sips) and mechanism.removal == "side-input"))
 
 
 def columnar_rounds(mechanism) -> list:
-    """The rounds of a mechanism the columnar path runs (``runs_columnar``); raises
-    ValueError for any other."""
-    if runs_columnar(mechanism):
+    """The rounds of a histogram mechanism or DP-SIPS on the columnar path; raises
+    ValueError for any other mechanism (a policy mechanism has no rounds here:
+    ``dp.columnar_policy`` prepares its users)."""
+    if runs_columnar(mechanism) and not isinstance(mechanism, PolicyMechanism):
         return list(mechanism.rounds)
     raise ValueError(
         f"the columnar path runs the histogram mechanisms and DP-SIPS with "

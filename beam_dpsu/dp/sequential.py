@@ -468,6 +468,11 @@ class _SampledPolicy(UserPolicy):
         self.max_items = check_max_items(max_items)
         self._sample_key = sample_key
 
+    @property
+    def sample_key(self) -> bytes:
+        """The Δ0 sampler's key (``run_key.subkey('sample/0')``)."""
+        return self._sample_key
+
     def prepare(self, user, counts, public_counts=None):
         if not counts:
             return [], ()

@@ -1,6 +1,7 @@
-"""``SelectFromText``: a histogram mechanism or DP-SIPS straight from text files, on blocks of arrays.
+"""``SelectFromText``: any set-union mechanism straight from text files, on blocks of arrays.
 
-The columnar path of the histogram-and-threshold family and of DP-SIPS. Every
+The columnar path of the histogram-and-threshold family, of DP-SIPS and of the
+sequential policy mechanisms (Policy Laplace, Policy Gaussian, GW, GW-KT). Every
 element that crosses a shuffle is a block of arrays (``dp.columnar``), never a
 user, a line or an item:
 
@@ -19,6 +20,13 @@ under its own keys and rule, and the next round's groups lose the items it
 released (``WithoutReleased``: a side input on runners that compute one once,
 else the released list sent to every group through one ``GroupByKey``).
 
+The sequential policies read counted pairs (``columnar.counted_pair_blocks``:
+each pair's number of lines and, for the first-occurrence tie-break, the
+position of its first line in the input, files in sorted order); each group's
+users are prepared at once (``dp.columnar_policy.prepare_pairs``: the Δ0 sample
+or the greedy walk order, as item ids) into the buckets of
+``ordered.RunPrepared``, whose one-core sequential stage and release follow.
+
 It releases exactly what ``SelectPartitions(mechanism, run_key)`` releases on
 the same per-user data with the same key (the tests check it), at a fraction
 of the cost: the Python SDK's per-element cost is paid per block, and the
@@ -32,40 +40,58 @@ from __future__ import annotations
 from typing import Any, Iterator, Optional, Tuple
 
 import apache_beam as beam
+import numpy as np
 import pyarrow as pa
 
-from beam_dpsu.dp import columnar
+from beam_dpsu.dp import columnar, columnar_policy
+from beam_dpsu.dp import sequential as policies
 from beam_dpsu.dp.columnar import COLUMNAR_ITEM_SHARDS, COLUMNAR_USER_GROUPS
 from beam_dpsu.dp.lines import BLOCK_BYTES, iter_raw_blocks
+from beam_dpsu.dp.mechanisms.policy import PolicyMechanism
 from beam_dpsu.dp.mechanisms.sips import Sips
 from beam_dpsu.dp.noise import RunKey
 from beam_dpsu.transforms import run_key as keys
-from beam_dpsu.transforms import runners
+from beam_dpsu.transforms import ordered, runners
+from beam_dpsu.transforms.release import ApplyReleaseRule
 from beam_dpsu.transforms.textio import input_files, open_binary
 
 __all__ = ["SelectFromText"]
 
-_MALFORMED, _USERS = "malformed", "users"
+_MALFORMED, _USERS, _IDS = "malformed", "users", "ids"
 
 
 class _ReadPairsDoFn(beam.DoFn):
-    """A file → ``(group, PairBlock bytes)`` per block and user group; ``(raw line,
-    occurrences)`` per distinct malformed line of a block on ``_MALFORMED``."""
+    """A file (a path, or ``(file index, path)`` with ``positions``) → ``(group,
+    PairBlock bytes)`` per block and user group; ``(raw line, occurrences)`` per
+    distinct malformed line of a block on ``_MALFORMED``. ``counted``: the blocks
+    of ``columnar.counted_pair_blocks`` (with each pair's first line position when
+    ``positions``), else ``columnar.pair_blocks``."""
 
-    def __init__(self, groups: int, block_bytes: int, envelope: bool):
+    def __init__(self, groups: int, block_bytes: int, envelope: bool, counted: bool = False,
+                 positions: bool = False):
         self._groups, self._block_bytes, self._envelope = groups, block_bytes, envelope
+        self._counted, self._positions = counted, positions
         self._malformed = beam.metrics.Metrics.counter("beam_dpsu", "malformed_lines")
         self._files = beam.metrics.Metrics.counter("beam_dpsu", "input_files")
 
-    def process(self, path):
+    def process(self, element):
         self._files.inc()
+        file_index, path = element if self._positions else (None, element)
+        offset = 0  # of the block in the file's text
         with open_binary(path) as f:
             for block in iter_raw_blocks(f, self._block_bytes):
                 parsed = columnar.parse_block(block)
                 for line, n in parsed.malformed.items():
                     self._malformed.inc(n)
                     yield runners.tag((line, n), _MALFORMED, self._envelope)
-                for group, pairs in columnar.pair_blocks(parsed, self._groups).items():
+                if self._counted:
+                    base = (None if file_index is None
+                            else columnar.line_position(file_index, offset))
+                    blocks = columnar.counted_pair_blocks(parsed, self._groups, base)
+                else:
+                    blocks = columnar.pair_blocks(parsed, self._groups)
+                offset += len(block) + 1
+                for group, pairs in blocks.items():
                     yield runners.main_output((group, pairs.to_bytes()), self._envelope)
 
 
@@ -120,6 +146,34 @@ class _GroupPairsDoFn(beam.DoFn):
             yield runners.main_output((element[0], pairs.to_bytes()), self._envelope)
 
 
+class _PreparePoliciesDoFn(beam.DoFn):
+    """``(group, [counted PairBlock bytes])`` → the group's users prepared for a
+    sequential policy, in ``ordered.RunPrepared``'s input form: ``(bucket, [(sort
+    hash, encoded user id, ids bytes), ...])`` on the main output, ``(shard,
+    pickled {id: item})`` on ``_IDS``, the group's number of users on ``_USERS``."""
+
+    def __init__(self, make_policy, bucket_bits: int, envelope: bool):
+        self._keyed = keys.KeyedCache(ordered.PolicyAndOrderKey(make_policy))
+        self._shift = 64 - ordered.check_bucket_bits(bucket_bits)
+        self._envelope = envelope
+
+    def process(self, element, key_bytes, public_counts=None):
+        pairs = columnar.group_pairs(columnar.PairBlock.from_bytes(b) for b in element[1])
+        yield runners.tag(len(pairs.users), _USERS, self._envelope)
+        policy, order_key = self._keyed(key_bytes)
+        prepared = columnar_policy.prepare_pairs(pairs, policy, public_counts)
+        buckets = {}
+        ids = prepared.ids.astype("<i8")
+        end = np.cumsum(prepared.lengths)
+        for user, b, n in zip(prepared.users, end.tolist(), prepared.lengths.tolist()):
+            h, encoded = policies.user_sort_key(order_key, user)
+            buckets.setdefault(h >> self._shift, []).append((h, encoded, ids[b - n:b].tobytes()))
+        for entry in buckets.items():
+            yield runners.main_output(entry, self._envelope)
+        for part in ordered.id_map_shards(prepared.item_ids):
+            yield runners.tag(part, _IDS, self._envelope)
+
+
 class _RoundHistogramDoFn(beam.DoFn):
     """``(group, GroupPairs bytes)`` → ``(shard, partial histogram bytes)`` of one round."""
 
@@ -170,15 +224,17 @@ def _check_count(value, name: str) -> int:
 
 
 class SelectFromText(beam.PTransform):
-    """Text files of ``user_id<TAB>item`` lines → the items a histogram mechanism or
-    DP-SIPS releases.
+    """Text files of ``user_id<TAB>item`` lines → the items a histogram mechanism,
+    DP-SIPS or a sequential policy mechanism releases.
 
     ``p | SelectFromText(pattern, WeightedGaussian(3, 1e-5))`` is
     ``p | ReadUserItems(pattern) | SelectPartitions(mechanism, per_user=True)``
     computed on blocks of arrays (``dp.columnar``): the same per-user data
     (the same line format, ``dp.lines``), the same sampled items, weights and
-    release rule (for DP-SIPS, in every round, after the same removal), so the
-    same release under the same ``run_key``. Returns ``(released, malformed,
+    release rule (for DP-SIPS, in every round, after the same removal; for a
+    policy mechanism, the same prepared users in the same keyed order, as
+    ``ReadUserItems(pattern, keep_order=True)`` gives them), so the same
+    release under the same ``run_key``. Returns ``(released, malformed,
     users)``: the released items (``str``, no order; write them with
     ``write.WriteRelease``), the malformed lines as ``(raw line bytes,
     occurrences)`` (private input: a dead-letter file, never a release) and one
@@ -192,8 +248,11 @@ class SelectFromText(beam.PTransform):
       mechanism: a histogram mechanism (``TruncatedGeometric``,
         ``CountLaplace``, ``CountGaussian``, ``WeightedLaplace``,
         ``WeightedGaussian``, ``WeightedGaussianZcdp``) or ``Sips`` with
-        ``removal='side-input'`` (its default; ``dp.columnar.columnar_rounds``).
-        Its guarantee is the release's. DP-SIPS's released items carry no round
+        ``removal='side-input'`` (its default; ``dp.columnar.columnar_rounds``),
+        or a sequential policy mechanism (``PolicyLaplace``, ``PolicyGaussian``,
+        ``GW``, ``GWKT``; its ``state`` as in ``ordered.OrderedUserPolicy``; GW's
+        ``'first-occurrence'`` tie-break reads the record order: files sorted by
+        path, lines in file order). Its guarantee is the release's. DP-SIPS's released items carry no round
         here; the metrics ``beam_dpsu/released_round_<i>`` count them per round.
       run_key: the run's ``RunKey``; None (default) draws a fresh OS-random key
         on a worker (``transforms.run_key``). ``RunKey.from_test_seed`` only
@@ -220,7 +279,13 @@ class SelectFromText(beam.PTransform):
         super().__init__(label)
         if not isinstance(file_pattern, str) or not file_pattern:
             raise ValueError(f"file_pattern must be a non-empty string, got {file_pattern!r}")
-        self._rounds = columnar.columnar_rounds(mechanism)
+        if not columnar.runs_columnar(mechanism):
+            raise ValueError(
+                f"SelectFromText runs the histogram mechanisms, DP-SIPS with "
+                f"removal='side-input' and the sequential policy mechanisms; got "
+                f"{mechanism!r}: use textio.ReadUserItems and SelectPartitions for it")
+        self._rounds = (None if isinstance(mechanism, PolicyMechanism)
+                        else columnar.columnar_rounds(mechanism))
         self._pattern = file_pattern
         self._mechanism = mechanism
         self._run_key = keys.for_pipeline(run_key)
@@ -230,6 +295,8 @@ class SelectFromText(beam.PTransform):
 
     def expand(self, pbegin):
         envelope = not runners.capabilities(pbegin.pipeline).tagged_outputs
+        if self._rounds is None:
+            return self._expand_policy(pbegin, envelope)
         files = input_files(pbegin, self._pattern)
         pairs, malformed = _apply(files, "ReadPairs", _ReadPairsDoFn(
             self._groups, self._block_bytes, envelope), envelope, _MALFORMED)
@@ -252,6 +319,30 @@ class SelectFromText(beam.PTransform):
                 groups = groups | f"Remove{i}" >> WithoutReleased(released[-1], self._groups)
         return tuple(released) | "Union" >> beam.Flatten(), malformed, users
 
+    def _expand_policy(self, pbegin, envelope: bool):
+        """A sequential policy mechanism: counted pairs by group, each group's users
+        prepared (``columnar_policy.prepare_pairs``), then ``ordered.RunPrepared``
+        and the release, as ``SelectPartitions`` runs it after its preparation."""
+        m = self._mechanism
+        record_order = bool(getattr(m, "needs_record_order", False))
+        files = input_files(pbegin, self._pattern, ordered=record_order)
+        pairs, malformed = _apply(files, "ReadPairs", _ReadPairsDoFn(
+            self._groups, self._block_bytes, envelope, counted=True, positions=record_order),
+            envelope, _MALFORMED)
+        grouped = pairs | "GroupUsers" >> beam.GroupByKey()
+        args = [keys.key_side_input(grouped, self._run_key)]
+        public = ordered.public_counts_side_input(pbegin.pipeline, m.public_counts)
+        if public is not None:
+            args.append(public)
+        buckets, ids, users = _apply(grouped, "Prepare", _PreparePoliciesDoFn(
+            m.policy, ordered.DEFAULT_BUCKET_BITS, envelope), envelope, (_IDS, _USERS), *args)
+        update = m.policy(ordered.UPDATE_ONLY_KEY)
+        hist = (buckets, ids) | "Ordered" >> ordered.RunPrepared(
+            update, ordered.resolve_state(m.state, pbegin.pipeline), sharded=True)
+        released = hist | "Release" >> ApplyReleaseRule(m.release_rule, self._run_key,
+                                                        sharded=True)
+        return released, malformed, users
+
     def _release(self, partials, index: int, suffix: str):
         """Round ``index``'s released items from its partial histograms by shard."""
         shards = partials | f"GroupShards{suffix}" >> beam.GroupByKey()
@@ -272,13 +363,15 @@ class _RoundRule:
         return self._mechanism.release_rule(run_key, round_index=self._index)
 
 
-def _apply(pcoll, label: str, dofn, envelope: bool, tag: str, *side_inputs):
-    """``pcoll | label >> ParDo(dofn)`` with a main output and the output ``tag``:
-    ``(main, tagged)``; in envelope mode (Dask) the one output is split."""
+def _apply(pcoll, label: str, dofn, envelope: bool, tags, *side_inputs):
+    """``pcoll | label >> ParDo(dofn)`` with a main output and the output(s) ``tags`` (a
+    tag or a tuple of tags): ``(main, tagged...)``; in envelope mode (Dask) the one
+    output is split."""
+    tags = (tags,) if isinstance(tags, str) else tuple(tags)
     if envelope:
         out = pcoll | label >> beam.ParDo(dofn, *side_inputs).with_output_types(Any)
-        split = runners.split_envelopes(out, f"{label}/Split", (None, tag))
-        return split[None], split[tag]
+        split = runners.split_envelopes(out, f"{label}/Split", (None,) + tags)
+        return tuple(split[t] for t in (None,) + tags)
     out = pcoll | label >> beam.ParDo(dofn, *side_inputs).with_output_types(Any).with_outputs(
-        tag, main="main")
-    return out.main, out[tag]
+        *tags, main="main")
+    return (out.main,) + tuple(out[t] for t in tags)

@@ -68,6 +68,10 @@ State and runners (``state`` argument)
 Either way the result is identical: the order is a function of the run key
 and the user ids only.
 
+Steps 2-4 are ``RunPrepared``, which also runs after the columnar path's
+preparation (``transforms.columnar.SelectFromText``: a user group's users
+prepared at once from arrays, ``dp.columnar_policy``), in the same form.
+
 Throughput: the sequential stage runs on one core by construction.
 """
 from __future__ import annotations
@@ -95,7 +99,8 @@ from beam_dpsu.transforms.expansion import expand_mechanism, expand_mechanism_pa
 from beam_dpsu.transforms.release import ApplyReleaseRule
 
 __all__ = ["DEFAULT_BUCKET_BITS", "check_bucket_bits", "encode_ids", "decode_ids", "ID_SHARDS",
-           "shard_id_map", "shard_arrays", "sort_bucket", "UPDATE_ONLY_KEY", "OrderedUserPolicy"]
+           "shard_id_map", "shard_arrays", "sort_bucket", "UPDATE_ONLY_KEY", "resolve_state",
+           "public_counts_side_input", "PolicyAndOrderKey", "id_map_shards", "RunPrepared", "OrderedUserPolicy"]
 
 
 # Runners known not to implement OrderedListState: see beam_dpsu/runners.py.
@@ -181,6 +186,16 @@ def _pack(part) -> bytes:
     return pickle.dumps(part, protocol=pickle.HIGHEST_PROTOCOL)
 
 
+def id_map_shards(item_to_id: Mapping[Any, int]) -> List[Tuple[int, bytes]]:
+    """``{item: id}`` → ``[(shard, pickled {id: item})]`` (``shard_id_map``), what
+    ``RunPrepared`` joins with the histogram; raises ``ItemIdCollision`` when two
+    distinct items share an id."""
+    parts = shard_id_map(item_to_id)
+    if sum(len(part) for _, part in parts) != len(item_to_id):  # two items, one id
+        raise _collision()
+    return [(shard, _pack(part)) for shard, part in parts]
+
+
 def _collision():
     return policies.ItemIdCollision(
         "two distinct items share a 63-bit item id; rerun with a fresh run key")
@@ -212,7 +227,7 @@ class _PrepareDoFn(beam.DoFn):
     def __init__(self, make_policy, bucket_bits: int, envelope: bool = False):
         # The policy (its sampling and item-id keys) and the order key are built
         # on the worker from the run key's bytes, a side input: no key is staged.
-        self._keyed = keys.KeyedCache(_PolicyAndOrderKey(make_policy))
+        self._keyed = keys.KeyedCache(PolicyAndOrderKey(make_policy))
         self._shift = 64 - bucket_bits
         # envelope: for runners that mix tagged outputs and drop finish_bundle
         # outputs (Dask): (tag, value) main outputs, buckets flushed per user.
@@ -250,10 +265,7 @@ class _PrepareDoFn(beam.DoFn):
         self._item_ids = {}
         if self._recorder is not None:
             self._recorder.record_into(self._item_ids)
-        parts = shard_id_map(known)
-        if sum(len(part) for _, part in parts) != len(known):  # two items, one id
-            raise _collision()
-        return [(shard, _pack(part)) for shard, part in parts]
+        return id_map_shards(known)
 
     def _flush(self):
         for entry in self._buckets.items():
@@ -331,7 +343,7 @@ class _PrepareGroupDoFn(_PrepareDoFn):
         yield from self._flush_ids()
 
 
-class _PolicyAndOrderKey:
+class PolicyAndOrderKey:
     """``run_key -> (make_policy(run_key), run_key.subkey('order'))`` (picklable)."""
 
     def __init__(self, make_policy):
@@ -518,6 +530,53 @@ def _read_text_lines(pattern):
                 yield line.decode("utf-8").rstrip("\r\n")
 
 
+def resolve_state(state: str, pipeline) -> str:
+    """The state choice ``state`` (``'auto'``, ``'ordered_list'``, ``'bag'`` or
+    ``'gbk'``) for ``pipeline``'s runner: ``'auto'`` resolved (see the module
+    docstring); ValueError for a choice the runner cannot run."""
+    if state not in STATES:
+        raise ValueError(f"state must be one of {STATES}, got {state!r}")
+    caps = runners.capabilities(pipeline)
+    runner = caps.name
+    if state == "ordered_list" and runner in runners.NO_ORDERED_LIST_RUNNERS:
+        raise ValueError(
+            f"state='ordered_list' needs OrderedListState, which {runner} does not "
+            f"support (Beam {beam.__version__}); use state='bag' or state='auto'")
+    if state in ("ordered_list", "bag") and not caps.user_state:
+        raise ValueError(
+            f"state={state!r} needs stateful DoFns, which {runner} does not run "
+            f"(its DoFns get no state); use state='gbk' or state='auto'")
+    if state != "auto":
+        return state
+    if not caps.user_state:
+        return "gbk"
+    return "ordered_list" if caps.ordered_list_state else "bag"
+
+
+def public_counts_side_input(pipeline, pub):
+    """GW-KT's public counts as a dict side input: ``pub`` a path or pattern of
+    ``item<TAB>count`` files (read with Beam's text IO, duplicates summed), a
+    ``{item: count}`` mapping or a PCollection of ``(item, count)``; None stays None."""
+    if pub is None:
+        return None
+    if isinstance(pub, str) and not runners.capabilities(pipeline).read_primitive:
+        pub = (pipeline  # no Read primitive (Dask): a Create of the pattern
+               | "PublicCountsPattern" >> beam.Create([pub])
+               | "ReadPublicCounts" >> beam.FlatMap(_read_text_lines)
+               | "ParsePublicCounts" >> beam.Map(policies.parse_public_count_line)
+               | "DropBlank" >> beam.Filter(lambda kv: kv[0] is not None)
+               | "SumPublicCounts" >> beam.CombinePerKey(sum))
+    elif isinstance(pub, str):
+        pub = (pipeline
+               | "ReadPublicCounts" >> beam.io.ReadFromText(pub)
+               | "ParsePublicCounts" >> beam.Map(policies.parse_public_count_line)
+               | "DropBlank" >> beam.Filter(lambda kv: kv[0] is not None)
+               | "SumPublicCounts" >> beam.CombinePerKey(sum))
+    elif isinstance(pub, Mapping):
+        pub = pipeline | "PublicCounts" >> beam.Create(sorted(pub.items(), key=repr))
+    return beam.pvalue.AsDict(pub)
+
+
 # The sequential stage needs a policy object only for its cutoff and update
 # rule, which use no key; it is built under this public placeholder so that the
 # real keys never enter the job graph (prepare, which uses them, runs with the
@@ -596,44 +655,6 @@ class OrderedUserPolicy(beam.PTransform):
         self._public = public_counts
         self._state = state
 
-    def _resolve_state(self, pipeline) -> str:
-        caps = runners.capabilities(pipeline)
-        runner = caps.name
-        if self._state == "ordered_list" and runner in runners.NO_ORDERED_LIST_RUNNERS:
-            raise ValueError(
-                f"state='ordered_list' needs OrderedListState, which {runner} does not "
-                f"support (Beam {beam.__version__}); use state='bag' or state='auto'")
-        if self._state in ("ordered_list", "bag") and not caps.user_state:
-            raise ValueError(
-                f"state={self._state!r} needs stateful DoFns, which {runner} does not run "
-                f"(its DoFns get no state); use state='gbk' or state='auto'")
-        if self._state != "auto":
-            return self._state
-        if not caps.user_state:
-            return "gbk"
-        return "ordered_list" if caps.ordered_list_state else "bag"
-
-    def _public_side_input(self, pipeline):
-        pub = self._public
-        if pub is None:
-            return None
-        if isinstance(pub, str) and not runners.capabilities(pipeline).read_primitive:
-            pub = (pipeline  # no Read primitive (Dask): a Create of the pattern
-                   | "PublicCountsPattern" >> beam.Create([pub])
-                   | "ReadPublicCounts" >> beam.FlatMap(_read_text_lines)
-                   | "ParsePublicCounts" >> beam.Map(policies.parse_public_count_line)
-                   | "DropBlank" >> beam.Filter(lambda kv: kv[0] is not None)
-                   | "SumPublicCounts" >> beam.CombinePerKey(sum))
-        elif isinstance(pub, str):
-            pub = (pipeline
-                   | "ReadPublicCounts" >> beam.io.ReadFromText(pub)
-                   | "ParsePublicCounts" >> beam.Map(policies.parse_public_count_line)
-                   | "DropBlank" >> beam.Filter(lambda kv: kv[0] is not None)
-                   | "SumPublicCounts" >> beam.CombinePerKey(sum))
-        elif isinstance(pub, Mapping):
-            pub = pipeline | "PublicCounts" >> beam.Create(sorted(pub.items(), key=repr))
-        return beam.pvalue.AsDict(pub)
-
     def _prepare(self, per_user, prep_args, suffix: str = ""):
         """Step 1 on one PCollection of users: (bucketed users, id-map shards)."""
         if runners.capabilities(per_user.pipeline).tagged_outputs:
@@ -662,27 +683,56 @@ class OrderedUserPolicy(beam.PTransform):
         for part in parts:
             check_global_window(part, "OrderedUserPolicy")
         pipeline = parts[0].pipeline
-        side = self._public_side_input(pipeline)
+        side = public_counts_side_input(pipeline, self._public)
         prep_args = [keys.key_side_input(parts[0], self._run_key)]
         if side is not None:
             prep_args.append(side)
-        state = self._resolve_state(pipeline)
+        state = resolve_state(self._state, pipeline)
         if len(parts) == 1:
             users, ids = self._prepare(parts[0], prep_args)
         else:
             prepared = [self._prepare(part, prep_args, str(k)) for k, part in enumerate(parts)]
             users = [u for u, _ in prepared] | "FlattenUsers" >> beam.Flatten()
             ids = [i for _, i in prepared] | "FlattenIds" >> beam.Flatten()
+        return (users, ids) | "Ordered" >> RunPrepared(self._update_policy, state, self._sharded)
+
+
+class RunPrepared(beam.PTransform):
+    """Prepared users → the policy's histogram: steps 2-4 of ``OrderedUserPolicy``.
+
+    The input is a pair of PCollections ``(buckets, id_shards)``: ``(bucket, [(sort
+    hash, encoded user id, encode_ids(ids)), ...])`` (users may be spread over
+    several elements of one bucket) and ``(shard, pickled {id: item})`` (the id maps,
+    ``shard_id_map``), as ``OrderedUserPolicy``'s preparation or the columnar
+    path (``transforms.columnar``) makes them. The output is that of
+    ``OrderedUserPolicy``.
+
+    Args:
+      update_policy: the policy whose ``update`` runs (built under
+        ``UPDATE_ONLY_KEY``: the update uses no key).
+      state: ``'ordered_list'``, ``'bag'`` or ``'gbk'`` (``resolve_state``).
+      sharded: as ``OrderedUserPolicy``'s.
+    """
+
+    def __init__(self, update_policy: policies.UserPolicy, state: str, sharded: bool,
+                 label: Optional[str] = None):
+        super().__init__(label)
+        if state not in ("ordered_list", "bag", "gbk"):
+            raise ValueError(f"state must be 'ordered_list', 'bag' or 'gbk', got {state!r}")
+        self._policy, self._state, self._sharded = update_policy, state, bool(sharded)
+
+    def expand(self, prepared):
+        users, ids = prepared
         sorted_buckets = (users
                           | "GroupBuckets" >> beam.GroupByKey()
                           | "SortBuckets" >> beam.Map(sort_bucket))
-        if state == "gbk":
+        if self._state == "gbk":
             weights = (sorted_buckets
                        | "CollectBuckets" >> beam.GroupByKey()
-                       | "Sequential" >> beam.ParDo(_GbkSequentialDoFn(self._update_policy)))
+                       | "Sequential" >> beam.ParDo(_GbkSequentialDoFn(self._policy)))
         else:
-            seq_fn = (_OrderedListDoFn if state == "ordered_list" else _BagDoFn)(
-                self._update_policy)
+            seq_fn = (_OrderedListDoFn if self._state == "ordered_list" else _BagDoFn)(
+                self._policy)
             weights = sorted_buckets | "Sequential" >> beam.ParDo(seq_fn)
         # The bundles' id maps go straight into the join (merged per shard there).
         shards = ({"w": weights, "ids": ids}

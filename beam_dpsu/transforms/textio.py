@@ -401,16 +401,19 @@ class _SpreadFiles(beam.PTransform):
                 | "SpreadFiles" >> beam.Reshuffle())
 
 
-def input_files(pbegin, file_pattern: str, label: str = "Files"):
+def input_files(pbegin, file_pattern: str, label: str = "Files", ordered: bool = False):
     """The paths matching ``file_pattern`` as a PCollection spread over the workers:
     ``_SpreadFiles`` (matched when the pipeline runs) where the runner redistributes
     and the pattern matches several files now; else matched now, in the launcher,
     one ``Create`` per file (``MAX_FILE_PARTITIONS`` at most) so that each file
     starts its own partition (Dask), and a lone file needs no redistribution. Which
-    worker reads which file changes only the time a run takes."""
+    worker reads which file changes only the time a run takes. ``ordered``: the
+    elements are ``(file index, path)``, the index the file's place in the sorted
+    list of matches (the record order of the input)."""
     paths = match_files(file_pattern)
     if runners.capabilities(pbegin.pipeline).redistributes and len(paths) != 1:
-        return pbegin | label >> _SpreadFiles(file_pattern, False, False)
+        return pbegin | label >> _SpreadFiles(file_pattern, ordered, False)
+    paths = _file_elements(paths, ordered, False)
     n = min(len(paths), MAX_FILE_PARTITIONS)
     if n <= 1:
         return pbegin | label >> beam.Create(paths)

@@ -1,0 +1,136 @@
+"""The sequential policies' preparation on a user group's pairs, as arrays.
+
+What ``UserPolicy.prepare`` does for one user (``{item: count}`` → the item
+ids ``update`` uses, in the order it uses them), done for all the users of a
+group at once on the group's counted pairs (``dp.columnar.GroupPairs`` built
+from ``counted_pair_blocks``):
+
+* the sampled policies (Policy Laplace, Policy Gaussian): the Δ0 items of
+  ``contribution.sample_items`` (``columnar.sampled_pairs``, the same keyed
+  scores), their ids in increasing order;
+* the greedy policies without public counts (GW, cascade-free and
+  published): the walk order of ``sequential.greedy_order``, by the user's
+  count descending, then the item id (``tie_break='item-hash'``) or the
+  position of the item's first line (``'first-occurrence'``), cut to the first
+  Δ0 items for the cascade-free policy;
+* any other policy (GW-KT, whose walk order reads the public counts, or a
+  policy of the caller's): ``policy.prepare`` user by user, on the user's
+  ``{item: count}`` in record order (or item order when the pairs carry no
+  positions).
+
+The ids are the policy's own (``policy.item_ids``), so the sequential stage,
+the id map and the release are those of the per-user path. The order of a
+sampled policy's ids differs from ``prepare``'s (which follows the user's dict)
+but holds the same ids; the descent updates do not depend on it except in
+the last bit of floating-point sums of equal gaps.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Mapping, Optional
+
+import numpy as np
+
+from beam_dpsu.dp import sequential as policies
+from beam_dpsu.dp.columnar import GroupPairs, sampled_pairs
+
+__all__ = ["PreparedUsers", "prepare_pairs"]
+
+
+@dataclass
+class PreparedUsers:
+    """A group's prepared users: user ``users[k]`` has the ``lengths[k]`` ids of
+    ``ids`` that follow the previous users' (in the order ``update`` uses them);
+    ``item_ids`` maps every item behind those ids to its id. Users without ids are
+    left out."""
+    users: List[str]
+    lengths: np.ndarray
+    ids: np.ndarray
+    item_ids: Dict[str, int]
+
+
+def _kind(policy) -> str:
+    """Which vectorised preparation matches ``policy.prepare`` exactly, or ``'each'``."""
+    prepare = type(policy).prepare
+    if prepare is policies.L1DescentPolicy.prepare and hasattr(policy, "sample_key"):
+        return "sampled"
+    if policy.needs_public_counts:
+        return "each"
+    if prepare is policies.GreedyPolicy.prepare:
+        return "greedy"
+    if prepare is policies.CascadeFreeGreedyPolicy.prepare and policy.selection == "prefix":
+        return "cascade-free"
+    return "each"
+
+
+def _check_counted(pairs: GroupPairs, record_order: bool) -> None:
+    if pairs.counts is None:
+        raise ValueError("the sequential policies need counted pairs "
+                         "(columnar.counted_pair_blocks)")
+    if record_order and pairs.first is None:
+        raise ValueError("tie_break='first-occurrence' needs the pairs' first positions "
+                         "(counted_pair_blocks with a base position)")
+
+
+def prepare_pairs(pairs: GroupPairs, policy: policies.UserPolicy,
+                  public_counts: Optional[Mapping[str, float]] = None) -> PreparedUsers:
+    """``policy.prepare`` of every user of a group's distinct pairs (see the module
+    docstring): ``PreparedUsers``. ``public_counts``: ``{item: count}`` for a policy
+    that needs them (GW-KT), else None."""
+    names = pairs.items.to_pylist()
+    item_id = np.array(policy.item_ids.many(names), dtype=np.int64).reshape(-1)
+    u, i = pairs.u, pairs.i
+    kind = _kind(policy)
+    record_order = getattr(policy, "tie_break", None) == "first-occurrence"
+    if kind == "sampled":
+        keep = sampled_pairs(pairs, policy.max_items, policy.sample_key)
+        pu, pid = u[keep], item_id[i[keep]]
+        order = np.lexsort((pid, pu))
+        pu, pi = pu[order], i[keep][order]
+    elif kind in ("greedy", "cascade-free"):
+        _check_counted(pairs, record_order)
+        tie = pairs.first if record_order else item_id[i]
+        order = np.lexsort((tie, -pairs.counts, u))
+        pu, pi = u[order], i[order]
+        if kind == "cascade-free":
+            head = np.r_[True, pu[1:] != pu[:-1]]
+            at = np.arange(len(pu))
+            rank = at - np.maximum.accumulate(np.where(head, at, 0))
+            cut = rank < policy.max_items
+            pu, pi = pu[cut], pi[cut]
+    else:
+        return _prepare_each(pairs, policy, public_counts, names, item_id, record_order)
+    users_here = np.flatnonzero(np.bincount(pu, minlength=len(pairs.users)))
+    lengths = np.bincount(pu, minlength=len(pairs.users))[users_here]
+    used = np.unique(pi)
+    return PreparedUsers(pairs.users.take(users_here).to_pylist(), lengths.astype(np.int64),
+                         item_id[pi], dict(zip([names[j] for j in used.tolist()],
+                                               item_id[used].tolist())))
+
+
+def _prepare_each(pairs, policy, public_counts, names, item_id, record_order
+                  ) -> PreparedUsers:
+    """``policy.prepare`` user by user, on ``{item: count}`` in record order (by the
+    first positions when the pairs have them, else by item)."""
+    _check_counted(pairs, record_order)
+    u, i = pairs.u, pairs.i
+    bounds = np.r_[0, np.flatnonzero(u[1:] != u[:-1]) + 1, len(u)] if len(u) else np.zeros(1,
+                                                                                        np.int64)
+    user_names = pairs.users.to_pylist()
+    counts = pairs.counts.tolist()
+    out_users, lengths, ids = [], [], []
+    for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+        mine = range(a, b)
+        if pairs.first is not None:
+            mine = sorted(mine, key=pairs.first.__getitem__)
+        user_counts = {names[i[k]]: counts[k] for k in mine}
+        got, _ = policy.prepare(user_names[u[a]], user_counts, public_counts)
+        if len(got):
+            out_users.append(user_names[u[a]])
+            lengths.append(len(got))
+            ids.extend(got)
+    ids = np.array(ids, dtype=np.int64)
+    used = np.isin(item_id, ids)
+    return PreparedUsers(out_users, np.array(lengths, dtype=np.int64), ids,
+                         dict(zip([names[j] for j in np.flatnonzero(used).tolist()],
+                                  item_id[used].tolist())))
