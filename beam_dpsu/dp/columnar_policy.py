@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional
 
 import numpy as np
+import pyarrow as pa
 
 from beam_dpsu.dp import sequential as policies
 from beam_dpsu.dp.columnar import GroupPairs, sampled_pairs
@@ -72,54 +73,70 @@ def _check_counted(pairs: GroupPairs, record_order: bool) -> None:
                          "(counted_pair_blocks with a base position)")
 
 
+def _ids(policy, items: pa.Array, codes: np.ndarray):
+    """The policy's item ids of ``items[codes]``: ``(names, ids, per_code)``, the
+    distinct items among them (as ``str``), their ids, and the id of each code.
+    Each distinct item is hashed once."""
+    used, inverse = np.unique(codes, return_inverse=True)
+    names = items.take(pa.array(used)).to_pylist()
+    ids = np.array(policy.item_ids.many(names), dtype=np.int64).reshape(-1)
+    return names, ids, ids[inverse.reshape(-1)]
+
+
 def prepare_pairs(pairs: GroupPairs, policy: policies.UserPolicy,
                   public_counts: Optional[Mapping[str, float]] = None) -> PreparedUsers:
     """``policy.prepare`` of every user of a group's distinct pairs (see the module
     docstring): ``PreparedUsers``. ``public_counts``: ``{item: count}`` for a policy
-    that needs them (GW-KT), else None."""
-    names = pairs.items.to_pylist()
-    item_id = np.array(policy.item_ids.many(names), dtype=np.int64).reshape(-1)
+    that needs them (GW-KT), else None. Only the items prepared users keep are
+    hashed to ids, except under the item-hash tie-break, whose walk order reads
+    every item's id."""
     u, i = pairs.u, pairs.i
     kind = _kind(policy)
     record_order = getattr(policy, "tie_break", None) == "first-occurrence"
+    if kind == "each":
+        return _prepare_each(pairs, policy, public_counts, record_order)
     if kind == "sampled":
         keep = sampled_pairs(pairs, policy.max_items, policy.sample_key)
-        pu, pid = u[keep], item_id[i[keep]]
-        order = np.lexsort((pid, pu))
-        pu, pi = pu[order], i[keep][order]
-    elif kind in ("greedy", "cascade-free"):
+        pu = u[keep]
+        names, ids, pid = _ids(policy, pairs.items, i[keep])
+        order = np.lexsort((pid, pu))  # a user's kept ids in increasing order
+        pu, pid = pu[order], pid[order]
+    else:
         _check_counted(pairs, record_order)
-        tie = pairs.first if record_order else item_id[i]
-        order = np.lexsort((tie, -pairs.counts, u))
+        every = None
+        if record_order:
+            order = np.lexsort((pairs.first, -pairs.counts, u))
+        else:  # the walk order reads every item's id
+            _, every, _ = _ids(policy, pairs.items, np.arange(len(pairs.items)))
+            order = np.lexsort((every[i], -pairs.counts, u))
         pu, pi = u[order], i[order]
-        if kind == "cascade-free":
+        if kind == "cascade-free":  # K_i: the first Δ0 items of the walk
             head = np.r_[True, pu[1:] != pu[:-1]]
             at = np.arange(len(pu))
-            rank = at - np.maximum.accumulate(np.where(head, at, 0))
-            cut = rank < policy.max_items
+            cut = at - np.maximum.accumulate(np.where(head, at, 0)) < policy.max_items
             pu, pi = pu[cut], pi[cut]
-    else:
-        return _prepare_each(pairs, policy, public_counts, names, item_id, record_order)
-    users_here = np.flatnonzero(np.bincount(pu, minlength=len(pairs.users)))
-    lengths = np.bincount(pu, minlength=len(pairs.users))[users_here]
-    used = np.unique(pi)
-    return PreparedUsers(pairs.users.take(users_here).to_pylist(), lengths.astype(np.int64),
-                         item_id[pi], dict(zip([names[j] for j in used.tolist()],
-                                               item_id[used].tolist())))
+        if every is None:
+            names, ids, pid = _ids(policy, pairs.items, pi)
+        else:
+            used = np.unique(pi)
+            names, ids, pid = pairs.items.take(pa.array(used)).to_pylist(), every[used], every[pi]
+    num = np.bincount(pu, minlength=len(pairs.users))
+    here = np.flatnonzero(num)
+    return PreparedUsers(pairs.users.take(pa.array(here)).to_pylist(),
+                         num[here].astype(np.int64), pid, dict(zip(names, ids.tolist())))
 
 
-def _prepare_each(pairs, policy, public_counts, names, item_id, record_order
-                  ) -> PreparedUsers:
+def _prepare_each(pairs, policy, public_counts, record_order) -> PreparedUsers:
     """``policy.prepare`` user by user, on ``{item: count}`` in record order (by the
     first positions when the pairs have them, else by item)."""
     _check_counted(pairs, record_order)
     u, i = pairs.u, pairs.i
-    bounds = np.r_[0, np.flatnonzero(u[1:] != u[:-1]) + 1, len(u)] if len(u) else np.zeros(1,
-                                                                                        np.int64)
+    names = pairs.items.to_pylist()
+    bounds = np.r_[0, np.flatnonzero(u[1:] != u[:-1]) + 1, len(u)] if len(u) else [0]
     user_names = pairs.users.to_pylist()
     counts = pairs.counts.tolist()
     out_users, lengths, ids = [], [], []
-    for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+    for a, b in zip(bounds[:-1], bounds[1:]):
         mine = range(a, b)
         if pairs.first is not None:
             mine = sorted(mine, key=pairs.first.__getitem__)
@@ -130,7 +147,7 @@ def _prepare_each(pairs, policy, public_counts, names, item_id, record_order
             lengths.append(len(got))
             ids.extend(got)
     ids = np.array(ids, dtype=np.int64)
-    used = np.isin(item_id, ids)
+    every = np.array(policy.item_ids.many(names), dtype=np.int64).reshape(-1)
+    used = np.flatnonzero(np.isin(every, ids))
     return PreparedUsers(out_users, np.array(lengths, dtype=np.int64), ids,
-                         dict(zip([names[j] for j in np.flatnonzero(used).tolist()],
-                                  item_id[used].tolist())))
+                         dict(zip([names[j] for j in used.tolist()], every[used].tolist())))
