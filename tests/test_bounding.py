@@ -131,7 +131,7 @@ def test_the_one_key_order_is_lexsort_even_when_scores_differ_only_in_low_bits()
     # Sorted owners are ordered by one 64-bit key (owner rank, then the score's high
     # bits); keys that tie there are re-sorted by the full score: exactly lexsort's order.
     import numpy as np
-    from beam_dpsu.dp.contribution import _owner_score_order
+    from beam_dpsu.dp.contribution import owner_score_order
     rng = np.random.default_rng(5)
     for trial in range(200):
         n, m = int(rng.integers(0, 400)), int(rng.integers(1, 60))
@@ -140,5 +140,5 @@ def test_the_one_key_order_is_lexsort_even_when_scores_differ_only_in_low_bits()
                               endpoint=True)
         if trial % 2:  # equal high bits, different low bits
             scores = (scores << np.uint64(8)) | rng.integers(0, 4, n, dtype=np.uint64)
-        assert np.array_equal(_owner_score_order(owner, scores),
+        assert np.array_equal(owner_score_order(owner, scores),
                               np.lexsort((scores, owner))), trial

@@ -112,6 +112,62 @@ def test_each_user_keeps_the_subset_sample_items_keeps():
         assert set(got) == set(sample_items(user, counts, 9, key))
 
 
+def _blocks_of(lines, groups, block_bytes, counted=False):
+    text = "".join(f"{u}\t{i}\n" for u, i in lines).encode()
+    by_group, base = {}, 0
+    for block in iter_raw_blocks(io.BytesIO(text), block_bytes):
+        parsed = columnar.parse_block(block)
+        made = (columnar.counted_pair_blocks(parsed, groups, base) if counted
+                else columnar.pair_blocks(parsed, groups))
+        for g, pb in made.items():
+            by_group.setdefault(g, []).append(pb)
+        base += len(block) + 1
+    return by_group
+
+
+@pytest.mark.parametrize("coarse", [False, True])
+@pytest.mark.parametrize("counted", [False, True])
+def test_presampled_blocks_give_the_same_sample_and_weights(monkeypatch, coarse, counted):
+    # Users spread over many small blocks, with repeated lines, most above Δ0: the
+    # read stage drops the pairs that cannot be sampled, and every user keeps the same
+    # Δ0 items with the same weights (exact equality). ``coarse`` keeps 1 bit of each
+    # score: a block holds more items tied at the user's cut than Δ0, all of which must
+    # stay (the cut is then settled by canonical bytes).
+    from beam_dpsu.dp import contribution
+    if coarse:
+        scores = contribution.item_scores
+        for module in (contribution, columnar):
+            monkeypatch.setattr(module, "item_scores",
+                                lambda *a, **k: scores(*a, **k) >> np.uint64(63))
+    rnd = random.Random(5)
+    lines = [(f"user{rnd.randrange(30)}", f"it{rnd.randrange(80)}") for _ in range(12000)]
+    key = RK.subkey("sample/0")
+    dropped = 0
+    for weighting in ("count", "l2"):
+        for blocks in _blocks_of(lines, 3, 20000, counted).values():
+            pre = [columnar.presample(b, 7, key) for b in blocks]
+            dropped += sum(len(b.items) - len(p.items) for b, p in zip(blocks, pre))
+            want = columnar.bounded_histogram(blocks, 7, weighting, key)
+            got = columnar.bounded_histogram(pre, 7, weighting, key)
+            assert dict(zip(got.items.to_pylist(), got.weights.tolist())) == dict(
+                zip(want.items.to_pylist(), want.weights.tolist()))
+            assert got.num_users == want.num_users
+    assert coarse or dropped > 1000  # the test data exercise the cut
+
+
+def test_presample_keeps_at_most_delta0_distinct_scores_per_user_and_block():
+    per_user = {"a": [f"x{k}" for k in range(50)], "b": ["y1", "y2"]}
+    lines = [(u, i) for u, items in per_user.items() for i in items] + [("a", "x3")] * 4
+    (blocks,) = _blocks_of(lines, 1, 1 << 20).values()
+    key = RK.subkey("sample/0")
+    (pre,) = [columnar.presample(b, 5, key) for b in blocks]
+    kept = {}
+    for u, i in zip(pre.user_index, pre.items.to_pylist()):
+        kept.setdefault(pre.users[int(u)].as_py(), set()).add(i)
+    assert kept["b"] == {"y1", "y2"}
+    assert kept["a"] == set(sample_items("a", dict.fromkeys(per_user["a"], 1), 5, key))
+
+
 def test_sampler_scores_are_the_user_keyed_siphash_of_the_item():
     key = RK.subkey("sample/0")
     from beam_dpsu.dp.siphash import siphash24

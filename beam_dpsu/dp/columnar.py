@@ -40,8 +40,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from beam_dpsu.dp import compiled
-from beam_dpsu.dp.contribution import (item_scores, sample_items, sampling_keys,
-                                       smallest_scores, user_keys)
+from beam_dpsu.dp import sequential as policies
+from beam_dpsu.dp.contribution import (item_scores, owner_score_order, sample_items,
+                                       sampling_keys, smallest_scores, user_keys)
 from beam_dpsu.dp.mechanisms.histogram_threshold import HistogramMechanism
 from beam_dpsu.dp.mechanisms.policy import PolicyMechanism
 from beam_dpsu.dp.mechanisms.sips import Sips
@@ -51,8 +52,8 @@ from beam_dpsu.dp.weights import check_weighting
 
 __all__ = ["COLUMNAR_USER_GROUPS", "COLUMNAR_ITEM_SHARDS", "BYTES_PER_USER_GROUP",
            "MIN_USER_GROUPS", "MAX_USER_GROUPS", "user_groups_for", "ParsedBlock", "parse_block", "string_spans", "string_groups", "PairBlock",
-           "pair_blocks", "FILE_SHIFT", "line_position", "counted_pair_blocks", "GroupPairs", "group_pairs", "without_items", "pairs_histogram", "sampled_pairs",
-           "GroupHistogram", "bounded_histogram", "sum_histograms", "runs_columnar", "columnar_rounds",
+           "pair_blocks", "presample", "FILE_SHIFT", "line_position", "counted_pair_blocks", "GroupPairs", "group_pairs", "without_items", "pairs_histogram", "sampled_pairs",
+           "GroupHistogram", "bounded_histogram", "sum_histograms", "presample_plan", "runs_columnar", "columnar_rounds",
            "split_by_shard", "release_shard", "IPC_COMPRESSION", "release_from_files"]
 
 
@@ -335,6 +336,53 @@ def pair_blocks(parsed: ParsedBlock, groups: int) -> Dict[int, PairBlock]:
     return out
 
 
+def presample(block: PairBlock, max_items: int, sample_key: bytes) -> PairBlock:
+    """``block`` without the pairs that cannot be among their user's Δ0 sampled items.
+
+    The sampler (``contribution.sample_items``) keeps a user's ``max_items``
+    (Δ0) distinct items of smallest keyed score, the score a function of the
+    key, the user and the item alone. A user's items in one block are a subset of
+    all their items, so an item whose score is above the Δ0-th smallest distinct
+    score of the block cannot be kept: it is dropped here. Every item of score at
+    most that (ties included) stays, so the user's whole set of kept items (and
+    every item tied at the cut) survives in some block, a user with more than Δ0
+    distinct items keeps more than Δ0 here too, and ``bounded_histogram`` on the
+    presampled blocks equals it on the full ones (the tests check it). A user
+    with at most Δ0 distinct items in the block keeps all of them. Cuts the
+    pairs that cross the shuffle to at most Δ0 per user and block.
+
+    Only for a one-round sample with ``sample_key``: DP-SIPS's later rounds
+    sample again under other keys from all the pairs."""
+    num = np.bincount(block.user_index, minlength=len(block.users))
+    big = np.flatnonzero(num > max_items)
+    if not len(big):
+        return block
+    keys = sampling_keys(sample_key)
+    k0, k1 = np.zeros(len(block.users), np.uint64), np.zeros(len(block.users), np.uint64)
+    k0[big], k1[big] = user_keys(keys, *string_spans(block.users.take(pa.array(big))),
+                                 prefix=STR_TAG)
+    is_big = np.zeros(len(block.users), dtype=bool)
+    is_big[big] = True
+    owner = block.user_index.astype(np.int64)
+    pairs = np.flatnonzero(is_big[owner])
+    pu = owner[pairs]
+    data, starts, lengths = string_spans(block.items)
+    scores = item_scores(k0[pu], k1[pu], data, starts[pairs], lengths[pairs], prefix=STR_TAG)
+    order = owner_score_order(pu, scores)  # by user, then score
+    so, ss = pu[order], scores[order]
+    first = np.r_[True, so[1:] != so[:-1]]
+    distinct = np.cumsum(first | np.r_[True, ss[1:] != ss[:-1]])  # a user's repeats: one score
+    rank = distinct - np.maximum.accumulate(np.where(first, distinct, 0))  # 0 = the smallest
+    keep = np.ones(len(owner), dtype=bool)
+    keep[pairs[order]] = rank < max_items
+    if keep.all():
+        return block
+    chosen = pa.array(np.flatnonzero(keep))
+    return PairBlock(block.users, block.items.take(chosen), block.user_index[keep],
+                     None if block.counts is None else block.counts[keep],
+                     None if block.first is None else block.first[keep])
+
+
 #: ``counted_pair_blocks``: a file's first line is at position ``file_index << FILE_SHIFT``;
 #: a file's text may be up to 2^44 bytes (16 TiB) long.
 FILE_SHIFT = 44
@@ -605,6 +653,26 @@ def sum_histograms(blobs: Iterable[bytes]) -> Tuple[pa.Array, np.ndarray]:
     return items, np.bincount(code, weights=weights, minlength=len(items))
 
 
+def presample_plan(mechanism, run_key) -> Optional[Tuple[int, bytes]]:
+    """``(Δ0, sampling key)`` under which the read stage may ``presample`` a
+    mechanism's pair blocks, or None: a one-round mechanism with a Δ0 (its key
+    ``run_key.subkey('sample/0')``) and the sampled policies (Policy Laplace,
+    Policy Gaussian: their policy's ``sample_key``). Not DP-SIPS with several
+    rounds (its later rounds sample all the pairs again under other keys), not
+    GW (whose K_i follows the user's counts over the whole input)."""
+    if isinstance(mechanism, PolicyMechanism):
+        policy = mechanism.policy(run_key)
+        if type(policy).prepare is policies.L1DescentPolicy.prepare \
+                and hasattr(policy, "sample_key"):
+            return policy.max_items, policy.sample_key
+        return None
+    rounds = getattr(mechanism, "rounds", None) or []
+    if isinstance(mechanism, HistogramMechanism) and len(rounds) == 1 \
+            and rounds[0].max_items is not None:
+        return rounds[0].max_items, run_key.subkey("sample/0")
+    return None
+
+
 def runs_columnar(mechanism) -> bool:
     """Whether the columnar path runs ``mechanism``: a histogram mechanism (one
     round), DP-SIPS with ``removal='side-input'`` (its rounds, each on the items
@@ -648,6 +716,7 @@ def release_from_files(paths: Iterable[str], mechanism, run_key,
     ``run_key``: its ``RunKey``."""
     from beam_dpsu.dp.lines import BLOCK_BYTES, iter_raw_blocks, open_local_binary
     rounds = columnar_rounds(mechanism)
+    plan = presample_plan(mechanism, run_key)
     groups: Dict[int, List[bytes]] = {}
     malformed: Dict[bytes, int] = {}
     for path in paths:
@@ -657,6 +726,8 @@ def release_from_files(paths: Iterable[str], mechanism, run_key,
                 for line, n in parsed.malformed.items():
                     malformed[line] = malformed.get(line, 0) + n
                 for g, pairs in pair_blocks(parsed, user_groups).items():
+                    if plan is not None:
+                        pairs = presample(pairs, *plan)
                     groups.setdefault(g, []).append(pairs.to_bytes())
     kept: Dict[int, bytes] = {}  # a group's pairs between rounds
     released: Dict[str, int] = {}

@@ -31,7 +31,8 @@ from beam_dpsu.dp.siphash import siphash24_many, siphash24_many_keys
 
 __all__ = ["ItemCounts", "DEFAULT_FLUSH_PAIRS", "DEFAULT_USER_GROUPS", "user_group", "pack_by",
            "canonical_items", "sampling_keys", "user_keys", "item_scores", "sample_items",
-           "sample_many", "smallest_scores", "merge_item_counts", "per_user_counts",
+           "sample_many", "owner_score_order", "smallest_scores", "merge_item_counts",
+           "per_user_counts",
            "IdTypeError", "ID_TYPES", "MAX_INT_ID_DIGITS", "canonical_id", "canonical_pair",
            "canonical_counts", "canonical_user_counts", "canonical_per_user"]
 
@@ -307,7 +308,7 @@ def sample_many(users: Sequence[Tuple[Any, ItemCounts]], max_items: int,
     return out
 
 
-def _owner_score_order(owner: np.ndarray, scores: np.ndarray) -> np.ndarray:
+def owner_score_order(owner: np.ndarray, scores: np.ndarray) -> np.ndarray:
     """``np.lexsort((scores, owner))`` (by owner, then score, then position), computed
     with one sort of a 64-bit key when ``owner`` is sorted (as the samplers pass it):
     the owner's rank in the high bits and the score's high bits below it, then the
@@ -342,7 +343,7 @@ def smallest_scores(owner: np.ndarray, scores: np.ndarray, max_items: int):
     True for the ``max_items`` pairs of smallest score of each owner (user), and
     ``tied`` the owners whose ``max_items``-th and next scores are equal (probability
     about n²/2^65), whose choice the caller settles by canonical bytes."""
-    order = _owner_score_order(owner, scores)  # by owner, then score
+    order = owner_score_order(owner, scores)  # by owner, then score
     so, ss = owner[order], scores[order]
     first = np.r_[True, so[1:] != so[:-1]]
     at = np.arange(len(order))

@@ -68,14 +68,17 @@ class _ReadPairsDoFn(beam.DoFn):
     ``positions``), else ``columnar.pair_blocks``."""
 
     def __init__(self, groups: int, block_bytes: int, envelope: bool, counted: bool = False,
-                 positions: bool = False):
+                 positions: bool = False, mechanism=None):
         self._groups, self._block_bytes, self._envelope = groups, block_bytes, envelope
         self._counted, self._positions = counted, positions
+        # (Δ0, key) of columnar.presample_plan, built on the worker from the run key
+        self._plan = keys.KeyedCache(_PresamplePlan(mechanism))
         self._malformed = beam.metrics.Metrics.counter("beam_dpsu", "malformed_lines")
         self._files = beam.metrics.Metrics.counter("beam_dpsu", "input_files")
 
-    def process(self, element):
+    def process(self, element, key_bytes):
         self._files.inc()
+        plan = self._plan(key_bytes)
         file_index, path = element if self._positions else (None, element)
         offset = 0  # of the block in the file's text
         with open_binary(path) as f:
@@ -92,7 +95,22 @@ class _ReadPairsDoFn(beam.DoFn):
                     blocks = columnar.pair_blocks(parsed, self._groups)
                 offset += len(block) + 1
                 for group, pairs in blocks.items():
+                    if plan is not None:
+                        pairs = columnar.presample(pairs, *plan)
                     yield runners.main_output((group, pairs.to_bytes()), self._envelope)
+
+
+class _PresamplePlan:
+    """``run_key → columnar.presample_plan(mechanism, run_key)`` (picklable; None
+    without a mechanism)."""
+
+    def __init__(self, mechanism):
+        self._mechanism = mechanism
+
+    def __call__(self, run_key: RunKey):
+        if self._mechanism is None:
+            return None
+        return columnar.presample_plan(self._mechanism, run_key)
 
 
 class _BoundHistogramDoFn(beam.DoFn):
@@ -299,7 +317,8 @@ class SelectFromText(beam.PTransform):
             return self._expand_policy(pbegin, envelope)
         files = input_files(pbegin, self._pattern)
         pairs, malformed = _apply(files, "ReadPairs", _ReadPairsDoFn(
-            self._groups, self._block_bytes, envelope), envelope, _MALFORMED)
+            self._groups, self._block_bytes, envelope, mechanism=self._mechanism), envelope,
+            _MALFORMED, keys.key_side_input(files, self._run_key))
         grouped = pairs | "GroupUsers" >> beam.GroupByKey()
         if len(self._rounds) == 1:
             r = self._rounds[0]
@@ -327,8 +346,8 @@ class SelectFromText(beam.PTransform):
         record_order = bool(getattr(m, "needs_record_order", False))
         files = input_files(pbegin, self._pattern, ordered=record_order)
         pairs, malformed = _apply(files, "ReadPairs", _ReadPairsDoFn(
-            self._groups, self._block_bytes, envelope, counted=True, positions=record_order),
-            envelope, _MALFORMED)
+            self._groups, self._block_bytes, envelope, counted=True, positions=record_order,
+            mechanism=m), envelope, _MALFORMED, keys.key_side_input(files, self._run_key))
         grouped = pairs | "GroupUsers" >> beam.GroupByKey()
         args = [keys.key_side_input(grouped, self._run_key)]
         public = ordered.public_counts_side_input(pbegin.pipeline, m.public_counts)
