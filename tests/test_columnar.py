@@ -393,6 +393,26 @@ def test_the_numpy_fallbacks_equal_the_compiled_kernels(monkeypatch):
     assert columnar._spans_equal(data, a, b, n).tolist() == expected
     fallback = columnar.pair_blocks(columnar.parse_block(block), 3)
     assert set(fallback) == set(with_kernels)
+    # the line scan: every kind of line, CR, tabs in the item, no tab, non-ASCII, empty
+    odd = b"\n".join([b"a\tb", b"", b"\r", b"u\t\tx\r", b"nolinetab", b"\tx", b"\xc3\xa9\t1",
+                      b"\xff\tbad", b"u\t", b"v\tw\r\r", b"end"])
+    for text in (block, odd, b"", b"\n\n", b"x\ty"):
+        buf = np.frombuffer(text, np.uint8)
+        monkeypatch.undo()
+        monkeypatch.setattr(compiled, "WORK_BEFORE_COMPILING", 0)
+        compiled_spans = columnar._line_spans(buf)
+        compiled_parse = columnar.parse_block(text)
+        monkeypatch.setattr(compiled, "kernel", lambda name, work: None)
+        numpy_spans = columnar._line_spans(buf)
+        for x, y in zip(compiled_spans[:3], numpy_spans[:3]):
+            assert x.tolist() == y.tolist()
+        assert bool(compiled_spans[3]) == numpy_spans[3]
+        numpy_parse = columnar.parse_block(text)
+        assert compiled_parse.users.equals(numpy_parse.users)
+        assert compiled_parse.items.equals(numpy_parse.items)
+        assert compiled_parse.malformed == numpy_parse.malformed
+        assert compiled_parse.offsets.tolist() == numpy_parse.offsets.tolist()
+    monkeypatch.setattr(compiled, "kernel", lambda name, work: None)
 
     def pairs_of(blocks):
         return [(x.users[int(k)].as_py(), item) for x in blocks.values()

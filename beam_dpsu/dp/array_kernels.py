@@ -1,7 +1,7 @@
 """numba kernels of the columnar path and of SipHash-2-4 (needs numba: the ``fast`` extra).
 
 Each has a numpy twin that gives the same results (``dp.siphash._numpy_many``,
-``dp.columnar._spans_equal``; the tests compare them).
+``dp.columnar._spans_equal``, ``dp.columnar._line_spans``; the tests compare them).
 Import this module only through ``dp.compiled.kernel``, which loads it once a
 process has enough work to repay numba's start-up.
 """
@@ -10,7 +10,7 @@ from numba import njit
 
 from beam_dpsu.dp.siphash import _C0, _C1, _C2, _C3
 
-__all__ = ["siphash24_many", "compare_spans"]
+__all__ = ["siphash24_many", "compare_spans", "line_spans"]
 
 
 @njit(cache=True, inline="always")
@@ -86,3 +86,34 @@ def compare_spans(data, a, b, lengths):
                 out[k] = False
                 break
     return out
+
+
+@njit(cache=True)
+def line_spans(buf, lines):
+    """One pass over a block of ``lines`` lines: each line's start, its end (the
+    ``\\n`` or the block's end), its first tab (``buf.size + 1`` when none), and
+    whether any byte is >= 0x80."""
+    n = buf.size
+    starts = np.empty(lines, np.int64)
+    ends = np.empty(lines, np.int64)
+    tabs = np.empty(lines, np.int64)
+    high = False
+    line = 0
+    starts[0] = 0
+    tab = n + 1
+    for k in range(n):
+        c = buf[k]
+        if c == 10:
+            ends[line] = k
+            tabs[line] = tab
+            line += 1
+            starts[line] = k + 1
+            tab = n + 1
+        elif c == 9:
+            if tab > n:
+                tab = k
+        elif c >= 128:
+            high = True
+    ends[line] = n
+    tabs[line] = tab
+    return starts, ends, tabs, high

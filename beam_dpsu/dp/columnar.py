@@ -131,6 +131,32 @@ def _spans_equal(data: np.ndarray, a: np.ndarray, b: np.ndarray,
     return np.bincount(owner[differ], minlength=len(a)) == 0
 
 
+def _line_spans(buf: np.ndarray):
+    """``(starts, ends, tabs, high)`` of a block's lines: where each starts, where it
+    ends (its ``\\n``, or the block's end), its first tab (``len(buf) + 1`` when it
+    has none) and whether any byte of the block is >= 0x80. The compiled kernel
+    ``line_spans`` (one pass) once the process has enough work, else numpy."""
+    n = len(buf)
+    is_newline = buf == _NL
+    kernel = compiled.kernel("line_spans", n)
+    if kernel is not None:
+        return kernel(buf, int(np.count_nonzero(is_newline)) + 1)
+    newlines = np.flatnonzero(is_newline)
+    starts = np.empty(len(newlines) + 1, np.int64)
+    starts[0] = 0
+    starts[1:] = newlines + 1
+    ends = np.empty_like(starts)
+    ends[:-1] = newlines
+    ends[-1] = n
+    tabs = np.flatnonzero(buf == _TAB)
+    if len(tabs):
+        tab = np.append(tabs, n + 1)[np.searchsorted(tabs, starts)]  # first at or after start
+        tab[tab > ends] = n + 1  # in a later line: none in this one
+    else:
+        tab = np.full(len(starts), n + 1, np.int64)
+    return starts, ends, tab, bool((buf >= 0x80).any())
+
+
 def parse_block(block: bytes) -> ParsedBlock:
     """Parses a block of lines (``\\n``-separated, as ``dp.lines.iter_raw_blocks``
     yields them: no final newline) into user ids and items.
@@ -141,30 +167,17 @@ def parse_block(block: bytes) -> ParsedBlock:
     valid UTF-8 (strict: no surrogates) is malformed, as is an empty line.
     """
     buf = np.frombuffer(block, dtype=np.uint8)
-    n = len(buf)
-    newlines = np.flatnonzero(buf == _NL)
-    starts = np.empty(len(newlines) + 1, np.int64)
-    starts[0] = 0
-    starts[1:] = newlines + 1
-    raw_ends = np.empty_like(starts)
-    raw_ends[:-1] = newlines
-    raw_ends[-1] = n
+    starts, raw_ends, tab, high = _line_spans(buf)
     ends = raw_ends.copy()
     nonempty = ends > starts
     ends[nonempty] -= buf[ends[nonempty] - 1] == _CR
-    tabs = np.flatnonzero(buf == _TAB)
-    if len(tabs):
-        first = np.searchsorted(tabs, starts)
-        tab = np.append(tabs, n + 1)[first]  # the first tab at or after the start
-    else:
-        tab = np.full(len(starts), n + 1, np.int64)
     ok = (tab > starts) & (tab < ends)
-    if (buf >= 0x80).any():  # check the UTF-8 of the lines that hold a non-ASCII byte
+    if high:  # check the UTF-8 of the lines that hold a non-ASCII byte
         try:
             block.decode("utf-8")
         except UnicodeDecodeError:
-            high = np.flatnonzero(buf >= 0x80)
-            lines = np.unique(np.searchsorted(starts, high, side="right") - 1)
+            non_ascii = np.flatnonzero(buf >= 0x80)
+            lines = np.unique(np.searchsorted(starts, non_ascii, side="right") - 1)
             for k in lines[ok[lines]].tolist():
                 try:
                     block[starts[k]:ends[k]].decode("utf-8")
