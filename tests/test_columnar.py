@@ -155,6 +155,29 @@ def test_presampled_blocks_give_the_same_sample_and_weights(monkeypatch, coarse,
     assert coarse or dropped > 1000  # the test data exercise the cut
 
 
+@pytest.mark.parametrize("counted", [False, True])
+def test_blocks_presampled_whole_are_the_groups_presampled(counted):
+    rnd = random.Random(8)
+    text = "\n".join(f"user{rnd.randrange(40)}\tit{rnd.randrange(90)}"
+                     for _ in range(5000)).encode()
+    parsed, key = columnar.parse_block(text), RK.subkey("sample/0")
+
+    def make(sample):
+        return (columnar.counted_pair_blocks(parsed, 4, 0, sample) if counted
+                else columnar.pair_blocks(parsed, 4, sample))
+
+    whole, each = make((6, key)), make(None)
+    assert set(whole) == set(each)
+    for g, block in whole.items():
+        alone = columnar.presample(each[g], 6, key)
+        assert block.users.equals(alone.users) and block.items.equals(alone.items)
+        assert block.user_index.tolist() == alone.user_index.tolist()
+        if counted:
+            assert block.counts.tolist() == alone.counts.tolist()
+            assert block.first.tolist() == alone.first.tolist()
+        assert len(alone.items) < len(each[g].items)
+
+
 def test_presample_keeps_at_most_delta0_distinct_scores_per_user_and_block():
     per_user = {"a": [f"x{k}" for k in range(50)], "b": ["y1", "y2"]}
     lines = [(u, i) for u, items in per_user.items() for i in items] + [("a", "x3")] * 4

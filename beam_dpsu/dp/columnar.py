@@ -316,36 +316,53 @@ def _drop_repeats(items: pa.Array, line_code: np.ndarray, users: int):
     return order, line_code
 
 
-def pair_blocks(parsed: ParsedBlock, groups: int) -> Dict[int, PairBlock]:
+def pair_blocks(parsed: ParsedBlock, groups: int,
+                sample: Optional[Tuple[int, bytes]] = None) -> Dict[int, PairBlock]:
     """The block's ``(user, item)`` pairs by user group (``string_groups`` of the user
     id, in [0, groups)): ``{group: PairBlock}`` for the non-empty groups; a group's
     users are held once (``PairBlock.users``), and, once the process uses the
     compiled kernels (a large input), a user's repeated lines in the block once
-    (``_drop_repeats``; ``bounded_histogram`` removes every other repeat)."""
+    (``_drop_repeats``; ``bounded_histogram`` removes every other repeat).
+    ``sample``: ``(Δ0, sampling key)`` to ``presample`` the block (None: all pairs)."""
     if len(parsed.users) == 0:
         return {}
-    users, u = _encode(parsed.users)
-    group = string_groups(users, groups)
-    # number the users group by group: a group's users are then one range of codes
-    by_group = np.argsort(group, kind="stable")
-    code = np.empty(len(users), np.int64)
-    code[by_group] = np.arange(len(users))
-    users, group = users.take(pa.array(by_group)), group[by_group]
-    line_code = code[u]
+    users, group, line_code = _users_by_group(parsed.users, groups)
     if compiled.kernel("siphash24_many", len(line_code)) is not None:
         order, line_code = _drop_repeats(parsed.items, line_code, len(users))
     else:  # without compiled kernels the repeats are cheaper to leave to bounded_histogram
         order = np.argsort(line_code, kind="stable")
         line_code = line_code[order]
-    items = parsed.items.take(pa.array(order))
-    user_bounds = np.r_[0, np.flatnonzero(group[1:] != group[:-1]) + 1, len(users)]
-    line_bounds = np.searchsorted(line_code, user_bounds)
+    block = PairBlock(users, parsed.items.take(pa.array(order)), line_code)
+    return _split_groups(block if sample is None else presample(block, *sample), group)
+
+
+def _users_by_group(user_of_line: pa.Array, groups: int):
+    """``(users, group, line_code)``: the distinct users numbered group by group (a
+    group's users are one range of codes), each one's group, each line's user code."""
+    users, u = _encode(user_of_line)
+    group = string_groups(users, groups)
+    by_group = np.argsort(group, kind="stable")
+    code = np.empty(len(users), np.int64)
+    code[by_group] = np.arange(len(users))
+    return users.take(pa.array(by_group)), group[by_group], code[u]
+
+
+def _split_groups(block: PairBlock, group: np.ndarray) -> Dict[int, PairBlock]:
+    """A block's pairs (``user_index`` sorted, users numbered group by group, ``group``
+    each user's) → ``{group: PairBlock}`` for the non-empty groups."""
+    user_bounds = np.r_[0, np.flatnonzero(group[1:] != group[:-1]) + 1, len(group)]
+    pair_bounds = np.searchsorted(block.user_index, user_bounds)
     out: Dict[int, PairBlock] = {}
     for k in range(len(user_bounds) - 1):
         a, b = int(user_bounds[k]), int(user_bounds[k + 1])
-        la, lb = int(line_bounds[k]), int(line_bounds[k + 1])
-        out[int(group[a])] = PairBlock(users.slice(a, b - a), items.slice(la, lb - la),
-                                       (line_code[la:lb] - a).astype(np.int32))
+        la, lb = int(pair_bounds[k]), int(pair_bounds[k + 1])
+        if la == lb:
+            continue
+        out[int(group[a])] = PairBlock(
+            block.users.slice(a, b - a), block.items.slice(la, lb - la),
+            (block.user_index[la:lb] - a).astype(np.int32),
+            None if block.counts is None else block.counts[la:lb],
+            None if block.first is None else block.first[la:lb])
     return out
 
 
@@ -410,43 +427,28 @@ def line_position(file_index: int, offset: int) -> int:
     return (file_index << FILE_SHIFT) + offset
 
 
-def counted_pair_blocks(parsed: ParsedBlock, groups: int, base: Optional[int] = None
-                        ) -> Dict[int, PairBlock]:
+def counted_pair_blocks(parsed: ParsedBlock, groups: int, base: Optional[int] = None,
+                        sample: Optional[Tuple[int, bytes]] = None) -> Dict[int, PairBlock]:
     """The block's distinct ``(user, item)`` pairs by user group, as ``pair_blocks``,
     each with its number of lines in the block (``PairBlock.counts``) and, given
     ``base`` (``line_position`` of the block's first byte), the position of its
     first line (``PairBlock.first``): what the sequential policies need of a user
     (``{item: count}`` in record order). Users and items are compared as exact
-    strings (Arrow's dictionary encoding)."""
+    strings (Arrow's dictionary encoding). ``sample``: as for ``pair_blocks``."""
     if len(parsed.users) == 0:
         return {}
-    users, u = _encode(parsed.users)
+    users, group, code = _users_by_group(parsed.users, groups)
     items, i = _encode(parsed.items)
-    group = string_groups(users, groups)
-    by_group = np.argsort(group, kind="stable")
-    code = np.empty(len(users), np.int64)
-    code[by_group] = np.arange(len(users))
-    users, group = users.take(pa.array(by_group)), group[by_group]
     width = max(len(items), 1)
-    key = code[u] * width + i
+    key = code * width + i
     order = np.argsort(key, kind="stable")  # a pair's lines in line order
     key = key[order]
     head = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
     counts = np.diff(np.r_[head, len(key)]).astype(np.int64)
     first = None if base is None else base + parsed.offsets[order[head]]
-    line_code, item_code = key[head] // width, key[head] % width
-    pair_items = items.take(pa.array(item_code))
-    user_bounds = np.r_[0, np.flatnonzero(group[1:] != group[:-1]) + 1, len(users)]
-    pair_bounds = np.searchsorted(line_code, user_bounds)
-    out: Dict[int, PairBlock] = {}
-    for k in range(len(user_bounds) - 1):
-        a, b = int(user_bounds[k]), int(user_bounds[k + 1])
-        la, lb = int(pair_bounds[k]), int(pair_bounds[k + 1])
-        out[int(group[a])] = PairBlock(
-            users.slice(a, b - a), pair_items.slice(la, lb - la),
-            (line_code[la:lb] - a).astype(np.int32), counts[la:lb],
-            None if first is None else first[la:lb])
-    return out
+    block = PairBlock(users, items.take(pa.array(key[head] % width)), key[head] // width,
+                      counts, first)
+    return _split_groups(block if sample is None else presample(block, *sample), group)
 
 
 @dataclass
@@ -738,9 +740,7 @@ def release_from_files(paths: Iterable[str], mechanism, run_key,
                 parsed = parse_block(block)
                 for line, n in parsed.malformed.items():
                     malformed[line] = malformed.get(line, 0) + n
-                for g, pairs in pair_blocks(parsed, user_groups).items():
-                    if plan is not None:
-                        pairs = presample(pairs, *plan)
+                for g, pairs in pair_blocks(parsed, user_groups, plan).items():
                     groups.setdefault(g, []).append(pairs.to_bytes())
     kept: Dict[int, bytes] = {}  # a group's pairs between rounds
     released: Dict[str, int] = {}

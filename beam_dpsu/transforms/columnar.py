@@ -90,13 +90,11 @@ class _ReadPairsDoFn(beam.DoFn):
                 if self._counted:
                     base = (None if file_index is None
                             else columnar.line_position(file_index, offset))
-                    blocks = columnar.counted_pair_blocks(parsed, self._groups, base)
+                    blocks = columnar.counted_pair_blocks(parsed, self._groups, base, plan)
                 else:
-                    blocks = columnar.pair_blocks(parsed, self._groups)
+                    blocks = columnar.pair_blocks(parsed, self._groups, plan)
                 offset += len(block) + 1
                 for group, pairs in blocks.items():
-                    if plan is not None:
-                        pairs = columnar.presample(pairs, *plan)
                     yield runners.main_output((group, pairs.to_bytes()), self._envelope)
 
 
