@@ -52,7 +52,7 @@ from beam_dpsu.dp.weights import check_weighting
 
 __all__ = ["COLUMNAR_USER_GROUPS", "COLUMNAR_ITEM_SHARDS", "BYTES_PER_USER_GROUP",
            "MIN_USER_GROUPS", "MAX_USER_GROUPS", "user_groups_for", "ParsedBlock", "parse_block", "string_spans", "string_groups", "PairBlock",
-           "pair_blocks", "presample", "FILE_SHIFT", "line_position", "counted_pair_blocks", "GroupPairs", "group_pairs", "without_items", "pairs_histogram", "sampled_pairs",
+           "pair_blocks", "presample", "FILE_SHIFT", "MAX_FILES", "line_position", "counted_pair_blocks", "GroupPairs", "group_pairs", "without_items", "pairs_histogram", "sampled_pairs",
            "GroupHistogram", "bounded_histogram", "sum_histograms", "presample_plan", "runs_columnar", "columnar_rounds",
            "split_by_shard", "release_shard", "IPC_COMPRESSION", "release_from_files"]
 
@@ -418,12 +418,23 @@ def presample(block: PairBlock, max_items: int, sample_key: bytes) -> PairBlock:
 FILE_SHIFT = 44
 
 
-def line_position(file_index: int, offset: int) -> int:
+#: ``line_position``: at most this many input files (the positions fit in an int64).
+MAX_FILES = 1 << (63 - FILE_SHIFT)
+
+
+def line_position(file_index: int, offset: int, length: int = 0) -> int:
     """The position in the whole input of the line at byte ``offset`` of the text of
     the ``file_index``-th input file (files sorted by path): positions order lines by
-    file, then by place in the file (the record order)."""
-    if not 0 <= offset < 1 << FILE_SHIFT or file_index < 0:
-        raise ValueError(f"no line position for file {file_index}, offset {offset}")
+    file, then by place in the file (the record order). ``length``: the bytes from
+    ``offset`` that must stay within the file's range (a block's length), so that
+    no position of the block reaches the next file's. ValueError beyond
+    ``MAX_FILES`` files or 2^``FILE_SHIFT`` bytes of text in one file."""
+    if not 0 <= file_index < MAX_FILES:
+        raise ValueError(f"the record order covers at most {MAX_FILES} input files; "
+                         f"got file number {file_index}")
+    if not (0 <= offset and offset + length < 1 << FILE_SHIFT):
+        raise ValueError(f"the record order covers at most 2^{FILE_SHIFT} bytes of text "
+                         f"per input file; file {file_index} is longer")
     return (file_index << FILE_SHIFT) + offset
 
 
@@ -677,10 +688,7 @@ def presample_plan(mechanism, run_key) -> Optional[Tuple[int, bytes]]:
     GW (whose K_i follows the user's counts over the whole input)."""
     if isinstance(mechanism, PolicyMechanism):
         policy = mechanism.policy(run_key)
-        if type(policy).prepare is policies.L1DescentPolicy.prepare \
-                and hasattr(policy, "sample_key"):
-            return policy.max_items, policy.sample_key
-        return None
+        return (policy.max_items, policy.sample_key) if policies.is_sampled(policy) else None
     rounds = getattr(mechanism, "rounds", None) or []
     if isinstance(mechanism, HistogramMechanism) and len(rounds) == 1 \
             and rounds[0].max_items is not None:

@@ -7,7 +7,7 @@ from ``counted_pair_blocks``):
 
 * the sampled policies (Policy Laplace, Policy Gaussian): the Δ0 items of
   ``contribution.sample_items`` (``columnar.sampled_pairs``, the same keyed
-  scores), their ids in increasing order;
+  scores), their ids in increasing order (as ``prepare`` orders them);
 * the greedy policies without public counts (GW, cascade-free and
   published): the walk order of ``sequential.greedy_order``, by the user's
   count descending, then the item id (``tie_break='item-hash'``) or the
@@ -15,14 +15,12 @@ from ``counted_pair_blocks``):
   Δ0 items for the cascade-free policy;
 * any other policy (GW-KT, whose walk order reads the public counts, or a
   policy of the caller's): ``policy.prepare`` user by user, on the user's
-  ``{item: count}`` in record order (or item order when the pairs carry no
+  ``{item: count}`` in record order (or item-id order when the pairs carry no
   positions).
 
-The ids are the policy's own (``policy.item_ids``), so the sequential stage,
-the id map and the release are those of the per-user path. The order of a
-sampled policy's ids differs from ``prepare``'s (which follows the user's dict)
-but holds the same ids; the descent updates do not depend on it except in
-the last bit of floating-point sums of equal gaps.
+The ids are the policy's own (``policy.item_ids``) in ``prepare``'s order, so
+the sequential stage, the id map and the release are those of the per-user
+path, float for float.
 """
 from __future__ import annotations
 
@@ -52,9 +50,9 @@ class PreparedUsers:
 
 def _kind(policy) -> str:
     """Which vectorised preparation matches ``policy.prepare`` exactly, or ``'each'``."""
-    prepare = type(policy).prepare
-    if prepare is policies.L1DescentPolicy.prepare and hasattr(policy, "sample_key"):
+    if policies.is_sampled(policy):
         return "sampled"
+    prepare = type(policy).prepare
     if policy.needs_public_counts:
         return "each"
     if prepare is policies.GreedyPolicy.prepare:
@@ -91,6 +89,8 @@ def prepare_pairs(pairs: GroupPairs, policy: policies.UserPolicy,
     hashed to ids, except under the item-hash tie-break, whose walk order reads
     every item's id."""
     u, i = pairs.u, pairs.i
+    if len(u) == 0:
+        return PreparedUsers([], np.zeros(0, np.int64), np.zeros(0, np.int64), {})
     kind = _kind(policy)
     record_order = getattr(policy, "tie_break", None) == "first-occurrence"
     if kind == "each":
@@ -128,18 +128,19 @@ def prepare_pairs(pairs: GroupPairs, policy: policies.UserPolicy,
 
 def _prepare_each(pairs, policy, public_counts, record_order) -> PreparedUsers:
     """``policy.prepare`` user by user, on ``{item: count}`` in record order (by the
-    first positions when the pairs have them, else by item)."""
+    first positions when the pairs have them, else by item id: an order that
+    depends on the user's own items and the key only)."""
     _check_counted(pairs, record_order)
     u, i = pairs.u, pairs.i
     names = pairs.items.to_pylist()
+    every = np.array(policy.item_ids.many(names), dtype=np.int64).reshape(-1)
+    rank = pairs.first if pairs.first is not None else every[i]
     bounds = np.r_[0, np.flatnonzero(u[1:] != u[:-1]) + 1, len(u)] if len(u) else [0]
     user_names = pairs.users.to_pylist()
     counts = pairs.counts.tolist()
     out_users, lengths, ids = [], [], []
     for a, b in zip(bounds[:-1], bounds[1:]):
-        mine = range(a, b)
-        if pairs.first is not None:
-            mine = sorted(mine, key=pairs.first.__getitem__)
+        mine = sorted(range(a, b), key=rank.__getitem__)
         user_counts = {names[i[k]]: counts[k] for k in mine}
         got, _ = policy.prepare(user_names[u[a]], user_counts, public_counts)
         if len(got):
@@ -147,7 +148,6 @@ def _prepare_each(pairs, policy, public_counts, record_order) -> PreparedUsers:
             lengths.append(len(got))
             ids.extend(got)
     ids = np.array(ids, dtype=np.int64)
-    every = np.array(policy.item_ids.many(names), dtype=np.int64).reshape(-1)
     used = np.flatnonzero(np.isin(every, ids))
     return PreparedUsers(out_users, np.array(lengths, dtype=np.int64), ids,
                          dict(zip([names[j] for j in used.tolist()], every[used].tolist())))

@@ -73,7 +73,8 @@ __all__ = ["Histogram", "l1_descent", "l2_descent", "greedy_fill", "TIE_BREAKS",
            "KT_SELECTIONS", "check_kt_selection", "check_front_scale", "check_front_margin",
            "front_start", "UserPolicy", "L1DescentPolicy", "L2DescentPolicy", "ItemIds",
            "GreedyPolicy", "CascadeFreeGreedyPolicy", "run_in_order", "run_packed",
-           "run_packed_arrays", "ItemIdCollision", "add_id_mapping", "run_sequential",
+           "run_packed_arrays", "is_sampled", "ItemIdCollision", "add_id_mapping",
+           "run_sequential",
            "read_public_counts", "parse_public_count_line"]
 
 
@@ -474,10 +475,25 @@ class _SampledPolicy(UserPolicy):
         return self._sample_key
 
     def prepare(self, user, counts, public_counts=None):
+        """The ids of the user's sampled items in increasing order (with those items):
+        the order the descent update sums them in is then a function of the
+        sampled set alone, never of the order of ``counts`` (which a runner's
+        merge of partial counts may change), so every path gives the same floats."""
         if not counts:
             return [], ()
-        kept = sample_items(user, counts, self.max_items, self._sample_key)
-        return self.item_ids.many(kept), kept
+        kept = list(sample_items(user, counts, self.max_items, self._sample_key))
+        ids = self.item_ids.many(kept)
+        order = sorted(range(len(ids)), key=ids.__getitem__)
+        return [ids[k] for k in order], [kept[k] for k in order]
+
+
+def is_sampled(policy: UserPolicy) -> bool:
+    """Whether ``policy`` prepares a user as the sampled policies do (Policy Laplace,
+    Policy Gaussian: the Δ0 sample of ``contribution.sample_items`` under
+    ``policy.sample_key``, then their ids in increasing order), with that exact
+    ``prepare`` (not a subclass's own): what the columnar path may compute for
+    many users at once."""
+    return isinstance(policy, _SampledPolicy) and type(policy).prepare is _SampledPolicy.prepare
 
 
 class L1DescentPolicy(_SampledPolicy):

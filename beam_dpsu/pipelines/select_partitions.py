@@ -205,12 +205,12 @@ def build_pipeline(p: beam.Pipeline, input_pattern: str, output_prefix: str,
                    top_k: Optional[TopKMechanism] = None) -> None:
     """Adds the read → select → write graph to ``p`` (one sorted items file).
 
-    A histogram mechanism or DP-SIPS (``dp.columnar.runs_columnar``) without
-    ``top_k`` runs on the columnar path
+    Without ``top_k``, every mechanism of the command line (``dp.columnar.runs_columnar``:
+    the histogram mechanisms, DP-SIPS, the sequential policies) runs on the columnar path
     (``transforms.columnar.SelectFromText``: blocks of arrays from the files
     to the release), with ``dp.columnar.user_groups_for`` the input's size user
-    groups. Every other mechanism reads per-user counts; how the
-    input is then read depends on what ``input_pattern`` matches now, while
+    groups. With ``top_k``, the mechanism reads per-user counts (which top-k reads
+    too); how the input is then read depends on what ``input_pattern`` matches now, while
     the graph is built, and on the runner; whatever it matches when the run
     reads it, the mechanism sees the same per-user counts:
 

@@ -44,7 +44,6 @@ import numpy as np
 import pyarrow as pa
 
 from beam_dpsu.dp import columnar, columnar_policy
-from beam_dpsu.dp import sequential as policies
 from beam_dpsu.dp.columnar import COLUMNAR_ITEM_SHARDS, COLUMNAR_USER_GROUPS
 from beam_dpsu.dp.lines import BLOCK_BYTES, iter_raw_blocks
 from beam_dpsu.dp.mechanisms.policy import PolicyMechanism
@@ -65,7 +64,9 @@ class _ReadPairsDoFn(beam.DoFn):
     PairBlock bytes)`` per block and user group; ``(raw line, occurrences)`` per
     distinct malformed line of a block on ``_MALFORMED``. ``counted``: the blocks
     of ``columnar.counted_pair_blocks`` (with each pair's first line position when
-    ``positions``), else ``columnar.pair_blocks``."""
+    ``positions``), else ``columnar.pair_blocks``. ``mechanism``: the mechanism
+    whose ``columnar.presample_plan`` (under the run key, a side input) presamples
+    every block; None: no presampling."""
 
     def __init__(self, groups: int, block_bytes: int, envelope: bool, counted: bool = False,
                  positions: bool = False, mechanism=None):
@@ -89,13 +90,21 @@ class _ReadPairsDoFn(beam.DoFn):
                     yield runners.tag((line, n), _MALFORMED, self._envelope)
                 if self._counted:
                     base = (None if file_index is None
-                            else columnar.line_position(file_index, offset))
+                            else columnar.line_position(file_index, offset, len(block)))
                     blocks = columnar.counted_pair_blocks(parsed, self._groups, base, plan)
                 else:
                     blocks = columnar.pair_blocks(parsed, self._groups, plan)
                 offset += len(block) + 1
                 for group, pairs in blocks.items():
                     yield runners.main_output((group, pairs.to_bytes()), self._envelope)
+
+
+def _presampled(mechanism):
+    """``mechanism`` if the read stage presamples for it (``columnar.presample_plan``
+    gives a plan; the plan's keys are drawn on the workers), else None (nothing of
+    it is shipped to the read stage)."""
+    return (mechanism if columnar.presample_plan(mechanism, ordered.UPDATE_ONLY_KEY)
+            is not None else None)
 
 
 class _PresamplePlan:
@@ -179,11 +188,11 @@ class _PreparePoliciesDoFn(beam.DoFn):
         policy, order_key = self._keyed(key_bytes)
         prepared = columnar_policy.prepare_pairs(pairs, policy, public_counts)
         buckets = {}
-        ids = prepared.ids.astype("<i8")
+        ids = prepared.ids
         end = np.cumsum(prepared.lengths)
         for user, b, n in zip(prepared.users, end.tolist(), prepared.lengths.tolist()):
-            h, encoded = policies.user_sort_key(order_key, user)
-            buckets.setdefault(h >> self._shift, []).append((h, encoded, ids[b - n:b].tobytes()))
+            entry = ordered.user_entry(order_key, user, ids[b - n:b])
+            buckets.setdefault(entry[0] >> self._shift, []).append(entry)
         for entry in buckets.items():
             yield runners.main_output(entry, self._envelope)
         for part in ordered.id_map_shards(prepared.item_ids):
@@ -315,8 +324,8 @@ class SelectFromText(beam.PTransform):
             return self._expand_policy(pbegin, envelope)
         files = input_files(pbegin, self._pattern)
         pairs, malformed = _apply(files, "ReadPairs", _ReadPairsDoFn(
-            self._groups, self._block_bytes, envelope, mechanism=self._mechanism), envelope,
-            _MALFORMED, keys.key_side_input(files, self._run_key))
+            self._groups, self._block_bytes, envelope, mechanism=_presampled(self._mechanism)),
+            envelope, _MALFORMED, keys.key_side_input(files, self._run_key))
         grouped = pairs | "GroupUsers" >> beam.GroupByKey()
         if len(self._rounds) == 1:
             r = self._rounds[0]
@@ -345,7 +354,8 @@ class SelectFromText(beam.PTransform):
         files = input_files(pbegin, self._pattern, ordered=record_order)
         pairs, malformed = _apply(files, "ReadPairs", _ReadPairsDoFn(
             self._groups, self._block_bytes, envelope, counted=True, positions=record_order,
-            mechanism=m), envelope, _MALFORMED, keys.key_side_input(files, self._run_key))
+            mechanism=_presampled(m)), envelope, _MALFORMED,
+            keys.key_side_input(files, self._run_key))
         grouped = pairs | "GroupUsers" >> beam.GroupByKey()
         args = [keys.key_side_input(grouped, self._run_key)]
         public = ordered.public_counts_side_input(pbegin.pipeline, m.public_counts)

@@ -98,7 +98,7 @@ from beam_dpsu.dp.noise import RunKey
 from beam_dpsu.transforms.expansion import expand_mechanism, expand_mechanism_parts
 from beam_dpsu.transforms.release import ApplyReleaseRule
 
-__all__ = ["DEFAULT_BUCKET_BITS", "check_bucket_bits", "encode_ids", "decode_ids", "ID_SHARDS",
+__all__ = ["DEFAULT_BUCKET_BITS", "check_bucket_bits", "encode_ids", "user_entry", "decode_ids", "ID_SHARDS",
            "shard_id_map", "shard_arrays", "sort_bucket", "UPDATE_ONLY_KEY", "resolve_state",
            "public_counts_side_input", "PolicyAndOrderKey", "id_map_shards", "RunPrepared", "OrderedUserPolicy"]
 
@@ -116,6 +116,14 @@ def check_bucket_bits(bits: int) -> int:
 def encode_ids(ids: List[int]) -> bytes:
     """A user's prepared item ids as 8-byte little-endian integers (cheap to ship)."""
     return np.array(ids, dtype="<i8").tobytes()
+
+
+def user_entry(order_key: bytes, user: Any, ids) -> Tuple[int, bytes, bytes]:
+    """A prepared user as the buckets carry it: ``(sort hash, encoded user id,
+    encode_ids(ids))`` (``sequential.user_sort_key`` under ``order_key``); its
+    bucket is the sort hash's top bits."""
+    h, encoded = policies.user_sort_key(order_key, user)
+    return h, encoded, encode_ids(ids)
 
 
 def decode_ids(blob: bytes) -> List[int]:
@@ -284,8 +292,8 @@ class _PrepareDoFn(beam.DoFn):
         ids, items = policy.prepare(user, counts, public_counts)
         if not ids:
             return
-        h, encoded_user = policies.user_sort_key(order_key, user)
-        entry = (h, encoded_user, encode_ids(ids))
+        entry = user_entry(order_key, user, ids)
+        h = entry[0]
         bucket = self._buckets.get(h >> self._shift)
         if bucket is None:
             self._buckets[h >> self._shift] = [entry]
@@ -712,6 +720,7 @@ class RunPrepared(beam.PTransform):
         ``UPDATE_ONLY_KEY``: the update uses no key).
       state: ``'ordered_list'``, ``'bag'`` or ``'gbk'`` (``resolve_state``).
       sharded: as ``OrderedUserPolicy``'s.
+      label: the transform's label (optional).
     """
 
     def __init__(self, update_policy: policies.UserPolicy, state: str, sharded: bool,
