@@ -246,6 +246,27 @@ def _coded(codes: np.ndarray, values: pa.Array) -> pa.DictionaryArray:
     return pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32()), values)
 
 
+#: The optional columns of counted pairs (``counted_pair_blocks``).
+_COUNTED = ("counts", "first")
+
+
+def _pairs_message(user: pa.Array, item: pa.Array, pairs) -> bytes:
+    """One Arrow IPC message of a user and an item column, with ``pairs``' counted
+    columns (``_COUNTED``) where it has them."""
+    columns, names = [user, item], ["user", "item"]
+    for name in _COUNTED:
+        if getattr(pairs, name) is not None:
+            columns.append(pa.array(getattr(pairs, name), pa.int64()))
+            names.append(name)
+    return _to_ipc(pa.RecordBatch.from_arrays(columns, names=names))
+
+
+def _counted_columns(batch: pa.RecordBatch) -> Dict[str, np.ndarray]:
+    """The counted columns a message holds, as arrays by name."""
+    return {name: batch.column(name).to_numpy() for name in _COUNTED
+            if name in batch.schema.names}
+
+
 @dataclass
 class PairBlock:
     """``(user, item)`` pairs: pair k is ``(users[user_index[k]], items[k])``;
@@ -261,22 +282,14 @@ class PairBlock:
 
     def to_bytes(self) -> bytes:
         """One Arrow IPC message (the user column dictionary-encoded)."""
-        columns = [_coded(self.user_index, self.users), self.items]
-        names = ["user", "item"]
-        for name in ("counts", "first"):
-            if getattr(self, name) is not None:
-                columns.append(pa.array(getattr(self, name), pa.int64()))
-                names.append(name)
-        return _to_ipc(pa.RecordBatch.from_arrays(columns, names=names))
+        return _pairs_message(_coded(self.user_index, self.users), self.items, self)
 
     @classmethod
     def from_bytes(cls, blob: bytes) -> "PairBlock":
         batch = _from_ipc(blob)
         user = batch.column(0)
-        extra = {name: batch.column(name).to_numpy() for name in ("counts", "first")
-                 if name in batch.schema.names}
         return cls(user.dictionary, batch.column(1),
-                   user.indices.to_numpy(zero_copy_only=False), **extra)
+                   user.indices.to_numpy(zero_copy_only=False), **_counted_columns(batch))
 
 
 def _encode(array: pa.Array) -> Tuple[pa.Array, np.ndarray]:
@@ -508,23 +521,16 @@ class GroupPairs:
 
     def to_bytes(self) -> bytes:
         """One Arrow IPC message (user and item dictionary-encoded)."""
-        columns = [_coded(self.u, self.users), _coded(self.i, self.items)]
-        names = ["user", "item"]
-        for name in ("counts", "first"):
-            if getattr(self, name) is not None:
-                columns.append(pa.array(getattr(self, name), pa.int64()))
-                names.append(name)
-        return _to_ipc(pa.RecordBatch.from_arrays(columns, names=names))
+        return _pairs_message(_coded(self.u, self.users), _coded(self.i, self.items), self)
 
     @classmethod
     def from_bytes(cls, blob: bytes) -> "GroupPairs":
         batch = _from_ipc(blob)
         user, item = batch.column(0), batch.column(1)
-        extra = {name: batch.column(name).to_numpy() for name in ("counts", "first")
-                 if name in batch.schema.names}
         return cls(user.dictionary, item.dictionary,
                    user.indices.to_numpy(zero_copy_only=False).astype(np.int64),
-                   item.indices.to_numpy(zero_copy_only=False).astype(np.int64), **extra)
+                   item.indices.to_numpy(zero_copy_only=False).astype(np.int64),
+                   **_counted_columns(batch))
 
     def __len__(self) -> int:
         return len(self.u)
