@@ -142,3 +142,22 @@ def test_the_one_key_order_is_lexsort_even_when_scores_differ_only_in_low_bits()
             scores = (scores << np.uint64(8)) | rng.integers(0, 4, n, dtype=np.uint64)
         assert np.array_equal(owner_score_order(owner, scores),
                               np.lexsort((scores, owner))), trial
+
+
+def test_ranks_in_runs_against_a_loop():
+    import numpy as np
+    from beam_dpsu.dp.contribution import ranks_in_runs
+    rng = np.random.default_rng(3)
+    owner = np.sort(rng.integers(0, 30, 400))
+    steps = rng.random(400) < 0.6
+    for given in (None, steps):
+        expected, rank, prev = [], -1, None
+        for k, o in enumerate(owner.tolist()):
+            if o != prev:
+                rank = 0
+            elif given is None or given[k]:
+                rank += 1
+            expected.append(rank)
+            prev = o
+        assert ranks_in_runs(owner, given).tolist() == expected
+    assert ranks_in_runs(np.zeros(0, np.int64)).tolist() == []

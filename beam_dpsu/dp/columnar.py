@@ -41,8 +41,9 @@ import pyarrow.compute as pc
 
 from beam_dpsu.dp import compiled
 from beam_dpsu.dp import sequential as policies
-from beam_dpsu.dp.contribution import (item_scores, owner_score_order, sample_items,
-                                       sampling_keys, smallest_scores, user_keys)
+from beam_dpsu.dp.contribution import (item_scores, owner_score_order, ranks_in_runs,
+                                       sample_items, sampling_keys, smallest_scores,
+                                       user_keys)
 from beam_dpsu.dp.mechanisms.histogram_threshold import HistogramMechanism
 from beam_dpsu.dp.mechanisms.policy import PolicyMechanism
 from beam_dpsu.dp.mechanisms.sips import Sips
@@ -400,22 +401,13 @@ def presample(block: PairBlock, max_items: int, sample_key: bytes) -> PairBlock:
     big = np.flatnonzero(num > max_items)
     if not len(big):
         return block
-    keys = sampling_keys(sample_key)
-    k0, k1 = np.zeros(len(block.users), np.uint64), np.zeros(len(block.users), np.uint64)
-    k0[big], k1[big] = user_keys(keys, *string_spans(block.users.take(pa.array(big))),
-                                 prefix=STR_TAG)
-    is_big = np.zeros(len(block.users), dtype=bool)
-    is_big[big] = True
     owner = block.user_index.astype(np.int64)
-    pairs = np.flatnonzero(is_big[owner])
-    pu = owner[pairs]
-    data, starts, lengths = string_spans(block.items)
-    scores = item_scores(k0[pu], k1[pu], data, starts[pairs], lengths[pairs], prefix=STR_TAG)
+    pairs, pu, scores = _big_user_scores(block.users, block.items, owner, None, big,
+                                         sample_key)
     order = owner_score_order(pu, scores)  # by user, then score
-    so, ss = pu[order], scores[order]
-    first = np.r_[True, so[1:] != so[:-1]]
-    distinct = np.cumsum(first | np.r_[True, ss[1:] != ss[:-1]])  # a user's repeats: one score
-    rank = distinct - np.maximum.accumulate(np.where(first, distinct, 0))  # 0 = the smallest
+    ss = scores[order]
+    # rank among the user's distinct scores (a repeated item: one score), 0 = smallest
+    rank = ranks_in_runs(pu[order], np.r_[True, ss[1:] != ss[:-1]])
     keep = np.ones(len(owner), dtype=bool)
     keep[pairs[order]] = rank < max_items
     if keep.all():
@@ -451,6 +443,18 @@ def line_position(file_index: int, offset: int, length: int = 0) -> int:
     return (file_index << FILE_SHIFT) + offset
 
 
+def _merge_pairs(codes: np.ndarray, counts: np.ndarray, first: Optional[np.ndarray]):
+    """Pair codes with counts (and first positions, or None) → the distinct codes,
+    sorted, each with the sum of its counts and the smallest of its positions."""
+    if len(codes) == 0:
+        return codes, counts.astype(np.int64), first
+    order = np.argsort(codes)
+    codes = codes[order]
+    head = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
+    return (codes[head], np.add.reduceat(counts[order], head).astype(np.int64),
+            None if first is None else np.minimum.reduceat(first[order], head))
+
+
 def counted_pair_blocks(parsed: ParsedBlock, groups: int, base: Optional[int] = None,
                         sample: Optional[Tuple[int, bytes]] = None) -> Dict[int, PairBlock]:
     """The block's distinct ``(user, item)`` pairs by user group, as ``pair_blocks``,
@@ -464,14 +468,9 @@ def counted_pair_blocks(parsed: ParsedBlock, groups: int, base: Optional[int] = 
     users, group, code = _users_by_group(parsed.users, groups)
     items, i = _encode(parsed.items)
     width = max(len(items), 1)
-    key = code * width + i
-    order = np.argsort(key, kind="stable")  # a pair's lines in line order
-    key = key[order]
-    head = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
-    counts = np.diff(np.r_[head, len(key)]).astype(np.int64)
-    first = None if base is None else base + parsed.offsets[order[head]]
-    block = PairBlock(users, items.take(pa.array(key[head] % width)), key[head] // width,
-                      counts, first)
+    key, counts, first = _merge_pairs(code * width + i, np.ones(len(i), np.int64),
+                                      None if base is None else base + parsed.offsets)
+    block = PairBlock(users, items.take(pa.array(key % width)), key // width, counts, first)
     return _split_groups(block if sample is None else presample(block, *sample), group)
 
 
@@ -554,17 +553,11 @@ def group_pairs(blocks: Iterable[PairBlock]) -> GroupPairs:
     if any(b.counts is None for b in blocks):
         codes = _distinct_codes(u * width + i)  # sorted: by user, then item code
         return GroupPairs(users, items, codes // width, codes % width)
-    codes = u * width + i
-    order = np.argsort(codes, kind="stable")
-    codes = codes[order]
-    head = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
-    counts = np.add.reduceat(np.concatenate([b.counts for b in blocks])[order], head)
-    first = None
-    if all(b.first is not None for b in blocks):
-        first = np.minimum.reduceat(np.concatenate([b.first for b in blocks])[order], head)
-    codes = codes[head]
-    return GroupPairs(users, items, codes // width, codes % width, counts.astype(np.int64),
-                      first)
+    codes, counts, first = _merge_pairs(
+        u * width + i, np.concatenate([b.counts for b in blocks]),
+        np.concatenate([b.first for b in blocks])
+        if all(b.first is not None for b in blocks) else None)
+    return GroupPairs(users, items, codes // width, codes % width, counts, first)
 
 
 def without_items(pairs: GroupPairs, removed: pa.Array) -> GroupPairs:
@@ -632,10 +625,12 @@ def bounded_histogram(blocks: Iterable[PairBlock], max_items: Optional[int], wei
     return pairs_histogram(group_pairs(blocks), max_items, weighting, sample_key)
 
 
-def _sample_big_users(users, items, u, i, big, max_items, sample_key, keep):
-    """Marks in ``keep`` the pairs of the users ``big`` that ``sample_items`` keeps:
-    the Δ0 items of smallest score under the user's own key, computed for all
-    their pairs at once."""
+def _big_user_scores(users: pa.Array, items: pa.Array, u: np.ndarray,
+                     i: Optional[np.ndarray], big: np.ndarray, sample_key: bytes):
+    """The sampler's scores of the pairs of the users ``big``: ``(pairs, owners,
+    scores)``, the positions of those pairs, their users and the keyed scores
+    ``sample_items`` gives them (SipHash-2-4 of the item under the user's own key).
+    Pair k is ``(users[u[k]], items[i[k]])`` (``items[k]`` when ``i`` is None)."""
     keys = sampling_keys(sample_key)
     k0, k1 = np.zeros(len(users), np.uint64), np.zeros(len(users), np.uint64)
     k0[big], k1[big] = user_keys(keys, *string_spans(users.take(pa.array(big))),
@@ -644,8 +639,16 @@ def _sample_big_users(users, items, u, i, big, max_items, sample_key, keep):
     is_big[big] = True
     pairs = np.flatnonzero(is_big[u])
     data, starts, lengths = string_spans(items)
-    pu, pi = u[pairs], i[pairs]
-    scores = item_scores(k0[pu], k1[pu], data, starts[pi], lengths[pi], prefix=STR_TAG)
+    pu, pi = u[pairs], (pairs if i is None else i[pairs])
+    return pairs, pu, item_scores(k0[pu], k1[pu], data, starts[pi], lengths[pi],
+                                  prefix=STR_TAG)
+
+
+def _sample_big_users(users, items, u, i, big, max_items, sample_key, keep):
+    """Marks in ``keep`` the pairs of the users ``big`` that ``sample_items`` keeps:
+    the Δ0 items of smallest score under the user's own key, computed for all
+    their pairs at once."""
+    pairs, pu, scores = _big_user_scores(users, items, u, i, big, sample_key)
     kept, tied = smallest_scores(pu, scores, max_items)
     keep[pairs] = kept
     for user in tied.tolist():  # a tie at the cut (p ≈ n²/2^65): sample_items settles it

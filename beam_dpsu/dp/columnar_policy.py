@@ -32,6 +32,7 @@ import pyarrow as pa
 
 from beam_dpsu.dp import sequential as policies
 from beam_dpsu.dp.columnar import GroupPairs, sampled_pairs
+from beam_dpsu.dp.contribution import ranks_in_runs
 
 __all__ = ["PreparedUsers", "prepare_pairs"]
 
@@ -111,9 +112,7 @@ def prepare_pairs(pairs: GroupPairs, policy: policies.UserPolicy,
             order = np.lexsort((every[i], -pairs.counts, u))
         pu, pi = u[order], i[order]
         if kind == "cascade-free":  # K_i: the first Δ0 items of the walk
-            head = np.r_[True, pu[1:] != pu[:-1]]
-            at = np.arange(len(pu))
-            cut = at - np.maximum.accumulate(np.where(head, at, 0)) < policy.max_items
+            cut = ranks_in_runs(pu) < policy.max_items
             pu, pi = pu[cut], pi[cut]
         if every is None:
             names, ids, pid = _ids(policy, pairs.items, pi)

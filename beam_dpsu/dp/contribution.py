@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import pickle
 import zlib
-from typing import Any, Dict, Hashable, Iterable, List, Mapping, Sequence, Tuple
+from typing import Any, Dict, Hashable, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -31,7 +31,7 @@ from beam_dpsu.dp.siphash import siphash24_many, siphash24_many_keys
 
 __all__ = ["ItemCounts", "DEFAULT_FLUSH_PAIRS", "DEFAULT_USER_GROUPS", "user_group", "pack_by",
            "canonical_items", "sampling_keys", "user_keys", "item_scores", "sample_items",
-           "sample_many", "owner_score_order", "smallest_scores", "merge_item_counts",
+           "sample_many", "owner_score_order", "ranks_in_runs", "smallest_scores", "merge_item_counts",
            "per_user_counts",
            "IdTypeError", "ID_TYPES", "MAX_INT_ID_DIGITS", "canonical_id", "canonical_pair",
            "canonical_counts", "canonical_user_counts", "canonical_per_user"]
@@ -338,6 +338,17 @@ def owner_score_order(owner: np.ndarray, scores: np.ndarray) -> np.ndarray:
     return order
 
 
+def ranks_in_runs(owner: np.ndarray, steps: Optional[np.ndarray] = None) -> np.ndarray:
+    """For an array sorted by ``owner``: each element's rank among its owner's, from
+    0. ``steps``: a boolean array, True where an element counts as a new rank (an
+    owner's first element always does); default every element (its position)."""
+    n = len(owner)
+    first = np.ones(n, dtype=bool)
+    np.not_equal(owner[1:], owner[:-1], out=first[1:])
+    count = np.arange(n) if steps is None else np.cumsum(first | steps) - 1
+    return count - np.maximum.accumulate(np.where(first, count, 0))
+
+
 def smallest_scores(owner: np.ndarray, scores: np.ndarray, max_items: int):
     """The sampler's rule on many users' pairs at once: ``(keep, tied)``, ``keep[p]``
     True for the ``max_items`` pairs of smallest score of each owner (user), and
@@ -346,8 +357,7 @@ def smallest_scores(owner: np.ndarray, scores: np.ndarray, max_items: int):
     order = owner_score_order(owner, scores)  # by owner, then score
     so, ss = owner[order], scores[order]
     first = np.r_[True, so[1:] != so[:-1]]
-    at = np.arange(len(order))
-    rank = at - np.maximum.accumulate(np.where(first, at, 0))
+    rank = ranks_in_runs(so)
     keep = np.zeros(len(order), dtype=bool)
     keep[order[rank < max_items]] = True
     cut = np.flatnonzero((rank[1:] == max_items) & ~first[1:] & (ss[1:] == ss[:-1]))

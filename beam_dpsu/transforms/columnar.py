@@ -322,10 +322,7 @@ class SelectFromText(beam.PTransform):
         envelope = not runners.capabilities(pbegin.pipeline).tagged_outputs
         if self._rounds is None:
             return self._expand_policy(pbegin, envelope)
-        files = input_files(pbegin, self._pattern)
-        pairs, malformed = _apply(files, "ReadPairs", _ReadPairsDoFn(
-            self._groups, self._block_bytes, envelope, mechanism=_presampled(self._mechanism)),
-            envelope, _MALFORMED, keys.key_side_input(files, self._run_key))
+        pairs, malformed = self._read_pairs(pbegin, envelope)
         grouped = pairs | "GroupUsers" >> beam.GroupByKey()
         if len(self._rounds) == 1:
             r = self._rounds[0]
@@ -345,17 +342,23 @@ class SelectFromText(beam.PTransform):
                 groups = groups | f"Remove{i}" >> WithoutReleased(released[-1], self._groups)
         return tuple(released) | "Union" >> beam.Flatten(), malformed, users
 
+    def _read_pairs(self, pbegin, envelope: bool, counted: bool = False,
+                    positions: bool = False):
+        """The files' pair blocks by user group, presampled where the mechanism allows
+        (``_ReadPairsDoFn``): ``(pairs, malformed)``."""
+        files = input_files(pbegin, self._pattern, ordered=positions)
+        return _apply(files, "ReadPairs", _ReadPairsDoFn(
+            self._groups, self._block_bytes, envelope, counted, positions,
+            _presampled(self._mechanism)), envelope, _MALFORMED,
+            keys.key_side_input(files, self._run_key))
+
     def _expand_policy(self, pbegin, envelope: bool):
         """A sequential policy mechanism: counted pairs by group, each group's users
         prepared (``columnar_policy.prepare_pairs``), then ``ordered.RunPrepared``
         and the release, as ``SelectPartitions`` runs it after its preparation."""
         m = self._mechanism
-        record_order = bool(getattr(m, "needs_record_order", False))
-        files = input_files(pbegin, self._pattern, ordered=record_order)
-        pairs, malformed = _apply(files, "ReadPairs", _ReadPairsDoFn(
-            self._groups, self._block_bytes, envelope, counted=True, positions=record_order,
-            mechanism=_presampled(m)), envelope, _MALFORMED,
-            keys.key_side_input(files, self._run_key))
+        pairs, malformed = self._read_pairs(pbegin, envelope, counted=True,
+                                            positions=bool(m.needs_record_order))
         grouped = pairs | "GroupUsers" >> beam.GroupByKey()
         args = [keys.key_side_input(grouped, self._run_key)]
         public = ordered.public_counts_side_input(pbegin.pipeline, m.public_counts)
