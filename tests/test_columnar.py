@@ -455,3 +455,81 @@ def test_user_groups_grow_with_the_input():
     assert columnar.user_groups_for(5 << 20) == columnar.MIN_USER_GROUPS
     assert columnar.user_groups_for(300 << 20) == 300 // 8
     assert columnar.user_groups_for(10 ** 13) == columnar.MAX_USER_GROUPS
+
+
+def _odd_strings(rnd, n):
+    """Byte strings with repeats, empty ones, shared prefixes and non-ASCII bytes."""
+    pool = [b"", b"a", b"ab", b"ba", b"abc", "é".encode(), b"x" * 20, b"x" * 21, b"\t"]
+    pool += [f"s{k}".encode() for k in range(40)]
+    return [rnd.choice(pool) for _ in range(n)]
+
+
+def _spans_of(strings, rnd):
+    """The strings laid out in one buffer with gaps, and their (starts, lengths)."""
+    buf, starts = bytearray(), []
+    for s in strings:
+        buf += b"#" * rnd.randrange(3)
+        starts.append(len(buf))
+        buf += s
+    return (np.frombuffer(bytes(buf), np.uint8), np.array(starts, np.int64),
+            np.array([len(s) for s in strings], np.int64))
+
+
+@pytest.mark.parametrize("compiled_kernels", [False, True])
+def test_encode_and_gather_spans_are_exact(monkeypatch, compiled_kernels):
+    # encode_spans: one code per distinct byte string, numbered in order of first
+    # appearance (a Python dict's numbering); gather_spans: the strings in the order asked.
+    from beam_dpsu.dp import compiled
+    if compiled_kernels:
+        pytest.importorskip("numba")
+        monkeypatch.setattr(compiled, "WORK_BEFORE_COMPILING", 0)
+    else:
+        monkeypatch.setattr(compiled, "kernel", lambda name, work: None)
+    rnd = random.Random(11)
+    for n in (0, 1, 2, 7, 500):
+        strings = _odd_strings(rnd, n)
+        buf, starts, lengths = _spans_of(strings, rnd)
+        codes, firsts = columnar.encode_spans(buf, starts, lengths)
+        numbering = {}
+        expected = [numbering.setdefault(s, len(numbering)) for s in strings]
+        assert codes.tolist() == expected
+        assert [strings[k] for k in firsts.tolist()] == list(numbering)
+        order = np.random.default_rng(n).permutation(n).astype(np.int64)
+        got = columnar.gather_spans(buf, starts[order], lengths[order])
+        assert got.to_pylist() == [strings[k].decode() for k in order.tolist()]
+
+
+def test_compiled_hash_keys_and_repeats_equal_their_numpy_forms(monkeypatch):
+    pytest.importorskip("numba")
+    from beam_dpsu.dp import array_kernels
+    rnd = random.Random(12)
+    strings = _odd_strings(rnd, 3000)
+    buf, starts, lengths = _spans_of(strings, rnd)
+    # mixed_fnv against a loop over the bytes
+    mask = (1 << 64) - 1
+
+    def fnv(s):
+        h = 0xCBF29CE484222325
+        for byte in s:
+            h = ((h ^ byte) * 0x100000001B3) & mask
+        h ^= h >> 29
+        h = (h * 0xBF58476D1CE4E5B9) & mask
+        return h ^ (h >> 32)
+
+    assert columnar.mixed_fnv(buf, starts, lengths).tolist() == [fnv(s) for s in strings]
+    line_code = np.array([rnd.randrange(9) for _ in strings], np.int64)
+    for bits in (4, 10):
+        keys = array_kernels.item_keys(buf, starts, lengths, line_code, bits)
+        monkeypatch.setattr(columnar.compiled, "kernel", lambda name, work: None)
+        assert keys.tolist() == columnar._item_keys(buf, starts, lengths, line_code,
+                                                    bits).tolist()
+        monkeypatch.undo()
+    order = np.argsort(keys)
+    s, n, k = starts[order], lengths[order], keys[order]
+    repeats = array_kernels.sorted_repeats(buf, s, n, k)
+    monkeypatch.setattr(columnar.compiled, "kernel", lambda name, work: None)
+    assert repeats.tolist() == columnar._sorted_repeats(buf, s, n, k).tolist()
+    ordered = [strings[j] for j in order.tolist()]
+    assert repeats.tolist() == [j > 0 and k[j] == k[j - 1] and ordered[j] == ordered[j - 1]
+                                for j in range(len(ordered))]
+    assert repeats.any()

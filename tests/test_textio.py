@@ -331,3 +331,39 @@ def test_dealt_workers_is_the_direct_runners_worker_count_only():
     portable = beam.Pipeline(options=PipelineOptions([
         "--runner=PortableRunner", "--job_endpoint=embed", "--direct_num_workers=2"]))
     assert runners.dealt_workers(portable) == 1
+
+
+def test_read_ahead_yields_the_same_items_and_raises_the_readers_error():
+    import threading
+    from beam_dpsu.dp.lines import read_ahead
+    for depth in (1, 3):
+        assert list(read_ahead(iter(range(50)), depth)) == list(range(50))
+    assert list(read_ahead(iter([]))) == []
+
+    def failing():
+        yield b"one"
+        raise EOFError("truncated input")
+
+    got = []
+    with pytest.raises(EOFError, match="truncated input"):
+        for block in read_ahead(failing()):
+            got.append(block)
+    assert got == [b"one"]
+    # a consumer that stops early: the reader thread is stopped and joined on close
+    produced = []
+
+    def endless():
+        k = 0
+        while True:
+            produced.append(k)
+            yield k
+            k += 1
+
+    reader = read_ahead(endless())
+    assert next(reader) == 0
+    reader.close()
+    assert not any(t.name == "beam-dpsu-read-ahead" and t.is_alive()
+                   for t in threading.enumerate())
+    assert len(produced) <= 4  # one in use, one queued, one waiting to be queued
+    with pytest.raises(ValueError, match="depth"):
+        next(read_ahead(iter([1]), 0))

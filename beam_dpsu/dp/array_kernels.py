@@ -1,7 +1,9 @@
 """numba kernels of the columnar path and of SipHash-2-4 (needs numba: the ``fast`` extra).
 
 Each has a numpy twin that gives the same results (``dp.siphash._numpy_many``,
-``dp.columnar._spans_equal``, ``dp.columnar._line_spans``; the tests compare them).
+``dp.columnar._spans_equal``, ``dp.columnar._line_spans``, ``dp.columnar.encode_spans``,
+``dp.columnar.gather_spans``; the tests compare them). The kernels release the GIL
+(``nogil``), so a reader thread (``dp.lines.read_ahead``) runs beside them.
 Import this module only through ``dp.compiled.kernel``, which loads it once a
 process has enough work to repay numba's start-up.
 """
@@ -10,7 +12,8 @@ from numba import njit
 
 from beam_dpsu.dp.siphash import _C0, _C1, _C2, _C3
 
-__all__ = ["siphash24_many", "compare_spans", "line_spans"]
+__all__ = ["siphash24_many", "compare_spans", "line_spans", "encode_spans", "gather_spans",
+           "item_keys", "sorted_repeats"]
 
 
 @njit(cache=True, inline="always")
@@ -37,7 +40,7 @@ def _round_one(v0, v1, v2, v3):
     return v0, v1, v2, v3
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def siphash24_many(k0, k1, buf, starts, lengths, prefix):
     n = starts.size
     out = np.empty(n, np.uint64)
@@ -77,7 +80,7 @@ def siphash24_many(k0, k1, buf, starts, lengths, prefix):
     return out
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def compare_spans(data, a, b, lengths):
     out = np.ones(a.size, np.bool_)
     for k in range(a.size):
@@ -88,7 +91,7 @@ def compare_spans(data, a, b, lengths):
     return out
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def line_spans(buf, lines):
     """One pass over a block of ``lines`` lines: each line's start, its end (the
     ``\\n`` or the block's end), its first tab (``buf.size + 1`` when none), and
@@ -117,3 +120,107 @@ def line_spans(buf, lines):
     ends[line] = n
     tabs[line] = tab
     return starts, ends, tabs, high
+
+
+@njit(cache=True, inline="always")
+def _same_bytes(buf, a, b, length):
+    for j in range(length):
+        if buf[a + j] != buf[b + j]:
+            return False
+    return True
+
+
+@njit(cache=True, inline="always")
+def _mixed_fnv(buf, s, length):
+    h = np.uint64(0xCBF29CE484222325)
+    for j in range(length):
+        h = (h ^ np.uint64(buf[s + j])) * np.uint64(0x100000001B3)
+    h ^= h >> np.uint64(29)
+    h *= np.uint64(0xBF58476D1CE4E5B9)
+    h ^= h >> np.uint64(32)
+    return h
+
+
+@njit(cache=True, nogil=True)
+def encode_spans(buf, starts, lengths):
+    """Exact dictionary encoding of the byte strings ``buf[starts[k]:starts[k] +
+    lengths[k]]``: ``(codes, firsts)``, each string's code (0, 1, ... in order of first
+    appearance, as Arrow's ``dictionary_encode``) and the index of each code's first
+    string. An open-addressing table on a 64-bit FNV-1a hash (it only places strings;
+    equal codes always mean equal bytes); a string equal to the one before it reuses
+    its code without a lookup (a file's lines come grouped by user)."""
+    n = starts.size
+    codes = np.empty(n, np.int64)
+    firsts = np.empty(n, np.int64)
+    cap = 16
+    while cap < 2 * n:
+        cap *= 2
+    mask = cap - 1
+    table = np.full(cap, -1, np.int64)
+    distinct = 0
+    for k in range(n):
+        s = starts[k]
+        length = lengths[k]
+        if k > 0 and lengths[k - 1] == length and _same_bytes(buf, starts[k - 1], s, length):
+            codes[k] = codes[k - 1]
+            continue
+        slot = np.int64(_mixed_fnv(buf, s, length) & np.uint64(mask))
+        while True:
+            code = table[slot]
+            if code < 0:
+                table[slot] = distinct
+                firsts[distinct] = k
+                codes[k] = distinct
+                distinct += 1
+                break
+            f = firsts[code]
+            if lengths[f] == length and _same_bytes(buf, starts[f], s, length):
+                codes[k] = code
+                break
+            slot = (slot + 1) & mask
+    return codes, firsts[:distinct].copy()
+
+
+@njit(cache=True, nogil=True)
+def gather_spans(buf, starts, lengths, offsets):
+    """The byte strings ``buf[starts[k]:starts[k] + lengths[k]]`` (any order) copied
+    one after another; ``offsets`` (n + 1 entries) is filled with where each begins."""
+    n = starts.size
+    total = 0
+    offsets[0] = 0
+    for k in range(n):
+        total += lengths[k]
+        offsets[k + 1] = total
+    out = np.empty(total, np.uint8)
+    for k in range(n):
+        o = offsets[k]
+        s = starts[k]
+        for j in range(lengths[k]):
+            out[o + j] = buf[s + j]
+    return out
+
+
+@njit(cache=True, nogil=True)
+def item_keys(buf, starts, lengths, line_code, bits):
+    """``(line_code[k] << (64 - bits)) | (h(item k) >> bits)``, ``h`` the 64-bit FNV-1a
+    of the item's bytes with a final mix (``dp.columnar.mixed_fnv``'s value)."""
+    n = starts.size
+    out = np.empty(n, np.uint64)
+    high = np.uint64(64 - bits)
+    low = np.uint64(bits)
+    for k in range(n):
+        out[k] = (np.uint64(line_code[k]) << high) | (_mixed_fnv(buf, starts[k], lengths[k]) >> low)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def sorted_repeats(buf, starts, lengths, keys):
+    """Whether string k (``buf[starts[k]:starts[k] + lengths[k]]``) repeats string
+    k - 1: equal ``keys`` and equal bytes."""
+    n = starts.size
+    out = np.zeros(n, np.bool_)
+    for k in range(1, n):
+        if (keys[k] == keys[k - 1] and lengths[k] == lengths[k - 1]
+                and _same_bytes(buf, starts[k - 1], starts[k], lengths[k])):
+            out[k] = True
+    return out

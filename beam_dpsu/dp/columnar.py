@@ -3,8 +3,9 @@
 A block of ``user<TAB>item`` text goes through four pure steps, each on
 numpy and Arrow arrays (``pyarrow``, a dependency of Beam):
 
-1. ``parse_block``: the lines of a block → two Arrow string arrays (user ids
-   and items) and the malformed lines, with exactly the semantics of
+1. ``parse_block``: the lines of a block → where each well-formed line's user id
+   and item lie in the block's bytes (and, on demand, two Arrow string arrays),
+   and the malformed lines, with exactly the semantics of
    ``dp.lines.parse_line`` (split at the FIRST tab, one trailing ``\\r``
    removed, an empty user id, no tab or invalid UTF-8 is malformed).
 2. ``pair_blocks``: the block's distinct ``(user, item)`` pairs, split into
@@ -20,9 +21,12 @@ numpy and Arrow arrays (``pyarrow``, a dependency of Beam):
    release rule's vectorised ``decide_bits`` (``release_shard``).
 
 Identity is exact: users and items are compared as strings wherever they
-meet (Arrow's dictionary encoding), never through a hash. The only hash is
-``string_groups``, which chooses the group of a user or the shard of an item
-to spread work: a collision there only puts two users in one group.
+meet (Arrow's dictionary encoding, or ``encode_spans`` on a block's bytes),
+never through a hash. The hashes here are public and only place strings:
+``string_groups`` chooses the group of a user or the shard of an item to spread
+work (a collision there only puts two users in one group), and ``mixed_fnv``
+orders a block's lines so that a user's repeated lines are neighbours, compared
+byte for byte (a collision only leaves a repeat for the group stage).
 
 The per-user data and the histogram equal those of the dict path
 (``dp.lines`` → ``contribution.sample_items`` → ``weights``), so a seeded run
@@ -32,6 +36,7 @@ weights are summed, which the tests show does not change a release).
 from __future__ import annotations
 
 import collections
+import functools
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Tuple
 
@@ -52,10 +57,13 @@ from beam_dpsu.dp.siphash import siphash24_many
 from beam_dpsu.dp.weights import check_weighting
 
 __all__ = ["COLUMNAR_USER_GROUPS", "COLUMNAR_ITEM_SHARDS", "BYTES_PER_USER_GROUP",
-           "MIN_USER_GROUPS", "MAX_USER_GROUPS", "user_groups_for", "ParsedBlock", "parse_block", "string_spans", "string_groups", "PairBlock",
-           "pair_blocks", "presample", "FILE_SHIFT", "MAX_FILES", "line_position", "counted_pair_blocks", "GroupPairs", "group_pairs", "without_items", "pairs_histogram", "sampled_pairs",
-           "GroupHistogram", "bounded_histogram", "sum_histograms", "presample_plan", "runs_columnar", "columnar_rounds",
-           "split_by_shard", "release_shard", "IPC_COMPRESSION", "release_from_files"]
+           "MIN_USER_GROUPS", "MAX_USER_GROUPS", "user_groups_for", "ParsedBlock", "parse_block",
+           "encode_spans", "gather_spans", "mixed_fnv", "string_spans", "string_groups",
+           "PairBlock", "pair_blocks", "presample", "FILE_SHIFT", "MAX_FILES", "line_position",
+           "counted_pair_blocks", "GroupPairs", "group_pairs", "without_items", "pairs_histogram",
+           "sampled_pairs", "GroupHistogram", "bounded_histogram", "sum_histograms",
+           "presample_plan", "runs_columnar", "columnar_rounds", "split_by_shard",
+           "release_shard", "IPC_COMPRESSION", "release_from_files"]
 
 
 _NL, _TAB, _CR = 10, 9, 13
@@ -72,14 +80,29 @@ COLUMNAR_ITEM_SHARDS = 16
 
 @dataclass
 class ParsedBlock:
-    """The well-formed lines of a block as two Arrow string arrays of equal length
-    (``users[k]``, ``items[k]``: line k's user id and item, in line order), the
-    offset in the block at which each of those lines starts (``offsets[k]``),
-    and the malformed lines: ``{raw line: occurrences}``."""
-    users: pa.Array
-    items: pa.Array
-    malformed: Dict[bytes, int]
+    """The well-formed lines of a block, in line order: line k's user id is
+    ``buf[offsets[k]:user_ends[k]]`` and its item ``buf[item_starts[k]:item_ends[k]]``
+    (``buf``: the block's bytes; ``offsets[k]``, where the line starts, is where its
+    user id starts), and the malformed lines: ``{raw line: occurrences}``.
+    ``users`` and ``items`` are the same as two Arrow string arrays (made on first
+    use)."""
+    buf: np.ndarray
     offsets: np.ndarray
+    user_ends: np.ndarray
+    item_starts: np.ndarray
+    item_ends: np.ndarray
+    malformed: Dict[bytes, int]
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    @functools.cached_property
+    def users(self) -> pa.Array:
+        return _gather(self.buf, self.offsets, self.user_ends)
+
+    @functools.cached_property
+    def items(self) -> pa.Array:
+        return _gather(self.buf, self.item_starts, self.item_ends)
 
 
 def _gather(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> pa.Array:
@@ -190,8 +213,48 @@ def parse_block(block: bytes) -> ParsedBlock:
         malformed = dict(collections.Counter(block[starts[k]:raw_ends[k]] for k in bad.tolist()))
         keep = np.flatnonzero(ok)
         starts, ends, tab = starts[keep], ends[keep], tab[keep]
-    return ParsedBlock(_gather(buf, starts, tab), _gather(buf, tab + 1, ends), malformed,
-                       starts)
+    return ParsedBlock(buf, starts, tab, tab + 1, ends, malformed)
+
+
+def encode_spans(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray
+                 ) -> Tuple[np.ndarray, np.ndarray]:
+    """Exact dictionary encoding of the byte strings ``buf[starts[k]:starts[k] +
+    lengths[k]]``: ``(codes, firsts)``, string k's code (int64; 0, 1, ... in order of
+    first appearance) and the index of the first string of each code. Two strings
+    get one code exactly when their bytes are equal. The compiled kernel once the
+    process has enough work, else Arrow's ``dictionary_encode`` (the same codes)."""
+    kernel = compiled.kernel("encode_spans", len(starts))
+    starts = np.asarray(starts, np.int64)
+    lengths = np.asarray(lengths, np.int64)
+    if kernel is not None:
+        return kernel(buf, starts, lengths)
+    encoded = pc.dictionary_encode(gather_spans(buf, starts, lengths).cast(pa.binary()))
+    codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    firsts = np.full(len(encoded.dictionary), len(codes), np.int64)
+    np.minimum.at(firsts, codes, np.arange(len(codes), dtype=np.int64))
+    return codes, firsts
+
+
+def gather_spans(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> pa.Array:
+    """The byte strings ``buf[starts[k]:starts[k] + lengths[k]]`` (valid UTF-8, not
+    overlapping, in any order) as one Arrow string array, copied into one buffer.
+    The compiled kernel once the process has enough work, else Arrow (``_gather``
+    of the spans in increasing order, then ``take`` back to the order asked)."""
+    starts = np.asarray(starts, np.int64)
+    lengths = np.asarray(lengths, np.int64)
+    kernel = compiled.kernel("gather_spans", len(starts))
+    if kernel is None or int(lengths.sum()) >= 1 << 31:
+        order = np.argsort(starts, kind="stable")
+        picked = _gather(buf, starts[order], starts[order] + lengths[order])
+        if len(order) and (order[1:] < order[:-1]).any():
+            inverse = np.empty_like(order)
+            inverse[order] = np.arange(len(order))
+            picked = picked.take(pa.array(inverse))
+        return picked
+    offsets = np.empty(len(starts) + 1, np.int32)
+    data = kernel(buf, starts, lengths, offsets)
+    return pa.Array.from_buffers(pa.string(), len(starts),
+                                 [None, pa.py_buffer(offsets), pa.py_buffer(data)])
 
 
 def string_spans(array: pa.Array) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -223,9 +286,10 @@ def string_groups(array: pa.Array, groups: int) -> np.ndarray:
         np.int64)
 
 
-#: Compression of the pair blocks between stages (built into pyarrow's wheels). zstd: the messages of 100,000 synthetic users take 38 MB against 66 MB
-#: with lz4 and 100 MB uncompressed, which bounds what a runner that keeps its
-#: shuffles in memory (the FnApiRunner) holds; it costs about 5% more time.
+#: Compression of the pair blocks between stages (built into pyarrow's wheels). zstd:
+#: the messages of 100,000 synthetic users take 38 MB against 66 MB with lz4 and 100 MB
+#: uncompressed, which bounds what a runner that keeps its shuffles in memory (the
+#: FnApiRunner) holds; it costs about 5% more time.
 IPC_COMPRESSION = "zstd"
 
 
@@ -307,27 +371,62 @@ def _distinct_codes(codes: np.ndarray) -> np.ndarray:
     return codes
 
 
-def _drop_repeats(items: pa.Array, line_code: np.ndarray, users: int):
-    """The lines' order by user (``line_code``), then a hash of the item, without a
-    user's repeated lines: ``(order, line_code[order])``. Repeats are neighbours in
+_FNV_OFFSET, _FNV_PRIME = np.uint64(0xCBF29CE484222325), np.uint64(0x100000001B3)
+
+
+def mixed_fnv(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """A 64-bit hash of each byte string ``buf[starts[k]:starts[k] + lengths[k]]``:
+    FNV-1a, then ``h ^= h >> 29; h *= 0xBF58476D1CE4E5B9; h ^= h >> 32``. Public
+    and unkeyed: it only orders and places strings (``_drop_repeats``, the
+    compiled ``encode_spans``), whose bytes are compared wherever equality matters.
+    The numpy form of the compiled kernels' hash (the tests compare them)."""
+    starts = np.asarray(starts, np.int64)
+    lengths = np.asarray(lengths, np.int64)
+    h = np.full(len(starts), _FNV_OFFSET, np.uint64)
+    with np.errstate(over="ignore"):
+        for j in range(int(lengths.max()) if len(lengths) else 0):
+            on = np.flatnonzero(lengths > j)
+            h[on] = (h[on] ^ buf[starts[on] + j].astype(np.uint64)) * _FNV_PRIME
+        h ^= h >> np.uint64(29)
+        h *= np.uint64(0xBF58476D1CE4E5B9)
+        h ^= h >> np.uint64(32)
+    return h
+
+
+def _item_keys(buf, starts, lengths, line_code, bits: int) -> np.ndarray:
+    """Each line's sort key: its user code in the high bits, the high bits of its
+    item's ``mixed_fnv`` below (``bits`` bits for the user)."""
+    kernel = compiled.kernel("item_keys", len(starts))
+    if kernel is not None:
+        return kernel(buf, starts, lengths, line_code, bits)
+    return ((line_code.astype(np.uint64) << np.uint64(64 - bits))
+            | (mixed_fnv(buf, starts, lengths) >> np.uint64(bits)))
+
+
+def _sorted_repeats(buf, starts, lengths, keys) -> np.ndarray:
+    """Whether string k repeats string k - 1 (equal keys, equal bytes)."""
+    kernel = compiled.kernel("sorted_repeats", len(starts))
+    if kernel is not None:
+        return kernel(buf, starts, lengths, keys)
+    repeat = np.zeros(len(starts), dtype=bool)
+    same = np.flatnonzero((keys[1:] == keys[:-1]) & (lengths[1:] == lengths[:-1]))
+    repeat[same + 1] = _spans_equal(buf, starts[same], starts[same + 1], lengths[same])
+    return repeat
+
+
+def _drop_repeats(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
+                  line_code: np.ndarray, users: int):
+    """The lines ordered by user (``line_code``), then by a hash of the item (line k's
+    item: ``data[starts[k]:starts[k] + lengths[k]]``), without a user's repeated
+    lines: ``(line_code, starts, lengths)`` in that order. Repeats are neighbours in
     that order and are compared byte for byte, so a hash collision never merges two
     items (it only leaves a repeat for ``bounded_histogram``)."""
-    data, starts, lengths = string_spans(items)
-    item_hash = siphash24_many(_GROUP_KEY, data, starts, lengths)
     bits = max(1, int(users - 1).bit_length())
-    order = np.argsort((line_code.astype(np.uint64) << np.uint64(64 - bits))
-                       | (item_hash >> np.uint64(bits)))
-    line_code = line_code[order]
-    s_starts, s_lengths = starts[order], lengths[order]
-    same = np.flatnonzero((line_code[1:] == line_code[:-1]) & (s_lengths[1:] == s_lengths[:-1])
-                          & (item_hash[order][1:] >> np.uint64(bits)
-                             == item_hash[order][:-1] >> np.uint64(bits)))
-    if len(same):
-        equal = _spans_equal(data, s_starts[same], s_starts[same + 1], s_lengths[same])
-        keep = np.ones(len(order), dtype=bool)
-        keep[same[equal] + 1] = False
-        order, line_code = order[keep], line_code[keep]
-    return order, line_code
+    keys = _item_keys(data, starts, lengths, line_code, bits)
+    order = np.argsort(keys)
+    starts, lengths = starts[order], lengths[order]
+    kept = np.flatnonzero(~_sorted_repeats(data, starts, lengths, keys[order]))
+    return line_code[order[kept]], starts[kept], lengths[kept]
 
 
 def pair_blocks(parsed: ParsedBlock, groups: int,
@@ -338,22 +437,29 @@ def pair_blocks(parsed: ParsedBlock, groups: int,
     compiled kernels (a large input), a user's repeated lines in the block once
     (``_drop_repeats``; ``bounded_histogram`` removes every other repeat).
     ``sample``: ``(Δ0, sampling key)`` to ``presample`` the block (None: all pairs)."""
-    if len(parsed.users) == 0:
+    if len(parsed) == 0:
         return {}
-    users, group, line_code = _users_by_group(parsed.users, groups)
-    if compiled.kernel("siphash24_many", len(line_code)) is not None:
-        order, line_code = _drop_repeats(parsed.items, line_code, len(users))
+    users, group, line_code = _users_by_group(parsed, groups)
+    starts, lengths = parsed.item_starts, parsed.item_ends - parsed.item_starts
+    if compiled.kernel("item_keys", len(line_code)) is not None:
+        line_code, starts, lengths = _drop_repeats(parsed.buf, starts, lengths, line_code,
+                                                   len(users))
     else:  # without compiled kernels the repeats are cheaper to leave to bounded_histogram
         order = np.argsort(line_code, kind="stable")
-        line_code = line_code[order]
-    block = PairBlock(users, parsed.items.take(pa.array(order)), line_code)
-    return _split_groups(block if sample is None else presample(block, *sample), group)
+        line_code, starts, lengths = line_code[order], starts[order], lengths[order]
+    if sample is not None:
+        keep = _presample_mask(users, (parsed.buf, starts, lengths), line_code, *sample)
+        if keep is not None:
+            starts, lengths, line_code = starts[keep], lengths[keep], line_code[keep]
+    block = PairBlock(users, gather_spans(parsed.buf, starts, lengths), line_code)
+    return _split_groups(block, group)
 
 
-def _users_by_group(user_of_line: pa.Array, groups: int):
-    """``(users, group, line_code)``: the distinct users numbered group by group (a
-    group's users are one range of codes), each one's group, each line's user code."""
-    users, u = _encode(user_of_line)
+def _users_by_group(parsed: ParsedBlock, groups: int):
+    """``(users, group, line_code)``: the block's distinct users numbered group by group
+    (a group's users are one range of codes), each one's group, each line's user code."""
+    u, firsts = encode_spans(parsed.buf, parsed.offsets, parsed.user_ends - parsed.offsets)
+    users = _gather(parsed.buf, parsed.offsets[firsts], parsed.user_ends[firsts])
     group = string_groups(users, groups)
     by_group = np.argsort(group, kind="stable")
     code = np.empty(len(users), np.int64)
@@ -397,25 +503,34 @@ def presample(block: PairBlock, max_items: int, sample_key: bytes) -> PairBlock:
 
     Only for a one-round sample with ``sample_key``: DP-SIPS's later rounds
     sample again under other keys from all the pairs."""
-    num = np.bincount(block.user_index, minlength=len(block.users))
+    keep = _presample_mask(block.users, string_spans(block.items), block.user_index,
+                           max_items, sample_key)
+    if keep is None:
+        return block
+    chosen = pa.array(np.flatnonzero(keep))
+    return PairBlock(block.users, block.items.take(chosen), block.user_index[keep],
+                     None if block.counts is None else block.counts[keep],
+                     None if block.first is None else block.first[keep])
+
+
+def _presample_mask(users: pa.Array, spans, user_index: np.ndarray, max_items: int,
+                    sample_key: bytes) -> Optional[np.ndarray]:
+    """Which pairs ``presample`` keeps (a boolean mask; None: all). Pair k is
+    ``(users[user_index[k]], item k)``, item k the bytes ``data[starts[k]:starts[k] +
+    lengths[k]]`` of ``spans = (data, starts, lengths)``."""
+    num = np.bincount(user_index, minlength=len(users))
     big = np.flatnonzero(num > max_items)
     if not len(big):
-        return block
-    owner = block.user_index.astype(np.int64)
-    pairs, pu, scores = _big_user_scores(block.users, block.items, owner, None, big,
-                                         sample_key)
+        return None
+    owner = user_index.astype(np.int64)
+    pairs, pu, scores = _big_user_scores(users, spans, owner, None, big, sample_key)
     order = owner_score_order(pu, scores)  # by user, then score
     ss = scores[order]
     # rank among the user's distinct scores (a repeated item: one score), 0 = smallest
     rank = ranks_in_runs(pu[order], np.r_[True, ss[1:] != ss[:-1]])
     keep = np.ones(len(owner), dtype=bool)
     keep[pairs[order]] = rank < max_items
-    if keep.all():
-        return block
-    chosen = pa.array(np.flatnonzero(keep))
-    return PairBlock(block.users, block.items.take(chosen), block.user_index[keep],
-                     None if block.counts is None else block.counts[keep],
-                     None if block.first is None else block.first[keep])
+    return None if keep.all() else keep
 
 
 #: ``counted_pair_blocks``: a file's first line is at position ``file_index << FILE_SHIFT``;
@@ -463,9 +578,9 @@ def counted_pair_blocks(parsed: ParsedBlock, groups: int, base: Optional[int] = 
     first line (``PairBlock.first``): what the sequential policies need of a user
     (``{item: count}`` in record order). Users and items are compared as exact
     strings (Arrow's dictionary encoding). ``sample``: as for ``pair_blocks``."""
-    if len(parsed.users) == 0:
+    if len(parsed) == 0:
         return {}
-    users, group, code = _users_by_group(parsed.users, groups)
+    users, group, code = _users_by_group(parsed, groups)
     items, i = _encode(parsed.items)
     width = max(len(items), 1)
     key, counts, first = _merge_pairs(code * width + i, np.ones(len(i), np.int64),
@@ -625,12 +740,13 @@ def bounded_histogram(blocks: Iterable[PairBlock], max_items: Optional[int], wei
     return pairs_histogram(group_pairs(blocks), max_items, weighting, sample_key)
 
 
-def _big_user_scores(users: pa.Array, items: pa.Array, u: np.ndarray,
+def _big_user_scores(users: pa.Array, spans, u: np.ndarray,
                      i: Optional[np.ndarray], big: np.ndarray, sample_key: bytes):
     """The sampler's scores of the pairs of the users ``big``: ``(pairs, owners,
     scores)``, the positions of those pairs, their users and the keyed scores
     ``sample_items`` gives them (SipHash-2-4 of the item under the user's own key).
-    Pair k is ``(users[u[k]], items[i[k]])`` (``items[k]`` when ``i`` is None)."""
+    Pair k is ``(users[u[k]], item i[k])`` (item k when ``i`` is None); item j is
+    ``data[starts[j]:starts[j] + lengths[j]]`` of ``spans = (data, starts, lengths)``."""
     keys = sampling_keys(sample_key)
     k0, k1 = np.zeros(len(users), np.uint64), np.zeros(len(users), np.uint64)
     k0[big], k1[big] = user_keys(keys, *string_spans(users.take(pa.array(big))),
@@ -638,7 +754,7 @@ def _big_user_scores(users: pa.Array, items: pa.Array, u: np.ndarray,
     is_big = np.zeros(len(users), dtype=bool)
     is_big[big] = True
     pairs = np.flatnonzero(is_big[u])
-    data, starts, lengths = string_spans(items)
+    data, starts, lengths = spans
     pu, pi = u[pairs], (pairs if i is None else i[pairs])
     return pairs, pu, item_scores(k0[pu], k1[pu], data, starts[pi], lengths[pi],
                                   prefix=STR_TAG)
@@ -648,7 +764,7 @@ def _sample_big_users(users, items, u, i, big, max_items, sample_key, keep):
     """Marks in ``keep`` the pairs of the users ``big`` that ``sample_items`` keeps:
     the Δ0 items of smallest score under the user's own key, computed for all
     their pairs at once."""
-    pairs, pu, scores = _big_user_scores(users, items, u, i, big, sample_key)
+    pairs, pu, scores = _big_user_scores(users, string_spans(items), u, i, big, sample_key)
     kept, tied = smallest_scores(pu, scores, max_items)
     keep[pairs] = kept
     for user in tied.tolist():  # a tie at the cut (p ≈ n²/2^65): sample_items settles it
@@ -746,14 +862,14 @@ def release_from_files(paths: Iterable[str], mechanism, run_key,
     ``transforms.columnar.SelectFromText`` computes on a runner (the benchmarks'
     floor). ``mechanism``: a histogram mechanism or DP-SIPS (``columnar_rounds``);
     ``run_key``: its ``RunKey``."""
-    from beam_dpsu.dp.lines import BLOCK_BYTES, iter_raw_blocks, open_local_binary
+    from beam_dpsu.dp.lines import BLOCK_BYTES, iter_raw_blocks, open_local_binary, read_ahead
     rounds = columnar_rounds(mechanism)
     plan = presample_plan(mechanism, run_key)
     groups: Dict[int, List[bytes]] = {}
     malformed: Dict[bytes, int] = {}
     for path in paths:
         with open_local_binary(path) as f:
-            for block in iter_raw_blocks(f, block_bytes or BLOCK_BYTES):
+            for block in read_ahead(iter_raw_blocks(f, block_bytes or BLOCK_BYTES)):
                 parsed = parse_block(block)
                 for line, n in parsed.malformed.items():
                     malformed[line] = malformed.get(line, 0) + n

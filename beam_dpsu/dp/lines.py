@@ -17,13 +17,15 @@ import bz2
 import collections
 import functools
 import gzip
+import queue
+import threading
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from beam_dpsu.dp.contribution import DEFAULT_FLUSH_PAIRS, ItemCounts, pack_by, user_group
 
 
 __all__ = ["open_local_binary", "BLOCK_BYTES", "UTF8_BOM", "iter_line_blocks", "iter_raw_blocks",
-           "parse_line", "group_line_counts", "read_user_items", "iter_line_counts",
+           "read_ahead", "parse_line", "group_line_counts", "read_user_items", "iter_line_counts",
            "pack_user_groups", "with_positions"]
 
 
@@ -47,6 +49,60 @@ def iter_line_blocks(f, block_bytes: int = BLOCK_BYTES) -> Iterator[List[bytes]]
     """Yields lists of complete lines (without ``\\n``) read in large blocks."""
     for block in iter_raw_blocks(f, block_bytes):
         yield block.split(b"\n")
+
+
+#: ``read_ahead``: the blocks a reader thread may hold ready beyond the one in use.
+READ_AHEAD_BLOCKS = 1
+
+
+def read_ahead(blocks: Iterator[Any], depth: int = READ_AHEAD_BLOCKS) -> Iterator[Any]:
+    """Yields the items of ``blocks``, in order, produced by a reader thread up to
+    ``depth`` items ahead of the consumer.
+
+    Decompressing and reading a file (``zlib``, ``bz2``, a file system's stream)
+    release the GIL, so the next block is read while the caller works on the
+    current one; at most ``depth + 1`` blocks are held. An exception raised by
+    ``blocks`` is raised here, to the consumer, when it reaches that point. When the
+    consumer stops early (an exception, ``close()``), the reader thread is stopped
+    and joined before this generator returns, so the caller may then close the
+    file it reads. Results and their order are those of ``blocks`` itself."""
+    if depth < 1:
+        raise ValueError(f"depth must be at least 1; got {depth}")
+    ready: "queue.Queue[Tuple[bool, Any]]" = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(entry) -> bool:
+        while not stop.is_set():
+            try:
+                ready.put(entry, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce():
+        try:
+            for block in blocks:
+                if not put((False, block)):
+                    return
+        except BaseException as error:  # handed to the consumer, raised there
+            put((True, error))
+            return
+        put((True, None))
+
+    reader = threading.Thread(target=produce, name="beam-dpsu-read-ahead", daemon=True)
+    reader.start()
+    try:
+        while True:
+            done, value = ready.get()
+            if done:
+                if value is not None:
+                    raise value
+                return
+            yield value
+    finally:
+        stop.set()
+        reader.join()
 
 
 def iter_raw_blocks(f, block_bytes: int = BLOCK_BYTES) -> Iterator[bytes]:

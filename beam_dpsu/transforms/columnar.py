@@ -45,7 +45,7 @@ import pyarrow as pa
 
 from beam_dpsu.dp import columnar, columnar_policy
 from beam_dpsu.dp.columnar import COLUMNAR_ITEM_SHARDS, COLUMNAR_USER_GROUPS
-from beam_dpsu.dp.lines import BLOCK_BYTES, iter_raw_blocks
+from beam_dpsu.dp.lines import BLOCK_BYTES, iter_raw_blocks, read_ahead
 from beam_dpsu.dp.mechanisms.policy import PolicyMechanism
 from beam_dpsu.dp.mechanisms.sips import Sips
 from beam_dpsu.dp.noise import RunKey
@@ -83,7 +83,7 @@ class _ReadPairsDoFn(beam.DoFn):
         file_index, path = element if self._positions else (None, element)
         offset = 0  # of the block in the file's text
         with open_binary(path) as f:
-            for block in iter_raw_blocks(f, self._block_bytes):
+            for block in read_ahead(iter_raw_blocks(f, self._block_bytes)):
                 parsed = columnar.parse_block(block)
                 for line, n in parsed.malformed.items():
                     self._malformed.inc(n)
