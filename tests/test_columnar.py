@@ -447,6 +447,16 @@ def test_the_numpy_fallbacks_equal_the_compiled_kernels(monkeypatch):
     assert sorted(pairs_of(with_kernels)) == sorted(distinct)
     for g in with_kernels:
         assert with_kernels[g].users.equals(fallback[g].users)
+    # odd lines (CR, tabs and non-ASCII in items, empty items, malformed lines) repeated
+    odd_lines = [b"a\tb", b"", b"u\t\tx\r", b"\tx", b"\xc3\xa9\t1", b"\xff\tbad", b"u\t",
+                 b"v\tw\r\r", b"a\tb\r", b"u\t\xc3\xa9", b"nolinetab"]
+    text = b"\n".join(rnd.choice(odd_lines) for _ in range(400))
+    fallback = columnar.pair_blocks(columnar.parse_block(text), 2)
+    monkeypatch.undo()
+    monkeypatch.setattr(compiled, "WORK_BEFORE_COMPILING", 0)
+    with_kernels = columnar.pair_blocks(columnar.parse_block(text), 2)
+    assert set(pairs_of(with_kernels)) == set(pairs_of(fallback))
+    assert len(pairs_of(with_kernels)) == len(set(pairs_of(fallback))) == 6
 
 
 def test_user_groups_grow_with_the_input():
@@ -486,8 +496,10 @@ def test_encode_and_gather_spans_are_exact(monkeypatch, compiled_kernels):
     else:
         monkeypatch.setattr(compiled, "kernel", lambda name, work: None)
     rnd = random.Random(11)
-    for n in (0, 1, 2, 7, 500):
-        strings = _odd_strings(rnd, n)
+    many = [f"d{k}".encode() for k in range(20000)]  # distinct: the table's probes collide
+    rnd.shuffle(many)
+    for n in (0, 1, 2, 7, 500, 20000):
+        strings = _odd_strings(rnd, n) if n < 20000 else many[:15000] + many[:5000]
         buf, starts, lengths = _spans_of(strings, rnd)
         codes, firsts = columnar.encode_spans(buf, starts, lengths)
         numbering = {}

@@ -334,6 +334,7 @@ def test_dealt_workers_is_the_direct_runners_worker_count_only():
 
 
 def test_read_ahead_yields_the_same_items_and_raises_the_readers_error():
+    import contextlib
     import threading
     from beam_dpsu.dp.lines import read_ahead
     for depth in (1, 3):
@@ -365,5 +366,13 @@ def test_read_ahead_yields_the_same_items_and_raises_the_readers_error():
     assert not any(t.name == "beam-dpsu-read-ahead" and t.is_alive()
                    for t in threading.enumerate())
     assert len(produced) <= 4  # one in use, one queued, one waiting to be queued
+    # an error in the consumer's loop: the reader is joined as the generator is closed
+    produced.clear()
+    with pytest.raises(RuntimeError):
+        with contextlib.closing(read_ahead(endless())) as blocks:
+            for block in blocks:
+                raise RuntimeError("in the consumer")
+    assert not any(t.name == "beam-dpsu-read-ahead" and t.is_alive()
+                   for t in threading.enumerate())
     with pytest.raises(ValueError, match="depth"):
         next(read_ahead(iter([1]), 0))

@@ -2,7 +2,9 @@
 
 Each has a numpy twin that gives the same results (``dp.siphash._numpy_many``,
 ``dp.columnar._spans_equal``, ``dp.columnar._line_spans``, ``dp.columnar.encode_spans``,
-``dp.columnar.gather_spans``; the tests compare them). The kernels release the GIL
+``dp.columnar.gather_spans``, ``dp.columnar._item_keys`` (``mixed_fnv``),
+``dp.columnar._sorted_repeats``; the tests compare them; the columnar path itself
+runs the last two only with the kernels). The kernels release the GIL
 (``nogil``), so a reader thread (``dp.lines.read_ahead``) runs beside them.
 Import this module only through ``dp.compiled.kernel``, which loads it once a
 process has enough work to repay numba's start-up.

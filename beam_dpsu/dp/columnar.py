@@ -8,7 +8,8 @@ numpy and Arrow arrays (``pyarrow``, a dependency of Beam):
    and the malformed lines, with exactly the semantics of
    ``dp.lines.parse_line`` (split at the FIRST tab, one trailing ``\\r``
    removed, an empty user id, no tab or invalid UTF-8 is malformed).
-2. ``pair_blocks``: the block's distinct ``(user, item)`` pairs, split into
+2. ``pair_blocks``: the block's ``(user, item)`` pairs (a user's repeated lines
+   mostly removed; the group stage removes the rest), split into
    ``PairBlock`` s by user group (``string_groups`` of the user id), each a
    few arrays that serialise to one compact Arrow IPC message
    (``PairBlock.to_bytes``). Every line of a user lands in the same group.
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import collections
 import functools
+from contextlib import closing
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Tuple
 
@@ -228,7 +230,8 @@ def encode_spans(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray
     lengths = np.asarray(lengths, np.int64)
     if kernel is not None:
         return kernel(buf, starts, lengths)
-    encoded = pc.dictionary_encode(gather_spans(buf, starts, lengths).cast(pa.binary()))
+    encoded = pc.dictionary_encode(
+        gather_spans(buf, starts, lengths).cast(pa.large_binary()))
     codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
     firsts = np.full(len(encoded.dictionary), len(codes), np.int64)
     np.minimum.at(firsts, codes, np.arange(len(codes), dtype=np.int64))
@@ -577,7 +580,8 @@ def counted_pair_blocks(parsed: ParsedBlock, groups: int, base: Optional[int] = 
     ``base`` (``line_position`` of the block's first byte), the position of its
     first line (``PairBlock.first``): what the sequential policies need of a user
     (``{item: count}`` in record order). Users and items are compared as exact
-    strings (Arrow's dictionary encoding). ``sample``: as for ``pair_blocks``."""
+    strings (``encode_spans`` and Arrow's dictionary encoding). ``sample``: as for
+    ``pair_blocks``."""
     if len(parsed) == 0:
         return {}
     users, group, code = _users_by_group(parsed, groups)
@@ -868,8 +872,9 @@ def release_from_files(paths: Iterable[str], mechanism, run_key,
     groups: Dict[int, List[bytes]] = {}
     malformed: Dict[bytes, int] = {}
     for path in paths:
-        with open_local_binary(path) as f:
-            for block in read_ahead(iter_raw_blocks(f, block_bytes or BLOCK_BYTES)):
+        with open_local_binary(path) as f, closing(
+                read_ahead(iter_raw_blocks(f, block_bytes or BLOCK_BYTES))) as blocks:
+            for block in blocks:
                 parsed = parse_block(block)
                 for line, n in parsed.malformed.items():
                     malformed[line] = malformed.get(line, 0) + n

@@ -61,11 +61,12 @@ def read_ahead(blocks: Iterator[Any], depth: int = READ_AHEAD_BLOCKS) -> Iterato
 
     Decompressing and reading a file (``zlib``, ``bz2``, a file system's stream)
     release the GIL, so the next block is read while the caller works on the
-    current one; at most ``depth + 1`` blocks are held. An exception raised by
+    current one; at most ``depth + 2`` blocks are held (the one in use, ``depth``
+    ready, one being read). An exception raised by
     ``blocks`` is raised here, to the consumer, when it reaches that point. When the
     consumer stops early (an exception, ``close()``), the reader thread is stopped
     and joined before this generator returns, so the caller may then close the
-    file it reads. Results and their order are those of ``blocks`` itself."""
+    file it reads: close the generator before the file (``contextlib.closing``). Results and their order are those of ``blocks`` itself."""
     if depth < 1:
         raise ValueError(f"depth must be at least 1; got {depth}")
     ready: "queue.Queue[Tuple[bool, Any]]" = queue.Queue(maxsize=depth)
@@ -102,7 +103,14 @@ def read_ahead(blocks: Iterator[Any], depth: int = READ_AHEAD_BLOCKS) -> Iterato
             yield value
     finally:
         stop.set()
-        reader.join()
+        interrupted = None
+        while reader.is_alive():  # a second Ctrl-C must not leave the reader in the file
+            try:
+                reader.join()
+            except KeyboardInterrupt as error:
+                interrupted = error
+        if interrupted is not None:
+            raise interrupted
 
 
 def iter_raw_blocks(f, block_bytes: int = BLOCK_BYTES) -> Iterator[bytes]:

@@ -37,6 +37,7 @@ outputs travel as ``(tag, value)`` envelopes, ``runners.tag``).
 """
 from __future__ import annotations
 
+from contextlib import closing
 from typing import Any, Iterator, Optional, Tuple
 
 import apache_beam as beam
@@ -82,8 +83,10 @@ class _ReadPairsDoFn(beam.DoFn):
         plan = self._plan(key_bytes)
         file_index, path = element if self._positions else (None, element)
         offset = 0  # of the block in the file's text
-        with open_binary(path) as f:
-            for block in read_ahead(iter_raw_blocks(f, self._block_bytes)):
+        # the reader thread is stopped and joined (closing) before the file is closed
+        with open_binary(path) as f, closing(
+                read_ahead(iter_raw_blocks(f, self._block_bytes))) as blocks:
+            for block in blocks:
                 parsed = columnar.parse_block(block)
                 for line, n in parsed.malformed.items():
                     self._malformed.inc(n)
