@@ -122,3 +122,40 @@ def test_the_vectorised_normal_quantile_is_the_standard_librarys():
                         [1e-300, 0.075, 0.5, 0.925, 1 - 1e-16]])
     want = [NormalDist().inv_cdf(x) for x in p.tolist()]
     assert normal_quantile_many(p).tolist() == want
+
+
+def test_a_ctrl_c_inside_a_kernel_call_is_raised_when_the_call_returns():
+    # numba runs Python callbacks from LLVM while it loads a kernel; an interrupt raised
+    # there crashed the process, so a kernel call holds SIGINT until it returns
+    import signal
+    import threading
+    assert threading.current_thread() is threading.main_thread()
+    steps = []
+
+    def body():
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(1000):  # Python code that would see the interrupt
+            pass
+        steps.append("body finished")
+        return 7
+
+    held = compiled._holding_interrupts(body)
+    with pytest.raises(KeyboardInterrupt):
+        held()
+    assert steps == ["body finished"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    # the handler that was in place receives the held signal; no signal: the result
+    calls = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: calls.append(signum))
+    try:
+        assert held() == 7 and calls == [signal.SIGINT]
+        assert compiled._holding_interrupts(lambda: 3)() == 3 and calls == [signal.SIGINT]
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    # outside the main thread the call runs as it is
+    out = []
+    worker = threading.Thread(target=lambda: out.append(compiled._holding_interrupts(
+        lambda: 5)()))
+    worker.start()
+    worker.join()
+    assert out == [5]

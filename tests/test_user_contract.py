@@ -192,25 +192,9 @@ def test_an_interrupt_inside_the_pipeline_is_one_line_130_and_leaves_nothing(
         assert sorted(os.listdir(tmp_path)) == ["in.tsv"]  # no file, temp file or directory
 
 
-def _compile_kernels_into_numbas_cache(tmp_path, monkeypatch):
-    """The columnar path's compiled kernels, compiled here (into numba's on-disk cache)
-    with the types a run uses: a Ctrl-C that arrives while numba compiles a kernel for
-    the first time on a machine was lost in about one run in eight (the run then
-    finished normally); the interrupt of a run is what the test is about."""
-    from beam_dpsu.dp import columnar, compiled
-    from beam_dpsu.dp.mechanisms import CountGaussian
-    from beam_dpsu.dp.noise import RunKey
-    monkeypatch.setattr(compiled, "WORK_BEFORE_COMPILING", 0)
-    small = str(tmp_path / "warm.tsv")
-    synthetic.write_tsv(small, 300, seed=1)
-    columnar.release_from_files([small], CountGaussian(2, 1e-6, 2), RunKey.from_test_seed(1))
-    os.remove(small)
-
-
-def test_sigint_mid_run_exits_130_with_one_line_and_leaves_nothing(tmp_path, monkeypatch):
+def test_sigint_mid_run_exits_130_with_one_line_and_leaves_nothing(tmp_path):
     data = str(tmp_path / "data.tsv.gz")
     synthetic.write_tsv(data, 60_000, seed=2)  # a run of many seconds
-    _compile_kernels_into_numbas_cache(tmp_path, monkeypatch)
     before = sorted(os.listdir(tmp_path))
     proc = subprocess.Popen(
         [sys.executable, "-m", "beam_dpsu.pipelines.cli", "select", "--input", data,

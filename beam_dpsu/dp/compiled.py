@@ -9,12 +9,24 @@ so ``kernel(name, work)`` counts the work a process has asked of each kernel
 (messages hashed, strings compared) and returns the compiled kernel only once the
 total passes ``WORK_BEFORE_COMPILING``, None before (the caller then runs its
 numpy form). Which implementation runs never changes a result.
+
+A Ctrl-C must not arrive inside numba: loading a kernel's machine code (on its
+first call in a process, from numba's cache, or compiling it) runs Python
+callbacks from LLVM, and a KeyboardInterrupt raised in one of them crashes the
+process (a segmentation fault) or leaves the kernel unusable ("no compiled object
+yet"). So each call of a kernel in the main thread holds SIGINT until it returns
+(``interrupts_held``) and then raises the held interrupt through the handler that
+was in place: a Ctrl-C waits at most for one kernel call (a block's worth of work,
+or numba's compilation on a machine's first run).
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, Optional
+import contextlib
+import signal
+import threading
+from typing import Callable, Dict, Iterator, Optional
 
-__all__ = ["WORK_BEFORE_COMPILING", "kernel"]
+__all__ = ["WORK_BEFORE_COMPILING", "kernel", "interrupts_held"]
 
 #: Elements of work (per kernel, per process) after which the compiled kernel is used.
 WORK_BEFORE_COMPILING = 5_000_000
@@ -22,6 +34,39 @@ WORK_BEFORE_COMPILING = 5_000_000
 _work: Dict[str, int] = {}
 _module = None
 _failed = False
+_held: Dict[str, Callable] = {}
+
+
+@contextlib.contextmanager
+def interrupts_held() -> Iterator[None]:
+    """Holds a SIGINT (Ctrl-C) that arrives inside the block and delivers it when the
+    block ends, through the handler that was installed (the default one raises
+    KeyboardInterrupt). Only the main thread receives Python's signals and may set
+    their handlers: elsewhere, and where SIGINT is ignored, the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    if not callable(previous):  # SIG_IGN, SIG_DFL or not set from Python: leave it
+        yield
+        return
+    arrived = []
+    signal.signal(signal.SIGINT, lambda signum, frame: arrived.append(frame))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if arrived:
+            previous(signal.SIGINT, arrived[0])
+
+
+def _holding_interrupts(function: Callable) -> Callable:
+    def call(*args):
+        with interrupts_held():
+            return function(*args)
+    call.__name__ = call.__qualname__ = getattr(function, "__name__", "kernel")
+    call.__doc__ = function.__doc__
+    return call
 
 
 def kernel(name: str, work: int) -> Optional[Callable]:
@@ -37,9 +82,13 @@ def kernel(name: str, work: int) -> Optional[Callable]:
         if done < WORK_BEFORE_COMPILING:
             return None
         try:
-            from beam_dpsu.dp import array_kernels
+            with interrupts_held():  # numba's import initialises LLVM
+                from beam_dpsu.dp import array_kernels
         except ImportError:
             _failed = True
             return None
         _module = array_kernels
-    return getattr(_module, name)
+    held = _held.get(name)
+    if held is None:
+        held = _held[name] = _holding_interrupts(getattr(_module, name))
+    return held
