@@ -126,36 +126,45 @@ def test_the_vectorised_normal_quantile_is_the_standard_librarys():
 
 def test_a_ctrl_c_inside_a_kernel_call_is_raised_when_the_call_returns():
     # numba runs Python callbacks from LLVM while it loads a kernel; an interrupt raised
-    # there crashed the process, so a kernel call holds SIGINT until it returns
+    # there crashed the process, so a kernel's first call with given argument types
+    # holds SIGINT until it returns
     import signal
     import threading
     assert threading.current_thread() is threading.main_thread()
     steps = []
 
-    def body():
-        os.kill(os.getpid(), signal.SIGINT)
-        for _ in range(1000):  # Python code that would see the interrupt
-            pass
+    def body(*args):
+        if steps == []:
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(1000):  # Python code that would see the interrupt
+                pass
         steps.append("body finished")
-        return 7
+        return len(args)
 
-    held = compiled._holding_interrupts(body)
+    held = compiled._Held(body)
+    array = np.zeros(3, np.int64)
     with pytest.raises(KeyboardInterrupt):
-        held()
+        held(array, 1)
     assert steps == ["body finished"]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     # the handler that was in place receives the held signal; no signal: the result
     calls = []
     previous = signal.signal(signal.SIGINT, lambda signum, frame: calls.append(signum))
     try:
-        assert held() == 7 and calls == [signal.SIGINT]
-        assert compiled._holding_interrupts(lambda: 3)() == 3 and calls == [signal.SIGINT]
+        steps.clear()
+        assert held(array, 1) == 2 and calls == [signal.SIGINT]
+        # types seen: the call runs without touching the handler
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        seen = compiled._Held(lambda *args: signal.getsignal(signal.SIGINT))
+        assert seen(array) is not signal.default_int_handler  # the first: held
+        assert seen(np.ones(5, np.int64)) is signal.default_int_handler  # same types
+        assert seen(np.ones(5, np.int32)) is not signal.default_int_handler  # new types
+        assert seen(np.ones(5, np.int64)[::2]) is not signal.default_int_handler  # layout
     finally:
         signal.signal(signal.SIGINT, previous)
     # outside the main thread the call runs as it is
     out = []
-    worker = threading.Thread(target=lambda: out.append(compiled._holding_interrupts(
-        lambda: 5)()))
+    worker = threading.Thread(target=lambda: out.append(compiled._Held(lambda: 5)()))
     worker.start()
     worker.join()
     assert out == [5]

@@ -14,17 +14,22 @@ A Ctrl-C must not arrive inside numba: loading a kernel's machine code (on its
 first call in a process, from numba's cache, or compiling it) runs Python
 callbacks from LLVM, and a KeyboardInterrupt raised in one of them crashes the
 process (a segmentation fault) or leaves the kernel unusable ("no compiled object
-yet"). So each call of a kernel in the main thread holds SIGINT until it returns
-(``interrupts_held``) and then raises the held interrupt through the handler that
-was in place: a Ctrl-C waits at most for one kernel call (a block's worth of work,
-or numba's compilation on a machine's first run).
+yet"). So a kernel's call in the main thread with argument types it has not been
+called with before (the calls in which numba loads or compiles code) holds SIGINT
+until it returns (``interrupts_held``) and then raises the held interrupt through
+the handler that was in place: a Ctrl-C waits at most for one such call (a block's
+worth of work, or numba's compilation on a machine's first run). Other calls run as
+they are (holding costs two ``signal.signal`` calls, too much for every call of a
+per-user path).
 """
 from __future__ import annotations
 
 import contextlib
 import signal
 import threading
-from typing import Callable, Dict, Iterator, Optional
+from typing import Any, Callable, Dict, Iterator, Optional
+
+import numpy as np
 
 __all__ = ["WORK_BEFORE_COMPILING", "kernel", "interrupts_held"]
 
@@ -60,13 +65,35 @@ def interrupts_held() -> Iterator[None]:
             previous(signal.SIGINT, arrived[0])
 
 
-def _holding_interrupts(function: Callable) -> Callable:
-    def call(*args):
+def _type_key(value) -> Any:
+    """What numba's dispatch tells apart in an argument (an array's dtype, number of
+    dimensions, layout, writability and alignment; a scalar's type), or more."""
+    if isinstance(value, np.ndarray):
+        flags = value.flags
+        return (value.dtype, value.ndim, flags.writeable, flags.c_contiguous,
+                flags.f_contiguous, flags.aligned)
+    return type(value)
+
+
+class _Held:
+    """A compiled kernel whose calls with argument types it has not returned from yet
+    (the calls in which numba may load or compile code) hold SIGINT
+    (``interrupts_held``); later calls with those types run directly."""
+
+    def __init__(self, function: Callable):
+        self._function = function
+        self._seen: set = set()
+        self.__name__ = self.__qualname__ = getattr(function, "__name__", "kernel")
+        self.__doc__ = function.__doc__
+
+    def __call__(self, *args):
+        key = tuple([_type_key(a) for a in args])
+        if key in self._seen:
+            return self._function(*args)
         with interrupts_held():
-            return function(*args)
-    call.__name__ = call.__qualname__ = getattr(function, "__name__", "kernel")
-    call.__doc__ = function.__doc__
-    return call
+            out = self._function(*args)
+        self._seen.add(key)
+        return out
 
 
 def kernel(name: str, work: int) -> Optional[Callable]:
@@ -90,5 +117,5 @@ def kernel(name: str, work: int) -> Optional[Callable]:
         _module = array_kernels
     held = _held.get(name)
     if held is None:
-        held = _held[name] = _holding_interrupts(getattr(_module, name))
+        held = _held[name] = _Held(getattr(_module, name))
     return held
