@@ -201,7 +201,10 @@ def test_sigint_mid_run_exits_130_with_one_line_and_leaves_nothing(tmp_path):
          "--output", str(tmp_path / "out" / "sub" / "o"), "--dead-letter",
          str(tmp_path / "out" / "dead")] + SELECT,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(tmp_path),
-        env=env_for_subprocess())
+        env=env_for_subprocess(),
+        # a terminal's SIGINT disposition, even when the tests run with SIGINT ignored
+        # (a shell's background job), which the command would otherwise inherit
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         first = ""
         while "] reading 1 file" not in first:  # wait until the run has started
