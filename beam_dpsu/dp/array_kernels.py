@@ -84,12 +84,9 @@ def siphash24_many(k0, k1, buf, starts, lengths, prefix):
 
 @njit(cache=True, nogil=True)
 def compare_spans(data, a, b, lengths):
-    out = np.ones(a.size, np.bool_)
+    out = np.empty(a.size, np.bool_)
     for k in range(a.size):
-        for j in range(lengths[k]):
-            if data[a[k] + j] != data[b[k] + j]:
-                out[k] = False
-                break
+        out[k] = _same_bytes(data, a[k], b[k], lengths[k])
     return out
 
 
