@@ -131,7 +131,11 @@ def _same_bytes(buf, a, b, length):
 
 @njit(cache=True, inline="always")
 def _mixed_fnv(buf, s, length):
-    h = np.uint64(0xCBF29CE484222325)
+    return _mixed_fnv_from(buf, s, length, np.uint64(0xCBF29CE484222325))
+
+
+@njit(cache=True, inline="always")
+def _mixed_fnv_from(buf, s, length, h):
     for j in range(length):
         h = (h ^ np.uint64(buf[s + j])) * np.uint64(0x100000001B3)
     h ^= h >> np.uint64(29)
@@ -141,11 +145,12 @@ def _mixed_fnv(buf, s, length):
 
 
 @njit(cache=True, nogil=True)
-def encode_spans(buf, starts, lengths):
+def encode_spans(buf, starts, lengths, basis):
     """Exact dictionary encoding of the byte strings ``buf[starts[k]:starts[k] +
     lengths[k]]``: ``(codes, firsts)``, each string's code (0, 1, ... in order of first
     appearance, as Arrow's ``dictionary_encode``) and the index of each code's first
-    string. An open-addressing table on a 64-bit FNV-1a hash (it only places strings;
+    string. An open-addressing table on a 64-bit FNV-1a hash started from ``basis``
+    (uint64; the hash only places strings, so the codes do not depend on it, and
     equal codes always mean equal bytes); a string equal to the one before it reuses
     its code without a lookup (a file's lines come grouped by user)."""
     n = starts.size
@@ -163,7 +168,7 @@ def encode_spans(buf, starts, lengths):
         if k > 0 and lengths[k - 1] == length and _same_bytes(buf, starts[k - 1], s, length):
             codes[k] = codes[k - 1]
             continue
-        slot = np.int64(_mixed_fnv(buf, s, length) & np.uint64(mask))
+        slot = np.int64(_mixed_fnv_from(buf, s, length, basis) & np.uint64(mask))
         while True:
             code = table[slot]
             if code < 0:

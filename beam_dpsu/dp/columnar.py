@@ -37,6 +37,7 @@ weights are summed, which the tests show does not change a release).
 from __future__ import annotations
 
 import collections
+import os
 import functools
 from contextlib import closing
 from dataclasses import dataclass
@@ -218,18 +219,26 @@ def parse_block(block: bytes) -> ParsedBlock:
     return ParsedBlock(buf, starts, tab, tab + 1, ends, malformed)
 
 
+#: The compiled dictionary encoding's hash start, drawn once per process: input
+#: crafted to collide in a public hash (user ids all in one slot chain) would make
+#: the encoding quadratic; an unknown start places strings anew in every process.
+#: The codes do not depend on it (they number strings in order of appearance).
+_TABLE_BASIS = np.uint64(int.from_bytes(os.urandom(8), "little") | 1)
+
+
 def encode_spans(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray
                  ) -> Tuple[np.ndarray, np.ndarray]:
     """Exact dictionary encoding of the byte strings ``buf[starts[k]:starts[k] +
     lengths[k]]``: ``(codes, firsts)``, string k's code (int64; 0, 1, ... in order of
     first appearance) and the index of the first string of each code. Two strings
     get one code exactly when their bytes are equal. The compiled kernel once the
-    process has enough work, else Arrow's ``dictionary_encode`` (the same codes)."""
+    process has enough work (its hash table starts from ``_TABLE_BASIS``), else
+    Arrow's ``dictionary_encode`` (the same codes)."""
     kernel = compiled.kernel("encode_spans", len(starts))
     starts = np.asarray(starts, np.int64)
     lengths = np.asarray(lengths, np.int64)
     if kernel is not None:
-        return kernel(buf, starts, lengths)
+        return kernel(buf, starts, lengths, _TABLE_BASIS)
     encoded = pc.dictionary_encode(
         gather_spans(buf, starts, lengths).cast(pa.large_binary()))
     codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
