@@ -10,7 +10,9 @@ Wall time is that of the whole command-line run
 (``beam_dpsu.pipelines.select_partitions.run``), in this process. Peak memory:
 the maximum RSS, sampled every 0.2 s with psutil during the run, of this
 (launching) process, which also hosts the dask scheduler (LocalCluster), and of
-each dask worker process. The workers are restarted before every Dask run
+each dask worker process; for each Dask worker also the peak of its managed
+memory (task results of known size, which Dask may spill) and of what it has
+spilled to disk, polled from the scheduler every second. The workers are restarted before every Dask run
 (outside the timing) so that each run starts from fresh processes. CPU: user +
 system seconds of the launcher and of each worker during the run. Every run
 uses --insecure-test-seed 1 and the released sets of the two runners are
@@ -68,6 +70,34 @@ class PeakRss(threading.Thread):
         self.cpu = {p.pid: round(self._cpu(p) - self.cpu0[p.pid], 2) for p in self.procs}
 
 
+class DaskMemory(threading.Thread):
+    """Polls the scheduler every second for each worker's managed memory (the task
+    results Dask knows the size of, and may spill) and the bytes it has spilled to
+    disk; keeps each one's peak (bytes, by worker address)."""
+
+    def __init__(self, client):
+        super().__init__(daemon=True)
+        self.client, self.stop = client, False
+        self.managed, self.spilled = {}, {}
+
+    def run(self):
+        while not self.stop:
+            try:
+                workers = self.client.scheduler_info(n_workers=-1)["workers"]
+            except Exception:
+                workers = {}
+            for addr, w in workers.items():
+                m = w.get("metrics", {})
+                self.managed[addr] = max(self.managed.get(addr, 0), m.get("managed_bytes", 0))
+                disk = m.get("spilled_bytes", {}).get("disk", 0)
+                self.spilled[addr] = max(self.spilled.get(addr, 0), disk)
+            time.sleep(1.0)
+
+    def finish(self):
+        self.stop = True
+        self.join()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--users", type=int, default=100000)
@@ -113,6 +143,9 @@ def main():
                     worker_pids = sorted(client.run(os.getpid).values())
                     mon = PeakRss([os.getpid()] + worker_pids)
                     mon.start()
+                    dmem = DaskMemory(client)
+                    if runner == "dask":
+                        dmem.start()
                     load = os.getloadavg()[0]
                     t0 = time.time()
                     select_partitions.run(["--input", data, "--output", out, "--overwrite",
@@ -120,6 +153,8 @@ def main():
                                            "--quiet"] + mech_flags(mech) + flags)
                     wall = time.time() - t0
                     mon.finish()
+                    if runner == "dask":
+                        dmem.finish()
                     items = open(out + "-items-00000-of-00001").read().split()
                     released[runner] = items
                     row = {"mechanism": mech, "runner": runner, "repeat": rep,
@@ -131,7 +166,11 @@ def main():
                            "worker_cpu_s": [mon.cpu[p] for p in worker_pids],
                            "worker_peak_rss_mb": [round(mon.peak[p] / 2**20)
                                                   for p in worker_pids] if runner == "dask"
-                           else None}
+                           else None,
+                           "worker_peak_managed_mb": [round(v / 2**20) for v in
+                                                      dmem.managed.values()] or None,
+                           "worker_peak_spilled_mb": [round(v / 2**20) for v in
+                                                      dmem.spilled.values()] or None}
                     print(json.dumps(row), flush=True)
                     rows.append(row)
             if len(released) == 2:

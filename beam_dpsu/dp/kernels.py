@@ -200,9 +200,12 @@ class DenseRunner:
       cutoff: the policy's Γ.
       eta: the step-1 budget η of the cascade-free greedy (ignored otherwise);
         step 2 gets ``1.0 - eta``, computed as the policy computes it.
+      initial_items: the number of distinct items the table starts with room for
+        (default 1,024); it doubles as items arrive, so this only saves rehashing.
+        A small start keeps the many tiny runs of an audit cheap.
     """
 
-    def __init__(self, policy_name: str, cutoff: float, initial_items: int = 1 << 16,
+    def __init__(self, policy_name: str, cutoff: float, initial_items: int = 1 << 10,
                  eta: float = 0.0):
         if not available():
             raise RuntimeError("numba is not installed: pip install 'beam-dpsu[fast]'")
