@@ -13,7 +13,11 @@ setup(
     python_requires=">=3.10",
     # Only beam_dpsu: the checkout's top-level ``pipelines/`` entry points are not installed.
     packages=find_packages(include=["beam_dpsu", "beam_dpsu.*"]),
-    entry_points={"console_scripts": ["beam-dpsu=beam_dpsu.pipelines.cli:console"]},
+    entry_points={
+        "console_scripts": ["beam-dpsu=beam_dpsu.pipelines.cli:console"],
+        # the true size of Beam's elements for Dask's memory management
+        "dask.sizeof": ["beam_dpsu=beam_dpsu.transforms.runners:register_dask_sizeof"],
+    },
     install_requires=[
         "apache-beam>=2.60",
         "numpy>=1.24",

@@ -83,7 +83,7 @@ class DaskMemory(threading.Thread):
     def run(self):
         while not self.stop:
             try:
-                workers = self.client.scheduler_info(n_workers=-1)["workers"]
+                workers = self.client.scheduler_info()["workers"]
             except Exception:
                 workers = {}
             for addr, w in workers.items():

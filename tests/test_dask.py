@@ -240,3 +240,26 @@ def test_discovery_then_peeling_on_dask(cluster, data, tmp_path, command):
     run(flags + ["--output", str(tmp_path / "k")] + dask_flags(cluster))
     direct = items_of(str(tmp_path / "d"))
     assert direct and items_of(str(tmp_path / "k")) == direct
+
+
+def _sizes_of_windowed_values(n, payload_bytes):
+    """Dask's ``sizeof`` of one ``WindowedValue`` holding ``payload_bytes`` bytes and of
+    a list of ``n`` of them (as a bag partition of Beam's Dask runner)."""
+    from apache_beam.transforms.window import GlobalWindow
+    from apache_beam.utils.windowed_value import WindowedValue
+    from dask.sizeof import sizeof
+    wv = WindowedValue((7, b"x" * payload_bytes), 0, (GlobalWindow(),))
+    return sizeof(wv), sizeof([wv] * n)
+
+
+def test_workers_count_the_true_size_of_beams_elements(cluster):
+    # Beam's Dask runner wraps every element in a WindowedValue; without the
+    # package's dask.sizeof entry point (setup.py, runners.register_dask_sizeof)
+    # Dask counted each as ~100 bytes, so a worker never spilled the Arrow
+    # messages it held and paused, full, with nothing to spill.
+    payload = 1 << 20
+    one, many = _sizes_of_windowed_values(50, payload)
+    assert payload <= one < payload + 1000 and 50 * payload <= many < 50 * (payload + 1000)
+    with distributed.Client(cluster) as client:
+        on_workers = client.run(_sizes_of_windowed_values, 50, payload)
+    assert len(on_workers) == 2 and set(on_workers.values()) == {(one, many)}
