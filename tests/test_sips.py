@@ -174,8 +174,9 @@ def expected_count(sips, per_user, run_key):
                                       "l2")
         w = np.fromiter(hist.values(), dtype=float)
         total += stats.norm.sf((r.threshold - w) / r.noise_scale).sum()
-        rule = sips.release_rule(run_key, i)
-        released |= {item for item, wt in hist.items() if rule(item, wt)}
+        items = list(hist)
+        decided = sips.release_rule(run_key, i).decide(items, w)  # w: hist's values, in order
+        released |= {item for item, kept in zip(items, decided.tolist()) if kept}
     return total
 
 
