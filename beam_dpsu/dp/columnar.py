@@ -37,8 +37,8 @@ weights are summed, which the tests show does not change a release).
 from __future__ import annotations
 
 import collections
-import os
 import functools
+import os
 from contextlib import closing
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Tuple

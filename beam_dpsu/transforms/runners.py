@@ -256,10 +256,10 @@ def register_dask_sizeof(sizeof) -> None:
     Dask's default ``sizeof`` of an object it does not know is ``sys.getsizeof``:
     about 100 bytes, whatever the element holds. A partition of 8 MiB Arrow
     messages then counts as a few kilobytes of managed memory, so a worker neither
-    spills it nor pauses before it runs out of memory; with its true size counted
-    (the wrapper plus ``sizeof`` of its value), a worker spills what it holds above
-    its memory target. Registered lazily: Beam's class is looked up only when Dask
-    first sizes an object of Beam's.
+    spills it nor pauses before it runs out of memory. Counted here as the wrapper
+    plus ``sizeof`` of its value. (Spilling still cannot free what the runner's
+    ``ParDo`` receivers keep: ``docs/runners.md``, "Dask".) Registered lazily: Beam's
+    class is looked up only when Dask first sizes an object of Beam's.
     """
     @sizeof.register_lazy("apache_beam")
     def _register_beam():
