@@ -16,7 +16,7 @@ setup(
     entry_points={
         "console_scripts": ["beam-dpsu=beam_dpsu.pipelines.cli:console"],
         # the true size of Beam's elements for Dask's memory management
-        "dask.sizeof": ["beam_dpsu=beam_dpsu.transforms.runners:register_dask_sizeof"],
+        "dask.sizeof": ["beam_dpsu=beam_dpsu.transforms._dask_sizeof:register_beam_sizes"],
     },
     install_requires=[
         "apache-beam>=2.60",

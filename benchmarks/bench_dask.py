@@ -11,8 +11,9 @@ Wall time is that of the whole command-line run
 the maximum RSS, sampled every 0.2 s with psutil during the run, of this
 (launching) process, which also hosts the dask scheduler (LocalCluster), and of
 each dask worker process; for each Dask worker also the peak of its managed
-memory (task results of known size, which Dask may spill) and of what it has
-spilled to disk, polled from the scheduler every second. The workers are restarted before every Dask run
+memory (what Dask holds and sizes with its ``sizeof``, spilled included) and of
+what it has spilled to disk, polled from the scheduler every second (in the
+order of the RSS peaks: by worker process id). The workers are restarted before every Dask run
 (outside the timing) so that each run starts from fresh processes. CPU: user +
 system seconds of the launcher and of each worker during the run. Every run
 uses --insecure-test-seed 1 and the released sets of the two runners are
@@ -71,13 +72,14 @@ class PeakRss(threading.Thread):
 
 
 class DaskMemory(threading.Thread):
-    """Polls the scheduler every second for each worker's managed memory (the task
-    results Dask knows the size of, and may spill) and the bytes it has spilled to
-    disk; keeps each one's peak (bytes, by worker address)."""
+    """Polls the scheduler every second for each worker's managed memory (what Dask
+    holds and knows the size of, by dask's ``sizeof``: its in-memory data plus what
+    it has spilled, the heartbeat's ``managed_bytes``) and the bytes it has spilled
+    to disk; keeps each one's peak (bytes, by worker process id)."""
 
-    def __init__(self, client):
+    def __init__(self, client, pid_of):
         super().__init__(daemon=True)
-        self.client, self.stop = client, False
+        self.client, self.pid_of, self.stop = client, pid_of, False  # pid_of: address -> pid
         self.managed, self.spilled = {}, {}
 
     def run(self):
@@ -87,15 +89,19 @@ class DaskMemory(threading.Thread):
             except Exception:
                 workers = {}
             for addr, w in workers.items():
-                m = w.get("metrics", {})
-                self.managed[addr] = max(self.managed.get(addr, 0), m.get("managed_bytes", 0))
+                m, pid = w.get("metrics", {}), self.pid_of.get(addr)
+                self.managed[pid] = max(self.managed.get(pid, 0), m.get("managed_bytes", 0))
                 disk = m.get("spilled_bytes", {}).get("disk", 0)
-                self.spilled[addr] = max(self.spilled.get(addr, 0), disk)
+                self.spilled[pid] = max(self.spilled.get(pid, 0), disk)
             time.sleep(1.0)
 
     def finish(self):
         self.stop = True
         self.join()
+
+    def peaks_mb(self, peaks, pids):
+        """The peaks of ``peaks`` in the order of ``pids`` (MB; None if never seen)."""
+        return [round(peaks[p] / 2**20) if p in peaks else None for p in pids]
 
 
 def main():
@@ -140,10 +146,11 @@ def main():
                     out = os.path.join(a.workdir, f"{mech}-{runner}-{rep}")
                     if runner == "dask":
                         client.restart()
-                    worker_pids = sorted(client.run(os.getpid).values())
+                    pid_of = client.run(os.getpid)  # worker address -> pid
+                    worker_pids = sorted(pid_of.values())
                     mon = PeakRss([os.getpid()] + worker_pids)
                     mon.start()
-                    dmem = DaskMemory(client)
+                    dmem = DaskMemory(client, pid_of)
                     if runner == "dask":
                         dmem.start()
                     load = os.getloadavg()[0]
@@ -167,10 +174,10 @@ def main():
                            "worker_peak_rss_mb": [round(mon.peak[p] / 2**20)
                                                   for p in worker_pids] if runner == "dask"
                            else None,
-                           "worker_peak_managed_mb": [round(v / 2**20) for v in
-                                                      dmem.managed.values()] or None,
-                           "worker_peak_spilled_mb": [round(v / 2**20) for v in
-                                                      dmem.spilled.values()] or None}
+                           "worker_peak_managed_mb": dmem.peaks_mb(dmem.managed, worker_pids)
+                           if runner == "dask" else None,
+                           "worker_peak_spilled_mb": dmem.peaks_mb(dmem.spilled, worker_pids)
+                           if runner == "dask" else None}
                     print(json.dumps(row), flush=True)
                     rows.append(row)
             if len(released) == 2:

@@ -253,10 +253,15 @@ def _sizes_of_windowed_values(n, payload_bytes):
 
 
 def test_workers_count_the_true_size_of_beams_elements(cluster):
-    # Beam's Dask runner wraps every element in a WindowedValue; without the
-    # package's dask.sizeof entry point (setup.py, runners.register_dask_sizeof)
-    # Dask counted each as ~100 bytes, so a worker never spilled the Arrow
-    # messages it held and paused, full, with nothing to spill.
+    # Beam's Dask runner hands Dask WindowedValues (a GroupByKey's input values);
+    # without the package's dask.sizeof entry point (setup.py,
+    # transforms/_dask_sizeof.py) Dask counted each as ~100 bytes, so a worker
+    # never spilled the Arrow messages it held and paused, full.
+    from importlib.metadata import entry_points
+    names = {e.value for e in entry_points(group="dask.sizeof")}
+    assert "beam_dpsu.transforms._dask_sizeof:register_beam_sizes" in names, (
+        f"the installed beam_dpsu declares no dask.sizeof entry point ({names}): "
+        f"reinstall it (pip install -e .)")
     payload = 1 << 20
     one, many = _sizes_of_windowed_values(50, payload)
     assert payload <= one < payload + 1000 and 50 * payload <= many < 50 * (payload + 1000)

@@ -27,7 +27,10 @@ never through a hash. The hashes here are public and only place strings:
 ``string_groups`` chooses the group of a user or the shard of an item to spread
 work (a collision there only puts two users in one group), and ``mixed_fnv``
 orders a block's lines so that a user's repeated lines are neighbours, compared
-byte for byte (a collision only leaves a repeat for the group stage).
+byte for byte (a collision only leaves a repeat for the group stage). The compiled
+``encode_spans`` places strings by the same FNV-1a started from a per-process
+random value (``_TABLE_BASIS``), so that crafted user ids cannot pile up in one
+probe chain.
 
 The per-user data and the histogram equal those of the dict path
 (``dp.lines`` → ``contribution.sample_items`` → ``weights``), so a seeded run
@@ -389,8 +392,9 @@ _FNV_OFFSET, _FNV_PRIME = np.uint64(0xCBF29CE484222325), np.uint64(0x100000001B3
 def mixed_fnv(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """A 64-bit hash of each byte string ``buf[starts[k]:starts[k] + lengths[k]]``:
     FNV-1a, then ``h ^= h >> 29; h *= 0xBF58476D1CE4E5B9; h ^= h >> 32``. Public
-    and unkeyed: it only orders and places strings (``_drop_repeats``, the
-    compiled ``encode_spans``), whose bytes are compared wherever equality matters.
+    and unkeyed: it only orders strings (``_drop_repeats``), whose bytes are
+    compared wherever equality matters (the compiled ``encode_spans`` places them by
+    the same hash from a per-process start, ``_TABLE_BASIS``).
     The numpy form of the compiled kernels' hash (the tests compare them)."""
     starts = np.asarray(starts, np.int64)
     lengths = np.asarray(lengths, np.int64)

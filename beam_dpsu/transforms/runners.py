@@ -29,12 +29,13 @@ processes (see ``docs/runners.md``, "Dask", for the reproductions):
 transforms consult it at construction time (the ordered-user transform's
 ``state='auto'``, the public-count reader, the pipelines' writers) and
 ``check_pipeline`` refuses, before a run, a graph that such a runner would
-silently mistranslate.
+silently mistranslate. Dask is also told the size of Beam's elements, by the
+package's ``dask.sizeof`` entry point (``transforms/_dask_sizeof.py``, apart from
+this module so that loading it imports nothing).
 """
 from __future__ import annotations
 
 import dataclasses
-import sys
 from typing import Any, List, Optional
 
 import apache_beam as beam
@@ -45,8 +46,7 @@ __all__ = ["DASK_RUNNER", "RUNNER_ALIASES", "Capabilities", "NO_ORDERED_LIST_RUN
            "runner_name", "capabilities", "dealt_workers", "DIRECT_RUNNER_NAMES", "LOCAL_RUNNER",
            "is_direct", "runner_name_of", "pipeline_options", "wait_for", "resolve_runner_flag",
            "import_dask_options", "NO_BUNDLE_OUTPUT", "per_element_flush", "tag", "main_output",
-           "split_envelopes", "WithList", "check_pipeline", "join_leaves",
-           "register_dask_sizeof"]
+           "split_envelopes", "WithList", "check_pipeline", "join_leaves"]
 
 
 DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
@@ -245,29 +245,6 @@ def resolve_runner_flag(beam_args: List[str]) -> List[str]:
     if any(a.endswith(DASK_RUNNER) for a in out) or any(a.startswith("--dask_") for a in out):
         import_dask_options()
     return out
-
-
-def register_dask_sizeof(sizeof) -> None:
-    """Teaches Dask the size of Beam's ``WindowedValue`` (``setup.py`` declares this
-    function as a ``dask.sizeof`` entry point, which Dask calls in every process that
-    imports it, the workers included).
-
-    Beam's Dask runner wraps every element of every bag in a ``WindowedValue``, and
-    Dask's default ``sizeof`` of an object it does not know is ``sys.getsizeof``:
-    about 100 bytes, whatever the element holds. A partition of 8 MiB Arrow
-    messages then counts as a few kilobytes of managed memory, so a worker neither
-    spills it nor pauses before it runs out of memory. Counted here as the wrapper
-    plus ``sizeof`` of its value. (Spilling still cannot free what the runner's
-    ``ParDo`` receivers keep: ``docs/runners.md``, "Dask".) Registered lazily: Beam's
-    class is looked up only when Dask first sizes an object of Beam's.
-    """
-    @sizeof.register_lazy("apache_beam")
-    def _register_beam():
-        from apache_beam.utils.windowed_value import WindowedValue
-
-        @sizeof.register(WindowedValue)
-        def _sizeof_windowed_value(wv):
-            return sys.getsizeof(wv) + sizeof(wv.value)
 
 
 def import_dask_options() -> bool:
