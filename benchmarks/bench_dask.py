@@ -150,8 +150,8 @@ def main():
                     worker_pids = sorted(pid_of.values())
                     mon = PeakRss([os.getpid()] + worker_pids)
                     mon.start()
-                    dmem = DaskMemory(client, pid_of)
-                    if runner == "dask":
+                    dmem = DaskMemory(client, pid_of) if runner == "dask" else None
+                    if dmem:
                         dmem.start()
                     load = os.getloadavg()[0]
                     t0 = time.time()
@@ -160,7 +160,7 @@ def main():
                                            "--quiet"] + mech_flags(mech) + flags)
                     wall = time.time() - t0
                     mon.finish()
-                    if runner == "dask":
+                    if dmem:
                         dmem.finish()
                     items = open(out + "-items-00000-of-00001").read().split()
                     released[runner] = items
@@ -175,9 +175,9 @@ def main():
                                                   for p in worker_pids] if runner == "dask"
                            else None,
                            "worker_peak_managed_mb": dmem.peaks_mb(dmem.managed, worker_pids)
-                           if runner == "dask" else None,
+                           if dmem else None,
                            "worker_peak_spilled_mb": dmem.peaks_mb(dmem.spilled, worker_pids)
-                           if runner == "dask" else None}
+                           if dmem else None}
                     print(json.dumps(row), flush=True)
                     rows.append(row)
             if len(released) == 2:

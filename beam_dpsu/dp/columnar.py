@@ -226,7 +226,7 @@ def parse_block(block: bytes) -> ParsedBlock:
 #: crafted to collide in a public hash (user ids all in one slot chain) would make
 #: the encoding quadratic; an unknown start places strings anew in every process.
 #: The codes do not depend on it (they number strings in order of appearance).
-_TABLE_BASIS = np.uint64(int.from_bytes(os.urandom(8), "little") | 1)
+_TABLE_BASIS = np.uint64(int.from_bytes(os.urandom(8), "little"))
 
 
 def encode_spans(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray
