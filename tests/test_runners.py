@@ -185,16 +185,16 @@ def test_one_file_is_split_only_on_several_direct_workers_and_below_the_size_lim
 
 @pytest.mark.parametrize("name", ["weighted-gaussian", "count-laplace", "sips", "gw",
                                   "policy-gaussian"])
-def test_every_mechanism_reads_columns(data, name):
+def test_every_mechanism_reads_columns(data, name, tmp_path):
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
     from beam_dpsu.dp.noise import RunKey
     flags = FLAGS.get(name, ["--epsilon", "1", "--delta", "1e-5"])
+    out = str(tmp_path / "out")
     _, plan, _ = select_partitions.parse_plan(
-        ["--input", data[0], "--output", "/nonexistent/out", "--mechanism", name] + flags)
+        ["--input", data[0], "--output", out, "--mechanism", name] + flags)
     p = beam.Pipeline(options=PipelineOptions(["--runner=DirectRunner"]))
-    select_partitions.build_pipeline(p, data[0], "/nonexistent/out", plan.mechanism,
-                                     RunKey.from_test_seed(1))
+    select_partitions.build_pipeline(p, data[0], out, plan.mechanism, RunKey.from_test_seed(1))
     labels = transform_labels(p)
     assert any(label.startswith("SelectFromText") for label in labels)
     assert not any(label.startswith("ReadUserItems") for label in labels)

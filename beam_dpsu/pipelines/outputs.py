@@ -28,6 +28,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from beam_dpsu.pipelines.cli import UsageError, last_line as _last_line
+from beam_dpsu.transforms import staging
 from beam_dpsu.transforms.textio import match_files
 from beam_dpsu.transforms.write import TEMP_PREFIX, WriteRelease, sorted_text, write_one_file
 
@@ -39,7 +40,7 @@ __all__ = ["SHARD", "ITEMS_SUFFIX", "TOPK_KIND", "SUB_RELEASE_KINDS", "PUBLIC_SU
            "read_counts", "check_input", "check_output", "prepare_output", "remove_empty",
            "earlier_outputs", "check_earlier_outputs", "run_files", "delete_files",
            "write_items", "count_output_lines", "write_public", "write_private",
-           "check_locations"]
+           "check_locations", "staging_directory"]
 
 
 #: The one shard of a release file.
@@ -498,6 +499,19 @@ def _temp_dirs(prefixes: Sequence[str]) -> set:
         except OSError:
             pass
     return out
+
+
+def staging_directory(prefix: str) -> Optional[str]:
+    """A new owner-only directory next to the release for the run's staged shuffles
+    (``transforms.staging``: private data derived from the input),
+    ``beam-temp-NAME.PRIVATE-staging-<hex>``, which the run removes when it ends,
+    whether it succeeds or fails (``runs.run_pipeline``); None for a prefix on a
+    remote filesystem (the run then shuffles through the runner)."""
+    if _is_remote(prefix):
+        return None
+    directory = os.path.dirname(os.path.abspath(prefix))
+    name = f"{TEMP_PREFIX}{os.path.basename(prefix)}.PRIVATE-staging-{uuid.uuid4().hex}"
+    return staging.make_directory(os.path.join(directory, name))
 
 
 def count_output_lines(prefix: str, kind: str = "items") -> int:

@@ -167,8 +167,9 @@ def run_pipeline(beam_args: Sequence[str], build: Callable[[beam.Pipeline], None
                  output_prefixes: Sequence[Optional[str]] = ()):
     """Builds and runs a pipeline; returns (result, wall seconds, runner name).
 
-    When the run fails, the ``beam-temp-*`` directories and files it made for
-    ``output_prefixes`` (local disks) are removed.
+    When the run ends, failed or not, the ``beam-temp-*`` directories and files it
+    made for ``output_prefixes`` (local disks) are removed: a failed run's partial
+    files, and the staged shuffles (``outputs.staging_directory``) of any run.
     """
     options = runners.pipeline_options(beam_args)
     runner = runner_name(beam_args)  # the runner asked for (DirectRunner: run as LOCAL_RUNNER)
@@ -181,7 +182,7 @@ def run_pipeline(beam_args: Sequence[str], build: Callable[[beam.Pipeline], None
         runners.check_pipeline(p)  # refuses what the runner would silently mistranslate
         result = p.run()
         runners.wait_for(p, result)
-    except BaseException:
+    finally:
         for path in outputs._temp_dirs(output_prefixes) - before:
             if os.path.isdir(path) and not os.path.islink(path):
                 shutil.rmtree(path, ignore_errors=True)
@@ -190,7 +191,6 @@ def run_pipeline(beam_args: Sequence[str], build: Callable[[beam.Pipeline], None
                     os.remove(path)
                 except OSError:
                     pass
-        raise
     return result, time.time() - start, runner
 
 

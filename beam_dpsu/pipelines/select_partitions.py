@@ -78,6 +78,7 @@ from beam_dpsu.dp.noise import RunKey
 from beam_dpsu.dp.registry import REGISTRY, MechanismParams, make_mechanism
 from beam_dpsu.transforms.textio import ReadUserItems, match_sized, split_one_file
 from beam_dpsu.transforms.topk import TopK
+from beam_dpsu.transforms import runners
 from beam_dpsu.dp.mechanisms.topk import TopKMechanism
 from beam_dpsu.pipelines.cli import UsageError
 from beam_dpsu.pipelines import run_budget, top_k as top_k_pipeline, flags, outputs, runs
@@ -237,8 +238,11 @@ def build_pipeline(p: beam.Pipeline, input_pattern: str, output_prefix: str,
     if runs_columnar(mechanism) and top_k is None:
         sizes = [size for _, size in match_sized(input_pattern)]
         groups = user_groups_for(None if None in sizes else sum(sizes))
+        # where the runner holds a shuffle in memory, the shuffles go through files
+        staged = (outputs.staging_directory(output_prefix)
+                  if runners.capabilities(p).memory_shuffle else None)
         items, malformed, users = p | "SelectFromText" >> SelectFromText(
-            input_pattern, mechanism, run_key, user_groups=groups)
+            input_pattern, mechanism, run_key, user_groups=groups, staging_dir=staged)
         outputs.tally(users | "UsersPerGroup" >> beam.Map(_counted), "users", counts_second=True)
         outputs.write_dead_letter(malformed, dead_letter)
         outputs.write_items(items, output_prefix)

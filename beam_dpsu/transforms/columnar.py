@@ -51,7 +51,7 @@ from beam_dpsu.dp.mechanisms.policy import PolicyMechanism
 from beam_dpsu.dp.mechanisms.sips import Sips
 from beam_dpsu.dp.noise import RunKey
 from beam_dpsu.transforms import run_key as keys
-from beam_dpsu.transforms import ordered, runners
+from beam_dpsu.transforms import ordered, runners, staging
 from beam_dpsu.transforms.release import ApplyReleaseRule
 from beam_dpsu.transforms.textio import input_files, open_binary
 
@@ -70,8 +70,9 @@ class _ReadPairsDoFn(beam.DoFn):
     every block; None: no presampling."""
 
     def __init__(self, groups: int, block_bytes: int, envelope: bool, counted: bool = False,
-                 positions: bool = False, mechanism=None):
+                 positions: bool = False, mechanism=None, staging=None):
         self._groups, self._block_bytes, self._envelope = groups, block_bytes, envelope
+        self._staging = staging
         self._counted, self._positions = counted, positions
         # (Δ0, key) of columnar.presample_plan, built on the worker from the run key
         self._plan = keys.KeyedCache(_PresamplePlan(mechanism))
@@ -80,6 +81,18 @@ class _ReadPairsDoFn(beam.DoFn):
 
     def process(self, element, key_bytes):
         self._files.inc()
+        if self._staging is None:
+            yield from self._read(element, key_bytes, None)
+            return
+        # the file's blocks go to one staged file, closed before any reference leaves
+        with self._staging.writer() as sink:
+            yield from self._read(element, key_bytes, sink)
+        for ref in sink.refs:
+            yield runners.main_output(ref, self._envelope)
+
+    def _read(self, element, key_bytes, sink):
+        """The file's malformed lines (tagged) and its pair blocks: emitted, or added
+        to ``sink`` (a ``staging.StagedWriter``) when given."""
         plan = self._plan(key_bytes)
         file_index, path = element if self._positions else (None, element)
         offset = 0  # of the block in the file's text
@@ -94,12 +107,15 @@ class _ReadPairsDoFn(beam.DoFn):
                 if self._counted:
                     base = (None if file_index is None
                             else columnar.line_position(file_index, offset, len(block)))
-                    blocks = columnar.counted_pair_blocks(parsed, self._groups, base, plan)
+                    by_group = columnar.counted_pair_blocks(parsed, self._groups, base, plan)
                 else:
-                    blocks = columnar.pair_blocks(parsed, self._groups, plan)
+                    by_group = columnar.pair_blocks(parsed, self._groups, plan)
                 offset += len(block) + 1
-                for group, pairs in blocks.items():
-                    yield runners.main_output((group, pairs.to_bytes()), self._envelope)
+                for group, pairs in by_group.items():
+                    if sink is None:
+                        yield runners.main_output((group, pairs.to_bytes()), self._envelope)
+                    else:
+                        sink.add(group, pairs.to_bytes())
 
 
 def _presampled(mechanism):
@@ -127,31 +143,36 @@ class _BoundHistogramDoFn(beam.DoFn):
     """``(group, [PairBlock bytes])`` → ``(shard, partial histogram bytes)``; the
     group's number of users on ``_USERS``."""
 
-    def __init__(self, max_items, weighting: str, purpose: str, shards: int, envelope: bool):
+    def __init__(self, max_items, weighting: str, purpose: str, shards: int, envelope: bool,
+                 staging=None):
         self._args = (max_items, weighting)
         self._key = keys.KeyedCache(keys.Subkey(purpose))
-        self._shards, self._envelope = shards, envelope
+        self._shards, self._envelope, self._staging = shards, envelope, staging
 
     def process(self, element, key_bytes):
-        blocks = [columnar.PairBlock.from_bytes(blob) for blob in element[1]]
+        blocks = [columnar.PairBlock.from_bytes(blob)
+                  for blob in staging.unstaged(self._staging, element[1])]
         hist = columnar.bounded_histogram(blocks, *self._args, self._key(key_bytes))
+        del blocks
         yield runners.tag(hist.num_users, _USERS, self._envelope)
-        for shard, blob in columnar.split_by_shard(hist, self._shards).items():
-            yield runners.main_output((shard, blob), self._envelope)
+        parts = columnar.split_by_shard(hist, self._shards).items()
+        for part in staging.staged(self._staging, parts):
+            yield runners.main_output(part, self._envelope)
 
 
 class _ReleaseDoFn(beam.DoFn):
     """``(shard, [partial histogram bytes])`` → the shard's released items (counted in
     the metric ``released`` and, when given, in ``metric`` too)."""
 
-    def __init__(self, make_rule, metric: Optional[str] = None):
+    def __init__(self, make_rule, metric: Optional[str] = None, staging=None):
         self._rule = keys.KeyedCache(make_rule)
+        self._staging = staging
         self._released = beam.metrics.Metrics.counter("beam_dpsu", "released")
         self._released_here = (beam.metrics.Metrics.counter("beam_dpsu", metric)
                                if metric else None)
 
     def process(self, element, key_bytes):
-        items, weights = columnar.sum_histograms(element[1])
+        items, weights = columnar.sum_histograms(staging.unstaged(self._staging, element[1]))
         released = columnar.release_shard(self._rule(key_bytes), items, weights)
         if released:
             self._released.inc(len(released))
@@ -164,14 +185,16 @@ class _GroupPairsDoFn(beam.DoFn):
     """``(group, [PairBlock bytes])`` → ``(group, GroupPairs bytes)``; the group's
     number of users on ``_USERS``."""
 
-    def __init__(self, envelope: bool):
-        self._envelope = envelope
+    def __init__(self, envelope: bool, staging=None):
+        self._envelope, self._staging = envelope, staging
 
     def process(self, element):
-        pairs = columnar.group_pairs(columnar.PairBlock.from_bytes(b) for b in element[1])
+        pairs = columnar.group_pairs(columnar.PairBlock.from_bytes(b)
+                                     for b in staging.unstaged(self._staging, element[1]))
         yield runners.tag(len(pairs.users), _USERS, self._envelope)
         if len(pairs):
-            yield runners.main_output((element[0], pairs.to_bytes()), self._envelope)
+            for part in staging.staged(self._staging, [(element[0], pairs.to_bytes())]):
+                yield runners.main_output(part, self._envelope)
 
 
 class _PreparePoliciesDoFn(beam.DoFn):
@@ -180,13 +203,14 @@ class _PreparePoliciesDoFn(beam.DoFn):
     hash, encoded user id, ids bytes), ...])`` on the main output, ``(shard,
     pickled {id: item})`` on ``_IDS``, the group's number of users on ``_USERS``."""
 
-    def __init__(self, make_policy, bucket_bits: int, envelope: bool):
+    def __init__(self, make_policy, bucket_bits: int, envelope: bool, staging=None):
         self._keyed = keys.KeyedCache(ordered.PolicyAndOrderKey(make_policy))
         self._shift = 64 - ordered.check_bucket_bits(bucket_bits)
-        self._envelope = envelope
+        self._envelope, self._staging = envelope, staging
 
     def process(self, element, key_bytes, public_counts=None):
-        pairs = columnar.group_pairs(columnar.PairBlock.from_bytes(b) for b in element[1])
+        pairs = columnar.group_pairs(columnar.PairBlock.from_bytes(b)
+                                     for b in staging.unstaged(self._staging, element[1]))
         yield runners.tag(len(pairs.users), _USERS, self._envelope)
         policy, order_key = self._keyed(key_bytes)
         prepared = columnar_policy.prepare_pairs(pairs, policy, public_counts)
@@ -205,29 +229,36 @@ class _PreparePoliciesDoFn(beam.DoFn):
 class _RoundHistogramDoFn(beam.DoFn):
     """``(group, GroupPairs bytes)`` → ``(shard, partial histogram bytes)`` of one round."""
 
-    def __init__(self, max_items, weighting: str, purpose: str, shards: int):
+    def __init__(self, max_items, weighting: str, purpose: str, shards: int, staging=None):
         self._args = (max_items, weighting)
         self._key = keys.KeyedCache(keys.Subkey(purpose))
-        self._shards = shards
+        self._shards, self._staging = shards, staging
 
     def process(self, element, key_bytes):
-        pairs = columnar.GroupPairs.from_bytes(element[1])
+        pairs = columnar.GroupPairs.from_bytes(staging.unstaged(self._staging, [element[1]])[0])
         hist = columnar.pairs_histogram(pairs, *self._args, self._key(key_bytes))
-        yield from columnar.split_by_shard(hist, self._shards).items()
+        yield from staging.staged(self._staging,
+                                  columnar.split_by_shard(hist, self._shards).items())
 
 
-def _without(group: int, blob: bytes, removed) -> Iterator[Tuple[int, bytes]]:
-    """``(group, GroupPairs bytes)`` without the items of ``removed`` (a list of
-    ``str``); nothing when no pair is left."""
-    if not removed:  # nothing released: the message as it is, undecoded
-        yield group, blob
-        return
-    pairs = columnar.GroupPairs.from_bytes(blob)
-    left = columnar.without_items(pairs, pa.array(removed, pa.string()))
-    if left is pairs:
-        yield group, blob
-    elif len(left):
-        yield group, left.to_bytes()
+class _Without:
+    """``(group, GroupPairs bytes, or its staged reference)`` without the items of
+    ``removed`` (a list of ``str``), staged again when ``staging`` is given; nothing
+    when no pair is left (picklable, for ``runners.WithList``)."""
+
+    def __init__(self, staging=None):
+        self._staging = staging
+
+    def __call__(self, group: int, blob, removed) -> Iterator[Tuple[int, Any]]:
+        if not removed:  # nothing released: the message as it is, undecoded
+            yield group, blob
+            return
+        pairs = columnar.GroupPairs.from_bytes(staging.unstaged(self._staging, [blob])[0])
+        left = columnar.without_items(pairs, pa.array(removed, pa.string()))
+        if left is pairs:
+            yield group, blob
+        elif len(left):
+            yield from staging.staged(self._staging, [(group, left.to_bytes())])
 
 
 class WithoutReleased(beam.PTransform):
@@ -235,14 +266,16 @@ class WithoutReleased(beam.PTransform):
     ``released`` (a PCollection of ``str``): DP-SIPS's removal between rounds.
     Every group gets the whole released list (``runners.WithList``: a side input,
     or one ``GroupByKey`` on runners that re-evaluate side inputs); a group left
-    without pairs disappears."""
+    without pairs disappears. With ``staging`` (a ``staging.Staging``), the groups'
+    messages are staged references, and so are the groups it gives."""
 
-    def __init__(self, released, groups: int, label: Optional[str] = None):
+    def __init__(self, released, groups: int, staging=None, label: Optional[str] = None):
         super().__init__(label)
-        self._released, self._groups = released, groups
+        self._released, self._groups, self._staging = released, groups, staging
 
     def expand(self, pairs):
-        return pairs | "Remove" >> runners.WithList(self._released, self._groups, _without)
+        return pairs | "Remove" >> runners.WithList(self._released, self._groups,
+                                                    _Without(self._staging))
 
 
 def _check_count(value, name: str) -> int:
@@ -294,6 +327,15 @@ class SelectFromText(beam.PTransform):
         (default ``COLUMNAR_ITEM_SHARDS``, 16). No privacy effect.
       block_bytes: the size of the text blocks a file is read in (default
         8 MiB). No privacy effect.
+      staging_dir: None (default): the pair blocks, partial histograms (and
+        DP-SIPS's groups between rounds) go through the runner's shuffles. A directory (an existing one every worker
+        reads and writes, ``staging.make_directory``): they are written to files
+        there and only references are shuffled (``transforms.staging``), so a
+        worker's memory holds one group's data, not the run's, on runners that
+        keep a shuffle in memory (the DirectRunner, Dask). The files hold private
+        data derived from the input: keep the directory as private as the input
+        and remove it after the run (``staging.remove_directory``; the command
+        line does both). No effect on the release.
 
     Privacy: the mechanism's ``guarantee`` under add/remove-one-user
     neighbouring datasets, provided each user id identifies one person and the
@@ -303,7 +345,7 @@ class SelectFromText(beam.PTransform):
     def __init__(self, file_pattern: str, mechanism,
                  run_key: Optional[RunKey] = None, user_groups: int = COLUMNAR_USER_GROUPS,
                  item_shards: int = COLUMNAR_ITEM_SHARDS, block_bytes: int = BLOCK_BYTES,
-                 label: Optional[str] = None):
+                 staging_dir: Optional[str] = None, label: Optional[str] = None):
         super().__init__(label)
         if not isinstance(file_pattern, str) or not file_pattern:
             raise ValueError(f"file_pattern must be a non-empty string, got {file_pattern!r}")
@@ -320,6 +362,7 @@ class SelectFromText(beam.PTransform):
         self._groups = _check_count(user_groups, "user_groups")
         self._shards = _check_count(item_shards, "item_shards")
         self._block_bytes = _check_count(block_bytes, "block_bytes")
+        self._staging = None if staging_dir is None else staging.Staging(staging_dir)
 
     def expand(self, pbegin):
         envelope = not runners.capabilities(pbegin.pipeline).tagged_outputs
@@ -330,19 +373,22 @@ class SelectFromText(beam.PTransform):
         if len(self._rounds) == 1:
             r = self._rounds[0]
             partials, users = _apply(grouped, "BoundHistogram", _BoundHistogramDoFn(
-                r.max_items, r.weighting, "sample/0", self._shards, envelope), envelope,
+                r.max_items, r.weighting, "sample/0", self._shards, envelope, self._staging),
+                envelope,
                 _USERS, keys.key_side_input(grouped, self._run_key))
             return self._release(partials, 0, ""), malformed, users
-        groups, users = _apply(grouped, "GroupPairs", _GroupPairsDoFn(envelope), envelope,
-                               _USERS)
+        groups, users = _apply(grouped, "GroupPairs", _GroupPairsDoFn(envelope, self._staging),
+                               envelope, _USERS)
         released = []
         for i, r in enumerate(self._rounds):
             partials = groups | f"Histogram{i}" >> beam.ParDo(
-                _RoundHistogramDoFn(r.max_items, r.weighting, f"sample/{i}", self._shards),
+                _RoundHistogramDoFn(r.max_items, r.weighting, f"sample/{i}", self._shards,
+                                    self._staging),
                 keys.key_side_input(groups, self._run_key))
             released.append(self._release(partials, i, str(i)))
             if i + 1 < len(self._rounds):
-                groups = groups | f"Remove{i}" >> WithoutReleased(released[-1], self._groups)
+                groups = groups | f"Remove{i}" >> WithoutReleased(released[-1], self._groups,
+                                                                  self._staging)
         return tuple(released) | "Union" >> beam.Flatten(), malformed, users
 
     def _read_pairs(self, pbegin, envelope: bool, counted: bool = False,
@@ -352,7 +398,7 @@ class SelectFromText(beam.PTransform):
         files = input_files(pbegin, self._pattern, ordered=positions)
         return _apply(files, "ReadPairs", _ReadPairsDoFn(
             self._groups, self._block_bytes, envelope, counted, positions,
-            _presampled(self._mechanism)), envelope, _MALFORMED,
+            _presampled(self._mechanism), self._staging), envelope, _MALFORMED,
             keys.key_side_input(files, self._run_key))
 
     def _expand_policy(self, pbegin, envelope: bool):
@@ -368,7 +414,8 @@ class SelectFromText(beam.PTransform):
         if public is not None:
             args.append(public)
         buckets, ids, users = _apply(grouped, "Prepare", _PreparePoliciesDoFn(
-            m.policy, ordered.DEFAULT_BUCKET_BITS, envelope), envelope, (_IDS, _USERS), *args)
+            m.policy, ordered.DEFAULT_BUCKET_BITS, envelope, self._staging), envelope,
+            (_IDS, _USERS), *args)
         update = m.policy(ordered.UPDATE_ONLY_KEY)
         hist = (buckets, ids) | "Ordered" >> ordered.RunPrepared(
             update, ordered.resolve_state(m.state, pbegin.pipeline), sharded=True)
@@ -382,7 +429,7 @@ class SelectFromText(beam.PTransform):
         # DP-SIPS's summary reports every round's count, one round included
         metric = f"released_round_{index}" if isinstance(self._mechanism, Sips) else None
         return shards | f"Release{suffix}" >> beam.ParDo(
-            _ReleaseDoFn(_RoundRule(self._mechanism, index), metric),
+            _ReleaseDoFn(_RoundRule(self._mechanism, index), metric, self._staging),
             keys.key_side_input(shards, self._run_key))
 
 

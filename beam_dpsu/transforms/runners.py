@@ -80,6 +80,11 @@ class Capabilities:
         read must start from one ``Create`` per partition wanted, joined by
         ``Flatten`` (a concatenation of their partitions): see
         ``textio.ReadUserItems``.
+      memory_shuffle: a shuffle's data stays in worker memory until it is read
+        (the DirectRunner's ``GroupByKey``; on Dask, every ``ParDo`` task's outputs
+        are kept alive by the task graph, beyond the reach of Dask's spilling), so
+        large shuffles are staged through files (``transforms.staging``). False
+        where the runner's shuffle spills or streams (Dataflow, Flink, Spark).
     """
     name: str
     user_state: bool = True
@@ -92,6 +97,7 @@ class Capabilities:
     bundle_outputs: bool = True
     tagged_outputs: bool = True
     redistributes: bool = True
+    memory_shuffle: bool = False
 
 
 #: Runners known not to implement OrderedListState (Beam 2.77): state='ordered_list'
@@ -99,7 +105,7 @@ class Capabilities:
 NO_ORDERED_LIST_RUNNERS = ("FlinkRunner", "SparkRunner", "DataflowRunner",
                            "TestDataflowRunner", "DaskRunner")
 
-_DIRECT = dict(user_state=True, ordered_list_state=True)
+_DIRECT = dict(user_state=True, ordered_list_state=True, memory_shuffle=True)
 _TABLE = {
     "DirectRunner": _DIRECT,
     "SwitchingDirectRunner": _DIRECT,
@@ -118,7 +124,7 @@ _TABLE = {
     "DaskRunner": dict(user_state=False, ordered_list_state=False, file_sinks=False,
                        read_primitive=False, all_leaves=False, side_inputs_once=False,
                        metrics=False, bundle_outputs=False, tagged_outputs=False,
-                       redistributes=False),
+                       redistributes=False, memory_shuffle=True),
 }
 
 
