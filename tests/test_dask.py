@@ -268,3 +268,88 @@ def test_workers_count_the_true_size_of_beams_elements(cluster):
     with distributed.Client(cluster) as client:
         on_workers = client.run(_sizes_of_windowed_values, 50, payload)
     assert len(on_workers) == 2 and set(on_workers.values()) == {(one, many)}
+
+
+def _writer_of(path, pids):
+    """The pid among ``pids`` that has ``path`` open (Linux's /proc), or None."""
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}") == path:
+                    return pid
+            except OSError:
+                pass
+    return None
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs Linux's /proc")
+def test_a_worker_killed_mid_run_does_not_change_the_release(tmp_path_factory, tmp_path):
+    # A cluster of its own (the module's keeps its workers). The worker writing the
+    # first staged file is killed (SIGKILL; its nanny starts a new one) while it
+    # writes: the task runs again elsewhere and writes a new file (the staged files
+    # outnumber those of a run without failure: one per input file and one per user
+    # group), the dead attempt's partial file is never read, and the release is the
+    # DirectRunner's.
+    import signal
+    import threading
+    import time
+    from beam_dpsu.dp import synthetic
+    from beam_dpsu.dp.columnar import user_groups_for
+    folder = tmp_path_factory.mktemp("killed")
+    path = str(folder / "all.tsv")
+    synthetic.write_tsv(path, 4000, seed=3, max_occurrences=60)
+    lines = open(path, encoding="utf-8").read().splitlines(keepends=True)
+    step = -(-len(lines) // 6)
+    for i in range(6):
+        (folder / f"part-{i}.tsv").write_text("".join(lines[i * step:(i + 1) * step]))
+    files = (str(folder / "part-*.tsv"), None)
+    untroubled = 6 + user_groups_for(os.path.getsize(path))  # staged files of a clean run
+    _, direct = run_select(files, "weighted-gaussian", ["--runner=DirectRunner"],
+                           str(tmp_path / "d"))
+    assert direct
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = ROOT + (os.pathsep + old if old else "")
+    staged = str(tmp_path / "beam-temp-k.PRIVATE-staging-*" / "*.blocks")
+    try:
+        with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                      dashboard_address=None) as c, \
+                distributed.Client(c) as client:
+            pids = list(client.run(os.getpid).values())
+            out = str(tmp_path / "k")
+            result = {}
+
+            def run():
+                try:
+                    result["items"] = run_select(files, "weighted-gaussian",
+                                                 dask_flags(c.scheduler_address), out)[1]
+                except BaseException as e:  # reported below
+                    result["error"] = e
+            thread = threading.Thread(target=run)
+            thread.start()
+            killed, seen = None, set()
+            deadline = time.time() + 300
+            while thread.is_alive() and time.time() < deadline:
+                now = set(glob.glob(staged))
+                seen |= now
+                for name in sorted(now) if killed is None else ():
+                    writer = _writer_of(name, pids)  # None once the file is closed
+                    if writer is not None:
+                        os.kill(writer, signal.SIGKILL)
+                        killed = writer
+                        break
+                time.sleep(0.005)
+            thread.join(600)
+    finally:
+        if old is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = old
+    assert killed is not None, "no worker was caught writing a staged file"
+    assert "error" not in result, result.get("error")
+    assert result["items"] == direct
+    assert len(seen) > untroubled  # the killed attempt's task ran again
+    assert not glob.glob(str(tmp_path / "beam-temp-*"))

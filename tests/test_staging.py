@@ -242,3 +242,31 @@ def test_a_failed_run_removes_its_staged_files(tmp_path, monkeypatch, capsys):
 
 def test_a_remote_output_is_not_staged():
     assert outputs.staging_directory("gs://bucket/rel") is None
+
+
+def test_a_terminated_run_removes_its_staged_files(tmp_path):
+    # SIGTERM (kill, a job scheduler) while the run stages: exit 130 with one line,
+    # and nothing of the run is left, its private staged files included.
+    import signal
+    import subprocess
+    import sys
+    import time
+    data = tmp_path / "in.tsv"
+    synthetic.write_tsv(str(data), 40000, seed=5, max_occurrences=60)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "beam_dpsu.pipelines.cli", "select", "--input", str(data),
+         "--output", str(tmp_path / "out" / "rel"), "--mechanism", "weighted-gaussian",
+         "--epsilon", "3", "--delta", "1e-5", "--quiet"],
+        env=env, stderr=subprocess.PIPE, text=True)
+    staged = str(tmp_path / "out" / "beam-temp-rel.PRIVATE-staging-*" / "*.blocks")
+    deadline = time.time() + 120
+    while proc.poll() is None and not glob.glob(staged) and time.time() < deadline:
+        time.sleep(0.005)
+    assert proc.poll() is None, "the run ended before it could be terminated"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert proc.returncode == 130 and lines[-1].endswith("interrupted"), err
+    assert sorted(os.listdir(tmp_path)) == ["in.tsv"]

@@ -4,7 +4,7 @@
 line on stderr and an exit status: ``UsageError`` (a user mistake) → 2,
 ``prog: error: ...``; an exception with an ``exit_status`` attribute (e.g.
 ``beam_dpsu.pipelines.runs.NoWellFormedInput``) → that status, ``prog: error: ...``;
-Ctrl-C → 130, ``prog: interrupted`` (also when a runner reports the
+Ctrl-C or SIGTERM → 130, ``prog: interrupted`` (also when a runner reports the
 KeyboardInterrupt of a worker thread as another exception: ``interrupted``);
 anything else → 1, ``prog: failed: Type: last line`` (the traceback is logged
 at DEBUG level). Used by the pipelines
@@ -25,6 +25,7 @@ import contextvars
 import importlib
 import logging
 import re
+import signal
 import time
 import os
 import sys
@@ -140,9 +141,27 @@ def interrupted(e: BaseException) -> bool:
     return False
 
 
+def _terminate(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def run_main(prog: str, body: Callable[[], int]) -> int:
-    """``body()``'s exit status, or the status of what it raised (see the module)."""
+    """``body()``'s exit status, or the status of what it raised (see the module).
+
+    A SIGTERM (``kill``, a scheduler ending a job) is handled as a Ctrl-C: the run
+    stops, removes what it made (its staged shuffles among them) and exits 130."""
     prog = command_prog(prog)
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        return _run_body(prog, body)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _run_body(prog: str, body: Callable[[], int]) -> int:
     try:
         return body()
     except KeyboardInterrupt:

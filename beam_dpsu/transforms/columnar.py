@@ -27,6 +27,10 @@ users are prepared at once (``dp.columnar_policy.prepare_pairs``: the Δ0 sample
 or the greedy walk order, as item ids) into the buckets of
 ``ordered.RunPrepared``, whose one-core sequential stage and release follow.
 
+With ``staging_dir``, the messages of steps 1 and 2 (and DP-SIPS's groups) are
+written to files there and only references cross the shuffles
+(``transforms.staging``), for runners that hold a shuffle in memory.
+
 It releases exactly what ``SelectPartitions(mechanism, run_key)`` releases on
 the same per-user data with the same key (the tests check it), at a fraction
 of the cost: the Python SDK's per-element cost is paid per block, and the
