@@ -467,6 +467,13 @@ def test_user_groups_grow_with_the_input():
     assert columnar.user_groups_for(10 ** 13) == columnar.MAX_USER_GROUPS
 
 
+def test_item_shards_follow_the_user_groups():
+    # a shard sums one partial histogram per group: at most 4 groups per shard beyond
+    # the 16 shards every input gets
+    assert [columnar.item_shards_for(g) for g in (8, 64, 67, 68, 346, 512)] == [
+        16, 16, 16, 17, 86, 128]
+
+
 def _odd_strings(rnd, n):
     """Byte strings with repeats, empty ones, shared prefixes and non-ASCII bytes."""
     pool = [b"", b"a", b"ab", b"ba", b"abc", "é".encode(), b"x" * 20, b"x" * 21, b"\t"]

@@ -63,7 +63,8 @@ from beam_dpsu.dp.siphash import siphash24_many
 from beam_dpsu.dp.weights import check_weighting
 
 __all__ = ["COLUMNAR_USER_GROUPS", "COLUMNAR_ITEM_SHARDS", "BYTES_PER_USER_GROUP",
-           "MIN_USER_GROUPS", "MAX_USER_GROUPS", "user_groups_for", "ParsedBlock", "parse_block",
+           "MIN_USER_GROUPS", "MAX_USER_GROUPS", "user_groups_for", "GROUPS_PER_ITEM_SHARD",
+           "item_shards_for", "ParsedBlock", "parse_block",
            "encode_spans", "gather_spans", "mixed_fnv", "string_spans", "string_groups",
            "PairBlock", "pair_blocks", "presample", "FILE_SHIFT", "MAX_FILES", "line_position",
            "counted_pair_blocks", "GroupPairs", "group_pairs", "without_items", "pairs_histogram",
@@ -82,6 +83,9 @@ BYTES_PER_USER_GROUP = 8 << 20
 MIN_USER_GROUPS, MAX_USER_GROUPS = 8, 512
 #: The histogram is split into this many item shards (one ``release_shard`` call each).
 COLUMNAR_ITEM_SHARDS = 16
+#: ``item_shards_for``: one item shard per this many user groups, at least
+#: ``COLUMNAR_ITEM_SHARDS``.
+GROUPS_PER_ITEM_SHARD = 4
 
 
 @dataclass
@@ -142,6 +146,15 @@ def user_groups_for(input_bytes: Optional[int]) -> int:
     if input_bytes is None:
         return COLUMNAR_USER_GROUPS
     return int(min(MAX_USER_GROUPS, max(MIN_USER_GROUPS, input_bytes // BYTES_PER_USER_GROUP)))
+
+
+def item_shards_for(user_groups: int) -> int:
+    """A number of item shards for ``user_groups`` user groups: one per
+    ``GROUPS_PER_ITEM_SHARD`` groups, at least ``COLUMNAR_ITEM_SHARDS``. A shard sums
+    one partial histogram from every group, so its size follows the number of groups
+    over the number of shards; keeping that ratio keeps a shard's memory bounded as
+    the input (and the number of groups) grows."""
+    return max(COLUMNAR_ITEM_SHARDS, int(user_groups) // GROUPS_PER_ITEM_SHARD)
 
 
 def _spans_equal(data: np.ndarray, a: np.ndarray, b: np.ndarray,

@@ -71,7 +71,7 @@ from beam_dpsu.dp.accounting import PayWhatYouGetAccountant
 from beam_dpsu.dp.budget import PrivacyBudget
 from beam_dpsu.dp import params
 from beam_dpsu.dp.mechanisms import Mechanism
-from beam_dpsu.dp.columnar import runs_columnar, user_groups_for
+from beam_dpsu.dp.columnar import item_shards_for, runs_columnar, user_groups_for
 from beam_dpsu.transforms.columnar import SelectFromText
 from beam_dpsu.transforms.select import SelectPartitions
 from beam_dpsu.dp.noise import RunKey
@@ -210,7 +210,8 @@ def build_pipeline(p: beam.Pipeline, input_pattern: str, output_prefix: str,
     the histogram mechanisms, DP-SIPS, the sequential policies) runs on the columnar path
     (``transforms.columnar.SelectFromText``: blocks of arrays from the files
     to the release), with ``dp.columnar.user_groups_for`` the input's size user
-    groups. With ``top_k``, the mechanism reads per-user counts (which top-k reads
+    groups and ``item_shards_for`` item shards, its shuffles staged through files
+    where the runner holds a shuffle in memory (``outputs.staging_directory``). With ``top_k``, the mechanism reads per-user counts (which top-k reads
     too); how the input is then read depends on what ``input_pattern`` matches now, while
     the graph is built, and on the runner; whatever it matches when the run
     reads it, the mechanism sees the same per-user counts:
@@ -242,7 +243,8 @@ def build_pipeline(p: beam.Pipeline, input_pattern: str, output_prefix: str,
         staged = (outputs.staging_directory(output_prefix)
                   if runners.capabilities(p).memory_shuffle else None)
         items, malformed, users = p | "SelectFromText" >> SelectFromText(
-            input_pattern, mechanism, run_key, user_groups=groups, staging_dir=staged)
+            input_pattern, mechanism, run_key, user_groups=groups,
+            item_shards=item_shards_for(groups), staging_dir=staged)
         outputs.tally(users | "UsersPerGroup" >> beam.Map(_counted), "users", counts_second=True)
         outputs.write_dead_letter(malformed, dead_letter)
         outputs.write_items(items, output_prefix)
