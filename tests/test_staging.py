@@ -113,9 +113,8 @@ def test_the_directory_is_owner_only_whatever_the_umask_and_one_run_s(tmp_path):
     with pytest.raises(FileExistsError):
         staging.make_directory(path)
     open(os.path.join(path, "x.blocks"), "wb").close()
-    staging.remove_directory(path)
-    assert not os.path.exists(path)
-    staging.remove_directory(path)  # gone already: nothing to do
+    assert staging.remove_directory(path) and not os.path.exists(path)
+    assert staging.remove_directory(path)  # gone already: nothing to do
     with pytest.raises(ValueError):
         staging.Staging("")
 
@@ -126,7 +125,7 @@ def test_a_retried_read_writes_its_own_file_with_the_same_blocks(tmp_path, stage
     pairs = list(synthetic.occurrences(300, seed=2))
     path = tmp_path / "in.tsv"
     path.write_text("".join(f"{u}\t{i}\n" for u, i in pairs) + "bad\n")
-    dofn = _ReadPairsDoFn(groups=4, block_bytes=2000, envelope=False, staging=stage)
+    dofn = _ReadPairsDoFn(groups=4, block_bytes=2000, envelope=False, stage=stage)
     attempts = []
     for _ in range(2):
         out = list(dofn.process(str(path), NO_KEY))
@@ -181,6 +180,14 @@ def test_select_from_text_releases_the_same_set_staged(tmp_path, monkeypatch, me
     assert glob.glob(os.path.join(directory, "*" + staging.SUFFIX))  # it did stage
 
 
+def test_a_staging_directory_that_does_not_exist_is_refused_at_construction(tmp_path):
+    with pytest.raises(ValueError, match="existing directory"):
+        SelectFromText(str(tmp_path / "*.tsv"), MECHANISMS[0], RK,
+                       staging_dir=str(tmp_path / "missing"))
+    with pytest.raises(ValueError, match="non-empty"):
+        SelectFromText(str(tmp_path / "*.tsv"), MECHANISMS[0], RK, staging_dir="")
+
+
 def test_runners_that_hold_shuffles_in_memory_stage_them():
     assert runners.capabilities("FnApiRunner").memory_shuffle
     assert runners.capabilities("DirectRunner").memory_shuffle
@@ -225,6 +232,21 @@ def test_the_command_line_stages_and_removes_the_staged_files(tmp_path, monkeypa
     assert not os.path.exists(made[0])
     assert sorted(os.listdir(tmp_path / "out")) == [
         "rel-items-00000-of-00001", "rel.PRIVATE-run-details.json", "rel.json"]
+
+
+def test_a_run_removes_only_its_own_staging_directory(tmp_path, monkeypatch, capsys):
+    # a concurrent run's (prefix rel-2, in the same directory, made while this one
+    # runs) is left alone
+    made = _recording(monkeypatch)
+    other = tmp_path / "out" / "beam-temp-rel-2.PRIVATE-staging-0123"
+    record = outputs.staging_directory
+
+    def and_another_run(prefix):
+        other.mkdir()
+        return record(prefix)
+    monkeypatch.setattr(outputs, "staging_directory", and_another_run)
+    assert select_partitions.main(_cli_args(tmp_path)) == 0
+    assert len(made) == 1 and not os.path.exists(made[0]) and other.is_dir()
 
 
 def test_a_failed_run_removes_its_staged_files(tmp_path, monkeypatch, capsys):

@@ -81,7 +81,8 @@ COLUMNAR_USER_GROUPS = 64
 #: ``[MIN_USER_GROUPS, MAX_USER_GROUPS]``.
 BYTES_PER_USER_GROUP = 8 << 20
 MIN_USER_GROUPS, MAX_USER_GROUPS = 8, 512
-#: The histogram is split into this many item shards (one ``release_shard`` call each).
+#: The default number of item shards the histogram is split into (one ``release_shard``
+#: call each), and the least ``item_shards_for`` gives.
 COLUMNAR_ITEM_SHARDS = 16
 #: ``item_shards_for``: one item shard per this many user groups, at least
 #: ``COLUMNAR_ITEM_SHARDS``.

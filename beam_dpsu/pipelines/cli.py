@@ -151,14 +151,14 @@ def run_main(prog: str, body: Callable[[], int]) -> int:
     A SIGTERM (``kill``, a scheduler ending a job) is handled as a Ctrl-C: the run
     stops, removes what it made (its staged shuffles among them) and exits 130."""
     prog = command_prog(prog)
-    previous = None
-    if threading.current_thread() is threading.main_thread():
+    main = threading.current_thread() is threading.main_thread()
+    if main:
         previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         return _run_body(prog, body)
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        if main:  # a handler installed outside Python reads as None: the default then
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
 def _run_body(prog: str, body: Callable[[], int]) -> int:

@@ -28,9 +28,11 @@ Conventions of every release pipeline (``select_partitions``, ``top_k``):
 from __future__ import annotations
 
 import json
+import logging
 import os
 import contextvars
 import shutil
+import signal
 import sys
 import threading
 import time
@@ -42,7 +44,7 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_dpsu import __version__
-from beam_dpsu.transforms import runners
+from beam_dpsu.transforms import runners, staging
 from beam_dpsu.transforms.bounding import has_canonical_ids, mark_canonical_ids
 from beam_dpsu.pipelines import cli, outputs
 from beam_dpsu.pipelines.cli import run_main
@@ -52,7 +54,7 @@ from beam_dpsu.dp.noise import RunKey
 
 __all__ = ["INSECURE_SEED_WARNING", "NoWellFormedInput", "make_run_key", "progress_seconds",
            "UserProgress", "CountUsers", "runner_name", "run_pipeline", "counter",
-           "run_release", "main_wrapper"]
+           "run_release", "main_wrapper", "staging_for"]
 
 
 INSECURE_SEED_WARNING = (
@@ -167,13 +169,17 @@ def run_pipeline(beam_args: Sequence[str], build: Callable[[beam.Pipeline], None
                  output_prefixes: Sequence[Optional[str]] = ()):
     """Builds and runs a pipeline; returns (result, wall seconds, runner name).
 
-    When the run ends, failed or not, the ``beam-temp-*`` directories and files it
-    made for ``output_prefixes`` (local disks) are removed: a failed run's partial
-    files, and the staged shuffles (``outputs.staging_directory``) of any run.
+    When the run fails, the ``beam-temp-*`` directories and files it made for
+    ``output_prefixes`` (local disks) are removed. When it ends, failed or not, the
+    staging directories ``build`` made with ``staging_for`` are removed (a Ctrl-C or
+    SIGTERM then waits for the removal); one that cannot be removed is named in a
+    warning.
     """
     options = runners.pipeline_options(beam_args)
     runner = runner_name(beam_args)  # the runner asked for (DirectRunner: run as LOCAL_RUNNER)
     before = outputs._temp_dirs(output_prefixes)
+    staged = []
+    token = _STAGED.set(staged)
     start = time.time()
     try:
         p = beam.Pipeline(options=options)
@@ -182,16 +188,59 @@ def run_pipeline(beam_args: Sequence[str], build: Callable[[beam.Pipeline], None
         runners.check_pipeline(p)  # refuses what the runner would silently mistranslate
         result = p.run()
         runners.wait_for(p, result)
+    except BaseException:
+        with _uninterrupted():
+            for path in outputs._temp_dirs(output_prefixes) - before:
+                if os.path.isdir(path) and not os.path.islink(path):
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    try:
+                        os.remove(path)
+                    except OSError:
+                        pass
+        raise
     finally:
-        for path in outputs._temp_dirs(output_prefixes) - before:
-            if os.path.isdir(path) and not os.path.islink(path):
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                try:
-                    os.remove(path)
-                except OSError:
-                    pass
+        _STAGED.reset(token)
+        with _uninterrupted():
+            for path in staged:
+                if not staging.remove_directory(path):
+                    logging.warning("could not remove the staging directory %s (private "
+                                    "data of the run): remove it", path)
     return result, time.time() - start, runner
+
+
+#: The staging directories of the run ``run_pipeline`` is running (``staging_for``).
+_STAGED: contextvars.ContextVar = contextvars.ContextVar("staged", default=None)
+
+
+def staging_for(p: beam.Pipeline, output_prefix: str) -> Optional[str]:
+    """A new staging directory for ``p``'s shuffles (``outputs.staging_directory``),
+    where its runner holds a shuffle in memory (``runners.Capabilities.memory_shuffle``)
+    and ``run_pipeline`` is running the build (it removes the directory when the run
+    ends); None otherwise (the shuffles then go through the runner)."""
+    made = _STAGED.get()
+    if made is None or not runners.capabilities(p).memory_shuffle:
+        return None
+    path = outputs.staging_directory(output_prefix)
+    if path is not None:
+        made.append(path)
+    return path
+
+
+class _uninterrupted:
+    """Ctrl-C and SIGTERM wait while a run's files are removed (main thread only)."""
+
+    def __enter__(self):
+        self._saved = []
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._saved.append((sig, signal.signal(sig, signal.SIG_IGN)))
+        return self
+
+    def __exit__(self, *exc):
+        for sig, handler in self._saved:
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        return False
 
 
 def counter(result, name: str) -> Optional[int]:

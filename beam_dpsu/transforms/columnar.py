@@ -41,6 +41,7 @@ outputs travel as ``(tag, value)`` envelopes, ``runners.tag``).
 """
 from __future__ import annotations
 
+import os
 from contextlib import closing
 from typing import Any, Iterator, Optional, Tuple
 
@@ -74,9 +75,9 @@ class _ReadPairsDoFn(beam.DoFn):
     every block; None: no presampling."""
 
     def __init__(self, groups: int, block_bytes: int, envelope: bool, counted: bool = False,
-                 positions: bool = False, mechanism=None, staging=None):
+                 positions: bool = False, mechanism=None, stage=None):
         self._groups, self._block_bytes, self._envelope = groups, block_bytes, envelope
-        self._staging = staging
+        self._staging = stage
         self._counted, self._positions = counted, positions
         # (Δ0, key) of columnar.presample_plan, built on the worker from the run key
         self._plan = keys.KeyedCache(_PresamplePlan(mechanism))
@@ -148,10 +149,10 @@ class _BoundHistogramDoFn(beam.DoFn):
     group's number of users on ``_USERS``."""
 
     def __init__(self, max_items, weighting: str, purpose: str, shards: int, envelope: bool,
-                 staging=None):
+                 stage=None):
         self._args = (max_items, weighting)
         self._key = keys.KeyedCache(keys.Subkey(purpose))
-        self._shards, self._envelope, self._staging = shards, envelope, staging
+        self._shards, self._envelope, self._staging = shards, envelope, stage
 
     def process(self, element, key_bytes):
         blocks = [columnar.PairBlock.from_bytes(blob)
@@ -168,9 +169,9 @@ class _ReleaseDoFn(beam.DoFn):
     """``(shard, [partial histogram bytes])`` → the shard's released items (counted in
     the metric ``released`` and, when given, in ``metric`` too)."""
 
-    def __init__(self, make_rule, metric: Optional[str] = None, staging=None):
+    def __init__(self, make_rule, metric: Optional[str] = None, stage=None):
         self._rule = keys.KeyedCache(make_rule)
-        self._staging = staging
+        self._staging = stage
         self._released = beam.metrics.Metrics.counter("beam_dpsu", "released")
         self._released_here = (beam.metrics.Metrics.counter("beam_dpsu", metric)
                                if metric else None)
@@ -189,8 +190,8 @@ class _GroupPairsDoFn(beam.DoFn):
     """``(group, [PairBlock bytes])`` → ``(group, GroupPairs bytes)``; the group's
     number of users on ``_USERS``."""
 
-    def __init__(self, envelope: bool, staging=None):
-        self._envelope, self._staging = envelope, staging
+    def __init__(self, envelope: bool, stage=None):
+        self._envelope, self._staging = envelope, stage
 
     def process(self, element):
         pairs = columnar.group_pairs(columnar.PairBlock.from_bytes(b)
@@ -207,10 +208,10 @@ class _PreparePoliciesDoFn(beam.DoFn):
     hash, encoded user id, ids bytes), ...])`` on the main output, ``(shard,
     pickled {id: item})`` on ``_IDS``, the group's number of users on ``_USERS``."""
 
-    def __init__(self, make_policy, bucket_bits: int, envelope: bool, staging=None):
+    def __init__(self, make_policy, bucket_bits: int, envelope: bool, stage=None):
         self._keyed = keys.KeyedCache(ordered.PolicyAndOrderKey(make_policy))
         self._shift = 64 - ordered.check_bucket_bits(bucket_bits)
-        self._envelope, self._staging = envelope, staging
+        self._envelope, self._staging = envelope, stage
 
     def process(self, element, key_bytes, public_counts=None):
         pairs = columnar.group_pairs(columnar.PairBlock.from_bytes(b)
@@ -233,10 +234,10 @@ class _PreparePoliciesDoFn(beam.DoFn):
 class _RoundHistogramDoFn(beam.DoFn):
     """``(group, GroupPairs bytes)`` → ``(shard, partial histogram bytes)`` of one round."""
 
-    def __init__(self, max_items, weighting: str, purpose: str, shards: int, staging=None):
+    def __init__(self, max_items, weighting: str, purpose: str, shards: int, stage=None):
         self._args = (max_items, weighting)
         self._key = keys.KeyedCache(keys.Subkey(purpose))
-        self._shards, self._staging = shards, staging
+        self._shards, self._staging = shards, stage
 
     def process(self, element, key_bytes):
         pairs = columnar.GroupPairs.from_bytes(staging.unstaged(self._staging, [element[1]])[0])
@@ -247,11 +248,11 @@ class _RoundHistogramDoFn(beam.DoFn):
 
 class _Without:
     """``(group, GroupPairs bytes, or its staged reference)`` without the items of
-    ``removed`` (a list of ``str``), staged again when ``staging`` is given; nothing
+    ``removed`` (a list of ``str``), staged again when ``stage`` is given; nothing
     when no pair is left (picklable, for ``runners.WithList``)."""
 
-    def __init__(self, staging=None):
-        self._staging = staging
+    def __init__(self, stage=None):
+        self._staging = stage
 
     def __call__(self, group: int, blob, removed) -> Iterator[Tuple[int, Any]]:
         if not removed:  # nothing released: the message as it is, undecoded
@@ -270,12 +271,12 @@ class WithoutReleased(beam.PTransform):
     ``released`` (a PCollection of ``str``): DP-SIPS's removal between rounds.
     Every group gets the whole released list (``runners.WithList``: a side input,
     or one ``GroupByKey`` on runners that re-evaluate side inputs); a group left
-    without pairs disappears. With ``staging`` (a ``staging.Staging``), the groups'
+    without pairs disappears. With ``stage`` (a ``staging.Staging``), the groups'
     messages are staged references, and so are the groups it gives."""
 
-    def __init__(self, released, groups: int, staging=None, label: Optional[str] = None):
+    def __init__(self, released, groups: int, stage=None, label: Optional[str] = None):
         super().__init__(label)
-        self._released, self._groups, self._staging = released, groups, staging
+        self._released, self._groups, self._staging = released, groups, stage
 
     def expand(self, pairs):
         return pairs | "Remove" >> runners.WithList(self._released, self._groups,
@@ -332,14 +333,15 @@ class SelectFromText(beam.PTransform):
       block_bytes: the size of the text blocks a file is read in (default
         8 MiB). No privacy effect.
       staging_dir: None (default): the pair blocks, partial histograms (and
-        DP-SIPS's groups between rounds) go through the runner's shuffles. A directory (an existing one every worker
-        reads and writes, ``staging.make_directory``): they are written to files
-        there and only references are shuffled (``transforms.staging``), so a
-        worker's memory holds one group's data, not the run's, on runners that
-        keep a shuffle in memory (the DirectRunner, Dask). The files hold private
-        data derived from the input: keep the directory as private as the input
-        and remove it after the run (``staging.remove_directory``; the command
-        line does both). No effect on the release.
+        DP-SIPS's groups between rounds) go through the runner's shuffles. A
+        directory (an existing one every worker reads and writes,
+        ``staging.make_directory``): they are written to files there and only
+        references are shuffled (``transforms.staging``), so a worker's memory
+        holds one group's data, not the run's, on runners that keep a shuffle
+        in memory (the DirectRunner, Dask). The files hold private data derived
+        from the input: keep the directory as private as the input and remove
+        it after the run (``staging.remove_directory``; the command line does
+        both). No effect on the release.
 
     Privacy: the mechanism's ``guarantee`` under add/remove-one-user
     neighbouring datasets, provided each user id identifies one person and the
@@ -367,6 +369,9 @@ class SelectFromText(beam.PTransform):
         self._shards = _check_count(item_shards, "item_shards")
         self._block_bytes = _check_count(block_bytes, "block_bytes")
         self._staging = None if staging_dir is None else staging.Staging(staging_dir)
+        if staging_dir is not None and "://" not in staging_dir and not os.path.isdir(
+                staging_dir):
+            raise ValueError(f"staging_dir must be an existing directory, got {staging_dir!r}")
 
     def expand(self, pbegin):
         envelope = not runners.capabilities(pbegin.pipeline).tagged_outputs

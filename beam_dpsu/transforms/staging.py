@@ -21,12 +21,14 @@ The files hold private data derived from the input (the presampled pairs,
 unnoised partial histograms): the directory must be as private as the input,
 on a filesystem every worker reads and writes, and removed when the run ends.
 ``make_directory`` makes it owner-only on a local disk; the command line puts
-it next to the release (``beam-temp-NAME-staging-<hex>``) and removes it after
-the run, failed or not. Nothing about the run key is written.
+it next to the release (``beam-temp-NAME.PRIVATE-staging-<hex>``) and removes it
+after the run, failed or not. Nothing about the run key is written.
 """
 from __future__ import annotations
 
 import os
+import shutil
+import time
 import uuid
 from typing import Iterable, List, NamedTuple, Sequence, Tuple
 
@@ -63,15 +65,29 @@ def make_directory(path: str) -> str:
     return path
 
 
-def remove_directory(path: str) -> None:
-    """Removes the staging directory ``path`` and every file in it (nothing if it is
-    gone already)."""
-    if _is_local(path):
-        import shutil
-        shutil.rmtree(path, ignore_errors=True)
-        return
-    if FileSystems.exists(path):
-        FileSystems.delete([path])
+def remove_directory(path: str, attempts: int = 5) -> bool:
+    """Removes the staging directory ``path`` and every file in it; whether it is gone.
+
+    A task still running when the run ended may add a file while the directory is
+    removed, so the removal is tried ``attempts`` times, a tenth of a second apart.
+    On an object store, every object under ``path/`` is deleted."""
+    for attempt in range(attempts):
+        if attempt:
+            time.sleep(0.1)
+        if _is_local(path):
+            shutil.rmtree(path, ignore_errors=True)
+            if not os.path.lexists(path):
+                return True
+            continue
+        prefix = path.rstrip("/") + "/"
+        try:
+            found = [m.path for r in FileSystems.match([prefix + "**"]) for m in r.metadata_list]
+            if not found:
+                return True
+            FileSystems.delete(found)
+        except Exception:  # gone meanwhile, or a transient error: look again
+            pass
+    return False
 
 
 class Staging:
