@@ -202,20 +202,20 @@ def _counted(n: int):
 def build_pipeline(p: beam.Pipeline, input_pattern: str, output_prefix: str,
                    mechanism: Mechanism, run_key: RunKey,
                    dead_letter: Optional[str] = None,
-                   top_k: Optional[TopKMechanism] = None,
-                   staging_dir: Optional[str] = None) -> None:
+                   top_k: Optional[TopKMechanism] = None) -> None:
     """Adds the read → select → write graph to ``p`` (one sorted items file).
 
     Without ``top_k``, every mechanism of the command line (``dp.columnar.runs_columnar``:
     the histogram mechanisms, DP-SIPS, the sequential policies) runs on the columnar path
     (``transforms.columnar.SelectFromText``: blocks of arrays from the files
     to the release), with ``dp.columnar.user_groups_for`` the input's size user
-    groups and ``item_shards_for`` item shards, its shuffles staged through files in
-    ``staging_dir`` when given (the command line gives one where the runner holds a
-    shuffle in memory: ``runs.staging_for``). With ``top_k``, the mechanism reads per-user counts (which top-k reads
-    too); how the input is then read depends on what ``input_pattern`` matches now, while
-    the graph is built, and on the runner; whatever it matches when the run
-    reads it, the mechanism sees the same per-user counts:
+    groups and ``item_shards_for`` item shards, its shuffles staged through files
+    where the runner holds a shuffle in memory and ``runs.run_pipeline`` runs the
+    build (``runs.staging_for``, which gives None otherwise). With ``top_k``, the
+    mechanism reads per-user counts (which top-k reads too); how the input is then
+    read depends on what ``input_pattern`` matches now, while the graph is built, and
+    on the runner; whatever it matches when the run reads it, the mechanism sees the
+    same per-user counts:
 
     * one file of at most ``textio.SPLIT_ONE_FILE_MAX_BYTES`` (as stored) on the
       DirectRunner with several worker processes or threads
@@ -242,7 +242,8 @@ def build_pipeline(p: beam.Pipeline, input_pattern: str, output_prefix: str,
         groups = user_groups_for(None if None in sizes else sum(sizes))
         items, malformed, users = p | "SelectFromText" >> SelectFromText(
             input_pattern, mechanism, run_key, user_groups=groups,
-            item_shards=item_shards_for(groups), staging_dir=staging_dir)
+            item_shards=item_shards_for(groups),
+            staging_dir=runs.staging_for(p, output_prefix))
         outputs.tally(users | "UsersPerGroup" >> beam.Map(_counted), "users", counts_second=True)
         outputs.write_dead_letter(malformed, dead_letter)
         outputs.write_items(items, output_prefix)
@@ -343,10 +344,8 @@ def run(argv: Optional[Sequence[str]] = None) -> dict:
 
     return runs.run_release(
         args, beam_args,
-        lambda p, run_key: build_pipeline(
-            p, args.input, args.output, plan.mechanism, run_key, args.dead_letter, plan.top_k,
-            staging_dir=(runs.staging_for(p, args.output)
-                         if runs_columnar(plan.mechanism) and plan.top_k is None else None)),
+        lambda p, run_key: build_pipeline(p, args.input, args.output, plan.mechanism, run_key,
+                                          args.dead_letter, plan.top_k),
         fields, sub_releases=(outputs.TOPK_KIND,) if plan.top_k is not None else ())
 
 

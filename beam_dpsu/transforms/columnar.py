@@ -41,7 +41,6 @@ outputs travel as ``(tag, value)`` envelopes, ``runners.tag``).
 """
 from __future__ import annotations
 
-import os
 from contextlib import closing
 from typing import Any, Iterator, Optional, Tuple
 
@@ -369,9 +368,6 @@ class SelectFromText(beam.PTransform):
         self._shards = _check_count(item_shards, "item_shards")
         self._block_bytes = _check_count(block_bytes, "block_bytes")
         self._staging = None if staging_dir is None else staging.Staging(staging_dir)
-        if staging_dir is not None and "://" not in staging_dir and not os.path.isdir(
-                staging_dir):
-            raise ValueError(f"staging_dir must be an existing directory, got {staging_dir!r}")
 
     def expand(self, pbegin):
         envelope = not runners.capabilities(pbegin.pipeline).tagged_outputs

@@ -95,13 +95,17 @@ class Staging:
 
     Args:
       directory: a directory every worker can read and write (local path, or any
-        Beam filesystem's), already created (``make_directory``) and private to
-        the run's owner; the caller removes it after the run.
+        Beam filesystem's), already created (``make_directory``; a local one is
+        checked here, where the transform is built) and private to the run's
+        owner; the caller removes it after the run.
     """
 
     def __init__(self, directory: str):
         if not isinstance(directory, str) or not directory:
             raise ValueError(f"the staging directory must be a non-empty path, got "
+                             f"{directory!r}")
+        if _is_local(directory) and not os.path.isdir(directory):
+            raise ValueError(f"the staging directory must be an existing directory, got "
                              f"{directory!r}")
         self.directory = directory
 
