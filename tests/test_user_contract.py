@@ -112,10 +112,11 @@ def test_the_counts_file_is_private_while_it_exists(tmp_path, monkeypatch):
     seen = {}
     read = outputs.read_counts
 
-    def check_then_read(prefix):
-        path = prefix + outputs.COUNTS_SUFFIX
-        seen.update(name=os.path.basename(path), mode=mode(path))
-        return read(prefix)
+    def check_then_read(prefix, names):
+        for name in names:
+            path = outputs.counts_file(prefix, name)
+            seen[os.path.basename(path)] = mode(path)
+        return read(prefix, names)
 
     monkeypatch.setattr(outputs, "read_counts", check_then_read)
     data = small_input(tmp_path)
@@ -125,14 +126,15 @@ def test_the_counts_file_is_private_while_it_exists(tmp_path, monkeypatch):
                                        "--quiet"] + SELECT) == 0
     finally:
         os.umask(old_umask)
-    assert seen == {"name": "o.PRIVATE-run-counts.json", "mode": 0o600}
-    assert not os.path.exists(str(tmp_path / "o") + outputs.COUNTS_SUFFIX)
+    assert seen == {f"o.PRIVATE-run-counts-{name}.json": 0o600
+                    for name in ("users", "malformed_lines", "released")}
+    assert not glob.glob(str(tmp_path / "o") + outputs.COUNTS_SUFFIX + "*")
 
 
 def test_a_run_that_wrote_no_counts_fails(tmp_path, capsys, monkeypatch):
-    # The counts file is always written (zeros included): a missing one means the
+    # The counts files are always written (zeros included): a missing one means the
     # runner skipped part of the graph, never "no users".
-    monkeypatch.setattr(outputs, "write_counts", lambda pipeline, prefix: None)
+    monkeypatch.setattr(outputs, "write_counts", lambda pipeline, prefix: [])
     data = small_input(tmp_path)
     assert select_partitions.main(["--input", data, "--output", str(tmp_path / "o" / "x")]
                                   + SELECT) == 1

@@ -10,7 +10,7 @@
   written owner-only (mode 0600 on local disks, ``write_private_file``): the
   run details, the dead-letter file ``PATH.PRIVATE-dead-letter-00000-of-00001``
   (raw input lines) and the counts the pipeline itself writes,
-  ``PREFIX.PRIVATE-run-counts.json`` (``tally`` / ``write_counts``), which the
+  ``PREFIX.PRIVATE-run-counts-NAME.json`` (``tally`` / ``write_counts``), which the
   launcher reads into the run details and deletes;
 * every location is checked before anything is read or created, and a
   pipeline never writes a second release under a prefix: outputs of an
@@ -34,7 +34,7 @@ from beam_dpsu.transforms.write import TEMP_PREFIX, WriteRelease, sorted_text, w
 
 
 __all__ = ["SHARD", "ITEMS_SUFFIX", "TOPK_KIND", "SUB_RELEASE_KINDS", "PUBLIC_SUFFIX",
-           "PRIVATE_SUFFIX", "COUNTS_SUFFIX", "COUNT_NAMES", "DEAD_LETTER_SUFFIX",
+           "PRIVATE_SUFFIX", "COUNTS_SUFFIX", "counts_file", "COUNT_NAMES", "DEAD_LETTER_SUFFIX",
            "NEVER_PUBLISH_NOTE", "PUBLIC_NOTE", "RELEASE_UNITS", "write_private_file",
            "WritePrivateFile", "dead_letter_file", "write_dead_letter", "tally", "write_counts",
            "read_counts", "check_input", "check_output", "prepare_output", "remove_empty",
@@ -68,9 +68,15 @@ PRIVATE_SUFFIX = ".PRIVATE-run-details.json"
 
 
 #: The counts the pipeline itself writes (users, malformed lines, released items):
-#: ``PREFIX.PRIVATE-run-counts.json``, owner-only; the launcher reads it into the
-#: run details and deletes it (``read_counts``).
-COUNTS_SUFFIX = ".PRIVATE-run-counts.json"
+#: one owner-only file per count, ``PREFIX`` + this + ``-NAME.json``
+#: (``counts_file``); the launcher reads them into the run details and deletes them
+#: (``read_counts``).
+COUNTS_SUFFIX = ".PRIVATE-run-counts"
+
+
+def counts_file(prefix: str, name: str) -> str:
+    """The file of the count ``name`` of a run under ``prefix`` (``write_counts``)."""
+    return f"{prefix}{COUNTS_SUFFIX}-{name}.json"
 
 
 #: The one dead-letter file of ``--dead-letter PATH``: ``PATH`` + this (raw private
@@ -216,8 +222,8 @@ def write_dead_letter(malformed: beam.PCollection, path: Optional[str]) -> None:
 
 # -- the counts of a run, written by the pipeline itself ---------------------------
 
-#: pipeline -> PCollections of (name, n) to add up in the run's counts file
-_TALLIES: "weakref.WeakKeyDictionary[beam.Pipeline, list]" = weakref.WeakKeyDictionary()
+#: pipeline -> {name: PCollections of (name, n) to add up in the count's file}
+_TALLIES: "weakref.WeakKeyDictionary[beam.Pipeline, dict]" = weakref.WeakKeyDictionary()
 
 #: What ``write_counts`` always writes (0 when nothing was tallied under a name).
 COUNT_NAMES = ("users", "malformed_lines", "released")
@@ -235,48 +241,59 @@ class _Weigh:
 
 def tally(pcoll: beam.PCollection, name: str, counts_second: bool = False) -> None:
     """Adds ``pcoll``'s number of elements (``counts_second``: the sum of each
-    element's second part, e.g. the ``n`` of ``(line, n)``) to the count ``name`` of
-    its pipeline's counts file (``write_counts``).
+    element's second part, e.g. the ``n`` of ``(line, n)``) to the count ``name``,
+    written in its own file (``write_counts``).
 
     The counts come from the pipeline's own output, not from Beam metrics, so every
     runner reports them (Dask implements no metrics).
     """
-    found = _TALLIES.setdefault(pcoll.pipeline, [])
+    found = _TALLIES.setdefault(pcoll.pipeline, {}).setdefault(name, [])
     found.append(pcoll | f"Tally{len(found)}{name}" >> beam.Map(_Weigh(name, counts_second)))
 
 
-class _CountsJson:
-    def __call__(self, grouped):
-        totals = {}
-        for name, n in grouped:
-            totals[name] = totals.get(name, 0) + int(n)
-        return [json.dumps(dict(sorted(totals.items())))]
+def _count_json(grouped):
+    """The ``(name, n)`` elements of one count → its file's one line, ``{"name": total}``."""
+    totals: Dict[str, int] = {}
+    for name, n in grouped:
+        totals[name] = totals.get(name, 0) + int(n)
+    return [json.dumps(dict(sorted(totals.items())))]
 
 
-def write_counts(pipeline: beam.Pipeline, prefix: str) -> None:
-    """Adds to ``pipeline`` the step that writes ``PREFIX.PRIVATE-run-counts.json``:
-    one JSON object of every count ``tally`` registered for the pipeline, summed
-    (``users``, ``malformed_lines`` and ``released`` always present). Call it after
-    the graph is built. The file is owner-only (``write_private_file``): it holds
-    exact counts of the input."""
-    zeros = pipeline | "CountsZero" >> beam.Create([(name, 0) for name in COUNT_NAMES])
-    parts = [zeros] + list(_TALLIES.get(pipeline, ()))
-    (tuple(parts)
-     | "Counts/Flatten" >> beam.Flatten()
-     | "Counts/Sum" >> beam.CombinePerKey(sum)
-     | "Counts/Write" >> WritePrivateFile(prefix + COUNTS_SUFFIX, _CountsJson()))
+def write_counts(pipeline: beam.Pipeline, prefix: str) -> List[str]:
+    """Adds to ``pipeline`` the steps that write each count that ``tally``
+    registered for it, summed, to its own owner-only file ``counts_file(prefix,
+    NAME)`` (``write_private_file``: exact counts of the input); returns the names.
+    ``users``, ``malformed_lines`` and ``released`` are always written, 0 when
+    nothing was tallied. Call it after the graph is built.
+
+    One file per count, each the count's own elements and a 0 collected under one
+    key: no ``Flatten`` of the stages' outputs before a shuffle, whose number of
+    partitions adds up on Beam's Dask runner (and its shuffle's tasks grow with
+    the square of that number).
+    """
+    tallies = _TALLIES.get(pipeline, {})
+    names = list(COUNT_NAMES) + sorted(set(tallies) - set(COUNT_NAMES))
+    for name in names:
+        zero = pipeline | f"Count/{name}/Zero" >> beam.Create([(name, 0)])
+        ((zero, *tallies.get(name, ()))
+         | f"Count/{name}/Flatten" >> beam.Flatten()
+         | f"Count/{name}/Write" >> WritePrivateFile(counts_file(prefix, name), _count_json))
+    return names
 
 
-def read_counts(prefix: str) -> Dict[str, int]:
-    """The counts a run's pipeline wrote (``write_counts``); the file is deleted.
-    Raises RuntimeError when the run wrote none (it always writes one)."""
-    path = prefix + COUNTS_SUFFIX
-    if not FileSystems.exists(path):
-        raise RuntimeError(f"the run wrote no {path}: its runner skipped part of the graph")
-    with FileSystems.open(path) as f:
-        counts = json.loads(f.read().decode("utf-8"))
-    FileSystems.delete([path])
-    return {k: int(v) for k, v in counts.items()}
+def read_counts(prefix: str, names: Sequence[str] = ()) -> Dict[str, int]:
+    """The counts a run's pipeline wrote (``write_counts``: ``COUNT_NAMES`` and
+    ``names``); their files are deleted. Raises RuntimeError when one of them is
+    missing (the run always writes each)."""
+    counts: Dict[str, int] = {}
+    paths = [counts_file(prefix, name) for name in dict.fromkeys([*COUNT_NAMES, *names])]
+    for path in paths:
+        if not FileSystems.exists(path):
+            raise RuntimeError(f"the run wrote no {path}: its runner skipped part of the graph")
+        with FileSystems.open(path) as f:
+            counts.update({k: int(v) for k, v in json.loads(f.read().decode("utf-8")).items()})
+    FileSystems.delete(paths)
+    return counts
 
 
 def _is_remote(path: str) -> bool:
@@ -409,7 +426,9 @@ def run_files(prefix: str, dead_letter: Optional[str] = None) -> List[str]:
     """The files a run under ``prefix`` (with ``--dead-letter`` ``dead_letter``)
     writes, whether or not they exist: release files, summaries, counts, dead letter."""
     return ([prefix + ITEMS_SUFFIX] + [f"{prefix}-{kind}{SHARD}" for kind in SUB_RELEASE_KINDS]
-            + [prefix + PUBLIC_SUFFIX, prefix + PRIVATE_SUFFIX, prefix + COUNTS_SUFFIX]
+            + [prefix + PUBLIC_SUFFIX, prefix + PRIVATE_SUFFIX]
+            + [counts_file(prefix, name) for name in COUNT_NAMES]
+            + [counts_file(prefix, f"released_{kind}") for kind in SUB_RELEASE_KINDS]
             + ([dead_letter_file(dead_letter)] if dead_letter else []))
 
 

@@ -9,7 +9,7 @@ Conventions of every release pipeline (``select_partitions``, ``top_k``):
   it into one line on stderr and exit status 2;
 * the users, malformed lines and released items are counted by the pipeline
   itself, in its own output (``outputs.tally``, written owner-only to
-  ``PREFIX.PRIVATE-run-counts.json`` and read back into the private run
+  ``PREFIX.PRIVATE-run-counts-NAME.json`` and read back into the private run
   details), never from Beam metrics: every runner reports them (Dask has no
   metrics) and every runner follows the rules below;
 * input with no well-formed line is one line on stderr and exit status 1, and
@@ -332,15 +332,17 @@ def _run_and_summarise(args, beam_args, build, public_fields, sub_releases, run_
     token = _RUN_PROGRESS.set(None if progress.quiet else
                               (progress.prog, progress.start, progress_seconds()))
 
+    counted = []
+
     def build_all(p):
         build(p, run_key)
-        outputs.write_counts(p, args.output)  # the counts, from the pipeline's own output
+        counted[:] = outputs.write_counts(p, args.output)  # from the pipeline's own output
 
     try:
         result, wall, runner = run_pipeline(beam_args, build_all, (args.output, dead_letter))
     finally:
         _RUN_PROGRESS.reset(token)
-    counts = outputs.read_counts(args.output)
+    counts = outputs.read_counts(args.output, counted)
     users, malformed = counts.get("users", 0), counts.get("malformed_lines", 0)
     if users == 0:
         kept = dead_letter and FileSystems.exists(outputs.dead_letter_file(dead_letter))
