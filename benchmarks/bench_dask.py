@@ -14,8 +14,15 @@ each dask worker process; for each Dask worker also the peak of its managed
 memory (what Dask holds and sizes with its ``sizeof``, spilled included) and of
 what it has spilled to disk, polled from the scheduler every second (in the
 order of the RSS peaks: by worker process id). The workers are restarted before every Dask run
-(outside the timing) so that each run starts from fresh processes. CPU: user +
-system seconds of the launcher and of each worker during the run. Every run
+(outside the timing) so that each run starts from fresh processes, unless
+``--warm``: then the workers live through all runs, as in a long-lived cluster,
+and one untimed run of each runner comes first (imports, compiled kernels). CPU:
+user + system seconds (``user_s``/``sys_s`` apart) of the launcher and of each worker during the
+run, and the minor page faults of the workers. ``--worker-malloc-trim unset``
+starts the workers without the ``MALLOC_TRIM_THRESHOLD_=65536`` that Dask's nanny
+sets by default (``distributed.nanny.pre-spawn-environ``; with glibc it also fixes
+the mmap threshold at 128 KiB, so every larger array is mapped and faulted anew:
+see docs/runners.md, "Dask"). Every run
 uses --insecure-test-seed 1 and the released sets of the two runners are
 compared. One JSON line per run is printed, and all rows are written to
 ``--out``.
@@ -49,12 +56,23 @@ class PeakRss(threading.Thread):
         self.procs = [psutil.Process(p) for p in pids]
         self.peak = {p.pid: 0 for p in self.procs}
         self.cpu0 = {p.pid: self._cpu(p) for p in self.procs}
+        self.split0 = {p.pid: self._split(p) for p in self.procs}
         self.stop = False
 
     @staticmethod
     def _cpu(p):
         t = p.cpu_times()
         return t.user + t.system
+
+    @staticmethod
+    def _split(p):
+        t = p.cpu_times()
+        try:
+            with open(f"/proc/{p.pid}/stat") as f:
+                faults = int(f.read().rsplit(")", 1)[1].split()[7])
+        except OSError:
+            faults = 0
+        return t.user, t.system, faults
 
     def run(self):
         while not self.stop:
@@ -69,6 +87,8 @@ class PeakRss(threading.Thread):
         self.stop = True
         self.join()
         self.cpu = {p.pid: round(self._cpu(p) - self.cpu0[p.pid], 2) for p in self.procs}
+        self.split = {p.pid: [round(b - a, 2) for a, b in zip(self.split0[p.pid], self._split(p))]
+                      for p in self.procs}  # user s, system s, minor faults
 
 
 class DaskMemory(threading.Thread):
@@ -120,6 +140,12 @@ def main():
                     help="each Dask worker's memory limit (dask's memory_limit, e.g. 8GB; "
                          "a worker spills its data to disk above 60%% of it; default "
                          "auto: the machine's memory / 2)")
+    ap.add_argument("--warm", action="store_true",
+                    help="keep the workers through all runs (a long-lived cluster) after one "
+                         "untimed run of each runner; default: restart them before each Dask run")
+    ap.add_argument("--worker-malloc-trim", choices=("dask", "unset"), default="dask",
+                    help="dask: the workers get Dask's default MALLOC_TRIM_THRESHOLD_=65536; "
+                         "unset: they start without it")
     a = ap.parse_args()
 
     def mech_flags(mech):
@@ -131,20 +157,31 @@ def main():
         subprocess.run([sys.executable, "-m", "beam_dpsu.pipelines.cli", "generate",
                         "--users", str(a.users),
                         "--output", data], check=True, cwd=ROOT)
+    import dask
     from distributed import Client, LocalCluster
     from beam_dpsu.pipelines import select_partitions
+    if a.worker_malloc_trim == "unset":
+        dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None})
     rows = []
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                       dashboard_address=None, memory_limit=a.memory_limit) as cluster, Client(cluster) as client:
+        def runner_flags(runner):
+            return (["--runner=DirectRunner"] if runner == "direct" else
+                    ["--runner=DaskRunner", f"--dask_client_address={cluster.scheduler_address}"])
+
+        def select(mech, runner, out):
+            select_partitions.run(["--input", data, "--output", out, "--overwrite",
+                                   "--mechanism", mech, "--insecure-test-seed", "1",
+                                   "--quiet"] + mech_flags(mech) + runner_flags(runner))
         for mech in a.mechanisms.split(","):
             released = {}
+            if a.warm:
+                for runner in a.runners.split(","):
+                    select(mech, runner, os.path.join(a.workdir, f"{mech}-{runner}-warm-up"))
             for rep in range(a.repeats):
                 for runner in a.runners.split(","):
-                    flags = (["--runner=DirectRunner"] if runner == "direct" else
-                             ["--runner=DaskRunner",
-                              f"--dask_client_address={cluster.scheduler_address}"])
                     out = os.path.join(a.workdir, f"{mech}-{runner}-{rep}")
-                    if runner == "dask":
+                    if runner == "dask" and not a.warm:
                         client.restart()
                     pid_of = client.run(os.getpid)  # worker address -> pid
                     worker_pids = sorted(pid_of.values())
@@ -155,9 +192,7 @@ def main():
                         dmem.start()
                     load = os.getloadavg()[0]
                     t0 = time.time()
-                    select_partitions.run(["--input", data, "--output", out, "--overwrite",
-                                           "--mechanism", mech, "--insecure-test-seed", "1",
-                                           "--quiet"] + mech_flags(mech) + flags)
+                    select(mech, runner, out)
                     wall = time.time() - t0
                     mon.finish()
                     if dmem:
@@ -166,11 +201,14 @@ def main():
                     released[runner] = items
                     row = {"mechanism": mech, "runner": runner, "repeat": rep,
                            "wall_s": round(wall, 2), "released": len(items),
-                           "input": data,
+                           "input": data, "warm": a.warm,
+                           "worker_malloc_trim": a.worker_malloc_trim,
                            "load_1min_before": load,
                            "launcher_peak_rss_mb": round(mon.peak[os.getpid()] / 2**20),
                            "launcher_cpu_s": mon.cpu[os.getpid()],
                            "worker_cpu_s": [mon.cpu[p] for p in worker_pids],
+                           "launcher_user_sys_faults": mon.split[os.getpid()],
+                           "worker_user_sys_faults": [mon.split[p] for p in worker_pids],
                            "worker_peak_rss_mb": [round(mon.peak[p] / 2**20)
                                                   for p in worker_pids] if runner == "dask"
                            else None,
