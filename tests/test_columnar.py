@@ -556,3 +556,97 @@ def test_compiled_hash_keys_and_repeats_equal_their_numpy_forms(monkeypatch):
     assert repeats.tolist() == [j > 0 and k[j] == k[j - 1] and ordered[j] == ordered[j - 1]
                                 for j in range(len(ordered))]
     assert repeats.any()
+
+
+def test_the_smallest_distinct_scores_kernel_equals_its_numpy_form(monkeypatch):
+    # The presample's cut per user: the compiled kernel (owners sorted) and the numpy
+    # form (one sort by owner and score) keep the same pairs, ties at the cut included.
+    pytest.importorskip("numba")
+    from beam_dpsu.dp import compiled
+    rng = np.random.default_rng(11)
+    cases = [(np.zeros(0, np.int64), np.zeros(0, np.uint64))]
+    for n, owners, values in ((1, 1, 5), (40, 3, 4), (2000, 60, 50), (2000, 5, 2**64)):
+        owner = np.sort(rng.integers(0, owners, n))
+        scores = rng.integers(0, values, n, dtype=np.uint64) if values < 2**64 else \
+            rng.integers(0, 2**63, n, dtype=np.uint64) * np.uint64(2)
+        cases.append((owner, scores))
+    cases.append((rng.integers(0, 9, 300), rng.integers(0, 30, 300, dtype=np.uint64)))  # unsorted
+    monkeypatch.setattr(compiled, "WORK_BEFORE_COMPILING", 0)
+    assert compiled.kernel("smallest_distinct", 1) is not None
+    monkeypatch.undo()
+    for owner, scores in cases:
+        for max_items in (1, 2, 3, 10, 5000):
+            monkeypatch.setattr(compiled, "WORK_BEFORE_COMPILING", 0)
+            fast = columnar._smallest_distinct(owner, scores, max_items)
+            monkeypatch.setattr(compiled, "kernel", lambda name, work: None)
+            slow = columnar._smallest_distinct(owner, scores, max_items)
+            monkeypatch.undo()
+            # independent: per owner, the max_items-th smallest distinct score is the cut
+            expected = np.ones(len(owner), bool)
+            for o in np.unique(owner):
+                mine = owner == o
+                distinct = np.unique(scores[mine])
+                if len(distinct) > max_items:
+                    expected[mine] = scores[mine] <= distinct[max_items - 1]
+            assert fast.tolist() == slow.tolist() == expected.tolist()
+
+
+def test_dropping_repeats_in_one_pass_equals_the_sorted_repeats(monkeypatch):
+    # without_repeats (one pass over the sort order) against sorted_repeats on the
+    # reordered arrays, also where distinct strings share a key (a hash collision:
+    # both stay) and repeats are not neighbours in the input.
+    pytest.importorskip("numba")
+    from beam_dpsu.dp import compiled
+    monkeypatch.setattr(compiled, "WORK_BEFORE_COMPILING", 0)
+    kernel = compiled.kernel("without_repeats", 1)
+    assert kernel is not None
+    rnd = random.Random(8)
+    items = [rnd.choice(["a", "b", "ab", "ba", "", "x\ty", "é"]) for _ in range(500)]
+    text = "\n".join(items).encode()
+    data = np.frombuffer(text, np.uint8)
+    lengths = np.array([len(i.encode()) for i in items], np.int64)
+    starts = np.r_[0, np.cumsum(lengths + 1)[:-1]].astype(np.int64)
+    line_code = np.array([rnd.randrange(4) for _ in items], np.int64)
+    for hashed, keys in ((False, line_code.astype(np.uint64)),  # a user's items on one key
+                         (True, columnar._item_keys(data, starts, lengths, line_code, 2))):
+        order = np.argsort(keys)
+        s, n = starts[order], lengths[order]
+        kept = np.flatnonzero(~columnar._sorted_repeats(data, s, n, keys[order]))
+        expected = (line_code[order[kept]], s[kept], n[kept])
+        got = kernel(data, starts, lengths, keys, line_code, order)
+        for x, y in zip(got, expected):
+            assert x.tolist() == y.tolist()
+        pairs = {(int(c), text[a:a + b]) for c, a, b in zip(*got)}
+        if hashed:  # with the item's hash in the key: each pair once
+            assert len(pairs) == len(got[0])
+    # the whole step, with and without the one-pass kernel
+    full = columnar._drop_repeats(data, starts, lengths, line_code, 4)
+    real = compiled.kernel
+    monkeypatch.setattr(compiled, "kernel",
+                        lambda name, work: None if name == "without_repeats" else real(name, work))
+    split = columnar._drop_repeats(data, starts, lengths, line_code, 4)
+    for x, y in zip(full, split):
+        assert x.tolist() == y.tolist()
+    assert sorted({(int(c), text[a:a + b]) for c, a, b in zip(*full)}) == sorted(
+        {(int(c), i.encode()) for c, i in zip(line_code, items)})
+
+
+@pytest.mark.parametrize("big_users, small_users", [(3, 200), (20, 10)])
+def test_presample_keeps_sample_items_subset_whoever_holds_most_pairs(big_users, small_users):
+    # The presample scores every pair in place when the users above Δ0 hold at least half
+    # of the block's pairs (20 big users), else only those users' pairs (3 big users
+    # among 200 small ones): both keep each big user's sample_items subset, every
+    # pair of a user at or below Δ0.
+    per_user = {f"big{u}": [f"x{u}.{k}" for k in range(50)] for u in range(big_users)}
+    per_user.update({f"small{u}": [f"y{k}" for k in range(2)] for u in range(small_users)})
+    lines = [(u, i) for u, items in per_user.items() for i in items]
+    big_pairs = 50 * big_users
+    assert (2 * big_pairs >= len(lines)) == (big_users == 20)  # the branch each case takes
+    (blocks,) = _blocks_of(lines, 1, 1 << 20).values()
+    key = RK.subkey("sample/1")
+    pre = columnar.presample(blocks[0], 5, key)
+    kept = {}
+    for u, i in zip(pre.user_index, pre.items.to_pylist()):
+        kept.setdefault(pre.users[int(u)].as_py(), set()).add(i)
+    assert kept == {u: (set(sample_items(u, dict.fromkeys(items, 1), 5, key))
+                        if len(items) > 5 else set(items)) for u, items in per_user.items()}

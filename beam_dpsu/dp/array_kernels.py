@@ -3,7 +3,8 @@
 Each has a numpy twin that gives the same results (``dp.siphash._numpy_many``,
 ``dp.columnar._spans_equal``, ``dp.columnar._line_spans``, ``dp.columnar.encode_spans``,
 ``dp.columnar.gather_spans``, ``dp.columnar._item_keys`` (``mixed_fnv``),
-``dp.columnar._sorted_repeats``; the tests compare them; the columnar path itself
+``dp.columnar._sorted_repeats`` (and ``without_repeats``, which applies it),
+``dp.columnar._smallest_distinct``; the tests compare them; the columnar path itself
 runs the last two only with the kernels). The kernels release the GIL
 (``nogil``), so a reader thread (``dp.lines.read_ahead``) runs beside them.
 Import this module only through ``dp.compiled.kernel``, which loads it once a
@@ -15,7 +16,7 @@ from numba import njit
 from beam_dpsu.dp.siphash import _C0, _C1, _C2, _C3
 
 __all__ = ["siphash24_many", "compare_spans", "line_spans", "encode_spans", "gather_spans",
-           "item_keys", "sorted_repeats"]
+           "item_keys", "sorted_repeats", "without_repeats", "smallest_distinct"]
 
 
 @njit(cache=True, inline="always")
@@ -152,13 +153,14 @@ def encode_spans(buf, starts, lengths, basis):
     string. An open-addressing table on a 64-bit FNV-1a hash started from ``basis``
     (uint64; the hash only places strings, so the codes do not depend on it, and
     equal codes always mean equal bytes); a string equal to the one before it reuses
-    its code without a lookup (a file's lines come grouped by user)."""
+    its code without a lookup (a file's lines come grouped by user). The table
+    holds at most half as many codes as slots and doubles when it would hold more,
+    so its size follows the distinct strings, not the strings (a block of lines has
+    many fewer users than lines)."""
     n = starts.size
     codes = np.empty(n, np.int64)
     firsts = np.empty(n, np.int64)
-    cap = 16
-    while cap < 2 * n:
-        cap *= 2
+    cap = 1024
     mask = cap - 1
     table = np.full(cap, -1, np.int64)
     distinct = 0
@@ -176,6 +178,17 @@ def encode_spans(buf, starts, lengths, basis):
                 firsts[distinct] = k
                 codes[k] = distinct
                 distinct += 1
+                if 2 * distinct > cap:  # rehash every code into a table twice as large
+                    cap *= 2
+                    mask = cap - 1
+                    table = np.full(cap, -1, np.int64)
+                    for c in range(distinct):
+                        f = firsts[c]
+                        at = np.int64(_mixed_fnv_from(buf, starts[f], lengths[f], basis)
+                                      & np.uint64(mask))
+                        while table[at] >= 0:
+                            at = (at + 1) & mask
+                        table[at] = c
                 break
             f = firsts[code]
             if lengths[f] == length and _same_bytes(buf, starts[f], s, length):
@@ -228,3 +241,57 @@ def sorted_repeats(buf, starts, lengths, keys):
                 and _same_bytes(buf, starts[k - 1], starts[k], lengths[k])):
             out[k] = True
     return out
+
+
+@njit(cache=True, nogil=True)
+def smallest_distinct(owner, scores, max_items):
+    """For ``owner`` sorted: whether element k's score is among the ``max_items``
+    smallest distinct scores of its owner's elements (equal scores share a rank).
+    One small sort per owner with more than ``max_items`` elements."""
+    n = owner.size
+    keep = np.ones(n, np.bool_)
+    a = 0
+    while a < n:
+        b = a + 1
+        while b < n and owner[b] == owner[a]:
+            b += 1
+        if b - a > max_items:
+            ordered = np.sort(scores[a:b])
+            distinct = 1
+            cut = ordered[0]
+            for j in range(1, b - a):
+                if ordered[j] != ordered[j - 1]:
+                    if distinct == max_items:
+                        break
+                    distinct += 1
+                    cut = ordered[j]
+            else:
+                cut = ordered[b - a - 1]
+            for k in range(a, b):
+                keep[k] = scores[k] <= cut
+        a = b
+    return keep
+
+
+@njit(cache=True, nogil=True)
+def without_repeats(buf, starts, lengths, keys, line_code, order):
+    """``(line_code, starts, lengths)`` taken in ``order``, without each string that
+    repeats the one before it in that order (``sorted_repeats`` of the reordered
+    arrays): one pass, the three results written once."""
+    n = order.size
+    codes = np.empty(n, line_code.dtype)
+    out_starts = np.empty(n, starts.dtype)
+    out_lengths = np.empty(n, lengths.dtype)
+    m = 0
+    for j in range(n):
+        k = order[j]
+        if j > 0:
+            p = order[j - 1]
+            if (keys[k] == keys[p] and lengths[k] == lengths[p]
+                    and _same_bytes(buf, starts[p], starts[k], lengths[k])):
+                continue
+        codes[m] = line_code[k]
+        out_starts[m] = starts[k]
+        out_lengths[m] = lengths[k]
+        m += 1
+    return codes[:m], out_starts[:m], out_lengths[:m]

@@ -454,6 +454,9 @@ def _drop_repeats(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
     bits = max(1, int(users - 1).bit_length())
     keys = _item_keys(data, starts, lengths, line_code, bits)
     order = np.argsort(keys)
+    kernel = compiled.kernel("without_repeats", len(order))
+    if kernel is not None:
+        return kernel(data, starts, lengths, keys, line_code, order)
     starts, lengths = starts[order], lengths[order]
     kept = np.flatnonzero(~_sorted_repeats(data, starts, lengths, keys[order]))
     return line_code[order[kept]], starts[kept], lengths[kept]
@@ -552,15 +555,36 @@ def _presample_mask(users: pa.Array, spans, user_index: np.ndarray, max_items: i
     big = np.flatnonzero(num > max_items)
     if not len(big):
         return None
-    owner = user_index.astype(np.int64)
-    pairs, pu, scores = _big_user_scores(users, spans, owner, None, big, sample_key)
-    order = owner_score_order(pu, scores)  # by user, then score
-    ss = scores[order]
-    # rank among the user's distinct scores (a repeated item: one score), 0 = smallest
-    rank = ranks_in_runs(pu[order], np.r_[True, ss[1:] != ss[:-1]])
-    keep = np.ones(len(owner), dtype=bool)
-    keep[pairs[order]] = rank < max_items
+    owner = np.asarray(user_index, np.int64)
+    if 2 * int(num[big].sum()) >= len(owner):
+        # most pairs are the big users': score every pair in place (no gathered copies);
+        # the other users keep all their pairs whatever their (unkeyed) scores
+        data, starts, lengths = spans
+        k0, k1 = _user_key_arrays(users, big, sample_key)
+        keep = _smallest_distinct(owner, item_scores(k0[owner], k1[owner], data, starts,
+                                                     lengths, prefix=STR_TAG), max_items)
+    else:
+        pairs, pu, scores = _big_user_scores(users, spans, owner, None, big, sample_key)
+        keep = np.ones(len(owner), dtype=bool)
+        keep[pairs] = _smallest_distinct(pu, scores, max_items)
     return None if keep.all() else keep
+
+
+def _smallest_distinct(owner: np.ndarray, scores: np.ndarray, max_items: int) -> np.ndarray:
+    """Whether each element's score is among the ``max_items`` smallest distinct
+    scores of its owner's (a repeated item: one score; ties share a rank). The
+    compiled kernel when ``owner`` is sorted (as the presample passes it: pairs in
+    user order), else one sort by owner, then score."""
+    kernel = compiled.kernel("smallest_distinct", len(owner))
+    if kernel is not None and (len(owner) < 2 or bool((owner[1:] >= owner[:-1]).all())):
+        return kernel(owner, scores, max_items)
+    order = owner_score_order(owner, scores)  # by owner, then score
+    ss = scores[order]
+    # rank among the owner's distinct scores, 0 = smallest
+    rank = ranks_in_runs(owner[order], np.r_[True, ss[1:] != ss[:-1]])
+    keep = np.empty(len(owner), dtype=bool)
+    keep[order] = rank < max_items
+    return keep
 
 
 #: ``counted_pair_blocks``: a file's first line is at position ``file_index << FILE_SHIFT``;
@@ -778,10 +802,7 @@ def _big_user_scores(users: pa.Array, spans, u: np.ndarray,
     ``sample_items`` gives them (SipHash-2-4 of the item under the user's own key).
     Pair k is ``(users[u[k]], item i[k])`` (item k when ``i`` is None); item j is
     ``data[starts[j]:starts[j] + lengths[j]]`` of ``spans = (data, starts, lengths)``."""
-    keys = sampling_keys(sample_key)
-    k0, k1 = np.zeros(len(users), np.uint64), np.zeros(len(users), np.uint64)
-    k0[big], k1[big] = user_keys(keys, *string_spans(users.take(pa.array(big))),
-                                 prefix=STR_TAG)
+    k0, k1 = _user_key_arrays(users, big, sample_key)
     is_big = np.zeros(len(users), dtype=bool)
     is_big[big] = True
     pairs = np.flatnonzero(is_big[u])
@@ -789,6 +810,15 @@ def _big_user_scores(users: pa.Array, spans, u: np.ndarray,
     pu, pi = u[pairs], (pairs if i is None else i[pairs])
     return pairs, pu, item_scores(k0[pu], k1[pu], data, starts[pi], lengths[pi],
                                   prefix=STR_TAG)
+
+
+def _user_key_arrays(users: pa.Array, big: np.ndarray, sample_key: bytes):
+    """``(k0, k1)``: the halves of the sampler's key of each user of ``big``
+    (``user_keys``), indexed like ``users``; 0 for the other users."""
+    k0, k1 = np.zeros(len(users), np.uint64), np.zeros(len(users), np.uint64)
+    k0[big], k1[big] = user_keys(sampling_keys(sample_key),
+                                 *string_spans(users.take(pa.array(big))), prefix=STR_TAG)
+    return k0, k1
 
 
 def _sample_big_users(users, items, u, i, big, max_items, sample_key, keep):
