@@ -127,6 +127,8 @@ def test_select_with_top_k_releases_exactly_the_hand_calibrated_releases(data, t
     assert s["epsilon"] <= 8 and s["delta"] <= 1e-5  # exactly: within the budget
     assert printed["epsilon"] == readable_up(s["epsilon"]) == 8.0  # readable, rounded up
     assert printed["top_k"]["num_released"] == s["top_k"]["num_released"] >= 1
+    # every count's file (the top-k's released count too) was read and deleted
+    assert not [f for f in os.listdir(tmp_path) if "PRIVATE-run-counts" in f]
     # the key set: exactly the release of the mechanism calibrated to 3/4 of the budget
     assert (s["release_epsilon"], s["release_delta"]) == (6.0, pytest.approx(7.5e-6))
     alone = str(tmp_path / "alone")

@@ -631,20 +631,32 @@ def test_dropping_repeats_in_one_pass_equals_the_sorted_repeats(monkeypatch):
         {(int(c), i.encode()) for c, i in zip(line_code, items)})
 
 
+@pytest.mark.parametrize("compiled_kernels", [False, True])
 @pytest.mark.parametrize("big_users, small_users", [(3, 200), (20, 10)])
-def test_presample_keeps_sample_items_subset_whoever_holds_most_pairs(big_users, small_users):
+def test_presample_keeps_sample_items_subset_whoever_holds_most_pairs(
+        monkeypatch, compiled_kernels, big_users, small_users):
     # The presample scores every pair in place when the users above Δ0 hold at least half
     # of the block's pairs (20 big users), else only those users' pairs (3 big users
     # among 200 small ones): both keep each big user's sample_items subset, every
-    # pair of a user at or below Δ0.
+    # pair of a user at or below Δ0, with the compiled cut or its numpy form.
+    from beam_dpsu.dp import compiled
+    if compiled_kernels:
+        pytest.importorskip("numba")
+        monkeypatch.setattr(compiled, "WORK_BEFORE_COMPILING", 0)
+        assert compiled.kernel("smallest_distinct", 1) is not None
+    else:
+        monkeypatch.setattr(compiled, "kernel", lambda name, work: None)
+    gathered = []
+    big_user_scores = columnar._big_user_scores
+    monkeypatch.setattr(columnar, "_big_user_scores",
+                        lambda *a: gathered.append(1) or big_user_scores(*a))
     per_user = {f"big{u}": [f"x{u}.{k}" for k in range(50)] for u in range(big_users)}
     per_user.update({f"small{u}": [f"y{k}" for k in range(2)] for u in range(small_users)})
     lines = [(u, i) for u, items in per_user.items() for i in items]
-    big_pairs = 50 * big_users
-    assert (2 * big_pairs >= len(lines)) == (big_users == 20)  # the branch each case takes
     (blocks,) = _blocks_of(lines, 1, 1 << 20).values()
     key = RK.subkey("sample/1")
     pre = columnar.presample(blocks[0], 5, key)
+    assert bool(gathered) == (big_users == 3)  # only the big users' pairs gathered
     kept = {}
     for u, i in zip(pre.user_index, pre.items.to_pylist()):
         kept.setdefault(pre.users[int(u)].as_py(), set()).add(i)

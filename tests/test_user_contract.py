@@ -11,7 +11,7 @@ progress that says something true, and nothing private left readable.
   interval; ``--quiet`` puts no exact count on stderr;
 * the README's quickstart can be run twice in a row;
 * every file holding private data says PRIVATE in its name and is owner-only (the
-  dead-letter file, the counts file; ``compare``'s outputs: ``test_compare.py``).
+  dead-letter file, the counts files; ``compare``'s outputs: ``test_compare.py``).
 """
 import contextlib
 import glob
@@ -86,7 +86,7 @@ def test_counts_come_from_the_pipeline_on_a_runner_without_metrics(tmp_path, cap
     err = without_progress(captured.err)
     assert err == ["WARNING: 3 malformed input line(s) skipped (no tab, empty user id or "
                    "invalid UTF-8)"], err
-    # The counts file was read into the private details and deleted.
+    # The counts files were read into the private details and deleted.
     assert sorted(os.listdir(tmp_path / "out")) == sorted(["o" + ITEMS, "o.json", "o" + PRIVATE])
 
 
@@ -102,7 +102,7 @@ def test_no_well_formed_line_exits_1_and_keeps_only_the_dead_letter_without_metr
     dead = str(tmp_path / "new" / "dead") + DEAD
     assert "no well-formed" in err[0] and "(7 malformed line(s))" in err[0]
     assert err[0].endswith(f"nothing released; the malformed lines are in {dead}")
-    # no release, summary or counts file: only the dead letter the user asked for
+    # no release, summary or counts files: only the dead letter the user asked for
     assert sorted(os.listdir(tmp_path)) == ["junk.tsv", "new"]
     assert os.listdir(tmp_path / "new") == ["dead" + DEAD] and mode(dead) == 0o600
     assert open(dead).read() == "no tab here\n" * 7

@@ -574,7 +574,9 @@ def _smallest_distinct(owner: np.ndarray, scores: np.ndarray, max_items: int) ->
     """Whether each element's score is among the ``max_items`` smallest distinct
     scores of its owner's (a repeated item: one score; ties share a rank). The
     compiled kernel when ``owner`` is sorted (as the presample passes it: pairs in
-    user order), else one sort by owner, then score."""
+    user order), else one sort by owner, then score. ``max_items`` >= 1."""
+    if max_items < 1:
+        raise ValueError(f"max_items must be at least 1; got {max_items}")
     kernel = compiled.kernel("smallest_distinct", len(owner))
     if kernel is not None and (len(owner) < 2 or bool((owner[1:] >= owner[:-1]).all())):
         return kernel(owner, scores, max_items)

@@ -28,7 +28,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from beam_dpsu.pipelines.cli import UsageError, last_line as _last_line
-from beam_dpsu.transforms import staging
+from beam_dpsu.transforms import runners, staging
 from beam_dpsu.transforms.textio import match_files
 from beam_dpsu.transforms.write import TEMP_PREFIX, WriteRelease, sorted_text, write_one_file
 
@@ -205,7 +205,7 @@ def _each_occurrence(grouped):
 
 
 def write_dead_letter(malformed: beam.PCollection, path: Optional[str]) -> None:
-    """Counts the ``(line, count)`` malformed lines in the run's counts file
+    """Counts the ``(line, count)`` malformed lines in the run's counts files
     (``tally``: ``malformed_lines``, each occurrence) and writes them (raw bytes,
     each occurrence) to the owner-only file ``dead_letter_file(path)``: no file
     when ``path`` is None or there is no malformed line.
@@ -229,14 +229,28 @@ _TALLIES: "weakref.WeakKeyDictionary[beam.Pipeline, dict]" = weakref.WeakKeyDict
 COUNT_NAMES = ("users", "malformed_lines", "released")
 
 
-class _Weigh:
-    """element -> (name, 1), or (name, element[1]) (a ``(line, count)`` pair)."""
+class _TallyDoFn(beam.DoFn):
+    """element -> ``(name, 1)``, or ``(name, element[1])`` (a ``(line, count)`` pair),
+    summed over the bundle and emitted once at its end (``per_bundle``), else
+    emitted per element (a runner that drops what ``finish_bundle`` emits: Dask)."""
 
-    def __init__(self, name: str, second: bool):
-        self.name, self.second = name, second
+    def __init__(self, name: str, second: bool, per_bundle: bool):
+        self.name, self.second, self.per_bundle = name, second, per_bundle
 
-    def __call__(self, element):
-        return self.name, (element[1] if self.second else 1)
+    def start_bundle(self):
+        self._total = 0
+
+    def process(self, element):
+        n = int(element[1]) if self.second else 1
+        if self.per_bundle:
+            self._total += n
+        else:
+            yield self.name, n
+
+    def finish_bundle(self):
+        if self.per_bundle and self._total:
+            yield beam.transforms.window.GlobalWindows.windowed_value((self.name, self._total))
+        self._total = 0
 
 
 def tally(pcoll: beam.PCollection, name: str, counts_second: bool = False) -> None:
@@ -247,8 +261,11 @@ def tally(pcoll: beam.PCollection, name: str, counts_second: bool = False) -> No
     The counts come from the pipeline's own output, not from Beam metrics, so every
     runner reports them (Dask implements no metrics).
     """
+    per_bundle = runners.capabilities(pcoll.pipeline).bundle_outputs
+    fn = _TallyDoFn(name, counts_second, per_bundle)
     found = _TALLIES.setdefault(pcoll.pipeline, {}).setdefault(name, [])
-    found.append(pcoll | f"Tally{len(found)}{name}" >> beam.Map(_Weigh(name, counts_second)))
+    found.append(pcoll | f"Tally{len(found)}{name}" >> beam.ParDo(
+        fn if per_bundle else runners.per_element_flush(fn)))
 
 
 def _count_json(grouped):
@@ -497,7 +514,7 @@ def write_items(lines: beam.PCollection, prefix: str,
     writes no file; ``run_release`` then creates it empty).
 
     The released elements are also counted (``tally``: ``released`` for the
-    items, ``released_KIND`` for a further release) in the run's counts file.
+    items, ``released_KIND`` for a further release) in the run's counts files.
     """
     tally(lines, "released" if kind == "items" else f"released_{kind}")
     lines | label + "WriteItems" >> WriteRelease(f"{prefix}-{kind}{SHARD}", arrange)

@@ -20,7 +20,7 @@ Conventions of every release pipeline (``select_partitions``, ``top_k``):
   environment variable ``BEAM_DPSU_DEBUG=1`` to see Beam's own logs and the
   traceback);
 * a run that fails or is interrupted leaves nothing behind: no release file,
-  summary, dead-letter or counts file, temporary file, or directory it created
+  summary, dead-letter or counts files, temporary file, or directory it created
   (input without a well-formed line keeps only its dead-letter file, which shows
   what is wrong with it);
 * the files of a release are those of ``beam_dpsu.pipelines.outputs``.
@@ -137,7 +137,7 @@ class UserProgress(beam.DoFn):
 
 
 class CountUsers(beam.PTransform):
-    """Counts the per-user elements of a PCollection for the run's counts file and passes
+    """Counts the per-user elements of a PCollection for the run's counts files and passes
     them through.
 
     The count is the pipeline's own output (``outputs.tally`` under ``users``), so
