@@ -258,15 +258,13 @@ def smallest_distinct(owner, scores, max_items):
         if b - a > max_items:
             ordered = np.sort(scores[a:b])
             distinct = 1
-            cut = ordered[0]
+            cut = ordered[0]  # the largest of the first ``distinct`` distinct scores
             for j in range(1, b - a):
                 if ordered[j] != ordered[j - 1]:
                     if distinct == max_items:
                         break
                     distinct += 1
                     cut = ordered[j]
-            else:
-                cut = ordered[b - a - 1]
             for k in range(a, b):
                 keep[k] = scores[k] <= cut
         a = b
