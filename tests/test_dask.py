@@ -185,19 +185,51 @@ def three_files(data, tmp_path_factory):
     return str(folder / "part-*.tsv"), public
 
 
-def test_several_input_files_are_several_dask_partitions(cluster, three_files):
+def _merged_partitions(flags, pattern, keep_order, npartitions=None):
+    """The dask partitions of ``ReadUserItems``' per-user merge, as Beam's Dask runner
+    translates the graph (nothing is run; ``npartitions``: ``--dask_npartitions``,
+    which the runner hands to its translation)."""
     from apache_beam.runners.dask.dask_runner import DaskRunner
     from apache_beam.runners.dask.overrides import dask_overrides
     from beam_dpsu.transforms.textio import ReadUserItems
+    p = beam.Pipeline(argv=runners.resolve_runner_flag(flags))
+    p | "Read" >> ReadUserItems(pattern, keep_order=keep_order)
+    p.replace_all(dask_overrides())
+    visitor = DaskRunner.to_dask_bag_visitor(
+        {"npartitions": npartitions} if npartitions else None)
+    p.visit(visitor)
+    merged = [bag for node, bag in visitor.bags.items()
+              if node.full_label.startswith("Read/MergePerUser")]
+    assert merged
+    return {bag.npartitions for bag in merged}
+
+
+def test_input_files_are_dealt_into_one_partition_per_worker_thread(cluster, three_files):
+    """Three files on the two one-thread workers: two partitions, so every shuffle of
+    the run has two (not three); ``--dask_npartitions`` decides instead when given."""
+    assert runners.DASK_PARTITIONS_PER_THREAD == 1
     for keep_order in (False, True):
-        p = beam.Pipeline(argv=runners.resolve_runner_flag(dask_flags(cluster)))
-        p | "Read" >> ReadUserItems(three_files[0], keep_order=keep_order)
-        p.replace_all(dask_overrides())
-        visitor = DaskRunner.to_dask_bag_visitor()
-        p.visit(visitor)
-        merged = [bag for node, bag in visitor.bags.items()
-                  if node.full_label.startswith("Read/MergePerUser")]
-        assert merged and {bag.npartitions for bag in merged} == {3}
+        assert _merged_partitions(dask_flags(cluster), three_files[0], keep_order) == {2}
+        assert _merged_partitions(dask_flags(cluster) + ["--dask_npartitions=3"],
+                                  three_files[0], keep_order, npartitions=3) == {3}
+
+
+def test_read_partitions(cluster):
+    def dask(*flags):
+        return beam.Pipeline(argv=runners.resolve_runner_flag(["--runner=DaskRunner", *flags]))
+    at = f"--dask_client_address={cluster}"
+    assert runners.read_partitions(dask(at), 16, 1024) == 2  # the cluster's two threads
+    assert runners.read_partitions(dask(at), 1, 1024) == 1
+    assert runners.read_partitions(dask(at), 0, 1024) == 1
+    assert runners.read_partitions(dask(at, "--dask_npartitions=5"), 16, 1024) == 1
+    # no scheduler answers: one per file, at most `most`
+    nobody = ["--dask_client_address=tcp://127.0.0.1:9", "--dask_connection_timeout=1"]
+    assert runners.read_partitions(dask(*nobody), 16, 1024) == 16
+    assert runners.read_partitions(dask(*nobody), 16, 4) == 4
+    from dask.system import CPU_COUNT  # Beam's runner starts a cluster of this machine's cores
+    assert runners.read_partitions(dask(), 4096, 4096) == CPU_COUNT
+    # any other runner: one per file (it redistributes the files itself)
+    assert runners.read_partitions(beam.Pipeline(), 16, 1024) == 16
 
 
 @pytest.mark.parametrize("name", ["weighted-gaussian", "sips", "policy-gaussian", "gw"])

@@ -46,7 +46,8 @@ __all__ = ["DASK_RUNNER", "RUNNER_ALIASES", "Capabilities", "NO_ORDERED_LIST_RUN
            "runner_name", "capabilities", "dealt_workers", "DIRECT_RUNNER_NAMES", "LOCAL_RUNNER",
            "is_direct", "runner_name_of", "pipeline_options", "wait_for", "resolve_runner_flag",
            "import_dask_options", "NO_BUNDLE_OUTPUT", "per_element_flush", "tag", "main_output",
-           "split_envelopes", "WithList", "check_pipeline", "join_leaves"]
+           "split_envelopes", "WithList", "check_pipeline", "join_leaves",
+           "DASK_PARTITIONS_PER_THREAD", "read_partitions"]
 
 
 DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
@@ -172,6 +173,58 @@ def dealt_workers(pipeline: beam.Pipeline) -> int:
         import multiprocessing
         n = multiprocessing.cpu_count()
     return max(1, n or 1)
+
+
+#: On Dask, the input files are dealt into this many partitions per worker thread of
+#: the cluster (``read_partitions``).
+DASK_PARTITIONS_PER_THREAD = 1
+
+
+def read_partitions(pipeline: beam.Pipeline, files: int, most: int) -> int:
+    """Into how many ``Create``s a read of ``files`` input files, matched in the
+    launcher, is dealt on a runner whose parallelism is the number of partitions a
+    read starts from (``Capabilities.redistributes`` False: Dask). At most ``files``
+    and ``most``, at least 1.
+
+    On Dask, by default: ``DASK_PARTITIONS_PER_THREAD`` per worker thread of the
+    cluster (asked of its scheduler, or this machine's cores when Beam starts the
+    cluster itself), so that each thread reads about the same bytes and every
+    later stage has no more partitions than threads. Every ``GroupByKey`` after the
+    read is a dask task shuffle of about N² tasks for N partitions, each costing a
+    few milliseconds of scheduler and worker CPU whatever its data, so one
+    partition per file (16 files: about 2,200 tasks in a run) costs more than it
+    spreads. With ``--dask_npartitions N``, which Beam's Dask runner applies to
+    every ``Create``: 1 (one ``Create`` of every file, split by Beam into at most
+    N partitions). When the cluster cannot be asked: one per file.
+    """
+    cap = max(1, min(files, most))
+    if runner_name(pipeline) != "DaskRunner" or not import_dask_options():
+        return cap
+    from apache_beam.runners.dask.dask_runner import DaskOptions
+    options = pipeline.options.view_as(DaskOptions)
+    if options.npartitions:
+        return 1
+    threads = _dask_threads(options)
+    return min(cap, max(1, threads * DASK_PARTITIONS_PER_THREAD)) if threads else cap
+
+
+def _dask_threads(options) -> Optional[int]:
+    """The worker threads of the Dask cluster ``options`` (``DaskOptions``) name: asked
+    of its scheduler; this machine's cores when they name none (Beam's runner then
+    starts a ``LocalCluster`` of that many threads); None if the scheduler does not
+    answer or has no worker yet."""
+    if not options.address and not options.scheduler_file:
+        from dask.system import CPU_COUNT
+        return CPU_COUNT
+    from distributed import Client
+    given = dict(address=options.address, scheduler_file=options.scheduler_file,
+                 timeout=options.timeout)
+    try:
+        with Client(**{k: v for k, v in given.items() if v is not None},
+                    set_as_default=False) as client:
+            return sum(client.nthreads().values()) or None
+    except Exception:  # not reachable now: Beam's runner reports it when the run starts
+        return None
 
 
 # -- local runs: the DirectRunner on Beam's FnApiRunner ----------------------------

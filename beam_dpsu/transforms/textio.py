@@ -37,7 +37,7 @@ from beam_dpsu.transforms.bounding import MergeItemCountsFn, mark_canonical_ids
 __all__ = ["DEFAULT_COMPLETE_MAX_PAIRS", "MAX_FILE_PARTITIONS", "DEFAULT_READ_GROUPS",
            "open_binary", "MergeUserGroups", "MergeOrderedItemCountsFn", "read_per_user",
            "match_files", "match_sized", "SPLIT_ONE_FILE_MAX_BYTES", "split_one_file",
-           "balanced_bins", "input_files", "ReadUserItems"]
+           "balanced_bins", "input_files", "dealt_files", "ReadUserItems"]
 
 
 #: ``ReadUserItems(complete_users=True)``: a single input file with at most this
@@ -405,19 +405,34 @@ def input_files(pbegin, file_pattern: str, label: str = "Files", ordered: bool =
     """The paths matching ``file_pattern`` as a PCollection spread over the workers:
     ``_SpreadFiles`` (matched when the pipeline runs) where the runner redistributes
     and the pattern matches several files now; else matched now, in the launcher,
-    one ``Create`` per file (``MAX_FILE_PARTITIONS`` at most) so that each file
-    starts its own partition (Dask), and a lone file needs no redistribution. Which
-    worker reads which file changes only the time a run takes. ``ordered``: the
-    elements are ``(file index, path)``, the index the file's place in the sorted
-    list of matches (the record order of the input)."""
-    paths = match_files(file_pattern)
-    if runners.capabilities(pbegin.pipeline).redistributes and len(paths) != 1:
+    and dealt into as many ``Create``s as the runner's read wants (``dealt_files``;
+    a lone file needs no redistribution). Which worker reads which file changes
+    only the time a run takes. ``ordered``: the elements are ``(file index, path)``,
+    the index the file's place in the sorted list of matches (the record order of
+    the input)."""
+    sized = match_sized(file_pattern)
+    if runners.capabilities(pbegin.pipeline).redistributes and len(sized) != 1:
         return pbegin | label >> _SpreadFiles(file_pattern, ordered, False)
-    paths = _file_elements(paths, ordered, False)
-    n = min(len(paths), MAX_FILE_PARTITIONS)
-    if n <= 1:
-        return pbegin | label >> beam.Create(paths)
-    return (tuple(pbegin | f"{label}{i}" >> beam.Create(paths[i::n]) for i in range(n))
+    return dealt_files(pbegin, sized, _file_elements([p for p, _ in sized], ordered, False),
+                       label)
+
+
+def dealt_files(pbegin, sized: Sequence[Tuple[str, Optional[int]]], elements: list,
+                label: str = "Files"):
+    """``elements`` (one per file of ``sized``, ``match_sized``'s ``(path, size)``, in
+    its order) as one ``Create`` per partition the runner's read starts from
+    (``runners.read_partitions``, at most ``MAX_FILE_PARTITIONS``), the files dealt
+    by size (``balanced_bins``) and the ``Create``s joined by ``Flatten``. On a
+    runner whose parallelism is the number of partitions a read starts from (Dask),
+    every later stage has that many partitions."""
+    if len(sized) != len(elements):
+        raise ValueError(f"{len(elements)} elements for {len(sized)} files")
+    bins = runners.read_partitions(pbegin.pipeline, len(elements), MAX_FILE_PARTITIONS)
+    if bins <= 1:
+        return pbegin | label >> beam.Create(elements)
+    which = balanced_bins([size or 0 for _, size in sized], bins)
+    return (tuple(pbegin | f"{label}{b}" >> beam.Create(
+                [e for e, w in zip(elements, which) if w == b]) for b in range(bins))
             | f"{label}/Spread" >> beam.Flatten())
 
 
@@ -496,10 +511,10 @@ class ReadUserItems(beam.PTransform):
     decompressed by several workers, so split a very large input into many
     files (as Beam's text sinks write it). On Beam's Dask runner, where a
     ``Reshuffle`` does not redistribute (``runners.Capabilities.redistributes``),
-    the files are matched when the graph is built and each file (up to
-    ``MAX_FILE_PARTITIONS``) starts its own dask partition; every later stage
-    keeps that many partitions, so there the number of input files IS the
-    parallelism (one file: one partition chain on one worker).
+    the files are matched when the graph is built and dealt by size into one
+    dask partition per worker thread (``dealt_files``, ``runners.read_partitions``);
+    every later stage keeps that many partitions, so there the parallelism is at
+    most the number of input files (one file: one partition chain on one worker).
     """
 
     def __init__(self, file_pattern: str, flush_pairs: int = DEFAULT_FLUSH_PAIRS,
@@ -540,7 +555,7 @@ class ReadUserItems(beam.PTransform):
             return self._expand_complete(pbegin)
         if runners.capabilities(pbegin.pipeline).redistributes:
             files = pbegin | "Files" >> _SpreadFiles(self._pattern, self._keep_order, False)
-        else:  # Dask: one partition per Create, so one Create per file (or group of files)
+        else:  # Dask: one partition per Create (see _file_partitions)
             files = self._file_partitions(pbegin)
         if self._split_files:
             files = (files
@@ -566,9 +581,8 @@ class ReadUserItems(beam.PTransform):
     def _expand_complete(self, pbegin):
         if runners.capabilities(pbegin.pipeline).redistributes:
             files = pbegin | "Files" >> _SpreadFiles(self._pattern, True, True)
-        else:  # Dask: one partition per file (see _file_partitions)
-            files = self._file_partitions(
-                pbegin, _file_elements(match_files(self._pattern), True, True))
+        else:  # Dask: the read's partitions (see _file_partitions)
+            files = self._file_partitions(pbegin, counted=True)
         complete_tag = _ReadFileCompleteDoFn.COMPLETE
         args = (self._flush_pairs, self._complete_max_pairs, self._keep_order)
         if runners.capabilities(pbegin.pipeline).tagged_outputs:
@@ -588,18 +602,14 @@ class ReadUserItems(beam.PTransform):
         mark_canonical_ids(complete)
         return (users, complete, malformed) if self._with_malformed else (users, complete)
 
-    def _file_partitions(self, pbegin, elements=None):
-        """The matching files, matched now (in the launcher), as ``Flatten`` of one
-        ``Create`` per file (at most ``MAX_FILE_PARTITIONS``, files dealt round-robin):
-        on a runner whose parallelism is the number of partitions of the ``Create``
-        a branch starts from (``Capabilities.redistributes`` False: Dask), every
-        later stage then has that many partitions. Elements as in the runtime match
-        (``(file index, path)`` with ``keep_order``), so the release is the same."""
-        if elements is None:
-            paths = match_files(self._pattern)
-            elements = _file_elements(paths, self._keep_order, False)
-        n = min(len(elements), MAX_FILE_PARTITIONS)
-        if n <= 1:
-            return pbegin | "Files" >> beam.Create(elements)
-        return (tuple(pbegin | f"Files{i}" >> beam.Create(elements[i::n]) for i in range(n))
-                | "SpreadFiles" >> beam.Flatten())
+    def _file_partitions(self, pbegin, counted: bool = False):
+        """The matching files, matched now (in the launcher) and dealt into
+        ``Create``s (``dealt_files``), for a runner whose parallelism is the number of
+        partitions the read starts from (``Capabilities.redistributes`` False: Dask).
+        Elements as in the runtime match (``(file index, path)`` with ``keep_order``,
+        ``(file index, path, number of files)`` when ``counted``), so the release is
+        the same."""
+        sized = match_sized(self._pattern)
+        paths = [path for path, _ in sized]
+        return dealt_files(pbegin, sized, _file_elements(paths, self._keep_order or counted,
+                                                         counted))
