@@ -208,6 +208,9 @@ def read_partitions(pipeline: beam.Pipeline, files: int, most: int) -> int:
     return min(cap, max(1, threads * DASK_PARTITIONS_PER_THREAD)) if threads else cap
 
 
+_DASK_ASK_TIMEOUT = "10s"
+
+
 def _dask_threads(options) -> Optional[int]:
     """The worker threads of the Dask cluster ``options`` (``DaskOptions``) name: asked
     of its scheduler; this machine's cores when they name none (Beam's runner then
@@ -217,8 +220,9 @@ def _dask_threads(options) -> Optional[int]:
         from dask.system import CPU_COUNT
         return CPU_COUNT
     from distributed import Client
+    # at most 10 s by default (distributed's own is 30 s): Beam's runner connects again
     given = dict(address=options.address, scheduler_file=options.scheduler_file,
-                 timeout=options.timeout)
+                 timeout=options.timeout or _DASK_ASK_TIMEOUT)
     try:
         with Client(**{k: v for k, v in given.items() if v is not None},
                     set_as_default=False) as client:
