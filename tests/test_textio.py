@@ -287,6 +287,46 @@ def test_balanced_bins_is_within_four_thirds_of_the_best_split():
             textio.balanced_bins([1], bad)
 
 
+def _created(p):
+    """{label: values} of every ``Create`` labelled ``Files...`` in pipeline ``p``."""
+    out, stack = {}, [p._root_transform()]
+    while stack:
+        t = stack.pop()
+        if isinstance(t.transform, beam.Create) and t.full_label.startswith("Files"):
+            out[t.full_label] = list(t.transform.values)
+        stack.extend(t.parts)
+    return out
+
+
+@pytest.mark.parametrize("bins", [1, 2, 3, 5])
+def test_dealt_files_deals_every_file_once_by_size(monkeypatch, bins):
+    """Whatever number of partitions the runner's read wants (``read_partitions``),
+    each file's element is in exactly one ``Create``, no ``Create`` is empty, the
+    files are dealt by size (``balanced_bins``), and the run sees every element."""
+    sized = [(f"f{i}", size) for i, size in enumerate([3524, 4349, 2216, None, 2313])]
+    elements = [(i, path) for i, (path, _) in enumerate(sized)]
+    asked = []
+
+    def wanted(pipeline, files, most):
+        asked.append((files, most))
+        return bins
+    monkeypatch.setattr(textio.runners, "read_partitions", wanted)
+    with local_pipeline() as p:
+        out = textio.dealt_files(beam.pvalue.PBegin(p), sized, elements, "Files")
+        assert_that(out, equal_to(elements))
+        created = _created(p)
+    assert asked == [(5, textio.MAX_FILE_PARTITIONS)]
+    if bins == 1:
+        assert created == {"Files": elements}
+        return
+    which = textio.balanced_bins([size or 0 for _, size in sized], bins)
+    assert created == {f"Files/{b}": [e for e, w in zip(elements, which) if w == b]
+                       for b in range(bins)}
+    assert all(created.values())
+    with pytest.raises(ValueError, match="4 elements for 5 files"):
+        textio.dealt_files(beam.pvalue.PBegin(beam.Pipeline()), sized, elements[:4], "Files")
+
+
 def test_match_sized_gives_each_matching_file_with_its_size(tmp_path):
     paths = _keep_order_files(tmp_path)
     assert textio.match_sized(str(tmp_path / "part-*")) == [

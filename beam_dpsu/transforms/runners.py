@@ -36,6 +36,8 @@ this module so that loading it imports nothing).
 from __future__ import annotations
 
 import dataclasses
+import logging
+import os
 from typing import Any, List, Optional
 
 import apache_beam as beam
@@ -179,6 +181,16 @@ def dealt_workers(pipeline: beam.Pipeline) -> int:
 #: the cluster (``read_partitions``).
 DASK_PARTITIONS_PER_THREAD = 1
 
+#: Beam's Dask runner (2.77) makes a ``Create`` of at most this many elements one dask
+#: partition (its default ``partition_size``, without ``--dask_npartitions`` or
+#: ``--dask_partition_size``).
+_DASK_CREATE_PARTITION_SIZE = 128
+
+#: How long ``read_partitions`` waits for the scheduler's answer when
+#: ``--dask_connection_timeout`` is not given (distributed's own default is 30 s, and
+#: Beam's runner connects again when the run starts).
+_DASK_ASK_TIMEOUT = "10s"
+
 
 def read_partitions(pipeline: beam.Pipeline, files: int, most: int) -> int:
     """Into how many ``Create``s a read of ``files`` input files, matched in the
@@ -187,48 +199,70 @@ def read_partitions(pipeline: beam.Pipeline, files: int, most: int) -> int:
     and ``most``, at least 1.
 
     On Dask, by default: ``DASK_PARTITIONS_PER_THREAD`` per worker thread of the
-    cluster (asked of its scheduler, or this machine's cores when Beam starts the
-    cluster itself), so that each thread reads about the same bytes and every
-    later stage has no more partitions than threads. Every ``GroupByKey`` after the
-    read is a dask task shuffle of about N² tasks for N partitions, each costing a
-    few milliseconds of scheduler and worker CPU whatever its data, so one
-    partition per file (16 files: about 2,200 tasks in a run) costs more than it
-    spreads. With ``--dask_npartitions N``, which Beam's Dask runner applies to
-    every ``Create``: 1 (one ``Create`` of every file, split by Beam into at most
-    N partitions). When the cluster cannot be asked: one per file.
+    cluster (asked of its scheduler, for at most ``--dask_connection_timeout`` or 10
+    s; this machine's cores when no cluster is named, as Beam's runner then starts a
+    local one), and at least one per 128 files (a larger ``Create`` would be split
+    by the runner), so that each thread reads about the same bytes and every later
+    stage has that many partitions. Every ``GroupByKey`` after the read is a dask
+    task shuffle of about N² tasks for N partitions, each costing a few milliseconds
+    of scheduler and worker CPU whatever its data, so one partition per file (16
+    files: about 2,200 tasks in a run) costs more than it spreads. The threads are
+    counted once, when the graph is built: a cluster that adds workers later (an
+    adaptive one) does not get more partitions. With ``--dask_npartitions`` or
+    ``--dask_partition_size``, which Beam's Dask runner applies to every ``Create``:
+    1 (one ``Create`` of every file, which dask splits as those options say). When
+    the scheduler cannot be asked (not reachable, no worker yet, a scheduler file
+    that does not exist yet): one per file, with a warning.
     """
     cap = max(1, min(files, most))
-    if runner_name(pipeline) != "DaskRunner" or not import_dask_options():
+    if cap == 1 or runner_name(pipeline) != "DaskRunner" or not import_dask_options():
         return cap
     from apache_beam.runners.dask.dask_runner import DaskOptions
     options = pipeline.options.view_as(DaskOptions)
-    if options.npartitions:
+    if options.npartitions or options.partition_size:
         return 1
     threads = _dask_threads(options)
-    return min(cap, max(1, threads * DASK_PARTITIONS_PER_THREAD)) if threads else cap
-
-
-_DASK_ASK_TIMEOUT = "10s"
+    if not threads:
+        return cap
+    least = -(-files // _DASK_CREATE_PARTITION_SIZE)
+    return min(cap, max(threads * DASK_PARTITIONS_PER_THREAD, least))
 
 
 def _dask_threads(options) -> Optional[int]:
-    """The worker threads of the Dask cluster ``options`` (``DaskOptions``) name: asked
-    of its scheduler; this machine's cores when they name none (Beam's runner then
-    starts a ``LocalCluster`` of that many threads); None if the scheduler does not
-    answer or has no worker yet."""
-    if not options.address and not options.scheduler_file:
+    """The worker threads of the Dask cluster that ``options`` (``DaskOptions``) name,
+    or that dask's configuration names (``scheduler-address``), asked of its
+    scheduler; this machine's cores when none is named (Beam's runner then starts a
+    ``LocalCluster`` of that many threads); None, with a warning, if the scheduler
+    does not answer or has no worker yet."""
+    import dask
+    address = options.address or (None if options.scheduler_file
+                                   else dask.config.get("scheduler-address", None))
+    if not address and not options.scheduler_file:
         from dask.system import CPU_COUNT
         return CPU_COUNT
+    if not address and not os.path.exists(options.scheduler_file):
+        # distributed would wait for the file with no time limit
+        _warn_unasked(f"no scheduler file {options.scheduler_file!r} yet")
+        return None
     from distributed import Client
-    # at most 10 s by default (distributed's own is 30 s): Beam's runner connects again
-    given = dict(address=options.address, scheduler_file=options.scheduler_file,
+    given = dict(address=address, scheduler_file=None if address else options.scheduler_file,
                  timeout=options.timeout or _DASK_ASK_TIMEOUT)
     try:
         with Client(**{k: v for k, v in given.items() if v is not None},
                     set_as_default=False) as client:
-            return sum(client.nthreads().values()) or None
-    except Exception:  # not reachable now: Beam's runner reports it when the run starts
+            threads = sum(client.nthreads().values())
+    except Exception as e:  # not reachable now: Beam's runner reports it when the run starts
+        _warn_unasked(f"{type(e).__name__}: {e}")
         return None
+    if not threads:
+        _warn_unasked("the cluster has no worker yet")
+    return threads or None
+
+
+def _warn_unasked(why: str) -> None:
+    logging.getLogger(__name__).warning(
+        "could not count the Dask cluster's worker threads (%s): the input files are "
+        "read in one dask partition each", why)
 
 
 # -- local runs: the DirectRunner on Beam's FnApiRunner ----------------------------

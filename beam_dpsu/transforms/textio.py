@@ -418,20 +418,21 @@ def input_files(pbegin, file_pattern: str, label: str = "Files", ordered: bool =
 
 
 def dealt_files(pbegin, sized: Sequence[Tuple[str, Optional[int]]], elements: list,
-                label: str = "Files"):
+                label: str):
     """``elements`` (one per file of ``sized``, ``match_sized``'s ``(path, size)``, in
     its order) as one ``Create`` per partition the runner's read starts from
     (``runners.read_partitions``, at most ``MAX_FILE_PARTITIONS``), the files dealt
     by size (``balanced_bins``) and the ``Create``s joined by ``Flatten``. On a
     runner whose parallelism is the number of partitions a read starts from (Dask),
-    every later stage has that many partitions."""
+    every later stage has that many partitions. ``label``: the steps' labels
+    (``label``, or ``label/0`` ... and ``label/Spread``)."""
     if len(sized) != len(elements):
         raise ValueError(f"{len(elements)} elements for {len(sized)} files")
     bins = runners.read_partitions(pbegin.pipeline, len(elements), MAX_FILE_PARTITIONS)
     if bins <= 1:
         return pbegin | label >> beam.Create(elements)
     which = balanced_bins([size or 0 for _, size in sized], bins)
-    return (tuple(pbegin | f"{label}{b}" >> beam.Create(
+    return (tuple(pbegin | f"{label}/{b}" >> beam.Create(
                 [e for e, w in zip(elements, which) if w == b]) for b in range(bins))
             | f"{label}/Spread" >> beam.Flatten())
 
@@ -612,4 +613,4 @@ class ReadUserItems(beam.PTransform):
         sized = match_sized(self._pattern)
         paths = [path for path, _ in sized]
         return dealt_files(pbegin, sized, _file_elements(paths, self._keep_order or counted,
-                                                         counted))
+                                                         counted), "Files")
