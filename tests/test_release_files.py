@@ -361,22 +361,27 @@ def test_a_failed_run_leaves_no_temporary_file(tmp_path, capsys, monkeypatch):
 
 def test_a_failed_run_keeps_temporary_files_it_did_not_make(tmp_path, capsys, monkeypatch):
     # Only what the failing run made is removed: a temporary file that was there before
-    # (a killed run's) stays, and so does another prefix's (out2, a concurrent run).
+    # (a killed run's) stays, and so do other prefixes' (concurrent runs).
     from beam_dpsu.transforms import write
     data = small_input(tmp_path)
     (tmp_path / "new").mkdir()
     before = tmp_path / "new" / "beam-temp-out-items-00000-of-00001-old"
     before.write_text("x")
 
+    others = ["beam-temp-out2-items-00000-of-00001-abc",  # prefixes out2, out-2, out-top
+              "beam-temp-out-2-items-00000-of-00001-abc",
+              "beam-temp-out-top-items-00000-of-00001-abc",
+              "beam-temp-out-2.PRIVATE-staging-abc"]
+
     def failing_write(f, parts):
-        (tmp_path / "new" / "beam-temp-out2-items-00000-of-00001-abc").write_text("y")
+        for name in others:
+            (tmp_path / "new" / name).write_text("y")
         raise RuntimeError("injected failure")
 
     monkeypatch.setattr(write, "_write_parts", failing_write)
     monkeypatch.setattr(write, "FileSystems", _FileSystemsWithoutDelete())
     assert select_partitions.main(sp_args(data, str(tmp_path / "new" / "out"))) == 1
-    assert sorted(os.listdir(tmp_path / "new")) == [
-        before.name, "beam-temp-out2-items-00000-of-00001-abc"]
+    assert sorted(os.listdir(tmp_path / "new")) == sorted([before.name, *others])
 
 
 def test_a_release_counted_but_not_written_fails_the_run(tmp_path, capsys, monkeypatch):

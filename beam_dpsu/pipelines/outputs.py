@@ -521,15 +521,19 @@ def write_items(lines: beam.PCollection, prefix: str,
 
 
 def _temp_dirs(prefixes: Sequence[str]) -> set:
-    """Local ``beam-temp-*`` directories Beam's file sinks make for these prefixes, and
-    the temporary files of ``write.write_one_file`` and ``write_private_file``."""
+    """The local temporary files and directories a run under these prefixes (or
+    ``--dead-letter`` paths) makes next to them: those of ``write.write_one_file``
+    for the release files (``beam-temp-PREFIX-items-00000-of-00001-<hex>``), of
+    ``write_private_file`` and the staging directories (``beam-temp-PREFIX.PRIVATE-...``);
+    never another prefix's, such as ``PREFIX-2``'s or ``PREFIX2``'s."""
     out = set()
     for prefix in prefixes:
         if not prefix or _is_remote(prefix):
             continue
         parent = os.path.dirname(os.path.abspath(prefix))
         base = TEMP_PREFIX + os.path.basename(prefix)
-        starts = (base + "-", base + ".PRIVATE-")  # (not PREFIX2's)
+        starts = tuple(f"{base}-{kind}{SHARD}-" for kind in ("items", *SUB_RELEASE_KINDS)
+                       ) + (base + ".PRIVATE-",)
         try:
             out |= {os.path.join(parent, n) for n in os.listdir(parent) if n.startswith(starts)}
         except OSError:
