@@ -423,10 +423,11 @@ def test_the_numpy_fallbacks_equal_the_compiled_kernels(monkeypatch):
         buf = np.frombuffer(text, np.uint8)
         monkeypatch.undo()
         monkeypatch.setattr(compiled, "WORK_BEFORE_COMPILING", 0)
-        compiled_spans = columnar._line_spans(buf)
+        count = text.count(b"\n") + 1
+        compiled_spans = columnar._line_spans(buf, count)
         compiled_parse = columnar.parse_block(text)
         monkeypatch.setattr(compiled, "kernel", lambda name, work: None)
-        numpy_spans = columnar._line_spans(buf)
+        numpy_spans = columnar._line_spans(buf, count)
         for x, y in zip(compiled_spans[:3], numpy_spans[:3]):
             assert x.tolist() == y.tolist()
         assert bool(compiled_spans[3]) == numpy_spans[3]
@@ -542,7 +543,8 @@ def test_compiled_hash_keys_and_repeats_equal_their_numpy_forms(monkeypatch):
     assert columnar.mixed_fnv(buf, starts, lengths).tolist() == [fnv(s) for s in strings]
     line_code = np.array([rnd.randrange(9) for _ in strings], np.int64)
     for bits in (4, 10):
-        keys = array_kernels.item_keys(buf, starts, lengths, line_code, bits)
+        keys = array_kernels.item_keys(buf, starts, lengths, line_code, bits,
+                                       np.empty(len(starts), np.uint64))
         monkeypatch.setattr(columnar.compiled, "kernel", lambda name, work: None)
         assert keys.tolist() == columnar._item_keys(buf, starts, lengths, line_code,
                                                     bits).tolist()
@@ -613,7 +615,10 @@ def test_dropping_repeats_in_one_pass_equals_the_sorted_repeats(monkeypatch):
         s, n = starts[order], lengths[order]
         kept = np.flatnonzero(~columnar._sorted_repeats(data, s, n, keys[order]))
         expected = (line_code[order[kept]], s[kept], n[kept])
-        got = kernel(data, starts, lengths, keys, line_code, order)
+        out = (np.empty(len(order), np.int64), np.empty(len(order), np.int64),
+               np.empty(len(order), np.int64))
+        m = kernel(data, starts, lengths, keys, line_code, order, *out)
+        got = tuple(a[:m] for a in out)
         for x, y in zip(got, expected):
             assert x.tolist() == y.tolist()
         pairs = {(int(c), text[a:a + b]) for c, a, b in zip(*got)}
@@ -662,3 +667,38 @@ def test_presample_keeps_sample_items_subset_whoever_holds_most_pairs(
         kept.setdefault(pre.users[int(u)].as_py(), set()).add(i)
     assert kept == {u: (set(sample_items(u, dict.fromkeys(items, 1), 5, key))
                         if len(items) > 5 else set(items)) for u, items in per_user.items()}
+
+
+def test_a_reader_reusing_its_arrays_gets_what_fresh_arrays_give(monkeypatch):
+    """``Scratch``: parsing and pairing a file's blocks in arrays reused from block to
+    block (larger, smaller, with malformed lines, with and without presampling)
+    gives the blocks fresh arrays give, and what ``pair_blocks`` returns holds none
+    of the reused arrays (they are overwritten by the next block)."""
+    pytest.importorskip("numba")
+    from beam_dpsu.dp import compiled
+    monkeypatch.setattr(compiled, "WORK_BEFORE_COMPILING", 0)
+    rnd = random.Random(21)
+
+    def block(lines, users):
+        rows = [f"u{rnd.randrange(users)}\t{rnd.choice(['a', 'b', 'c', 'é', 'x y'])}"
+                f"{rnd.randrange(30)}" for _ in range(lines)]
+        rows.insert(rnd.randrange(lines), "no tab here")
+        rows.insert(rnd.randrange(lines), "u1\titem\r")
+        return "\n".join(rows).encode() + b"\n\xff\tbad"
+    blocks = [block(n, u) for n, u in ((3000, 200), (40, 5), (5000, 900), (7, 3), (2500, 60))]
+    scratch = columnar.Scratch()
+    for sample in (None, (3, b"k" * 16)):
+        for text in blocks:
+            fresh_parse = columnar.parse_block(text)
+            fresh = columnar.pair_blocks(fresh_parse, 4, sample)
+            parsed = columnar.parse_block(text, scratch)
+            assert parsed.malformed == fresh_parse.malformed and len(parsed.malformed) == 2
+            reused = columnar.pair_blocks(parsed, 4, sample, scratch)
+            assert {g: b.to_bytes() for g, b in reused.items()} == {
+                g: b.to_bytes() for g, b in fresh.items()}
+            held = list(scratch._arrays.values())
+            assert len(held) >= 8  # the line scan's, the encoding's, the repeats' ...
+            for b in reused.values():
+                for a in (b.user_index, b.counts, b.first):
+                    assert a is None or not any(np.shares_memory(a, h) for h in held)
+

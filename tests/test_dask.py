@@ -205,10 +205,12 @@ def _merged_partitions(flags, pattern, keep_order, npartitions=None):
     return {bag.npartitions for bag in merged}
 
 
-def test_input_files_are_dealt_into_one_partition_per_worker_thread(cluster, three_files):
-    """Three files on the two one-thread workers: two partitions, so every shuffle of
-    the run has two (not three); ``--dask_npartitions`` decides instead when given."""
-    assert runners.DASK_PARTITIONS_PER_THREAD == 1
+def test_input_files_are_dealt_into_partitions_per_worker_thread(cluster, three_files,
+                                                                 monkeypatch):
+    """Three files on the two one-thread workers, one partition per thread: two
+    partitions, so every shuffle of the run has two (not three); ``--dask_npartitions``
+    decides instead when given."""
+    monkeypatch.setattr(runners, "DASK_PARTITIONS_PER_THREAD", 1)
     for keep_order in (False, True):
         assert _merged_partitions(dask_flags(cluster), three_files[0], keep_order) == {2}
         # one Create of the three files, which dask splits into two partitions
@@ -220,10 +222,12 @@ def test_read_partitions(cluster, caplog, tmp_path):
     def on_dask(*flags):
         return beam.Pipeline(argv=runners.resolve_runner_flag(["--runner=DaskRunner", *flags]))
     at = f"--dask_client_address={cluster}"
-    assert runners.read_partitions(on_dask(at), 16, 1024) == 2  # the cluster's two threads
+    per = runners.DASK_PARTITIONS_PER_THREAD
+    assert runners.read_partitions(on_dask(at), 16, 1024) == 2 * per  # two threads
     assert runners.read_partitions(on_dask(at), 1, 1024) == 1
     assert runners.read_partitions(on_dask(at), 0, 1024) == 1
-    assert runners.read_partitions(on_dask(at), 1000, 1024) == 8  # at most 128 files each
+    assert runners.read_partitions(on_dask(at), 3, 1024) == min(3, 2 * per)
+    assert runners.read_partitions(on_dask(at), 1000, 1024) == max(8, 2 * per)  # <= 128 each
     assert runners.read_partitions(on_dask(at, "--dask_npartitions=5"), 16, 1024) == 1
     assert runners.read_partitions(on_dask(at, "--dask_partition_size=5"), 16, 1024) == 1
     # no scheduler answers: one per file, at most `most`, with a warning
@@ -238,9 +242,9 @@ def test_read_partitions(cluster, caplog, tmp_path):
     # a scheduler file that exists: its cluster is asked
     (tmp_path / "cluster.json").write_text(json.dumps({"address": cluster}))
     found = f"--dask_scheduler_file={tmp_path / 'cluster.json'}"
-    assert runners.read_partitions(on_dask(found), 16, 1024) == 2
+    assert runners.read_partitions(on_dask(found), 16, 1024) == 2 * per
     from dask.system import CPU_COUNT  # Beam's runner starts a cluster of this machine's cores
-    assert runners.read_partitions(on_dask(), 100, 1024) == min(100, CPU_COUNT)
+    assert runners.read_partitions(on_dask(), 100, 1024) == min(100, per * CPU_COUNT)
     import dask.config  # a cluster named in dask's configuration is the one Beam's runner
     # joins: asked (here it does not answer), not taken for a local one of CPU_COUNT threads
     with dask.config.set({"scheduler-address": "tcp://127.0.0.1:9"}):

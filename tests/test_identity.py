@@ -339,6 +339,21 @@ def test_iter_raw_blocks_edge_cases(tmp_path, content, expected):
         assert got == expected, block
 
 
+def test_iter_raw_blocks_gives_the_text_back_in_bytes_blocks_for_any_block_size():
+    import io
+    import random
+    rnd = random.Random(5)
+    for _ in range(300):
+        parts = [rnd.choice([b"u\ti", b"", b"\n", b"\n\n", b"x" * rnd.randrange(40), BOM])
+                 for _ in range(rnd.randrange(12))]
+        text = b"".join(parts)
+        body = text[3:] if text.startswith(BOM) else text
+        expected = body[:-1] if body.endswith(b"\n") else body
+        blocks = list(lines.iter_raw_blocks(io.BytesIO(text), rnd.choice([1, 2, 3, 5, 8, 64])))
+        assert all(type(b) is bytes for b in blocks)
+        assert b"\n".join(blocks) == expected, text
+
+
 def test_read_user_items_strips_the_bom_of_a_gzip_file(tmp_path):
     path = tmp_path / "bom.tsv.gz"
     path.write_bytes(gzip.compress(BOM_TEXT))

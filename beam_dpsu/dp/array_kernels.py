@@ -92,14 +92,11 @@ def compare_spans(data, a, b, lengths):
 
 
 @njit(cache=True, nogil=True)
-def line_spans(buf, lines):
-    """One pass over a block of ``lines`` lines: each line's start, its end (the
-    ``\\n`` or the block's end), its first tab (``buf.size + 1`` when none), and
-    whether any byte is >= 0x80."""
+def line_spans(buf, starts, ends, tabs):
+    """One pass over a block of ``starts.size`` lines, writing each line's start, its
+    end (its ``\\n`` or the block's end, before a ``\\r`` just before it) and its
+    first tab (``buf.size + 1`` when none); returns whether any byte is >= 0x80."""
     n = buf.size
-    starts = np.empty(lines, np.int64)
-    ends = np.empty(lines, np.int64)
-    tabs = np.empty(lines, np.int64)
     high = False
     line = 0
     starts[0] = 0
@@ -107,7 +104,10 @@ def line_spans(buf, lines):
     for k in range(n):
         c = buf[k]
         if c == 10:
-            ends[line] = k
+            end = k
+            if end > starts[line] and buf[end - 1] == 13:
+                end -= 1
+            ends[line] = end
             tabs[line] = tab
             line += 1
             starts[line] = k + 1
@@ -117,9 +117,12 @@ def line_spans(buf, lines):
                 tab = k
         elif c >= 128:
             high = True
-    ends[line] = n
+    end = n
+    if end > starts[line] and buf[end - 1] == 13:
+        end -= 1
+    ends[line] = end
     tabs[line] = tab
-    return starts, ends, tabs, high
+    return high
 
 
 @njit(cache=True, inline="always")
@@ -146,11 +149,12 @@ def _mixed_fnv_from(buf, s, length, h):
 
 
 @njit(cache=True, nogil=True)
-def encode_spans(buf, starts, lengths, basis):
+def encode_spans(buf, starts, lengths, basis, codes, firsts):
     """Exact dictionary encoding of the byte strings ``buf[starts[k]:starts[k] +
-    lengths[k]]``: ``(codes, firsts)``, each string's code (0, 1, ... in order of first
-    appearance, as Arrow's ``dictionary_encode``) and the index of each code's first
-    string. An open-addressing table on a 64-bit FNV-1a hash started from ``basis``
+    lengths[k]]``, written to ``codes`` and ``firsts`` (each of ``starts.size``):
+    each string's code (0, 1, ... in order of first appearance, as Arrow's
+    ``dictionary_encode``) and the index of each code's first string; returns the
+    number of codes. An open-addressing table on a 64-bit FNV-1a hash started from ``basis``
     (uint64; the hash only places strings, so the codes do not depend on it, and
     equal codes always mean equal bytes); a string equal to the one before it reuses
     its code without a lookup (a file's lines come grouped by user). The table
@@ -158,8 +162,6 @@ def encode_spans(buf, starts, lengths, basis):
     so its size follows the distinct strings, not the strings (a block of lines has
     many fewer users than lines)."""
     n = starts.size
-    codes = np.empty(n, np.int64)
-    firsts = np.empty(n, np.int64)
     cap = 1024
     mask = cap - 1
     table = np.full(cap, -1, np.int64)
@@ -195,7 +197,7 @@ def encode_spans(buf, starts, lengths, basis):
                 codes[k] = code
                 break
             slot = (slot + 1) & mask
-    return codes, firsts[:distinct].copy()
+    return distinct
 
 
 @njit(cache=True, nogil=True)
@@ -218,11 +220,11 @@ def gather_spans(buf, starts, lengths, offsets):
 
 
 @njit(cache=True, nogil=True)
-def item_keys(buf, starts, lengths, line_code, bits):
-    """``(line_code[k] << (64 - bits)) | (h(item k) >> bits)``, ``h`` the 64-bit FNV-1a
-    of the item's bytes with a final mix (``dp.columnar.mixed_fnv``'s value)."""
+def item_keys(buf, starts, lengths, line_code, bits, out):
+    """``out[k] = (line_code[k] << (64 - bits)) | (h(item k) >> bits)``, ``h`` the 64-bit
+    FNV-1a of the item's bytes with a final mix (``dp.columnar.mixed_fnv``'s value);
+    returns ``out``."""
     n = starts.size
-    out = np.empty(n, np.uint64)
     high = np.uint64(64 - bits)
     low = np.uint64(bits)
     for k in range(n):
@@ -272,14 +274,13 @@ def smallest_distinct(owner, scores, max_items):
 
 
 @njit(cache=True, nogil=True)
-def without_repeats(buf, starts, lengths, keys, line_code, order):
+def without_repeats(buf, starts, lengths, keys, line_code, order, codes, out_starts,
+                    out_lengths):
     """``(line_code, starts, lengths)`` taken in ``order``, without each string that
     repeats the one before it in that order (``sorted_repeats`` of the reordered
-    arrays): one pass, the three results written once."""
+    arrays), written to the first m elements of ``codes``, ``out_starts`` and
+    ``out_lengths`` (each of ``order.size``) in one pass; returns m."""
     n = order.size
-    codes = np.empty(n, line_code.dtype)
-    out_starts = np.empty(n, starts.dtype)
-    out_lengths = np.empty(n, lengths.dtype)
     m = 0
     for j in range(n):
         k = order[j]
@@ -292,4 +293,4 @@ def without_repeats(buf, starts, lengths, keys, line_code, order):
         out_starts[m] = starts[k]
         out_lengths[m] = lengths[k]
         m += 1
-    return codes[:m], out_starts[:m], out_lengths[:m]
+    return m

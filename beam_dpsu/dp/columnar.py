@@ -62,7 +62,7 @@ from beam_dpsu.dp.noise import STR_TAG
 from beam_dpsu.dp.siphash import siphash24_many
 from beam_dpsu.dp.weights import check_weighting
 
-__all__ = ["COLUMNAR_USER_GROUPS", "COLUMNAR_ITEM_SHARDS", "BYTES_PER_USER_GROUP",
+__all__ = ["Scratch", "COLUMNAR_USER_GROUPS", "COLUMNAR_ITEM_SHARDS", "BYTES_PER_USER_GROUP",
            "MIN_USER_GROUPS", "MAX_USER_GROUPS", "user_groups_for", "GROUPS_PER_ITEM_SHARD",
            "item_shards_for", "ParsedBlock", "parse_block",
            "encode_spans", "gather_spans", "mixed_fnv", "string_spans", "string_groups",
@@ -87,6 +87,34 @@ COLUMNAR_ITEM_SHARDS = 16
 #: ``item_shards_for``: one item shard per this many user groups, at least
 #: ``COLUMNAR_ITEM_SHARDS``.
 GROUPS_PER_ITEM_SHARD = 4
+
+
+class Scratch:
+    """Arrays that one reader reuses from block to block (``parse_block``,
+    ``pair_blocks``): an array taken under a name stays valid until the same name is
+    taken again, so nothing taken may outlive the block it was taken for (what
+    ``pair_blocks`` returns never holds one). Fresh arrays of a few MB per block
+    would otherwise be mapped, faulted in page by page and unmapped again by glibc's
+    malloc where its trim threshold is set, as on Dask's workers
+    (``docs/runners.md``, "Worker settings that change the speed"). No effect on
+    any result."""
+
+    def __init__(self):
+        self._arrays: Dict[str, np.ndarray] = {}
+
+    def take(self, name: str, n: int, dtype) -> np.ndarray:
+        """An uninitialised array of ``n`` elements of ``dtype``, the one last taken
+        under ``name`` when it is large enough (grown by a quarter more when not)."""
+        dtype = np.dtype(dtype)
+        held = self._arrays.get(name)
+        if held is None or held.dtype != dtype or held.size < n:
+            size = n if held is None or held.dtype != dtype else max(n, held.size * 5 // 4)
+            held = self._arrays[name] = np.empty(size, dtype)
+        return held[:n]
+
+
+def _empty(scratch: Optional[Scratch], name: str, n: int, dtype) -> np.ndarray:
+    return np.empty(n, dtype) if scratch is None else scratch.take(name, n, dtype)
 
 
 @dataclass
@@ -175,23 +203,28 @@ def _spans_equal(data: np.ndarray, a: np.ndarray, b: np.ndarray,
     return np.bincount(owner[differ], minlength=len(a)) == 0
 
 
-def _line_spans(buf: np.ndarray):
-    """``(starts, ends, tabs, high)`` of a block's lines: where each starts, where it
-    ends (its ``\\n``, or the block's end), its first tab (``len(buf) + 1`` when it
-    has none) and whether any byte of the block is >= 0x80. The compiled kernel
-    ``line_spans`` (one pass) once the process has enough work, else numpy."""
+def _line_spans(buf: np.ndarray, lines: int, scratch: Optional[Scratch] = None):
+    """``(starts, ends, tabs, high)`` of a block of ``lines`` lines: where each
+    starts, where it ends (its ``\\n``, or the block's end, before a ``\\r`` just
+    before it), its first tab (``len(buf) + 1`` when it has none) and whether any
+    byte of the block is >= 0x80. The compiled kernel ``line_spans`` (one pass, into
+    ``scratch``'s arrays when given) once the process has enough work, else numpy."""
     n = len(buf)
-    is_newline = buf == _NL
     kernel = compiled.kernel("line_spans", n)
     if kernel is not None:
-        return kernel(buf, int(np.count_nonzero(is_newline)) + 1)
-    newlines = np.flatnonzero(is_newline)
+        starts = _empty(scratch, "line_starts", lines, np.int64)
+        ends = _empty(scratch, "line_ends", lines, np.int64)
+        tabs = _empty(scratch, "line_tabs", lines, np.int64)
+        return starts, ends, tabs, bool(kernel(buf, starts, ends, tabs))
+    newlines = np.flatnonzero(buf == _NL)
     starts = np.empty(len(newlines) + 1, np.int64)
     starts[0] = 0
     starts[1:] = newlines + 1
     ends = np.empty_like(starts)
     ends[:-1] = newlines
     ends[-1] = n
+    nonempty = ends > starts
+    ends[nonempty] -= buf[ends[nonempty] - 1] == _CR
     tabs = np.flatnonzero(buf == _TAB)
     if len(tabs):
         tab = np.append(tabs, n + 1)[np.searchsorted(tabs, starts)]  # first at or after start
@@ -201,7 +234,7 @@ def _line_spans(buf: np.ndarray):
     return starts, ends, tab, bool((buf >= 0x80).any())
 
 
-def parse_block(block: bytes) -> ParsedBlock:
+def parse_block(block: bytes, scratch: Optional[Scratch] = None) -> ParsedBlock:
     """Parses a block of lines (``\\n``-separated, as ``dp.lines.iter_raw_blocks``
     yields them: no final newline) into user ids and items.
 
@@ -209,12 +242,11 @@ def parse_block(block: bytes) -> ParsedBlock:
     the user id is everything before the first tab and must be non-empty, the
     item everything after it (further tabs included), and a line that is not
     valid UTF-8 (strict: no surrogates) is malformed, as is an empty line.
+    ``scratch``: the arrays of the result are ``scratch``'s (valid until it parses
+    the next block), else new.
     """
     buf = np.frombuffer(block, dtype=np.uint8)
-    starts, raw_ends, tab, high = _line_spans(buf)
-    ends = raw_ends.copy()
-    nonempty = ends > starts
-    ends[nonempty] -= buf[ends[nonempty] - 1] == _CR
+    starts, ends, tab, high = _line_spans(buf, block.count(b"\n") + 1, scratch)
     ok = (tab > starts) & (tab < ends)
     if high:  # check the UTF-8 of the lines that hold a non-ASCII byte
         try:
@@ -230,10 +262,15 @@ def parse_block(block: bytes) -> ParsedBlock:
     bad = np.flatnonzero(~ok)
     malformed: Dict[bytes, int] = {}
     if len(bad):
-        malformed = dict(collections.Counter(block[starts[k]:raw_ends[k]] for k in bad.tolist()))
+        # a line's raw end (its \r kept) is where the next line starts, less its \n
+        last = len(starts) - 1
+        malformed = dict(collections.Counter(
+            block[starts[k]:(starts[k + 1] - 1 if k < last else len(block))]
+            for k in bad.tolist()))
         keep = np.flatnonzero(ok)
         starts, ends, tab = starts[keep], ends[keep], tab[keep]
-    return ParsedBlock(buf, starts, tab, tab + 1, ends, malformed)
+    item_starts = np.add(tab, 1, out=_empty(scratch, "item_starts", len(tab), np.int64))
+    return ParsedBlock(buf, starts, tab, item_starts, ends, malformed)
 
 
 #: The compiled dictionary encoding's hash start, drawn once per process: input
@@ -243,19 +280,24 @@ def parse_block(block: bytes) -> ParsedBlock:
 _TABLE_BASIS = np.uint64(int.from_bytes(os.urandom(8), "little"))
 
 
-def encode_spans(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray
-                 ) -> Tuple[np.ndarray, np.ndarray]:
+def encode_spans(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
+                 scratch: Optional[Scratch] = None) -> Tuple[np.ndarray, np.ndarray]:
     """Exact dictionary encoding of the byte strings ``buf[starts[k]:starts[k] +
     lengths[k]]``: ``(codes, firsts)``, string k's code (int64; 0, 1, ... in order of
     first appearance) and the index of the first string of each code. Two strings
     get one code exactly when their bytes are equal. The compiled kernel once the
-    process has enough work (its hash table starts from ``_TABLE_BASIS``), else
-    Arrow's ``dictionary_encode`` (the same codes)."""
+    process has enough work (its hash table starts from ``_TABLE_BASIS``; its
+    results in ``scratch``'s arrays when given), else Arrow's ``dictionary_encode``
+    (the same codes)."""
     kernel = compiled.kernel("encode_spans", len(starts))
     starts = np.asarray(starts, np.int64)
     lengths = np.asarray(lengths, np.int64)
     if kernel is not None:
-        return kernel(buf, starts, lengths, _TABLE_BASIS)
+        codes = _empty(scratch, "codes", len(starts), np.int64)
+        firsts = _empty(scratch, "firsts", len(starts), np.int64)
+        distinct = kernel(buf, starts, lengths, _TABLE_BASIS, codes, firsts)
+        return codes, (firsts[:distinct] if scratch is not None
+                       else firsts[:distinct].copy())
     encoded = pc.dictionary_encode(
         gather_spans(buf, starts, lengths).cast(pa.large_binary()))
     codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
@@ -423,12 +465,14 @@ def mixed_fnv(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.nd
     return h
 
 
-def _item_keys(buf, starts, lengths, line_code, bits: int) -> np.ndarray:
+def _item_keys(buf, starts, lengths, line_code, bits: int,
+               scratch: Optional[Scratch] = None) -> np.ndarray:
     """Each line's sort key: its user code in the high bits, the high bits of its
     item's ``mixed_fnv`` below (``bits`` bits for the user)."""
     kernel = compiled.kernel("item_keys", len(starts))
     if kernel is not None:
-        return kernel(buf, starts, lengths, line_code, bits)
+        return kernel(buf, starts, lengths, line_code, bits,
+                      _empty(scratch, "item_keys", len(starts), np.uint64))
     return ((line_code.astype(np.uint64) << np.uint64(64 - bits))
             | (mixed_fnv(buf, starts, lengths) >> np.uint64(bits)))
 
@@ -445,38 +489,47 @@ def _sorted_repeats(buf, starts, lengths, keys) -> np.ndarray:
 
 
 def _drop_repeats(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
-                  line_code: np.ndarray, users: int):
+                  line_code: np.ndarray, users: int, scratch: Optional[Scratch] = None):
     """The lines ordered by user (``line_code``), then by a hash of the item (line k's
     item: ``data[starts[k]:starts[k] + lengths[k]]``), without a user's repeated
     lines: ``(line_code, starts, lengths)`` in that order. Repeats are neighbours in
     that order and are compared byte for byte, so a hash collision never merges two
     items (it only leaves a repeat for ``bounded_histogram``)."""
     bits = max(1, int(users - 1).bit_length())
-    keys = _item_keys(data, starts, lengths, line_code, bits)
+    keys = _item_keys(data, starts, lengths, line_code, bits, scratch)
     order = np.argsort(keys)
     kernel = compiled.kernel("without_repeats", len(order))
     if kernel is not None:
-        return kernel(data, starts, lengths, keys, line_code, order)
+        n = len(order)
+        out = (_empty(scratch, "kept_codes", n, line_code.dtype),
+               _empty(scratch, "kept_starts", n, starts.dtype),
+               _empty(scratch, "kept_lengths", n, lengths.dtype))
+        m = kernel(data, starts, lengths, keys, line_code, order, *out)
+        return tuple(a[:m] for a in out)
     starts, lengths = starts[order], lengths[order]
     kept = np.flatnonzero(~_sorted_repeats(data, starts, lengths, keys[order]))
     return line_code[order[kept]], starts[kept], lengths[kept]
 
 
-def pair_blocks(parsed: ParsedBlock, groups: int,
-                sample: Optional[Tuple[int, bytes]] = None) -> Dict[int, PairBlock]:
+def pair_blocks(parsed: ParsedBlock, groups: int, sample: Optional[Tuple[int, bytes]] = None,
+                scratch: Optional[Scratch] = None) -> Dict[int, PairBlock]:
     """The block's ``(user, item)`` pairs by user group (``string_groups`` of the user
     id, in [0, groups)): ``{group: PairBlock}`` for the non-empty groups; a group's
     users are held once (``PairBlock.users``), and, once the process uses the
     compiled kernels (a large input), a user's repeated lines in the block once
     (``_drop_repeats``; ``bounded_histogram`` removes every other repeat).
-    ``sample``: ``(Δ0, sampling key)`` to ``presample`` the block (None: all pairs)."""
+    ``sample``: ``(Δ0, sampling key)`` to ``presample`` the block (None: all pairs).
+    ``scratch``: the arrays of the work are ``scratch``'s (the blocks returned hold
+    none of them)."""
     if len(parsed) == 0:
         return {}
-    users, group, line_code = _users_by_group(parsed, groups)
-    starts, lengths = parsed.item_starts, parsed.item_ends - parsed.item_starts
+    users, group, line_code = _users_by_group(parsed, groups, scratch)
+    starts = parsed.item_starts
+    lengths = np.subtract(parsed.item_ends, starts,
+                          out=_empty(scratch, "item_lengths", len(starts), np.int64))
     if compiled.kernel("item_keys", len(line_code)) is not None:
         line_code, starts, lengths = _drop_repeats(parsed.buf, starts, lengths, line_code,
-                                                   len(users))
+                                                   len(users), scratch)
     else:  # without compiled kernels the repeats are cheaper to leave to bounded_histogram
         order = np.argsort(line_code, kind="stable")
         line_code, starts, lengths = line_code[order], starts[order], lengths[order]
@@ -488,16 +541,20 @@ def pair_blocks(parsed: ParsedBlock, groups: int,
     return _split_groups(block, group)
 
 
-def _users_by_group(parsed: ParsedBlock, groups: int):
+def _users_by_group(parsed: ParsedBlock, groups: int, scratch: Optional[Scratch] = None):
     """``(users, group, line_code)``: the block's distinct users numbered group by group
     (a group's users are one range of codes), each one's group, each line's user code."""
-    u, firsts = encode_spans(parsed.buf, parsed.offsets, parsed.user_ends - parsed.offsets)
-    users = _gather(parsed.buf, parsed.offsets[firsts], parsed.user_ends[firsts])
+    offsets = parsed.offsets
+    lengths = np.subtract(parsed.user_ends, offsets,
+                          out=_empty(scratch, "user_lengths", len(offsets), np.int64))
+    u, firsts = encode_spans(parsed.buf, offsets, lengths, scratch)
+    users = _gather(parsed.buf, offsets[firsts], parsed.user_ends[firsts])
     group = string_groups(users, groups)
     by_group = np.argsort(group, kind="stable")
     code = np.empty(len(users), np.int64)
     code[by_group] = np.arange(len(users))
-    return users.take(pa.array(by_group)), group[by_group], code[u]
+    return (users.take(pa.array(by_group)), group[by_group],
+            np.take(code, u, out=_empty(scratch, "line_code", len(u), np.int64)))
 
 
 def _split_groups(block: PairBlock, group: np.ndarray) -> Dict[int, PairBlock]:
@@ -931,13 +988,14 @@ def release_from_files(paths: Iterable[str], mechanism, run_key,
     groups: Dict[int, List[bytes]] = {}
     malformed: Dict[bytes, int] = {}
     for path in paths:
+        scratch = Scratch()
         with open_local_binary(path) as f, closing(
                 read_ahead(iter_raw_blocks(f, block_bytes or BLOCK_BYTES))) as blocks:
             for block in blocks:
-                parsed = parse_block(block)
+                parsed = parse_block(block, scratch)
                 for line, n in parsed.malformed.items():
                     malformed[line] = malformed.get(line, 0) + n
-                for g, pairs in pair_blocks(parsed, user_groups, plan).items():
+                for g, pairs in pair_blocks(parsed, user_groups, plan, scratch).items():
                     groups.setdefault(g, []).append(pairs.to_bytes())
     kept: Dict[int, bytes] = {}  # a group's pairs between rounds
     released: Dict[str, int] = {}

@@ -121,15 +121,14 @@ def iter_raw_blocks(f, block_bytes: int = BLOCK_BYTES) -> Iterator[bytes]:
     offset 0 is removed, once. Every read path of the library (``ReadUserItems``
     whole files, ``split_files`` blocks and ``complete_users``; ``read_user_items``)
     goes through this function."""
-    rest = b""
+    rest = b""  # the text after the last line end read so far
     start = True  # offset 0 of the file is in ``rest + block``
     while True:
         block = f.read(block_bytes)
         if not block:
             break
-        if rest:
-            block = rest + block
         if start:
+            block, rest = rest + block, b""
             if len(block) < len(UTF8_BOM) and UTF8_BOM.startswith(block):
                 rest = block  # too short to tell: read on
                 continue
@@ -138,10 +137,12 @@ def iter_raw_blocks(f, block_bytes: int = BLOCK_BYTES) -> Iterator[bytes]:
                 block = block[len(UTF8_BOM):]
         cut = block.rfind(b"\n")
         if cut < 0:
-            rest = block
+            rest += block
             continue
+        # one copy of the text: ``rest + block[:cut]`` without building ``rest + block``
+        out = b"".join((rest, memoryview(block)[:cut])) if rest else block[:cut]
         rest = block[cut + 1:]
-        yield block[:cut]
+        yield out
     if rest:
         yield rest
 

@@ -100,11 +100,12 @@ class _ReadPairsDoFn(beam.DoFn):
         plan = self._plan(key_bytes)
         file_index, path = element if self._positions else (None, element)
         offset = 0  # of the block in the file's text
+        scratch = columnar.Scratch()  # one block's arrays at a time, reused by the next
         # the reader thread is stopped and joined (closing) before the file is closed
         with open_binary(path) as f, closing(
                 read_ahead(iter_raw_blocks(f, self._block_bytes))) as blocks:
             for block in blocks:
-                parsed = columnar.parse_block(block)
+                parsed = columnar.parse_block(block, scratch)
                 for line, n in parsed.malformed.items():
                     self._malformed.inc(n)
                     yield runners.tag((line, n), _MALFORMED, self._envelope)
@@ -113,7 +114,7 @@ class _ReadPairsDoFn(beam.DoFn):
                             else columnar.line_position(file_index, offset, len(block)))
                     by_group = columnar.counted_pair_blocks(parsed, self._groups, base, plan)
                 else:
-                    by_group = columnar.pair_blocks(parsed, self._groups, plan)
+                    by_group = columnar.pair_blocks(parsed, self._groups, plan, scratch)
                 offset += len(block) + 1
                 for group, pairs in by_group.items():
                     if sink is None:

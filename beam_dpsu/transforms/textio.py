@@ -512,8 +512,8 @@ class ReadUserItems(beam.PTransform):
     decompressed by several workers, so split a very large input into many
     files (as Beam's text sinks write it). On Beam's Dask runner, where a
     ``Reshuffle`` does not redistribute (``runners.Capabilities.redistributes``),
-    the files are matched when the graph is built and dealt by size into one
-    dask partition per worker thread (``dealt_files``, ``runners.read_partitions``);
+    the files are matched when the graph is built and dealt by size into two
+    dask partitions per worker thread (``dealt_files``, ``runners.read_partitions``);
     every later stage keeps that many partitions, so there the parallelism is at
     most the number of input files (one file: one partition chain on one worker).
     """
