@@ -702,3 +702,18 @@ def test_a_reader_reusing_its_arrays_gets_what_fresh_arrays_give(monkeypatch):
                 for a in (b.user_index, b.counts, b.first):
                     assert a is None or not any(np.shares_memory(a, h) for h in held)
 
+
+
+def test_the_line_scan_refuses_arrays_of_the_wrong_length():
+    # the compiled scan writes without bounds checks: it checks its arrays itself
+    pytest.importorskip("numba")
+    from beam_dpsu.dp import array_kernels
+    buf = np.frombuffer(b"a\tb\nc\td\ne", np.uint8)
+    for lines in (3, 2, 0):
+        arrays = [np.empty(lines, np.int64) for _ in range(3)]
+        if lines == 3:
+            array_kernels.line_spans(buf, *arrays)
+            assert arrays[0].tolist() == [0, 4, 8]
+        else:
+            with pytest.raises(ValueError, match="line"):
+                array_kernels.line_spans(buf, *arrays)

@@ -263,6 +263,22 @@ def test_several_input_files_release_what_the_direct_runner_releases(cluster, th
     assert other == direct
 
 
+def test_files_dealt_two_to_a_partition_release_the_same(cluster, three_files, data,
+                                                         tmp_path, monkeypatch):
+    # one partition per thread: the three files in two partitions, one of them reading
+    # two files; GW's first-occurrence order (files in sorted order) is the same
+    monkeypatch.setattr(runners, "DASK_PARTITIONS_PER_THREAD", 1)
+
+    def release(runner_flags, out):
+        select_partitions.run(["--input", three_files[0], "--output", str(tmp_path / out),
+                               "--mechanism", "gw", "--tie-break", "first-occurrence",
+                               "--epsilon", "2", "--delta", "1e-5", "--insecure-test-seed",
+                               "17", "--quiet"] + runner_flags)
+        return items_of(str(tmp_path / out))
+    direct = release(["--runner=DirectRunner"], "d")
+    assert direct and release(dask_flags(cluster), "k") == direct
+
+
 def test_compare_runs_on_dask(cluster, data, tmp_path):
     """``compare --engine beam`` hands the Dask flags to every trial's pipeline."""
     from beam_dpsu.pipelines import compare

@@ -97,6 +97,8 @@ def line_spans(buf, starts, ends, tabs):
     end (its ``\\n`` or the block's end, before a ``\\r`` just before it) and its
     first tab (``buf.size + 1`` when none); returns whether any byte is >= 0x80."""
     n = buf.size
+    if starts.size < 1 or ends.size != starts.size or tabs.size != starts.size:
+        raise ValueError("line_spans needs three arrays of one element per line")
     high = False
     line = 0
     starts[0] = 0
@@ -104,6 +106,8 @@ def line_spans(buf, starts, ends, tabs):
     for k in range(n):
         c = buf[k]
         if c == 10:
+            if line + 1 >= starts.size:
+                raise ValueError("the block has more lines than line_spans was given")
             end = k
             if end > starts[line] and buf[end - 1] == 13:
                 end -= 1

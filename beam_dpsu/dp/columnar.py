@@ -554,7 +554,9 @@ def _users_by_group(parsed: ParsedBlock, groups: int, scratch: Optional[Scratch]
     code = np.empty(len(users), np.int64)
     code[by_group] = np.arange(len(users))
     return (users.take(pa.array(by_group)), group[by_group],
-            np.take(code, u, out=_empty(scratch, "line_code", len(u), np.int64)))
+            # (mode="clip": the codes are all in range, and "raise" copies through a
+            # temporary of the whole length)
+            np.take(code, u, out=_empty(scratch, "line_code", len(u), np.int64), mode="clip"))
 
 
 def _split_groups(block: PairBlock, group: np.ndarray) -> Dict[int, PairBlock]:
