@@ -717,3 +717,39 @@ def test_the_line_scan_refuses_arrays_of_the_wrong_length():
         else:
             with pytest.raises(ValueError, match="line"):
                 array_kernels.line_spans(buf, *arrays)
+
+
+@pytest.mark.parametrize("compiled_kernels", [False, True])
+def test_a_block_parses_the_same_from_a_memoryview(monkeypatch, compiled_kernels):
+    # ``dp.lines.read_blocks`` hands the parser read-only views into reused buffers:
+    # the same lines, items and malformed lines (as bytes) as from a bytes block
+    from beam_dpsu.dp import compiled
+    if compiled_kernels:
+        pytest.importorskip("numba")
+        monkeypatch.setattr(compiled, "WORK_BEFORE_COMPILING", 0)
+    else:
+        monkeypatch.setattr(compiled, "kernel", lambda name, work: None)
+    rnd = random.Random(9)
+    kinds = [b"u\ti", b"", b"\r", b"nolinetab", b"\tx", b"\xc3\xa9\t1", b"\xff\tbad", b"u\t\tx\r",
+             b"v\t\xe2\x82"]
+    for _ in range(60):
+        block = b"\n".join(rnd.choice(kinds) + str(rnd.randrange(5)).encode()
+                           for _ in range(rnd.randrange(1, 80)))
+        buffer = bytearray(b"#" + block + b"#")
+        view = memoryview(buffer)[1:-1].toreadonly()
+        assert columnar.count_byte(np.frombuffer(view, np.uint8), 10) == block.count(b"\n")
+        want, got = columnar.parse_block(block), columnar.parse_block(view)
+        assert got.malformed == want.malformed
+        assert all(type(line) is bytes for line in got.malformed)
+        assert got.users.to_pylist() == want.users.to_pylist()
+        assert got.items.to_pylist() == want.items.to_pylist()
+        assert {g: (b.users.to_pylist(), b.items.to_pylist(), b.user_index.tolist())
+                for g, b in columnar.pair_blocks(got, 3).items()} == {
+            g: (b.users.to_pylist(), b.items.to_pylist(), b.user_index.tolist())
+            for g, b in columnar.pair_blocks(want, 3).items()}
+        # what leaves the block holds none of its buffer: the reader may overwrite it
+        out = columnar.pair_blocks(columnar.parse_block(view), 3,
+                                   rnd.choice([None, (1, bytes(range(16)))]))
+        sent = {g: b.to_bytes() for g, b in out.items()}
+        buffer[:] = b"\t" * len(buffer)
+        assert {g: b.to_bytes() for g, b in out.items()} == sent

@@ -9,8 +9,10 @@ keys every hash and noise draw). A UTF-8 byte-order mark at the start of an
 input file is removed on every read path.
 """
 import collections
+import contextlib
 import enum
 import gzip
+import io
 import itertools
 import math
 import random
@@ -393,3 +395,60 @@ def test_complete_users_strip_the_bom(tmp_path, files):
         assert_that(both, equal_to(expected))
         if files == 1:
             assert_that(complete, equal_to(expected), label="AllComplete")
+
+
+class _ShortReads(io.RawIOBase):
+    """A stream whose ``readinto`` gives 1 to 7 bytes at a time."""
+
+    def __init__(self, data, rnd):
+        self._data, self._at, self._rnd = data, 0, rnd
+
+    def readable(self):
+        return True
+
+    def readinto(self, b):
+        n = min(len(b), self._rnd.randint(1, 7), len(self._data) - self._at)
+        b[:n] = self._data[self._at:self._at + n]
+        self._at += n
+        return n
+
+
+class _ReadOnly:
+    """A file object with ``read`` and no ``readinto``."""
+
+    def __init__(self, data):
+        self._f = io.BytesIO(data)
+
+    def read(self, n):
+        return self._f.read(n)
+
+
+def test_read_blocks_gives_the_blocks_of_iter_raw_blocks_from_any_file_object():
+    rnd = random.Random(6)
+    for _ in range(400):
+        parts = [rnd.choice([b"u\ti", b"", b"\n", b"\r\n", b"\n\n", b"x" * rnd.randrange(40),
+                             BOM, BOM[:1], b"\xff"]) for _ in range(rnd.randrange(14))]
+        text = b"".join(parts)
+        block = rnd.choice([1, 2, 3, 5, 8, 64])
+        expected = list(lines.iter_raw_blocks(io.BytesIO(text), block))
+        for f in (io.BytesIO(text), _ShortReads(text, rnd), _ReadOnly(text),
+                  gzip.GzipFile(fileobj=io.BytesIO(gzip.compress(text)))):
+            got = []
+            with contextlib.closing(lines.read_blocks(f, block, rnd.choice([1, 2]))) as views:
+                for view in views:
+                    assert isinstance(view, memoryview) and view.readonly
+                    got.append(bytes(view))  # a copy, before the next block is asked for
+            assert got == expected, (text, block, f)
+
+
+def test_read_blocks_reads_every_block_into_the_same_few_buffers():
+    # depth + 2 buffers in turn, not a new object per block (a line longer than a block
+    # gets a larger buffer)
+    text = b"".join(b"user%d\titem%d\n" % (k % 7, k) for k in range(5000))
+    with contextlib.closing(lines.read_blocks(io.BytesIO(text), 1000, depth=1)) as views:
+        seen = []
+        for view in views:
+            seen.append((view.obj, bytes(view)))
+    assert len(seen) > 50
+    assert len({id(obj) for obj, _ in seen}) <= 3
+    assert b"\n".join(b for _, b in seen) == text[:-1]

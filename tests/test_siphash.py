@@ -171,3 +171,52 @@ def test_a_ctrl_c_inside_a_kernel_call_is_raised_when_the_call_returns():
     worker.start()
     worker.join()
     assert out == [5]
+
+
+@pytest.mark.parametrize("prefix", [None, 115])
+def test_keys_by_owner_equal_the_gathered_keys(monkeypatch, prefix):
+    # owner[i] picks message i's key from per-owner tables: the values of the keys
+    # gathered per message, with and without the compiled kernel, into ``out`` or not
+    messages = _messages(3000, 3)
+    data, starts, lengths = _spans(messages)
+    rng = np.random.default_rng(8)
+    owners = 40
+    keys = [os.urandom(16) for _ in range(owners)]
+    k0 = np.array([siphash.split_key(k)[0] for k in keys], np.uint64)
+    k1 = np.array([siphash.split_key(k)[1] for k in keys], np.uint64)
+    owner = rng.integers(0, owners, len(messages))
+    head = b"" if prefix is None else bytes([prefix])
+    expected = [siphash.siphash24(keys[o], head + m) for o, m in zip(owner.tolist(), messages)]
+    for numpy_form in (True, False):  # then the kernel, when numba is installed
+        monkeypatch.undo()
+        if numpy_form:
+            monkeypatch.setattr(compiled, "kernel", lambda name, work: None)
+        else:
+            monkeypatch.setattr(compiled, "WORK_BEFORE_COMPILING", 0)
+        assert siphash.siphash24_many_keys(k0, k1, data, starts, lengths, prefix,
+                                           owner=owner).tolist() == expected
+        out = np.zeros(len(messages), np.uint64)
+        got = siphash.siphash24_many_keys(k0, k1, data, starts, lengths, prefix, owner=owner,
+                                          out=out)
+        assert got is out and out.tolist() == expected
+        out[:] = 0
+        gathered = siphash.siphash24_many_keys(k0[owner], k1[owner], data, starts, lengths,
+                                               prefix, out=out)
+        assert gathered is out and out.tolist() == expected
+
+
+def test_the_owner_kernel_refuses_owners_outside_the_tables():
+    # numba does no bounds checks: the kernel checks the owners and the array lengths
+    pytest.importorskip("numba")
+    from beam_dpsu.dp import array_kernels
+    data, starts, lengths = _spans([b"ab", b"c"])
+    buf = np.frombuffer(data, np.uint8)
+    k = np.ones(2, np.uint64)
+    out = np.empty(2, np.uint64)
+    for owner in ([0, 2], [-1, 0]):
+        with pytest.raises(ValueError, match="owner"):
+            array_kernels.siphash24_owned(k, k, np.array(owner, np.int64), buf, starts,
+                                          lengths, -1, out)
+    with pytest.raises(ValueError, match="per message"):
+        array_kernels.siphash24_owned(k, k, np.zeros(1, np.int64), buf, starts, lengths, -1,
+                                      out)

@@ -1,8 +1,8 @@
 """numba kernels of the columnar path and of SipHash-2-4 (needs numba: the ``fast`` extra).
 
 Each has a numpy twin that gives the same results (``dp.siphash._numpy_many``,
-``dp.columnar._spans_equal``, ``dp.columnar._line_spans``, ``dp.columnar.encode_spans``,
-``dp.columnar.gather_spans``, ``dp.columnar._item_keys`` (``mixed_fnv``),
+``dp.columnar._spans_equal``, ``dp.columnar.count_byte``, ``dp.columnar._line_spans``,
+``dp.columnar.encode_spans``, ``dp.columnar.gather_spans``, ``dp.columnar._item_keys`` (``mixed_fnv``),
 ``dp.columnar._sorted_repeats`` (and ``without_repeats``, which applies it),
 ``dp.columnar._smallest_distinct``; the tests compare them; the columnar path itself
 runs the last two only with the kernels). The kernels release the GIL
@@ -15,7 +15,7 @@ from numba import njit
 
 from beam_dpsu.dp.siphash import _C0, _C1, _C2, _C3
 
-__all__ = ["siphash24_many", "compare_spans", "line_spans", "encode_spans", "gather_spans",
+__all__ = ["siphash24_many", "siphash24_owned", "compare_spans", "count_byte", "line_spans", "encode_spans", "gather_spans",
            "item_keys", "sorted_repeats", "without_repeats", "smallest_distinct"]
 
 
@@ -43,43 +43,63 @@ def _round_one(v0, v1, v2, v3):
     return v0, v1, v2, v3
 
 
+@njit(cache=True, inline="always")
+def _siphash_one(k0, k1, buf, start, length, prefix):
+    """SipHash-2-4 under ``(k0, k1)`` of ``buf[start:start + length]``, preceded by
+    the byte ``prefix`` when ``prefix >= 0``."""
+    v0 = k0 ^ np.uint64(_C0)
+    v1 = k1 ^ np.uint64(_C1)
+    v2 = k0 ^ np.uint64(_C2)
+    v3 = k1 ^ np.uint64(_C3)
+    pre = 0 if prefix < 0 else 1
+    total = length + pre
+    base = start - pre
+    m = np.uint64(0)
+    k = 0
+    for pos in range(total):
+        if pos == 0 and pre == 1:
+            byte = np.uint64(prefix)
+        else:
+            byte = np.uint64(buf[base + pos])
+        m |= byte << np.uint64(8 * k)
+        k += 1
+        if k == 8:
+            v3 ^= m
+            v0, v1, v2, v3 = _round_one(v0, v1, v2, v3)
+            v0, v1, v2, v3 = _round_one(v0, v1, v2, v3)
+            v0 ^= m
+            m = np.uint64(0)
+            k = 0
+    m |= np.uint64(total & 0xFF) << np.uint64(56)
+    v3 ^= m
+    v0, v1, v2, v3 = _round_one(v0, v1, v2, v3)
+    v0, v1, v2, v3 = _round_one(v0, v1, v2, v3)
+    v0 ^= m
+    v2 ^= np.uint64(0xFF)
+    for _ in range(4):
+        v0, v1, v2, v3 = _round_one(v0, v1, v2, v3)
+    return v0 ^ v1 ^ v2 ^ v3
+
+
 @njit(cache=True, nogil=True)
 def siphash24_many(k0, k1, buf, starts, lengths, prefix):
-    n = starts.size
-    out = np.empty(n, np.uint64)
-    pre = 0 if prefix < 0 else 1
-    for i in range(n):
-        v0 = k0[i] ^ np.uint64(_C0)
-        v1 = k1[i] ^ np.uint64(_C1)
-        v2 = k0[i] ^ np.uint64(_C2)
-        v3 = k1[i] ^ np.uint64(_C3)
-        total = lengths[i] + pre
-        base = starts[i] - pre
-        m = np.uint64(0)
-        k = 0
-        for pos in range(total):
-            if pos == 0 and pre == 1:
-                byte = np.uint64(prefix)
-            else:
-                byte = np.uint64(buf[base + pos])
-            m |= byte << np.uint64(8 * k)
-            k += 1
-            if k == 8:
-                v3 ^= m
-                v0, v1, v2, v3 = _round_one(v0, v1, v2, v3)
-                v0, v1, v2, v3 = _round_one(v0, v1, v2, v3)
-                v0 ^= m
-                m = np.uint64(0)
-                k = 0
-        m |= np.uint64(total & 0xFF) << np.uint64(56)
-        v3 ^= m
-        v0, v1, v2, v3 = _round_one(v0, v1, v2, v3)
-        v0, v1, v2, v3 = _round_one(v0, v1, v2, v3)
-        v0 ^= m
-        v2 ^= np.uint64(0xFF)
-        for _ in range(4):
-            v0, v1, v2, v3 = _round_one(v0, v1, v2, v3)
-        out[i] = v0 ^ v1 ^ v2 ^ v3
+    out = np.empty(starts.size, np.uint64)
+    for i in range(starts.size):
+        out[i] = _siphash_one(k0[i], k1[i], buf, starts[i], lengths[i], prefix)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def siphash24_owned(k0, k1, owner, buf, starts, lengths, prefix, out):
+    """``siphash24_many`` with message i under the key ``(k0[owner[i]],
+    k1[owner[i]])``, written to ``out``."""
+    if owner.size != starts.size or lengths.size != starts.size or out.size != starts.size:
+        raise ValueError("siphash24_owned needs one owner, length and output per message")
+    for i in range(starts.size):
+        j = owner[i]
+        if j < 0 or j >= k0.size or j >= k1.size:
+            raise ValueError("an owner outside the key arrays")
+        out[i] = _siphash_one(k0[j], k1[j], buf, starts[i], lengths[i], prefix)
     return out
 
 
@@ -89,6 +109,15 @@ def compare_spans(data, a, b, lengths):
     for k in range(a.size):
         out[k] = _same_bytes(data, a[k], b[k], lengths[k])
     return out
+
+
+@njit(cache=True, nogil=True)
+def count_byte(buf, byte):
+    count = 0
+    for k in range(buf.size):
+        if buf[k] == byte:
+            count += 1
+    return count
 
 
 @njit(cache=True, nogil=True)

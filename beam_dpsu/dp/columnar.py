@@ -64,7 +64,7 @@ from beam_dpsu.dp.weights import check_weighting
 
 __all__ = ["Scratch", "COLUMNAR_USER_GROUPS", "COLUMNAR_ITEM_SHARDS", "BYTES_PER_USER_GROUP",
            "MIN_USER_GROUPS", "MAX_USER_GROUPS", "user_groups_for", "GROUPS_PER_ITEM_SHARD",
-           "item_shards_for", "ParsedBlock", "parse_block",
+           "item_shards_for", "ParsedBlock", "count_byte", "parse_block",
            "encode_spans", "gather_spans", "mixed_fnv", "string_spans", "string_groups",
            "PairBlock", "pair_blocks", "presample", "FILE_SHIFT", "MAX_FILES", "line_position",
            "counted_pair_blocks", "GroupPairs", "group_pairs", "without_items", "pairs_histogram",
@@ -234,29 +234,40 @@ def _line_spans(buf: np.ndarray, lines: int, scratch: Optional[Scratch] = None):
     return starts, ends, tab, bool((buf >= 0x80).any())
 
 
-def parse_block(block: bytes, scratch: Optional[Scratch] = None) -> ParsedBlock:
+def count_byte(buf: np.ndarray, byte: int) -> int:
+    """How many elements of the uint8 array ``buf`` equal ``byte``: the compiled
+    kernel once the process has enough work (a tenth of ``bytes.count``'s time),
+    else numpy."""
+    kernel = compiled.kernel("count_byte", len(buf))
+    if kernel is not None:
+        return int(kernel(buf, byte))
+    return int(np.count_nonzero(buf == byte))
+
+
+def parse_block(block, scratch: Optional[Scratch] = None) -> ParsedBlock:
     """Parses a block of lines (``\\n``-separated, as ``dp.lines.iter_raw_blocks``
-    yields them: no final newline) into user ids and items.
+    and ``dp.lines.read_blocks`` yield them: no final newline; bytes or a
+    ``memoryview``) into user ids and items.
 
     Exactly ``dp.lines.parse_line`` on each line: a trailing ``\\r`` is removed,
     the user id is everything before the first tab and must be non-empty, the
     item everything after it (further tabs included), and a line that is not
     valid UTF-8 (strict: no surrogates) is malformed, as is an empty line.
     ``scratch``: the arrays of the result are ``scratch``'s (valid until it parses
-    the next block), else new.
+    the next block), else new. The result's ``buf`` views ``block`` (no copy).
     """
     buf = np.frombuffer(block, dtype=np.uint8)
-    starts, ends, tab, high = _line_spans(buf, block.count(b"\n") + 1, scratch)
+    starts, ends, tab, high = _line_spans(buf, count_byte(buf, _NL) + 1, scratch)
     ok = (tab > starts) & (tab < ends)
     if high:  # check the UTF-8 of the lines that hold a non-ASCII byte
         try:
-            block.decode("utf-8")
+            str(block, "utf-8")
         except UnicodeDecodeError:
             non_ascii = np.flatnonzero(buf >= 0x80)
             lines = np.unique(np.searchsorted(starts, non_ascii, side="right") - 1)
             for k in lines[ok[lines]].tolist():
                 try:
-                    block[starts[k]:ends[k]].decode("utf-8")
+                    str(block[starts[k]:ends[k]], "utf-8")
                 except UnicodeDecodeError:
                     ok[k] = False
     bad = np.flatnonzero(~ok)
@@ -265,7 +276,7 @@ def parse_block(block: bytes, scratch: Optional[Scratch] = None) -> ParsedBlock:
         # a line's raw end (its \r kept) is where the next line starts, less its \n
         last = len(starts) - 1
         malformed = dict(collections.Counter(
-            block[starts[k]:(starts[k + 1] - 1 if k < last else len(block))]
+            bytes(block[starts[k]:(starts[k + 1] - 1 if k < last else len(block))])
             for k in bad.tolist()))
         keep = np.flatnonzero(ok)
         starts, ends, tab = starts[keep], ends[keep], tab[keep]
@@ -534,7 +545,8 @@ def pair_blocks(parsed: ParsedBlock, groups: int, sample: Optional[Tuple[int, by
         order = np.argsort(line_code, kind="stable")
         line_code, starts, lengths = line_code[order], starts[order], lengths[order]
     if sample is not None:
-        keep = _presample_mask(users, (parsed.buf, starts, lengths), line_code, *sample)
+        keep = _presample_mask(users, (parsed.buf, starts, lengths), line_code, *sample,
+                               scratch=scratch)
         if keep is not None:
             starts, lengths, line_code = starts[keep], lengths[keep], line_code[keep]
     block = PairBlock(users, gather_spans(parsed.buf, starts, lengths), line_code)
@@ -606,10 +618,12 @@ def presample(block: PairBlock, max_items: int, sample_key: bytes) -> PairBlock:
 
 
 def _presample_mask(users: pa.Array, spans, user_index: np.ndarray, max_items: int,
-                    sample_key: bytes) -> Optional[np.ndarray]:
+                    sample_key: bytes, scratch: Optional[Scratch] = None
+                    ) -> Optional[np.ndarray]:
     """Which pairs ``presample`` keeps (a boolean mask; None: all). Pair k is
     ``(users[user_index[k]], item k)``, item k the bytes ``data[starts[k]:starts[k] +
-    lengths[k]]`` of ``spans = (data, starts, lengths)``."""
+    lengths[k]]`` of ``spans = (data, starts, lengths)``. ``scratch``: holds the
+    scores (the mask is new)."""
     num = np.bincount(user_index, minlength=len(users))
     big = np.flatnonzero(num > max_items)
     if not len(big):
@@ -620,8 +634,9 @@ def _presample_mask(users: pa.Array, spans, user_index: np.ndarray, max_items: i
         # the other users keep all their pairs whatever their (unkeyed) scores
         data, starts, lengths = spans
         k0, k1 = _user_key_arrays(users, big, sample_key)
-        keep = _smallest_distinct(owner, item_scores(k0[owner], k1[owner], data, starts,
-                                                     lengths, prefix=STR_TAG), max_items)
+        scores = item_scores(k0, k1, data, starts, lengths, prefix=STR_TAG, owner=owner,
+                             out=_empty(scratch, "scores", len(owner), np.uint64))
+        keep = _smallest_distinct(owner, scores, max_items)
     else:
         pairs, pu, scores = _big_user_scores(users, spans, owner, None, big, sample_key)
         keep = np.ones(len(owner), dtype=bool)
@@ -869,8 +884,8 @@ def _big_user_scores(users: pa.Array, spans, u: np.ndarray,
     pairs = np.flatnonzero(is_big[u])
     data, starts, lengths = spans
     pu, pi = u[pairs], (pairs if i is None else i[pairs])
-    return pairs, pu, item_scores(k0[pu], k1[pu], data, starts[pi], lengths[pi],
-                                  prefix=STR_TAG)
+    return pairs, pu, item_scores(k0, k1, data, starts[pi], lengths[pi], prefix=STR_TAG,
+                                  owner=pu)
 
 
 def _user_key_arrays(users: pa.Array, big: np.ndarray, sample_key: bytes):
@@ -984,7 +999,7 @@ def release_from_files(paths: Iterable[str], mechanism, run_key,
     ``transforms.columnar.SelectFromText`` computes on a runner (the benchmarks'
     floor). ``mechanism``: a histogram mechanism or DP-SIPS (``columnar_rounds``);
     ``run_key``: its ``RunKey``."""
-    from beam_dpsu.dp.lines import BLOCK_BYTES, iter_raw_blocks, open_local_binary, read_ahead
+    from beam_dpsu.dp.lines import BLOCK_BYTES, open_local_binary, read_blocks
     rounds = columnar_rounds(mechanism)
     plan = presample_plan(mechanism, run_key)
     groups: Dict[int, List[bytes]] = {}
@@ -992,7 +1007,7 @@ def release_from_files(paths: Iterable[str], mechanism, run_key,
     for path in paths:
         scratch = Scratch()
         with open_local_binary(path) as f, closing(
-                read_ahead(iter_raw_blocks(f, block_bytes or BLOCK_BYTES))) as blocks:
+                read_blocks(f, block_bytes or BLOCK_BYTES)) as blocks:
             for block in blocks:
                 parsed = parse_block(block, scratch)
                 for line, n in parsed.malformed.items():

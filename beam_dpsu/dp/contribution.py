@@ -245,10 +245,13 @@ def user_keys(keys: Tuple[bytes, bytes], data, starts, lengths, prefix=None):
             siphash24_many(keys[1], data, starts, lengths, prefix))
 
 
-def item_scores(k0, k1, data, starts, lengths, prefix=None) -> np.ndarray:
+def item_scores(k0, k1, data, starts, lengths, prefix=None, owner=None, out=None
+                ) -> np.ndarray:
     """The sampling score of each (user, item) pair: SipHash-2-4 of the item's canonical
-    bytes under its user's key ``(k0[i], k1[i])`` (``user_keys``)."""
-    return siphash24_many_keys(k0, k1, data, starts, lengths, prefix)
+    bytes under its user's key ``(k0[i], k1[i])`` (``user_keys``), or, with ``owner``,
+    ``(k0[owner[i]], k1[owner[i]])`` (keys per user, pair i of user ``owner[i]``).
+    ``out``: an array to write the scores to (``siphash24_many_keys``)."""
+    return siphash24_many_keys(k0, k1, data, starts, lengths, prefix, owner, out)
 
 
 def sample_items(user_id: Any, counts: ItemCounts, max_items: int, key: bytes) -> ItemCounts:

@@ -25,7 +25,7 @@ from beam_dpsu.dp.contribution import DEFAULT_FLUSH_PAIRS, ItemCounts, pack_by, 
 
 
 __all__ = ["open_local_binary", "BLOCK_BYTES", "UTF8_BOM", "iter_line_blocks", "iter_raw_blocks",
-           "read_ahead", "parse_line", "group_line_counts", "read_user_items", "iter_line_counts",
+           "read_blocks", "read_ahead", "parse_line", "group_line_counts", "read_user_items", "iter_line_counts",
            "pack_user_groups", "with_positions"]
 
 
@@ -119,32 +119,101 @@ def iter_raw_blocks(f, block_bytes: int = BLOCK_BYTES) -> Iterator[bytes]:
 
     ``f`` is read from its start: a UTF-8 byte-order mark (``UTF8_BOM``) at
     offset 0 is removed, once. Every read path of the library (``ReadUserItems``
-    whole files, ``split_files`` blocks and ``complete_users``; ``read_user_items``)
-    goes through this function."""
-    rest = b""  # the text after the last line end read so far
-    start = True  # offset 0 of the file is in ``rest + block``
-    while True:
-        block = f.read(block_bytes)
-        if not block:
+    whole files, ``split_files`` blocks and ``complete_users``; ``read_user_items``;
+    the columnar path through ``read_blocks``, the same blocks without copies) goes
+    through the blocks of this function."""
+    for view in _block_views(f, block_bytes, 1):
+        yield bytes(view)
+
+
+def read_blocks(f, block_bytes: int = BLOCK_BYTES, depth: int = READ_AHEAD_BLOCKS
+                ) -> Iterator[memoryview]:
+    """``iter_raw_blocks``' blocks, read by a reader thread (``read_ahead``) into
+    ``depth + 2`` buffers used in turn: each is a read-only ``memoryview`` into a
+    buffer that the reader fills again once the consumer has asked for the next two
+    blocks. So the consumer must be done with a block (and hold nothing that views
+    it: copy what outlives it) when it asks for the next one.
+
+    The same bytes as ``iter_raw_blocks`` without a new 8 MiB object per block:
+    where pages of freed large objects go back to the system (Dask's workers set
+    ``MALLOC_TRIM_THRESHOLD_``), each new one is faulted in anew, a page at a time.
+    As with ``read_ahead``, close this generator before the file."""
+    return read_ahead(_block_views(f, block_bytes, depth + 2), depth)
+
+
+#: ``read_blocks``: the bytes asked of a file object per call. Small enough that a
+#: decompressor's output is ordinary heap memory (below glibc's 128 KiB mmap
+#: threshold), not pages mapped and faulted in for every call.
+READ_CHUNK = 64 << 10
+
+
+def _read_into(f, view: memoryview) -> int:
+    """Fills ``view`` from ``f`` (``readinto`` where it has one, else ``read``) in
+    pieces of at most ``READ_CHUNK``; returns the bytes read, fewer than
+    ``len(view)`` only at the end of the file."""
+    readinto = getattr(f, "readinto", None)
+    done = 0
+    while done < len(view):
+        piece = view[done:done + READ_CHUNK]
+        if readinto is not None:
+            got = readinto(piece) or 0
+        else:
+            data = f.read(len(piece))
+            got = len(data)
+            piece[:got] = data
+        if not got:
             break
-        if start:
-            block, rest = rest + block, b""
-            if len(block) < len(UTF8_BOM) and UTF8_BOM.startswith(block):
-                rest = block  # too short to tell: read on
+        done += got
+    return done
+
+
+def _block_views(f, block_bytes: int, buffers: int) -> Iterator[memoryview]:
+    """The blocks of ``iter_raw_blocks`` as read-only views into ``buffers`` buffers
+    used in turn (a view is overwritten when ``buffers`` more blocks have been
+    read). Each block holds the text left after the previous one's last line end
+    (copied to the front of its buffer), then ``block_bytes`` more, cut after its
+    last line end; without one, ``block_bytes`` more again (a larger buffer)."""
+    if block_bytes < 1 or buffers < 1:
+        raise ValueError(f"block_bytes and buffers must be at least 1; got "
+                         f"{block_bytes}, {buffers}")
+    pool: List[Optional[bytearray]] = [None] * buffers  # replaced, never resized (views)
+    rest = b""  # the text after the last line end read so far
+    first = True  # the block starts at offset 0 of the file
+    turn = 0
+    while True:
+        target = len(rest) + block_bytes
+        buf = pool[turn]
+        if buf is None or len(buf) < target:  # room for the text left by later blocks
+            buf = pool[turn] = bytearray(target + target // 4)
+        view = memoryview(buf)
+        view[:len(rest)] = rest
+        end = len(rest)  # the bytes in the buffer
+        searched = end  # ``rest`` holds no line end
+        while True:
+            if len(buf) < target:  # a longer line: a larger buffer, the text copied
+                bigger = bytearray(max(target, 2 * len(buf)))
+                bigger[:end] = view[:end]
+                buf = pool[turn] = bigger
+                view = memoryview(buf)
+            got = _read_into(f, view[end:target])
+            end += got
+            if first and got and end < len(UTF8_BOM) and UTF8_BOM.startswith(view[:end]):
+                target = end + block_bytes  # too short to tell a mark: read on
                 continue
-            start = False
-            if block.startswith(UTF8_BOM):
-                block = block[len(UTF8_BOM):]
-        cut = block.rfind(b"\n")
-        if cut < 0:
-            rest += block
-            continue
-        # one copy of the text: ``rest + block[:cut]`` without building ``rest + block``
-        out = b"".join((rest, memoryview(block)[:cut])) if rest else block[:cut]
-        rest = block[cut + 1:]
-        yield out
-    if rest:
-        yield rest
+            cut = buf.rfind(b"\n", searched, end)
+            if cut >= 0 or end < target:  # a line end, or the end of the file
+                break
+            searched = end
+            target = end + block_bytes
+        skip = len(UTF8_BOM) if first and view[:len(UTF8_BOM)] == UTF8_BOM else 0
+        if cut < 0:  # the end of the file, no line end since the last one
+            if end > skip:
+                yield view[skip:end].toreadonly()
+            return
+        first = False
+        rest = bytes(view[cut + 1:end])
+        yield view[skip:cut].toreadonly()
+        turn = (turn + 1) % buffers
 
 
 def parse_line(line: bytes) -> Optional[Tuple[str, str]]:

@@ -123,19 +123,37 @@ def siphash24_many(key: bytes, data, starts, lengths, prefix: Optional[int] = No
                                starts, lengths, prefix)
 
 
-def siphash24_many_keys(k0, k1, data, starts, lengths, prefix: Optional[int] = None
+def siphash24_many_keys(k0, k1, data, starts, lengths, prefix: Optional[int] = None,
+                        owner: Optional[np.ndarray] = None, out: Optional[np.ndarray] = None
                         ) -> np.ndarray:
     """``siphash24_many`` with a key per message: message ``i`` under the key whose
-    little-endian halves are ``k0[i]`` and ``k1[i]`` (uint64 arrays)."""
+    little-endian halves are ``k0[i]`` and ``k1[i]`` (uint64 arrays), or, with
+    ``owner`` (an integer array, one element per message), ``k0[owner[i]]`` and
+    ``k1[owner[i]]`` (a key per owner, not gathered per message). ``out``: a uint64
+    array of one element per message to write the values to (then returned)."""
     buf = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else data
     starts = np.asarray(starts, dtype=np.int64)
     lengths = np.asarray(lengths, dtype=np.int64)
     k0 = np.asarray(k0, dtype=np.uint64)
     k1 = np.asarray(k1, dtype=np.uint64)
-    kernel = compiled.kernel("siphash24_many", len(starts))
-    if kernel is not None:
-        return kernel(k0, k1, buf, starts, lengths, -1 if prefix is None else int(prefix))
-    return _numpy_many(k0, k1, buf, starts, lengths, prefix)
+    code = -1 if prefix is None else int(prefix)
+    if owner is not None:
+        owner = np.asarray(owner, dtype=np.int64)
+        kernel = compiled.kernel("siphash24_owned", len(starts))
+        if kernel is not None:
+            if out is None:
+                out = np.empty(len(starts), np.uint64)
+            return kernel(k0, k1, owner, buf, starts, lengths, code, out)
+        k0, k1 = k0[owner], k1[owner]
+        values = _numpy_many(k0, k1, buf, starts, lengths, prefix)
+    else:
+        kernel = compiled.kernel("siphash24_many", len(starts))
+        values = (kernel(k0, k1, buf, starts, lengths, code) if kernel is not None
+                  else _numpy_many(k0, k1, buf, starts, lengths, prefix))
+    if out is None:
+        return values
+    out[:] = values
+    return out
 
 
 def _numpy_many(k0, k1, buf, starts, lengths, prefix):

@@ -50,7 +50,7 @@ import pyarrow as pa
 
 from beam_dpsu.dp import columnar, columnar_policy
 from beam_dpsu.dp.columnar import COLUMNAR_ITEM_SHARDS, COLUMNAR_USER_GROUPS
-from beam_dpsu.dp.lines import BLOCK_BYTES, iter_raw_blocks, read_ahead
+from beam_dpsu.dp.lines import BLOCK_BYTES, read_blocks
 from beam_dpsu.dp.mechanisms.policy import PolicyMechanism
 from beam_dpsu.dp.mechanisms.sips import Sips
 from beam_dpsu.dp.noise import RunKey
@@ -101,9 +101,10 @@ class _ReadPairsDoFn(beam.DoFn):
         file_index, path = element if self._positions else (None, element)
         offset = 0  # of the block in the file's text
         scratch = columnar.Scratch()  # one block's arrays at a time, reused by the next
-        # the reader thread is stopped and joined (closing) before the file is closed
-        with open_binary(path) as f, closing(
-                read_ahead(iter_raw_blocks(f, self._block_bytes))) as blocks:
+        # the reader thread is stopped and joined (closing) before the file is closed;
+        # a block's buffer is read into again once the next two are asked for: what
+        # leaves this loop is copied out of it (the messages' bytes, the malformed lines)
+        with open_binary(path) as f, closing(read_blocks(f, self._block_bytes)) as blocks:
             for block in blocks:
                 parsed = columnar.parse_block(block, scratch)
                 for line, n in parsed.malformed.items():
