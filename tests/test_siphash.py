@@ -36,11 +36,16 @@ def _spans(messages):
 
 
 @pytest.mark.parametrize("prefix", [None, 115])
-def test_many_equals_the_scalar_reference(prefix):
+def test_many_equals_the_scalar_reference(monkeypatch, prefix):
     messages = _messages(2000, 1)
     data, starts, lengths = _spans(messages)
     head = b"" if prefix is None else bytes([prefix])
     expected = [siphash.siphash24(KEY, head + m) for m in messages]
+    assert siphash.siphash24_many(KEY, data, starts, lengths, prefix).tolist() == expected
+    with monkeypatch.context() as patched:  # the numpy form, then the kernels if installed
+        patched.setattr(compiled, "kernel", lambda name, work: None)
+        assert siphash.siphash24_many(KEY, data, starts, lengths, prefix).tolist() == expected
+    monkeypatch.setattr(compiled, "WORK_BEFORE_COMPILING", 0)
     assert siphash.siphash24_many(KEY, data, starts, lengths, prefix).tolist() == expected
     # both implementations: numpy, and the numba kernel when numba is installed
     n = len(messages)
@@ -50,8 +55,12 @@ def test_many_equals_the_scalar_reference(prefix):
     assert siphash._numpy_many(k0, k1, buf, starts, lengths, prefix).tolist() == expected
     if NUMBA:
         from beam_dpsu.dp import array_kernels
+        code = -1 if prefix is None else prefix
         assert array_kernels.siphash24_many(k0, k1, buf, starts, lengths,
-                                            -1 if prefix is None else prefix).tolist() == expected
+                                            code).tolist() == expected
+        # the one-key kernel (``siphash24_many`` once the kernels are loaded)
+        assert array_kernels.siphash24_key(k0[0], k1[0], buf, starts, lengths,
+                                           code).tolist() == expected
 
 
 def test_a_key_per_message():

@@ -15,7 +15,7 @@ from numba import njit
 
 from beam_dpsu.dp.siphash import _C0, _C1, _C2, _C3
 
-__all__ = ["siphash24_many", "siphash24_owned", "compare_spans", "count_byte", "line_spans", "encode_spans", "gather_spans",
+__all__ = ["siphash24_many", "siphash24_key", "siphash24_owned", "compare_spans", "count_byte", "line_spans", "encode_spans", "gather_spans",
            "item_keys", "sorted_repeats", "without_repeats", "smallest_distinct"]
 
 
@@ -86,6 +86,17 @@ def siphash24_many(k0, k1, buf, starts, lengths, prefix):
     out = np.empty(starts.size, np.uint64)
     for i in range(starts.size):
         out[i] = _siphash_one(k0[i], k1[i], buf, starts[i], lengths[i], prefix)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def siphash24_key(k0, k1, buf, starts, lengths, prefix):
+    """``siphash24_many`` with every message under the one key ``(k0, k1)``."""
+    if lengths.size != starts.size:
+        raise ValueError("siphash24_key needs one length per message")
+    out = np.empty(starts.size, np.uint64)
+    for i in range(starts.size):
+        out[i] = _siphash_one(k0, k1, buf, starts[i], lengths[i], prefix)
     return out
 
 

@@ -25,8 +25,8 @@ from beam_dpsu.dp.contribution import DEFAULT_FLUSH_PAIRS, ItemCounts, pack_by, 
 
 
 __all__ = ["open_local_binary", "BLOCK_BYTES", "UTF8_BOM", "iter_line_blocks", "iter_raw_blocks",
-           "read_blocks", "read_ahead", "parse_line", "group_line_counts", "read_user_items", "iter_line_counts",
-           "pack_user_groups", "with_positions"]
+           "read_blocks", "read_ahead", "parse_line", "group_line_counts", "read_user_items",
+           "iter_line_counts", "pack_user_groups", "with_positions"]
 
 
 def open_local_binary(path: str):
@@ -130,8 +130,8 @@ def read_blocks(f, block_bytes: int = BLOCK_BYTES, depth: int = READ_AHEAD_BLOCK
                 ) -> Iterator[memoryview]:
     """``iter_raw_blocks``' blocks, read by a reader thread (``read_ahead``) into
     ``depth + 2`` buffers used in turn: each is a read-only ``memoryview`` into a
-    buffer that the reader fills again once the consumer has asked for the next two
-    blocks. So the consumer must be done with a block (and hold nothing that views
+    buffer that the reader may fill again as soon as the consumer asks for the next
+    block. So the consumer must be done with a block (and hold nothing that views
     it: copy what outlives it) when it asks for the next one.
 
     The same bytes as ``iter_raw_blocks`` without a new 8 MiB object per block:

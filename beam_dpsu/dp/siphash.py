@@ -119,6 +119,13 @@ def siphash24_many(key: bytes, data, starts, lengths, prefix: Optional[int] = No
     """
     k0, k1 = split_key(key)
     n = len(starts)
+    kernel = compiled.kernel("siphash24_key", n)
+    if kernel is not None:  # the key once, not copied per message
+        buf = (np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray)
+               else data)
+        return kernel(np.uint64(k0), np.uint64(k1), buf, np.asarray(starts, dtype=np.int64),
+                      np.asarray(lengths, dtype=np.int64),
+                      -1 if prefix is None else int(prefix))
     return siphash24_many_keys(np.full(n, k0, np.uint64), np.full(n, k1, np.uint64), data,
                                starts, lengths, prefix)
 

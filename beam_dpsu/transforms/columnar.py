@@ -102,8 +102,8 @@ class _ReadPairsDoFn(beam.DoFn):
         offset = 0  # of the block in the file's text
         scratch = columnar.Scratch()  # one block's arrays at a time, reused by the next
         # the reader thread is stopped and joined (closing) before the file is closed;
-        # a block's buffer is read into again once the next two are asked for: what
-        # leaves this loop is copied out of it (the messages' bytes, the malformed lines)
+        # a block's buffer may be read into again once the next block is asked for: what
+        # leaves an iteration is copied out of it (the messages' bytes, malformed lines)
         with open_binary(path) as f, closing(read_blocks(f, self._block_bytes)) as blocks:
             for block in blocks:
                 parsed = columnar.parse_block(block, scratch)
