@@ -27,6 +27,20 @@ from conftest import local_pipeline
 RK = RunKey.from_test_seed(2024)
 
 
+@pytest.fixture(params=[False, True], ids=["numpy", "compiled"])
+def compiled_kernels(request, monkeypatch):
+    """Runs a test with the numpy forms of the kernels, then with the compiled kernels
+    from the first call (skipped without numba); the value says which."""
+    from beam_dpsu.dp import compiled
+    if request.param:
+        pytest.importorskip("numba")
+        monkeypatch.setattr(compiled, "WORK_BEFORE_COMPILING", 0)
+        assert compiled.kernel("smallest_distinct", 1) is not None
+    else:
+        monkeypatch.setattr(compiled, "kernel", lambda name, work: None)
+    return request.param
+
+
 # -- parsing -----------------------------------------------------------------------
 
 
@@ -493,16 +507,9 @@ def _spans_of(strings, rnd):
             np.array([len(s) for s in strings], np.int64))
 
 
-@pytest.mark.parametrize("compiled_kernels", [False, True])
 def test_encode_and_gather_spans_are_exact(monkeypatch, compiled_kernels):
     # encode_spans: one code per distinct byte string, numbered in order of first
     # appearance (a Python dict's numbering); gather_spans: the strings in the order asked.
-    from beam_dpsu.dp import compiled
-    if compiled_kernels:
-        pytest.importorskip("numba")
-        monkeypatch.setattr(compiled, "WORK_BEFORE_COMPILING", 0)
-    else:
-        monkeypatch.setattr(compiled, "kernel", lambda name, work: None)
     rnd = random.Random(11)
     many = [f"d{k}".encode() for k in range(20000)]  # distinct: the table's probes collide
     rnd.shuffle(many)
@@ -636,7 +643,6 @@ def test_dropping_repeats_in_one_pass_equals_the_sorted_repeats(monkeypatch):
         {(int(c), i.encode()) for c, i in zip(line_code, items)})
 
 
-@pytest.mark.parametrize("compiled_kernels", [False, True])
 @pytest.mark.parametrize("big_users, small_users", [(3, 200), (20, 10)])
 def test_presample_keeps_sample_items_subset_whoever_holds_most_pairs(
         monkeypatch, compiled_kernels, big_users, small_users):
@@ -644,13 +650,6 @@ def test_presample_keeps_sample_items_subset_whoever_holds_most_pairs(
     # of the block's pairs (20 big users), else only those users' pairs (3 big users
     # among 200 small ones): both keep each big user's sample_items subset, every
     # pair of a user at or below Δ0, with the compiled cut or its numpy form.
-    from beam_dpsu.dp import compiled
-    if compiled_kernels:
-        pytest.importorskip("numba")
-        monkeypatch.setattr(compiled, "WORK_BEFORE_COMPILING", 0)
-        assert compiled.kernel("smallest_distinct", 1) is not None
-    else:
-        monkeypatch.setattr(compiled, "kernel", lambda name, work: None)
     gathered = []
     big_user_scores = columnar._big_user_scores
     monkeypatch.setattr(columnar, "_big_user_scores",
@@ -719,16 +718,9 @@ def test_the_line_scan_refuses_arrays_of_the_wrong_length():
                 array_kernels.line_spans(buf, *arrays)
 
 
-@pytest.mark.parametrize("compiled_kernels", [False, True])
-def test_a_block_parses_the_same_from_a_memoryview(monkeypatch, compiled_kernels):
+def test_a_block_parses_the_same_from_a_memoryview(compiled_kernels):
     # ``dp.lines.read_blocks`` hands the parser read-only views into reused buffers:
     # the same lines, items and malformed lines (as bytes) as from a bytes block
-    from beam_dpsu.dp import compiled
-    if compiled_kernels:
-        pytest.importorskip("numba")
-        monkeypatch.setattr(compiled, "WORK_BEFORE_COMPILING", 0)
-    else:
-        monkeypatch.setattr(compiled, "kernel", lambda name, work: None)
     rnd = random.Random(9)
     kinds = [b"u\ti", b"", b"\r", b"nolinetab", b"\tx", b"\xc3\xa9\t1", b"\xff\tbad", b"u\t\tx\r",
              b"v\t\xe2\x82"]
