@@ -229,3 +229,23 @@ def test_the_owner_kernel_refuses_owners_outside_the_tables():
     with pytest.raises(ValueError, match="per message"):
         array_kernels.siphash24_owned(k, k, np.zeros(1, np.int64), buf, starts, lengths, -1,
                                       out)
+
+
+def test_keys_by_owner_and_out_are_checked_in_both_forms(monkeypatch):
+    data, starts, lengths = _spans([b"ab", b"c", b""])
+    k = np.ones(2, np.uint64)
+    for numpy_form in (True, False):
+        monkeypatch.undo()
+        if numpy_form:
+            monkeypatch.setattr(compiled, "kernel", lambda name, work: None)
+        else:
+            monkeypatch.setattr(compiled, "WORK_BEFORE_COMPILING", 0)
+        for owner in ([0, 1, 2], [0, -1, 0], [0, 1]):
+            with pytest.raises(ValueError, match="owner"):
+                siphash.siphash24_many_keys(k, k, data, starts, lengths, owner=owner)
+        for out in (np.zeros(4, np.uint64), np.zeros(3, np.float64)):
+            with pytest.raises(ValueError, match="out"):
+                siphash.siphash24_many_keys(k, k, data, starts, lengths, owner=[0, 1, 0],
+                                            out=out)
+        with pytest.raises(ValueError, match="per message"):
+            siphash.siphash24_many_keys(k, k, data, starts, lengths)  # 2 keys, 3 messages

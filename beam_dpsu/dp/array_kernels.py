@@ -83,6 +83,8 @@ def _siphash_one(k0, k1, buf, start, length, prefix):
 
 @njit(cache=True, nogil=True)
 def siphash24_many(k0, k1, buf, starts, lengths, prefix):
+    if k0.size != starts.size or k1.size != starts.size or lengths.size != starts.size:
+        raise ValueError("siphash24_many needs one key and one length per message")
     out = np.empty(starts.size, np.uint64)
     for i in range(starts.size):
         out[i] = _siphash_one(k0[i], k1[i], buf, starts[i], lengths[i], prefix)

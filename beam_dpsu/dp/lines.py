@@ -17,6 +17,7 @@ import bz2
 import collections
 import functools
 import gzip
+import io
 import queue
 import threading
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
@@ -156,7 +157,11 @@ def _read_into(f, view: memoryview) -> int:
     while done < len(view):
         piece = view[done:done + READ_CHUNK]
         if readinto is not None:
-            got = readinto(piece) or 0
+            try:
+                got = readinto(piece) or 0
+            except (NotImplementedError, io.UnsupportedOperation):  # a stream with read only
+                readinto = None
+                continue
         else:
             data = f.read(len(piece))
             got = len(data)

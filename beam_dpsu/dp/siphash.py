@@ -144,17 +144,25 @@ def siphash24_many_keys(k0, k1, data, starts, lengths, prefix: Optional[int] = N
     k0 = np.asarray(k0, dtype=np.uint64)
     k1 = np.asarray(k1, dtype=np.uint64)
     code = -1 if prefix is None else int(prefix)
+    n = len(starts)
+    if len(lengths) != n or (out is not None and (out.dtype != np.uint64 or len(out) != n)):
+        raise ValueError("one length per message, and out (when given) a uint64 array "
+                         "of one element per message")
     if owner is not None:
         owner = np.asarray(owner, dtype=np.int64)
-        kernel = compiled.kernel("siphash24_owned", len(starts))
+        if len(owner) != n or (n and (owner.min() < 0 or owner.max() >= min(len(k0), len(k1)))):
+            raise ValueError("one owner per message, each indexing the key arrays")
+        kernel = compiled.kernel("siphash24_owned", n)
         if kernel is not None:
             if out is None:
-                out = np.empty(len(starts), np.uint64)
+                out = np.empty(n, np.uint64)
             return kernel(k0, k1, owner, buf, starts, lengths, code, out)
         k0, k1 = k0[owner], k1[owner]
         values = _numpy_many(k0, k1, buf, starts, lengths, prefix)
     else:
-        kernel = compiled.kernel("siphash24_many", len(starts))
+        if len(k0) != n or len(k1) != n:
+            raise ValueError("one key (k0, k1) per message")
+        kernel = compiled.kernel("siphash24_many", n)
         values = (kernel(k0, k1, buf, starts, lengths, code) if kernel is not None
                   else _numpy_many(k0, k1, buf, starts, lengths, prefix))
     if out is None:
