@@ -2,8 +2,8 @@
 
 Each has a numpy twin that gives the same results (``dp.siphash._numpy_many``,
 ``dp.columnar._spans_equal``, ``dp.columnar.count_byte``, ``dp.columnar._line_spans``,
-``dp.columnar.encode_spans``, ``dp.columnar.gather_spans``, ``dp.columnar._item_keys`` (``mixed_fnv``),
-``dp.columnar._sorted_repeats`` (and ``without_repeats``, which applies it),
+``dp.columnar.encode_spans``, ``dp.columnar.gather_spans``, ``dp.columnar._item_keys``
+(``mixed_fnv``), ``dp.columnar._sorted_repeats`` (and ``without_repeats``, which applies it),
 ``dp.columnar._smallest_distinct``; the tests compare them; the columnar path itself
 runs the last two only with the kernels). The kernels release the GIL
 (``nogil``), so a reader thread (``dp.lines.read_ahead``) runs beside them.
@@ -15,8 +15,9 @@ from numba import njit
 
 from beam_dpsu.dp.siphash import _C0, _C1, _C2, _C3
 
-__all__ = ["siphash24_many", "siphash24_key", "siphash24_owned", "compare_spans", "count_byte", "line_spans", "encode_spans", "gather_spans",
-           "item_keys", "sorted_repeats", "without_repeats", "smallest_distinct"]
+__all__ = ["siphash24_many", "siphash24_key", "siphash24_owned", "compare_spans", "count_byte",
+           "line_spans", "encode_spans", "gather_spans", "item_keys", "sorted_repeats",
+           "without_repeats", "smallest_distinct"]
 
 
 @njit(cache=True, inline="always")

@@ -121,9 +121,8 @@ def siphash24_many(key: bytes, data, starts, lengths, prefix: Optional[int] = No
     n = len(starts)
     kernel = compiled.kernel("siphash24_key", n)
     if kernel is not None:  # the key once, not copied per message
-        buf = (np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray)
-               else data)
-        return kernel(np.uint64(k0), np.uint64(k1), buf, np.asarray(starts, dtype=np.int64),
+        return kernel(np.uint64(k0), np.uint64(k1), _bytes_array(data),
+                      np.asarray(starts, dtype=np.int64),
                       np.asarray(lengths, dtype=np.int64),
                       -1 if prefix is None else int(prefix))
     return siphash24_many_keys(np.full(n, k0, np.uint64), np.full(n, k1, np.uint64), data,
@@ -138,7 +137,7 @@ def siphash24_many_keys(k0, k1, data, starts, lengths, prefix: Optional[int] = N
     ``owner`` (an integer array, one element per message), ``k0[owner[i]]`` and
     ``k1[owner[i]]`` (a key per owner, not gathered per message). ``out``: a uint64
     array of one element per message to write the values to (then returned)."""
-    buf = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else data
+    buf = _bytes_array(data)
     starts = np.asarray(starts, dtype=np.int64)
     lengths = np.asarray(lengths, dtype=np.int64)
     k0 = np.asarray(k0, dtype=np.uint64)
@@ -150,13 +149,15 @@ def siphash24_many_keys(k0, k1, data, starts, lengths, prefix: Optional[int] = N
                          "of one element per message")
     if owner is not None:
         owner = np.asarray(owner, dtype=np.int64)
-        if len(owner) != n or (n and (owner.min() < 0 or owner.max() >= min(len(k0), len(k1)))):
-            raise ValueError("one owner per message, each indexing the key arrays")
+        if len(owner) != n:
+            raise ValueError("one owner per message")
         kernel = compiled.kernel("siphash24_owned", n)
-        if kernel is not None:
+        if kernel is not None:  # it checks every owner itself, in its one pass
             if out is None:
                 out = np.empty(n, np.uint64)
             return kernel(k0, k1, owner, buf, starts, lengths, code, out)
+        if n and (owner.min() < 0 or owner.max() >= min(len(k0), len(k1))):
+            raise ValueError("an owner outside the key arrays")
         k0, k1 = k0[owner], k1[owner]
         values = _numpy_many(k0, k1, buf, starts, lengths, prefix)
     else:
@@ -169,6 +170,11 @@ def siphash24_many_keys(k0, k1, data, starts, lengths, prefix: Optional[int] = N
         return values
     out[:] = values
     return out
+
+
+def _bytes_array(data) -> np.ndarray:
+    """``data`` (bytes, a memoryview or a uint8 array) as a uint8 array, not copied."""
+    return data if isinstance(data, np.ndarray) else np.frombuffer(data, dtype=np.uint8)
 
 
 def _numpy_many(k0, k1, buf, starts, lengths, prefix):
