@@ -11,7 +11,7 @@ import pytest
 from apache_beam.testing.util import assert_that, equal_to
 from scipy import stats
 
-from beam_dpsu.dp import columnar, synthetic
+from beam_dpsu.dp import buffers, columnar, synthetic
 from beam_dpsu.dp.contribution import (item_scores, per_user_counts, sample_items,
                                        sampling_keys, user_keys)
 from beam_dpsu.dp.lines import iter_raw_blocks, parse_line
@@ -549,12 +549,22 @@ def test_compiled_hash_keys_and_repeats_equal_their_numpy_forms(monkeypatch):
 
     assert columnar.mixed_fnv(buf, starts, lengths).tolist() == [fnv(s) for s in strings]
     line_code = np.array([rnd.randrange(9) for _ in strings], np.int64)
+    index_bits = (len(strings) - 1).bit_length()
     for bits in (4, 10):
-        keys = array_kernels.item_keys(buf, starts, lengths, line_code, bits,
+        keys = array_kernels.item_keys(buf, starts, lengths, line_code, bits, 0,
                                        np.empty(len(starts), np.uint64))
+        # independent: the user code above the high bits of the hash
+        assert keys.tolist() == [(c << (64 - bits)) | (fnv(x) >> bits)
+                                 for c, x in zip(line_code.tolist(), strings)]
+        indexed = array_kernels.item_keys(buf, starts, lengths, line_code, bits, index_bits,
+                                          np.empty(len(starts), np.uint64))
+        assert indexed.tolist() == [(key >> index_bits << index_bits) | k
+                                    for k, key in enumerate(keys.tolist())]
         monkeypatch.setattr(columnar.compiled, "kernel", lambda name, work: None)
         assert keys.tolist() == columnar._item_keys(buf, starts, lengths, line_code,
                                                     bits).tolist()
+        assert indexed.tolist() == columnar._item_keys(buf, starts, lengths, line_code,
+                                                       bits, index_bits).tolist()
         monkeypatch.undo()
     order = np.argsort(keys)
     s, n, k = starts[order], lengths[order], keys[order]
@@ -616,15 +626,22 @@ def test_dropping_repeats_in_one_pass_equals_the_sorted_repeats(monkeypatch):
     lengths = np.array([len(i.encode()) for i in items], np.int64)
     starts = np.r_[0, np.cumsum(lengths + 1)[:-1]].astype(np.int64)
     line_code = np.array([rnd.randrange(4) for _ in items], np.int64)
-    for hashed, keys in ((False, line_code.astype(np.uint64)),  # a user's items on one key
-                         (True, columnar._item_keys(data, starts, lengths, line_code, 2))):
-        order = np.argsort(keys)
+    index_bits = (len(items) - 1).bit_length()
+    index = np.arange(len(items), dtype=np.uint64)
+    for hashed, keys in (
+            (False, (line_code.astype(np.uint64) << np.uint64(index_bits)) | index),  # a
+            # user's items on one key
+            (True, columnar._item_keys(data, starts, lengths, line_code, 2, index_bits))):
+        keys = np.sort(keys)
+        order = (keys % np.uint64(1 << index_bits)).astype(np.int64)  # the index bits
+        assert sorted(order.tolist()) == list(range(len(items)))
         s, n = starts[order], lengths[order]
-        kept = np.flatnonzero(~columnar._sorted_repeats(data, s, n, keys[order]))
+        kept = np.flatnonzero(~columnar._sorted_repeats(data, s, n, keys // np.uint64(
+            1 << index_bits)))
         expected = (line_code[order[kept]], s[kept], n[kept])
         out = (np.empty(len(order), np.int64), np.empty(len(order), np.int64),
                np.empty(len(order), np.int64))
-        m = kernel(data, starts, lengths, keys, line_code, order, *out)
+        m = kernel(data, starts, lengths, keys, index_bits, line_code, *out)
         got = tuple(a[:m] for a in out)
         for x, y in zip(got, expected):
             assert x.tolist() == y.tolist()
@@ -685,7 +702,7 @@ def test_a_reader_reusing_its_arrays_gets_what_fresh_arrays_give(monkeypatch):
         rows.insert(rnd.randrange(lines), "u1\titem\r")
         return "\n".join(rows).encode() + b"\n\xff\tbad"
     blocks = [block(n, u) for n, u in ((3000, 200), (40, 5), (5000, 900), (7, 3), (2500, 60))]
-    scratch = columnar.Scratch()
+    scratch = buffers.Scratch()
     for sample in (None, (3, b"k" * 16)):
         for text in blocks:
             fresh_parse = columnar.parse_block(text)
@@ -745,3 +762,44 @@ def test_a_block_parses_the_same_from_a_memoryview(compiled_kernels):
         sent = {g: b.to_bytes() for g, b in out.items()}
         buffer[:] = b"\t" * len(buffer)
         assert {g: b.to_bytes() for g, b in out.items()} == sent
+
+
+def test_kernels_writing_into_given_arrays_refuse_wrong_sizes(monkeypatch):
+    # the kernels that write to arrays they are given check every size first (an
+    # index out of range in compiled code would write outside the array)
+    pytest.importorskip("numba")
+    from beam_dpsu.dp import array_kernels
+    buf = np.frombuffer(b"abcdef", np.uint8)
+    starts, lengths = np.array([0, 2], np.int64), np.array([2, 3], np.int64)
+    with pytest.raises(ValueError, match="one length and output per message"):
+        array_kernels.siphash24_key(np.uint64(1), np.uint64(2), buf, starts, lengths, -1,
+                                    np.empty(3, np.uint64))
+    with pytest.raises(ValueError, match="total length"):
+        array_kernels.gather_spans(buf, starts, lengths, np.empty(3, np.int32),
+                                   np.empty(4, np.uint8))
+    with pytest.raises(ValueError, match="n \\+ 1 offsets"):
+        array_kernels.gather_spans(buf, starts, lengths, np.empty(2, np.int32),
+                                   np.empty(5, np.uint8))
+    with pytest.raises(ValueError, match="one score and output per element"):
+        array_kernels.smallest_distinct(np.zeros(2, np.int64), np.zeros(2, np.uint64), 1,
+                                        np.empty(1, np.bool_))
+    with pytest.raises(ValueError, match="one length, code and output"):
+        array_kernels.item_keys(buf, starts, lengths, np.zeros(1, np.int64), 1, 1,
+                                np.empty(2, np.uint64))
+    out = [np.empty(2, np.int64) for _ in range(3)]
+    with pytest.raises(ValueError, match="index outside the lines"):  # index 2 of 2 lines
+        array_kernels.without_repeats(buf, starts, lengths, np.array([0, 2], np.uint64), 2,
+                                      np.zeros(2, np.int64), *out)
+    # and is_sorted against its numpy form
+    rng = np.random.default_rng(3)
+    for a in (np.zeros(0, np.int64), np.array([5]), np.sort(rng.integers(0, 9, 50)),
+              rng.integers(0, 9, 50), np.array([1, 1, 0])):
+        assert array_kernels.is_sorted(a) == bool(np.all(a[1:] >= a[:-1]))
+
+
+def test_dropping_repeats_refuses_a_block_too_large_for_packed_keys():
+    # user code bits + line index bits must fit in 64: 2^62 users and 8 lines do not
+    data = np.frombuffer(b"abcdefgh", np.uint8)
+    starts, lengths = np.arange(8, dtype=np.int64), np.ones(8, np.int64)
+    with pytest.raises(ValueError, match="read in smaller blocks"):
+        columnar._drop_repeats(data, starts, lengths, np.zeros(8, np.int64), 2 ** 62)

@@ -496,3 +496,28 @@ def test_read_blocks_reads_every_block_into_the_same_few_buffers():
         assert len(seen) > 50
         assert len({id(obj) for obj, _ in seen}) <= depth + 2
         assert b"\n".join(b for _, b in seen) == text[:-1]
+
+
+def test_a_reader_keeps_its_buffers_from_file_to_file():
+    # read_blocks with the caller's buffers: every file still gives the reference
+    # blocks, the next file is read into the same buffers (none allocated anew while
+    # they are large enough), and a list of the wrong length is refused
+    rnd = random.Random(9)
+    texts = [b"".join(b"u%d\titem%d\n" % (rnd.randrange(9), k) for k in range(n))
+             for n in (3000, 10, 0, 4000)]
+    texts.append(b"one line longer than a block " * 40)  # needs a larger buffer
+    buffers = [None] * 4
+    kept = set()
+    for text in texts:
+        got = []
+        with contextlib.closing(lines.read_blocks(io.BytesIO(text), 500, 2, buffers)) as views:
+            for view in views:
+                time.sleep(0.001)
+                got.append(bytes(view))
+        assert got == _reference_blocks(text, 500)
+        if text == texts[0]:
+            kept = {id(b) for b in buffers}
+    assert len(kept) == 4 and None not in buffers
+    assert len({id(b) for b in buffers} & kept) >= 2  # the long line replaced at most two
+    with pytest.raises(ValueError, match="depth \\+ 2 = 3 buffers; got 4"):
+        lines.read_blocks(io.BytesIO(b"a\tb"), 500, 1, buffers)

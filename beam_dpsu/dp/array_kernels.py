@@ -17,7 +17,7 @@ from beam_dpsu.dp.siphash import _C0, _C1, _C2, _C3
 
 __all__ = ["siphash24_many", "siphash24_key", "siphash24_owned", "compare_spans", "count_byte",
            "line_spans", "encode_spans", "gather_spans", "item_keys", "sorted_repeats",
-           "without_repeats", "smallest_distinct"]
+           "without_repeats", "is_sorted", "smallest_distinct"]
 
 
 @njit(cache=True, inline="always")
@@ -93,11 +93,11 @@ def siphash24_many(k0, k1, buf, starts, lengths, prefix):
 
 
 @njit(cache=True, nogil=True)
-def siphash24_key(k0, k1, buf, starts, lengths, prefix):
-    """``siphash24_many`` with every message under the one key ``(k0, k1)``."""
-    if lengths.size != starts.size:
-        raise ValueError("siphash24_key needs one length per message")
-    out = np.empty(starts.size, np.uint64)
+def siphash24_key(k0, k1, buf, starts, lengths, prefix, out):
+    """``siphash24_many`` with every message under the one key ``(k0, k1)``, written
+    to ``out``."""
+    if lengths.size != starts.size or out.size != starts.size:
+        raise ValueError("siphash24_key needs one length and output per message")
     for i in range(starts.size):
         out[i] = _siphash_one(k0, k1, buf, starts[i], lengths[i], prefix)
     return out
@@ -248,16 +248,20 @@ def encode_spans(buf, starts, lengths, basis, codes, firsts):
 
 
 @njit(cache=True, nogil=True)
-def gather_spans(buf, starts, lengths, offsets):
+def gather_spans(buf, starts, lengths, offsets, out):
     """The byte strings ``buf[starts[k]:starts[k] + lengths[k]]`` (any order) copied
-    one after another; ``offsets`` (n + 1 entries) is filled with where each begins."""
+    one after another into ``out`` (their total length); ``offsets`` (n + 1
+    entries) is filled with where each begins. Returns ``out``."""
     n = starts.size
+    if lengths.size != n or offsets.size != n + 1:
+        raise ValueError("gather_spans needs one length per string and n + 1 offsets")
     total = 0
     offsets[0] = 0
     for k in range(n):
         total += lengths[k]
         offsets[k + 1] = total
-    out = np.empty(total, np.uint8)
+    if out.size != total:
+        raise ValueError("gather_spans' output must hold the strings' total length")
     for k in range(n):
         o = offsets[k]
         s = starts[k]
@@ -267,15 +271,21 @@ def gather_spans(buf, starts, lengths, offsets):
 
 
 @njit(cache=True, nogil=True)
-def item_keys(buf, starts, lengths, line_code, bits, out):
+def item_keys(buf, starts, lengths, line_code, bits, index_bits, out):
     """``out[k] = (line_code[k] << (64 - bits)) | (h(item k) >> bits)``, ``h`` the 64-bit
-    FNV-1a of the item's bytes with a final mix (``dp.columnar.mixed_fnv``'s value);
-    returns ``out``."""
+    FNV-1a of the item's bytes with a final mix (``dp.columnar.mixed_fnv``'s value),
+    its lowest ``index_bits`` bits then replaced by k; returns ``out``."""
     n = starts.size
+    if lengths.size != n or line_code.size != n or out.size != n:
+        raise ValueError("item_keys needs one length, code and output per string")
     high = np.uint64(64 - bits)
     low = np.uint64(bits)
+    index = np.uint64(index_bits)
     for k in range(n):
-        out[k] = (np.uint64(line_code[k]) << high) | (_mixed_fnv(buf, starts[k], lengths[k]) >> low)
+        key = (np.uint64(line_code[k]) << high) | (_mixed_fnv(buf, starts[k], lengths[k]) >> low)
+        if index_bits:
+            key = ((key >> index) << index) | np.uint64(k)
+        out[k] = key
     return out
 
 
@@ -293,12 +303,24 @@ def sorted_repeats(buf, starts, lengths, keys):
 
 
 @njit(cache=True, nogil=True)
-def smallest_distinct(owner, scores, max_items):
+def is_sorted(a):
+    """Whether ``a`` is in non-decreasing order."""
+    for k in range(1, a.size):
+        if a[k] < a[k - 1]:
+            return False
+    return True
+
+
+@njit(cache=True, nogil=True)
+def smallest_distinct(owner, scores, max_items, keep):
     """For ``owner`` sorted: whether element k's score is among the ``max_items``
-    smallest distinct scores of its owner's elements (equal scores share a rank).
-    One small sort per owner with more than ``max_items`` elements."""
+    smallest distinct scores of its owner's elements (equal scores share a rank),
+    written to ``keep`` (returned). One small sort per owner with more than
+    ``max_items`` elements."""
     n = owner.size
-    keep = np.ones(n, np.bool_)
+    if scores.size != n or keep.size != n:
+        raise ValueError("smallest_distinct needs one score and output per element")
+    keep[:] = True
     a = 0
     while a < n:
         b = a + 1
@@ -321,19 +343,27 @@ def smallest_distinct(owner, scores, max_items):
 
 
 @njit(cache=True, nogil=True)
-def without_repeats(buf, starts, lengths, keys, line_code, order, codes, out_starts,
+def without_repeats(buf, starts, lengths, keys, index_bits, line_code, codes, out_starts,
                     out_lengths):
-    """``(line_code, starts, lengths)`` taken in ``order``, without each string that
-    repeats the one before it in that order (``sorted_repeats`` of the reordered
-    arrays), written to the first m elements of ``codes``, ``out_starts`` and
-    ``out_lengths`` (each of ``order.size``) in one pass; returns m."""
-    n = order.size
+    """For ``keys`` sorted, each holding a line's index in its lowest ``index_bits``
+    bits: ``(line_code, starts, lengths)`` of the lines in that order, without each
+    string that repeats the one before it (equal keys above the index, equal bytes:
+    ``sorted_repeats`` of the reordered arrays), written to the first m elements of
+    ``codes``, ``out_starts`` and ``out_lengths`` (each of ``keys.size``) in one
+    pass; returns m."""
+    n = keys.size
+    if codes.size < n or out_starts.size < n or out_lengths.size < n:
+        raise ValueError("without_repeats needs an output of each array per line")
+    shift = np.uint64(index_bits)
+    mask = (np.uint64(1) << shift) - np.uint64(1)
     m = 0
     for j in range(n):
-        k = order[j]
+        k = np.int64(keys[j] & mask)
+        if k < 0 or k >= starts.size or k >= lengths.size or k >= line_code.size:
+            raise ValueError("a key's index outside the lines")
         if j > 0:
-            p = order[j - 1]
-            if (keys[k] == keys[p] and lengths[k] == lengths[p]
+            p = np.int64(keys[j - 1] & mask)
+            if ((keys[j] >> shift) == (keys[j - 1] >> shift) and lengths[k] == lengths[p]
                     and _same_bytes(buf, starts[p], starts[k], lengths[k])):
                 continue
         codes[m] = line_code[k]

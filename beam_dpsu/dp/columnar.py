@@ -51,6 +51,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from beam_dpsu.dp import compiled
+from beam_dpsu.dp.buffers import Scratch, empty
 from beam_dpsu.dp import sequential as policies
 from beam_dpsu.dp.contribution import (item_scores, owner_score_order, ranks_in_runs,
                                        sample_items, sampling_keys, smallest_scores,
@@ -62,7 +63,7 @@ from beam_dpsu.dp.noise import STR_TAG
 from beam_dpsu.dp.siphash import siphash24_many
 from beam_dpsu.dp.weights import check_weighting
 
-__all__ = ["Scratch", "COLUMNAR_USER_GROUPS", "COLUMNAR_ITEM_SHARDS", "BYTES_PER_USER_GROUP",
+__all__ = ["COLUMNAR_USER_GROUPS", "COLUMNAR_ITEM_SHARDS", "BYTES_PER_USER_GROUP",
            "MIN_USER_GROUPS", "MAX_USER_GROUPS", "user_groups_for", "GROUPS_PER_ITEM_SHARD",
            "item_shards_for", "ParsedBlock", "count_byte", "parse_block",
            "encode_spans", "gather_spans", "mixed_fnv", "string_spans", "string_groups",
@@ -89,32 +90,8 @@ COLUMNAR_ITEM_SHARDS = 16
 GROUPS_PER_ITEM_SHARD = 4
 
 
-class Scratch:
-    """Arrays that one reader reuses from block to block (``parse_block``,
-    ``pair_blocks``): an array taken under a name stays valid until the same name is
-    taken again, so nothing taken may outlive the block it was taken for (what
-    ``pair_blocks`` returns never holds one). Fresh arrays of a few MB per block
-    would otherwise be mapped, faulted in page by page and unmapped again by glibc's
-    malloc where its trim threshold is set, as on Dask's workers
-    (``docs/runners.md``, "Worker settings that change the speed"). No effect on
-    any result."""
-
-    def __init__(self):
-        self._arrays: Dict[str, np.ndarray] = {}
-
-    def take(self, name: str, n: int, dtype) -> np.ndarray:
-        """An uninitialised array of ``n`` elements of ``dtype``, the one last taken
-        under ``name`` when it is large enough (grown by a quarter more when not)."""
-        dtype = np.dtype(dtype)
-        held = self._arrays.get(name)
-        if held is None or held.dtype != dtype or held.size < n:
-            size = n if held is None or held.dtype != dtype else max(n, held.size * 5 // 4)
-            held = self._arrays[name] = np.empty(size, dtype)
-        return held[:n]
-
-
 def _empty(scratch: Optional[Scratch], name: str, n: int, dtype) -> np.ndarray:
-    return np.empty(n, dtype) if scratch is None else scratch.take(name, n, dtype)
+    return empty(n, dtype) if scratch is None else scratch.take(name, n, dtype)
 
 
 @dataclass
@@ -258,7 +235,8 @@ def parse_block(block, scratch: Optional[Scratch] = None) -> ParsedBlock:
     """
     buf = np.frombuffer(block, dtype=np.uint8)
     starts, ends, tab, high = _line_spans(buf, count_byte(buf, _NL) + 1, scratch)
-    ok = (tab > starts) & (tab < ends)
+    ok = np.greater(tab, starts, out=_empty(scratch, "line_ok", len(starts), np.bool_))
+    ok &= np.less(tab, ends, out=_empty(scratch, "line_in", len(starts), np.bool_))
     if high:  # check the UTF-8 of the lines that hold a non-ASCII byte
         try:
             str(block, "utf-8")
@@ -270,7 +248,7 @@ def parse_block(block, scratch: Optional[Scratch] = None) -> ParsedBlock:
                     str(block[starts[k]:ends[k]], "utf-8")
                 except UnicodeDecodeError:
                     ok[k] = False
-    bad = np.flatnonzero(~ok)
+    bad = np.zeros(0, np.int64) if ok.all() else np.flatnonzero(~ok)
     malformed: Dict[bytes, int] = {}
     if len(bad):
         # a line's raw end (its \r kept) is where the next line starts, less its \n
@@ -325,7 +303,8 @@ def gather_spans(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> pa
     starts = np.asarray(starts, np.int64)
     lengths = np.asarray(lengths, np.int64)
     kernel = compiled.kernel("gather_spans", len(starts))
-    if kernel is None or int(lengths.sum()) >= 1 << 31:
+    total = int(lengths.sum())
+    if kernel is None or total >= 1 << 31:
         order = np.argsort(starts, kind="stable")
         picked = _gather(buf, starts[order], starts[order] + lengths[order])
         if len(order) and (order[1:] < order[:-1]).any():
@@ -333,8 +312,8 @@ def gather_spans(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> pa
             inverse[order] = np.arange(len(order))
             picked = picked.take(pa.array(inverse))
         return picked
-    offsets = np.empty(len(starts) + 1, np.int32)
-    data = kernel(buf, starts, lengths, offsets)
+    offsets = empty(len(starts) + 1, np.int32)
+    data = kernel(buf, starts, lengths, offsets, empty(total, np.uint8))
     return pa.Array.from_buffers(pa.string(), len(starts),
                                  [None, pa.py_buffer(offsets), pa.py_buffer(data)])
 
@@ -349,10 +328,19 @@ def string_spans(array: pa.Array) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     large = pa.types.is_large_string(array.type) or pa.types.is_large_binary(array.type)
     _, offsets_buf, data_buf = array.buffers()
     offsets = np.frombuffer(offsets_buf, np.int64 if large else np.int32)
-    offsets = offsets[array.offset:array.offset + len(array) + 1].astype(np.int64)
+    offsets = offsets[array.offset:array.offset + len(array) + 1]
     data = (np.frombuffer(data_buf, np.uint8) if data_buf is not None
             else np.zeros(0, np.uint8))
-    return data, offsets[:-1], offsets[1:] - offsets[:-1]
+    starts = offsets[:-1] if large else _int64(offsets[:-1])
+    return data, starts, np.subtract(offsets[1:], offsets[:-1],
+                                     out=empty(len(array), np.int64))
+
+
+def _int64(a: np.ndarray) -> np.ndarray:
+    """``a`` as a new int64 array (its memory from Arrow's pool, ``buffers.empty``)."""
+    out = empty(len(a), np.int64)
+    out[:] = a
+    return out
 
 
 # A public, fixed key: ``string_groups`` spreads work and has no privacy role.
@@ -364,8 +352,8 @@ def string_groups(array: pa.Array, groups: int) -> np.ndarray:
     of its UTF-8 bytes under a fixed public key, modulo ``groups``. It only spreads
     users over groups and items over shards (no privacy role)."""
     data, starts, lengths = string_spans(array)
-    return (siphash24_many(_GROUP_KEY, data, starts, lengths) % np.uint64(groups)).astype(
-        np.int64)
+    h = siphash24_many(_GROUP_KEY, data, starts, lengths)
+    return np.remainder(h, np.uint64(groups), out=h).view(np.int64)  # < groups: int64 as is
 
 
 #: Compression of the pair blocks between stages (built into pyarrow's wheels). zstd:
@@ -442,15 +430,18 @@ class PairBlock:
 def _encode(array: pa.Array) -> Tuple[pa.Array, np.ndarray]:
     """``(distinct strings, index of each element in them)`` (exact string equality)."""
     encoded = pc.dictionary_encode(array)
-    return encoded.dictionary, encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    return encoded.dictionary, _int64(encoded.indices.to_numpy(zero_copy_only=False))
 
 
 def _distinct_codes(codes: np.ndarray) -> np.ndarray:
-    """The distinct values of an int64 array, sorted."""
-    codes = np.sort(codes)
-    if len(codes) > 1:
-        codes = codes[np.r_[True, codes[1:] != codes[:-1]]]
-    return codes
+    """The distinct values of an int64 array, sorted (``codes`` is sorted in place)."""
+    codes.sort()
+    if len(codes) < 2:
+        return codes
+    first = empty(len(codes), np.bool_)
+    first[0] = True
+    np.not_equal(codes[1:], codes[:-1], out=first[1:])
+    return np.compress(first, codes, out=empty(np.count_nonzero(first), np.int64))
 
 
 _FNV_OFFSET, _FNV_PRIME = np.uint64(0xCBF29CE484222325), np.uint64(0x100000001B3)
@@ -476,16 +467,22 @@ def mixed_fnv(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.nd
     return h
 
 
-def _item_keys(buf, starts, lengths, line_code, bits: int,
+def _item_keys(buf, starts, lengths, line_code, bits: int, index_bits: int = 0,
                scratch: Optional[Scratch] = None) -> np.ndarray:
-    """Each line's sort key: its user code in the high bits, the high bits of its
-    item's ``mixed_fnv`` below (``bits`` bits for the user)."""
+    """Each line's sort key: its user code in the high ``bits`` bits, the high bits
+    of its item's ``mixed_fnv`` below, and, with ``index_bits``, the line's index
+    k in the low ``index_bits`` bits (in place of the hash's lowest bits)."""
     kernel = compiled.kernel("item_keys", len(starts))
     if kernel is not None:
-        return kernel(buf, starts, lengths, line_code, bits,
+        return kernel(buf, starts, lengths, line_code, bits, index_bits,
                       _empty(scratch, "item_keys", len(starts), np.uint64))
-    return ((line_code.astype(np.uint64) << np.uint64(64 - bits))
+    keys = ((line_code.astype(np.uint64) << np.uint64(64 - bits))
             | (mixed_fnv(buf, starts, lengths) >> np.uint64(bits)))
+    if index_bits:
+        keys >>= np.uint64(index_bits)
+        keys <<= np.uint64(index_bits)
+        keys |= np.arange(len(keys), dtype=np.uint64)
+    return keys
 
 
 def _sorted_repeats(buf, starts, lengths, keys) -> np.ndarray:
@@ -505,20 +502,29 @@ def _drop_repeats(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
     item: ``data[starts[k]:starts[k] + lengths[k]]``), without a user's repeated
     lines: ``(line_code, starts, lengths)`` in that order. Repeats are neighbours in
     that order and are compared byte for byte, so a hash collision never merges two
-    items (it only leaves a repeat for ``bounded_histogram``)."""
+    items (it only leaves a repeat for ``bounded_histogram``).
+
+    Each key (``_item_keys``) carries its line's index in its lowest bits, so one
+    sort of the keys in place gives the order (no index array of an argsort, and
+    faster); equal items keep equal keys above the index."""
+    n = len(starts)
     bits = max(1, int(users - 1).bit_length())
-    keys = _item_keys(data, starts, lengths, line_code, bits, scratch)
-    order = np.argsort(keys)
-    kernel = compiled.kernel("without_repeats", len(order))
+    index_bits = max(1, int(n - 1).bit_length())
+    if bits + index_bits > 64:
+        raise ValueError(f"a block of {n} lines of {users} users is too large to sort "
+                         f"by packed keys: read in smaller blocks")
+    keys = _item_keys(data, starts, lengths, line_code, bits, index_bits, scratch)
+    keys.sort()
+    kernel = compiled.kernel("without_repeats", n)
     if kernel is not None:
-        n = len(order)
         out = (_empty(scratch, "kept_codes", n, line_code.dtype),
                _empty(scratch, "kept_starts", n, starts.dtype),
                _empty(scratch, "kept_lengths", n, lengths.dtype))
-        m = kernel(data, starts, lengths, keys, line_code, order, *out)
+        m = kernel(data, starts, lengths, keys, index_bits, line_code, *out)
         return tuple(a[:m] for a in out)
+    order = (keys & np.uint64((1 << index_bits) - 1)).astype(np.int64)
     starts, lengths = starts[order], lengths[order]
-    kept = np.flatnonzero(~_sorted_repeats(data, starts, lengths, keys[order]))
+    kept = np.flatnonzero(~_sorted_repeats(data, starts, lengths, keys >> np.uint64(index_bits)))
     return line_code[order[kept]], starts[kept], lengths[kept]
 
 
@@ -548,7 +554,11 @@ def pair_blocks(parsed: ParsedBlock, groups: int, sample: Optional[Tuple[int, by
         keep = _presample_mask(users, (parsed.buf, starts, lengths), line_code, *sample,
                                scratch=scratch)
         if keep is not None:
-            starts, lengths, line_code = starts[keep], lengths[keep], line_code[keep]
+            m = int(np.count_nonzero(keep))
+            starts, lengths, line_code = (
+                np.compress(keep, a, out=_empty(scratch, name, m, a.dtype)) for a, name in (
+                    (starts, "sampled_starts"), (lengths, "sampled_lengths"),
+                    (line_code, "sampled_codes")))
     block = PairBlock(users, gather_spans(parsed.buf, starts, lengths), line_code)
     return _split_groups(block, group)
 
@@ -644,6 +654,14 @@ def _presample_mask(users: pa.Array, spans, user_index: np.ndarray, max_items: i
     return None if keep.all() else keep
 
 
+def _is_sorted(a: np.ndarray) -> bool:
+    """Whether ``a`` is in non-decreasing order (the compiled check when loaded)."""
+    kernel = compiled.kernel("is_sorted", len(a))
+    if kernel is not None:
+        return bool(kernel(a))
+    return len(a) < 2 or bool((a[1:] >= a[:-1]).all())
+
+
 def _smallest_distinct(owner: np.ndarray, scores: np.ndarray, max_items: int) -> np.ndarray:
     """Whether each element's score is among the ``max_items`` smallest distinct
     scores of its owner's (a repeated item: one score; ties share a rank). The
@@ -652,8 +670,8 @@ def _smallest_distinct(owner: np.ndarray, scores: np.ndarray, max_items: int) ->
     if max_items < 1:
         raise ValueError(f"max_items must be at least 1; got {max_items}")
     kernel = compiled.kernel("smallest_distinct", len(owner))
-    if kernel is not None and (len(owner) < 2 or bool((owner[1:] >= owner[:-1]).all())):
-        return kernel(owner, scores, max_items)
+    if kernel is not None and _is_sorted(owner):
+        return kernel(owner, scores, max_items, empty(len(owner), np.bool_))
     order = owner_score_order(owner, scores)  # by owner, then score
     ss = scores[order]
     # rank among the owner's distinct scores, 0 = smallest
@@ -788,19 +806,26 @@ def group_pairs(blocks: Iterable[PairBlock]) -> GroupPairs:
     give counted pairs: the counts summed, the first positions' minimum."""
     blocks = list(blocks)
     if not blocks:
-        empty = pa.array([], pa.string())
-        return GroupPairs(empty, empty, np.zeros(0, np.int64), np.zeros(0, np.int64))
-    user_off = np.cumsum([0] + [len(b.users) for b in blocks])
+        none = pa.array([], pa.string())
+        return GroupPairs(none, none, np.zeros(0, np.int64), np.zeros(0, np.int64))
     users, user_code = _encode(_concat([b.users for b in blocks]))
     items, i = _encode(_concat([b.items for b in blocks]))
-    u = np.concatenate([user_code[b.user_index.astype(np.int64) + user_off[k]]
-                        for k, b in enumerate(blocks)])
+    u = empty(len(i), np.int64)  # each pair's user code
+    user_off = pair_off = 0
+    for b in blocks:
+        np.take(user_code[user_off:user_off + len(b.users)], b.user_index,
+                out=u[pair_off:pair_off + len(b.user_index)])
+        user_off += len(b.users)
+        pair_off += len(b.user_index)
     width = max(len(items), 1)
+    u *= width  # the pair's code: user code * width + item code
+    u += i
     if any(b.counts is None for b in blocks):
-        codes = _distinct_codes(u * width + i)  # sorted: by user, then item code
-        return GroupPairs(users, items, codes // width, codes % width)
+        codes = _distinct_codes(u)  # sorted: by user, then item code
+        return GroupPairs(users, items, *np.divmod(
+            codes, width, out=(empty(len(codes), np.int64), empty(len(codes), np.int64))))
     codes, counts, first = _merge_pairs(
-        u * width + i, np.concatenate([b.counts for b in blocks]),
+        u, np.concatenate([b.counts for b in blocks]),
         np.concatenate([b.first for b in blocks])
         if all(b.first is not None for b in blocks) else None)
     return GroupPairs(users, items, codes // width, codes % width, counts, first)
@@ -835,14 +860,20 @@ def pairs_histogram(pairs: GroupPairs, max_items: Optional[int], weighting: str,
     check_weighting(weighting)
     items, u, i = pairs.items, pairs.u, pairs.i
     num = np.bincount(u, minlength=len(pairs.users))
-    keep = sampled_pairs(pairs, max_items, sample_key, num)
+    keep = _sampled_mask(pairs, max_items, sample_key, num)
     if max_items is not None:
-        num = np.minimum(num, max_items)
+        np.minimum(num, max_items, out=num)
     w = _user_weights(np.maximum(num, 1), weighting)
-    kept_items = i[keep]
-    hist = np.bincount(kept_items, weights=w[u[keep]], minlength=len(items))
-    present = np.flatnonzero(np.bincount(kept_items, minlength=len(items)))
-    return GroupHistogram(items.take(pa.array(present)), hist[present], len(pairs.users))
+    if keep is not None:
+        m = int(np.count_nonzero(keep))
+        u, i = (np.compress(keep, a, out=empty(m, a.dtype)) for a in (u, i))
+    # every weight is > 0, so an item's sum is > 0 exactly when a kept pair holds it
+    hist = np.bincount(i, weights=np.take(w, u, out=empty(len(u), np.float64)),
+                       minlength=len(items))
+    present = np.flatnonzero(np.greater(hist, 0, out=empty(len(hist), np.bool_)))
+    return GroupHistogram(items.take(pa.array(present)),
+                          np.take(hist, present, out=empty(len(present), np.float64)),
+                          len(pairs.users))
 
 
 def sampled_pairs(pairs: GroupPairs, max_items: Optional[int], sample_key: Optional[bytes],
@@ -851,16 +882,22 @@ def sampled_pairs(pairs: GroupPairs, max_items: Optional[int], sample_key: Optio
     a user with at most ``max_items`` (Δ0) distinct items (all of everyone when it
     is None), else the subset ``contribution.sample_items(user, ..., max_items,
     sample_key)`` keeps. ``num``: each user's number of pairs, if known."""
-    keep = np.ones(len(pairs.u), dtype=bool)
+    keep = _sampled_mask(pairs, max_items, sample_key, num)
+    return np.ones(len(pairs.u), dtype=bool) if keep is None else keep
+
+
+def _sampled_mask(pairs: GroupPairs, max_items: Optional[int], sample_key: Optional[bytes],
+                  num: Optional[np.ndarray] = None) -> Optional[np.ndarray]:
+    """``sampled_pairs``, or None when it keeps every pair."""
     if max_items is None:
-        return keep
+        return None
     if num is None:
         num = np.bincount(pairs.u, minlength=len(pairs.users))
     big = np.flatnonzero(num > max_items)
-    if len(big):
-        keep = _sample_big_users(pairs.users, pairs.items, pairs.u, pairs.i, big, max_items,
-                                 sample_key, keep)
-    return keep
+    if not len(big):
+        return None
+    return _sample_big_users(pairs.users, pairs.items, pairs.u, pairs.i, big, max_items,
+                             sample_key, np.ones(len(pairs.u), dtype=bool))
 
 
 def bounded_histogram(blocks: Iterable[PairBlock], max_items: Optional[int], weighting: str,
@@ -937,7 +974,8 @@ def sum_histograms(blobs: Iterable[bytes]) -> Tuple[pa.Array, np.ndarray]:
     if not batches:
         return pa.array([], pa.string()), np.zeros(0)
     items, code = _encode(_concat([b.column(0) for b in batches]))
-    weights = np.concatenate([b.column(1).to_numpy() for b in batches])
+    weights = np.concatenate([b.column(1).to_numpy() for b in batches],
+                             out=empty(len(code), np.float64))
     return items, np.bincount(code, weights=weights, minlength=len(items))
 
 
@@ -999,15 +1037,15 @@ def release_from_files(paths: Iterable[str], mechanism, run_key,
     ``transforms.columnar.SelectFromText`` computes on a runner (the benchmarks'
     floor). ``mechanism``: a histogram mechanism or DP-SIPS (``columnar_rounds``);
     ``run_key``: its ``RunKey``."""
-    from beam_dpsu.dp.lines import BLOCK_BYTES, open_local_binary, read_blocks
+    from beam_dpsu.dp.lines import BLOCK_BYTES, READ_AHEAD_BLOCKS, open_local_binary, read_blocks
     rounds = columnar_rounds(mechanism)
     plan = presample_plan(mechanism, run_key)
     groups: Dict[int, List[bytes]] = {}
     malformed: Dict[bytes, int] = {}
+    scratch, read_buffers = Scratch(), [None] * (READ_AHEAD_BLOCKS + 2)  # file to file
     for path in paths:
-        scratch = Scratch()
-        with open_local_binary(path) as f, closing(
-                read_blocks(f, block_bytes or BLOCK_BYTES)) as blocks:
+        with open_local_binary(path) as f, closing(read_blocks(
+                f, block_bytes or BLOCK_BYTES, READ_AHEAD_BLOCKS, read_buffers)) as blocks:
             for block in blocks:
                 parsed = parse_block(block, scratch)
                 for line, n in parsed.malformed.items():

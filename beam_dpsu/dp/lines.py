@@ -123,12 +123,12 @@ def iter_raw_blocks(f, block_bytes: int = BLOCK_BYTES) -> Iterator[bytes]:
     whole files, ``split_files`` blocks and ``complete_users``; ``read_user_items``;
     the columnar path through ``read_blocks``, the same blocks without copies) goes
     through the blocks of this function."""
-    for view in _block_views(f, block_bytes, 1):
+    for view in _block_views(f, block_bytes, [None]):
         yield bytes(view)
 
 
-def read_blocks(f, block_bytes: int = BLOCK_BYTES, depth: int = READ_AHEAD_BLOCKS
-                ) -> Iterator[memoryview]:
+def read_blocks(f, block_bytes: int = BLOCK_BYTES, depth: int = READ_AHEAD_BLOCKS,
+                buffers: Optional[List[Optional[bytearray]]] = None) -> Iterator[memoryview]:
     """``iter_raw_blocks``' blocks, read by a reader thread (``read_ahead``) into
     ``depth + 2`` buffers used in turn: each is a read-only ``memoryview`` into a
     buffer that the reader may fill again as soon as the consumer asks for the next
@@ -138,8 +138,17 @@ def read_blocks(f, block_bytes: int = BLOCK_BYTES, depth: int = READ_AHEAD_BLOCK
     The same bytes as ``iter_raw_blocks`` without a new 8 MiB object per block:
     where pages of freed large objects go back to the system (Dask's workers set
     ``MALLOC_TRIM_THRESHOLD_``), each new one is faulted in anew, a page at a time.
+    ``buffers``: a list of ``depth + 2`` slots (None or a buffer, filled and
+    replaced here) that a reader keeps from file to file, so that its buffers are
+    allocated once; the next file may start once this generator is closed (its
+    reader thread joined) and its last block dropped. None: new buffers.
     As with ``read_ahead``, close this generator before the file."""
-    return read_ahead(_block_views(f, block_bytes, depth + 2), depth)
+    if buffers is None:
+        buffers = [None] * (depth + 2)
+    elif len(buffers) != depth + 2:
+        raise ValueError(f"read_blocks needs depth + 2 = {depth + 2} buffers; got "
+                         f"{len(buffers)}")
+    return read_ahead(_block_views(f, block_bytes, buffers), depth)
 
 
 #: ``read_blocks``: the bytes asked of a file object per call. Small enough that a
@@ -172,16 +181,19 @@ def _read_into(f, view: memoryview) -> int:
     return done
 
 
-def _block_views(f, block_bytes: int, buffers: int) -> Iterator[memoryview]:
-    """The blocks of ``iter_raw_blocks`` as read-only views into ``buffers`` buffers
-    used in turn (a view is overwritten when ``buffers`` more blocks have been
-    read). Each block holds the text left after the previous one's last line end
-    (copied to the front of its buffer), then ``block_bytes`` more, cut after its
-    last line end; without one, ``block_bytes`` more again (a larger buffer)."""
+def _block_views(f, block_bytes: int, pool: List[Optional[bytearray]]
+                 ) -> Iterator[memoryview]:
+    """The blocks of ``iter_raw_blocks`` as read-only views into the buffers of
+    ``pool`` used in turn (a view is overwritten when ``len(pool)`` more blocks
+    have been read); an empty slot, or a buffer too small for a block, is
+    replaced by a new buffer (never resized: views may hold it). Each block holds
+    the text left after the previous one's last line end (copied to the front of
+    its buffer), then ``block_bytes`` more, cut after its last line end; without
+    one, ``block_bytes`` more again (a larger buffer)."""
+    buffers = len(pool)
     if block_bytes < 1 or buffers < 1:
         raise ValueError(f"block_bytes and buffers must be at least 1; got "
                          f"{block_bytes}, {buffers}")
-    pool: List[Optional[bytearray]] = [None] * buffers  # replaced, never resized (views)
     rest = b""  # the text after the last line end read so far
     first = True  # the block starts at offset 0 of the file
     turn = 0

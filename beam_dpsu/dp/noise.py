@@ -376,8 +376,9 @@ _AS241 = {
 
 def _horner(coefficients, x):
     out = np.full_like(x, coefficients[0])
-    for c in coefficients[1:]:
-        out = out * x + c
+    for c in coefficients[1:]:  # in place: (out * x) + c, each rounded as before
+        out *= x
+        out += c
     return out
 
 

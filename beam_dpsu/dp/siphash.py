@@ -21,9 +21,10 @@ from typing import Optional
 
 import numpy as np
 
-__all__ = ["siphash24", "siphash24_many", "siphash24_many_keys", "split_key"]
-
 from beam_dpsu.dp import compiled
+from beam_dpsu.dp.buffers import empty
+
+__all__ = ["siphash24", "siphash24_many", "siphash24_many_keys", "split_key"]
 
 _MASK = (1 << 64) - 1
 _C0, _C1, _C2, _C3 = (0x736F6D6570736575, 0x646F72616E646F6D, 0x6C7967656E657261,
@@ -124,7 +125,7 @@ def siphash24_many(key: bytes, data, starts, lengths, prefix: Optional[int] = No
         return kernel(np.uint64(k0), np.uint64(k1), _bytes_array(data),
                       np.asarray(starts, dtype=np.int64),
                       np.asarray(lengths, dtype=np.int64),
-                      -1 if prefix is None else int(prefix))
+                      -1 if prefix is None else int(prefix), empty(n, np.uint64))
     return siphash24_many_keys(np.full(n, k0, np.uint64), np.full(n, k1, np.uint64), data,
                                starts, lengths, prefix)
 

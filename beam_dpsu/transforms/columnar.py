@@ -48,9 +48,9 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 
-from beam_dpsu.dp import columnar, columnar_policy
+from beam_dpsu.dp import buffers, columnar, columnar_policy
 from beam_dpsu.dp.columnar import COLUMNAR_ITEM_SHARDS, COLUMNAR_USER_GROUPS
-from beam_dpsu.dp.lines import BLOCK_BYTES, read_blocks
+from beam_dpsu.dp.lines import BLOCK_BYTES, READ_AHEAD_BLOCKS, read_blocks
 from beam_dpsu.dp.mechanisms.policy import PolicyMechanism
 from beam_dpsu.dp.mechanisms.sips import Sips
 from beam_dpsu.dp.noise import RunKey
@@ -82,6 +82,7 @@ class _ReadPairsDoFn(beam.DoFn):
         self._plan = keys.KeyedCache(_PresamplePlan(mechanism))
         self._malformed = beam.metrics.Metrics.counter("beam_dpsu", "malformed_lines")
         self._files = beam.metrics.Metrics.counter("beam_dpsu", "input_files")
+        self._memory = None  # (Scratch, read buffers): made on the worker, kept file to file
 
     def process(self, element, key_bytes):
         self._files.inc()
@@ -94,17 +95,23 @@ class _ReadPairsDoFn(beam.DoFn):
         for ref in sink.refs:
             yield runners.main_output(ref, self._envelope)
 
+    def finish_bundle(self):
+        self._memory = None  # not held through the later stages
+
     def _read(self, element, key_bytes, sink):
         """The file's malformed lines (tagged) and its pair blocks: emitted, or added
         to ``sink`` (a ``staging.StagedWriter``) when given."""
         plan = self._plan(key_bytes)
         file_index, path = element if self._positions else (None, element)
         offset = 0  # of the block in the file's text
-        scratch = columnar.Scratch()  # one block's arrays at a time, reused by the next
+        if self._memory is None:  # one block's arrays and buffers, reused by the next
+            self._memory = buffers.Scratch(), [None] * (READ_AHEAD_BLOCKS + 2)
+        scratch, read_buffers = self._memory
         # the reader thread is stopped and joined (closing) before the file is closed;
         # a block's buffer may be read into again once the next block is asked for: what
         # leaves an iteration is copied out of it (the messages' bytes, malformed lines)
-        with open_binary(path) as f, closing(read_blocks(f, self._block_bytes)) as blocks:
+        with open_binary(path) as f, closing(read_blocks(
+                f, self._block_bytes, READ_AHEAD_BLOCKS, read_buffers)) as blocks:
             for block in blocks:
                 parsed = columnar.parse_block(block, scratch)
                 for line, n in parsed.malformed.items():
