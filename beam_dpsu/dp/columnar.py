@@ -51,8 +51,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from beam_dpsu.dp import compiled
-from beam_dpsu.dp.buffers import Scratch, empty
 from beam_dpsu.dp import sequential as policies
+from beam_dpsu.dp.buffers import Scratch, empty
 from beam_dpsu.dp.contribution import (item_scores, owner_score_order, ranks_in_runs,
                                        sample_items, sampling_keys, smallest_scores,
                                        user_keys)
@@ -331,7 +331,7 @@ def string_spans(array: pa.Array) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     offsets = offsets[array.offset:array.offset + len(array) + 1]
     data = (np.frombuffer(data_buf, np.uint8) if data_buf is not None
             else np.zeros(0, np.uint8))
-    starts = offsets[:-1] if large else _int64(offsets[:-1])
+    starts = _int64(offsets[:-1])
     return data, starts, np.subtract(offsets[1:], offsets[:-1],
                                      out=empty(len(array), np.int64))
 
