@@ -258,6 +258,8 @@ def gather_spans(buf, starts, lengths, offsets, out):
     total = 0
     offsets[0] = 0
     for k in range(n):
+        if lengths[k] < 0 or starts[k] < 0 or starts[k] + lengths[k] > buf.size:
+            raise ValueError("gather_spans needs spans within the buffer")
         total += lengths[k]
         offsets[k + 1] = total
     if out.size != total:
@@ -278,6 +280,10 @@ def item_keys(buf, starts, lengths, line_code, bits, index_bits, out):
     n = starts.size
     if lengths.size != n or line_code.size != n or out.size != n:
         raise ValueError("item_keys needs one length, code and output per string")
+    if bits < 1 or bits > 63 or index_bits < 0 or bits + index_bits > 64 or (
+            index_bits > 0 and index_bits < 63 and n > (1 << index_bits)):
+        raise ValueError("item_keys needs 1 to 63 user bits, and index bits for every line "
+                         "within the 64")
     high = np.uint64(64 - bits)
     low = np.uint64(bits)
     index = np.uint64(index_bits)
@@ -342,32 +348,49 @@ def smallest_distinct(owner, scores, max_items, keep):
     return keep
 
 
+#: ``without_repeats``: a line is compared with at most this many kept lines of its run
+#: of equal keys (distinct items share a key only by a collision of their truncated
+#: hash; a longer run, which crafted items could make, leaves repeats, never merges).
+RUN_CHECKS = 8
+
+
 @njit(cache=True, nogil=True)
 def without_repeats(buf, starts, lengths, keys, index_bits, line_code, codes, out_starts,
                     out_lengths):
     """For ``keys`` sorted, each holding a line's index in its lowest ``index_bits``
-    bits: ``(line_code, starts, lengths)`` of the lines in that order, without each
-    string that repeats the one before it (equal keys above the index, equal bytes:
-    ``sorted_repeats`` of the reordered arrays), written to the first m elements of
-    ``codes``, ``out_starts`` and ``out_lengths`` (each of ``keys.size``) in one
-    pass; returns m."""
+    bits (1 to 63): ``(line_code, starts, lengths)`` of the lines in that order,
+    without each string equal (same bytes) to one kept before it in its run of
+    equal keys above the index (among the last ``RUN_CHECKS`` kept of the run: a
+    collision of two items' truncated hashes interleaves their lines), written to
+    the first m elements of ``codes``, ``out_starts`` and ``out_lengths`` (each of
+    ``keys.size``) in one pass; returns m."""
     n = keys.size
     if codes.size < n or out_starts.size < n or out_lengths.size < n:
         raise ValueError("without_repeats needs an output of each array per line")
+    if index_bits < 1 or index_bits > 63:
+        raise ValueError("without_repeats needs 1 to 63 index bits")
     shift = np.uint64(index_bits)
     mask = (np.uint64(1) << shift) - np.uint64(1)
     m = 0
+    run = 0  # the kept lines of the current run of equal keys: the last ``run`` of the output
     for j in range(n):
         k = np.int64(keys[j] & mask)
         if k < 0 or k >= starts.size or k >= lengths.size or k >= line_code.size:
             raise ValueError("a key's index outside the lines")
-        if j > 0:
-            p = np.int64(keys[j - 1] & mask)
-            if ((keys[j] >> shift) == (keys[j - 1] >> shift) and lengths[k] == lengths[p]
-                    and _same_bytes(buf, starts[p], starts[k], lengths[k])):
+        if j > 0 and (keys[j] >> shift) == (keys[j - 1] >> shift):
+            repeat = False
+            for q in range(m - 1, m - 1 - min(run, RUN_CHECKS), -1):
+                if out_lengths[q] == lengths[k] and _same_bytes(buf, out_starts[q], starts[k],
+                                                                 lengths[k]):
+                    repeat = True
+                    break
+            if repeat:
                 continue
+        else:
+            run = 0
         codes[m] = line_code[k]
         out_starts[m] = starts[k]
         out_lengths[m] = lengths[k]
         m += 1
+        run += 1
     return m

@@ -500,13 +500,16 @@ def _drop_repeats(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
                   line_code: np.ndarray, users: int, scratch: Optional[Scratch] = None):
     """The lines ordered by user (``line_code``), then by a hash of the item (line k's
     item: ``data[starts[k]:starts[k] + lengths[k]]``), without a user's repeated
-    lines: ``(line_code, starts, lengths)`` in that order. Repeats are neighbours in
-    that order and are compared byte for byte, so a hash collision never merges two
-    items (it only leaves a repeat for ``bounded_histogram``).
+    lines: ``(line_code, starts, lengths)`` in that order. Repeats share a key and are
+    compared byte for byte, so a hash collision never merges two items (at most it
+    leaves a repeat for ``bounded_histogram``).
 
     Each key (``_item_keys``) carries its line's index in its lowest bits, so one
     sort of the keys in place gives the order (no index array of an argsort, and
-    faster); equal items keep equal keys above the index."""
+    faster); equal items keep equal keys above the index, and the lines of items
+    whose truncated hashes collide may interleave: the compiled ``without_repeats``
+    compares a line with the lines kept in its run of equal keys (up to
+    ``RUN_CHECKS``), the numpy form with its neighbour only."""
     n = len(starts)
     bits = max(1, int(users - 1).bit_length())
     index_bits = max(1, int(n - 1).bit_length())

@@ -104,9 +104,13 @@ class _ReadPairsDoFn(beam.DoFn):
         plan = self._plan(key_bytes)
         file_index, path = element if self._positions else (None, element)
         offset = 0  # of the block in the file's text
-        if self._memory is None:  # one block's arrays and buffers, reused by the next
-            self._memory = buffers.Scratch(), [None] * (READ_AHEAD_BLOCKS + 2)
-        scratch, read_buffers = self._memory
+        # one block's arrays and read buffers, reused by the next block and file: taken
+        # for this file and given back only once it is read whole (a read abandoned on an
+        # error keeps them, its reader thread may still hold them)
+        memory, self._memory = self._memory, None
+        if memory is None:
+            memory = buffers.Scratch(), [None] * (READ_AHEAD_BLOCKS + 2)
+        scratch, read_buffers = memory
         # the reader thread is stopped and joined (closing) before the file is closed;
         # a block's buffer may be read into again once the next block is asked for: what
         # leaves an iteration is copied out of it (the messages' bytes, malformed lines)
@@ -129,6 +133,7 @@ class _ReadPairsDoFn(beam.DoFn):
                         yield runners.main_output((group, pairs.to_bytes()), self._envelope)
                     else:
                         sink.add(group, pairs.to_bytes())
+        self._memory = memory
 
 
 def _presampled(mechanism):
