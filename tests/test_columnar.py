@@ -796,7 +796,24 @@ def test_kernels_writing_into_given_arrays_refuse_wrong_sizes(monkeypatch):
     with pytest.raises(ValueError, match="one length, code and output"):
         array_kernels.item_keys(buf, starts, lengths, np.zeros(1, np.int64), 1, 1,
                                 np.empty(2, np.uint64))
+    with pytest.raises(ValueError, match="spans within the buffer"):  # 4 + 3 > 6 bytes
+        array_kernels.gather_spans(buf, np.array([0, 4], np.int64), lengths,
+                                   np.empty(3, np.int32), np.empty(5, np.uint8))
+    for bits, index_bits in ((0, 1), (64, 0), (40, 30), (1, 0 + 1)):  # (1, 1): 2 lines fit
+        args = (buf, starts, lengths, np.zeros(2, np.int64), bits, index_bits,
+                np.empty(2, np.uint64))
+        if (bits, index_bits) == (1, 1):
+            array_kernels.item_keys(*args)
+            with pytest.raises(ValueError, match="index bits for every line"):  # 3 lines
+                array_kernels.item_keys(buf, np.zeros(3, np.int64), np.ones(3, np.int64),
+                                        np.zeros(3, np.int64), 1, 1, np.empty(3, np.uint64))
+        else:
+            with pytest.raises(ValueError, match="1 to 63 user bits"):
+                array_kernels.item_keys(*args)
     out = [np.empty(2, np.int64) for _ in range(3)]
+    with pytest.raises(ValueError, match="1 to 63 index bits"):
+        array_kernels.without_repeats(buf, starts, lengths, np.array([0, 1], np.uint64), 0,
+                                      np.zeros(2, np.int64), *out)
     with pytest.raises(ValueError, match="index outside the lines"):  # index 2 of 2 lines
         array_kernels.without_repeats(buf, starts, lengths, np.array([0, 2], np.uint64), 2,
                                       np.zeros(2, np.int64), *out)
