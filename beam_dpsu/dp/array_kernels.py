@@ -3,8 +3,10 @@
 Each has a numpy twin that gives the same results (``dp.siphash._numpy_many``,
 ``dp.columnar._spans_equal``, ``dp.columnar.count_byte``, ``dp.columnar._line_spans``,
 ``dp.columnar.encode_spans``, ``dp.columnar.gather_spans``, ``dp.columnar._item_keys``
-(``mixed_fnv``), ``dp.columnar._sorted_repeats`` (and ``without_repeats``, which applies it),
-``dp.columnar._smallest_distinct``; the tests compare them; the columnar path itself
+(``mixed_fnv``), ``dp.columnar._sorted_repeats``, ``dp.columnar._smallest_distinct``; the
+tests compare them; ``without_repeats`` applies ``sorted_repeats`` and also finds a
+repeat a few lines back within a run of equal keys, so it may leave fewer repeats than
+its numpy form (never another set of distinct lines); the columnar path itself
 runs the last two only with the kernels). The kernels release the GIL
 (``nogil``), so a reader thread (``dp.lines.read_ahead``) runs beside them.
 Import this module only through ``dp.compiled.kernel``, which loads it once a

@@ -1040,15 +1040,15 @@ def release_from_files(paths: Iterable[str], mechanism, run_key,
     ``transforms.columnar.SelectFromText`` computes on a runner (the benchmarks'
     floor). ``mechanism``: a histogram mechanism or DP-SIPS (``columnar_rounds``);
     ``run_key``: its ``RunKey``."""
-    from beam_dpsu.dp.lines import BLOCK_BYTES, READ_AHEAD_BLOCKS, open_local_binary, read_blocks
+    from beam_dpsu.dp.lines import BLOCK_BYTES, block_buffers, open_local_binary, read_blocks
     rounds = columnar_rounds(mechanism)
     plan = presample_plan(mechanism, run_key)
     groups: Dict[int, List[bytes]] = {}
     malformed: Dict[bytes, int] = {}
-    scratch, read_buffers = Scratch(), [None] * (READ_AHEAD_BLOCKS + 2)  # file to file
+    scratch, read_buffers = Scratch(), block_buffers()  # kept from file to file
     for path in paths:
         with open_local_binary(path) as f, closing(read_blocks(
-                f, block_bytes or BLOCK_BYTES, READ_AHEAD_BLOCKS, read_buffers)) as blocks:
+                f, block_bytes or BLOCK_BYTES, buffers=read_buffers)) as blocks:
             for block in blocks:
                 parsed = parse_block(block, scratch)
                 for line, n in parsed.malformed.items():

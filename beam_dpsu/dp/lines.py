@@ -26,7 +26,7 @@ from beam_dpsu.dp.contribution import DEFAULT_FLUSH_PAIRS, ItemCounts, pack_by, 
 
 
 __all__ = ["open_local_binary", "BLOCK_BYTES", "UTF8_BOM", "iter_line_blocks", "iter_raw_blocks",
-           "read_blocks", "read_ahead", "parse_line", "group_line_counts", "read_user_items",
+           "read_blocks", "block_buffers", "read_ahead", "parse_line", "group_line_counts", "read_user_items",
            "iter_line_counts", "pack_user_groups", "with_positions"]
 
 
@@ -138,17 +138,23 @@ def read_blocks(f, block_bytes: int = BLOCK_BYTES, depth: int = READ_AHEAD_BLOCK
     The same bytes as ``iter_raw_blocks`` without a new 8 MiB object per block:
     where pages of freed large objects go back to the system (Dask's workers set
     ``MALLOC_TRIM_THRESHOLD_``), each new one is faulted in anew, a page at a time.
-    ``buffers``: a list of ``depth + 2`` slots (None or a buffer, filled and
-    replaced here) that a reader keeps from file to file, so that its buffers are
-    allocated once; the next file may start once this generator is closed (its
+    ``buffers``: ``block_buffers(depth)``'s ``depth + 2`` slots (None or a buffer,
+    filled and replaced here) that a reader keeps from file to file, so that its
+    buffers are allocated once; the next file may start once this generator is closed (its
     reader thread joined) and its last block dropped. None: new buffers.
     As with ``read_ahead``, close this generator before the file."""
     if buffers is None:
-        buffers = [None] * (depth + 2)
+        buffers = block_buffers(depth)
     elif len(buffers) != depth + 2:
         raise ValueError(f"read_blocks needs depth + 2 = {depth + 2} buffers; got "
                          f"{len(buffers)}")
     return read_ahead(_block_views(f, block_bytes, buffers), depth)
+
+
+def block_buffers(depth: int = READ_AHEAD_BLOCKS) -> List[Optional[bytearray]]:
+    """The ``depth + 2`` empty slots of ``read_blocks``' buffers, for a reader to keep
+    from file to file (``read_blocks(..., buffers=...)``)."""
+    return [None] * (depth + 2)
 
 
 #: ``read_blocks``: the bytes asked of a file object per call. Small enough that a

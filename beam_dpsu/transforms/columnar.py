@@ -50,7 +50,7 @@ import pyarrow as pa
 
 from beam_dpsu.dp import buffers, columnar, columnar_policy
 from beam_dpsu.dp.columnar import COLUMNAR_ITEM_SHARDS, COLUMNAR_USER_GROUPS
-from beam_dpsu.dp.lines import BLOCK_BYTES, READ_AHEAD_BLOCKS, read_blocks
+from beam_dpsu.dp.lines import BLOCK_BYTES, block_buffers, read_blocks
 from beam_dpsu.dp.mechanisms.policy import PolicyMechanism
 from beam_dpsu.dp.mechanisms.sips import Sips
 from beam_dpsu.dp.noise import RunKey
@@ -109,13 +109,13 @@ class _ReadPairsDoFn(beam.DoFn):
         # error keeps them, its reader thread may still hold them)
         memory, self._memory = self._memory, None
         if memory is None:
-            memory = buffers.Scratch(), [None] * (READ_AHEAD_BLOCKS + 2)
+            memory = buffers.Scratch(), block_buffers()
         scratch, read_buffers = memory
         # the reader thread is stopped and joined (closing) before the file is closed;
         # a block's buffer may be read into again once the next block is asked for: what
         # leaves an iteration is copied out of it (the messages' bytes, malformed lines)
         with open_binary(path) as f, closing(read_blocks(
-                f, self._block_bytes, READ_AHEAD_BLOCKS, read_buffers)) as blocks:
+                f, self._block_bytes, buffers=read_buffers)) as blocks:
             for block in blocks:
                 parsed = columnar.parse_block(block, scratch)
                 for line, n in parsed.malformed.items():
