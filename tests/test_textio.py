@@ -47,6 +47,55 @@ def test_read_user_items(tmp_path, suffix, compress, block):
     assert malformed == 4
 
 
+def _gzip_cases():
+    """Inputs for the gzip reader, with what ``gzip`` gives: the bytes, or the error."""
+    big = b"".join(b"u%d\titem %d\n" % (k % 977, k) for k in range(200_000))
+    z = gzip.compress(big)
+    return {"empty": b"", "one member": gzip.compress(CONTENT), "large": z,
+            "two members": z + gzip.compress(b"u9\tz\n"), "trailing zeros": z + bytes(64),
+            "truncated": z[:len(z) // 2], "not gzip": b"user\titem\n" * 10,
+            "bad crc": z[:-8] + bytes([z[-8] ^ 1]) + z[-7:]}
+
+
+@pytest.mark.parametrize("name", sorted(_gzip_cases()))
+@pytest.mark.parametrize("module", ["installed", "gzip"])
+def test_gzip_reader_gives_what_gzip_gives(tmp_path, monkeypatch, name, module):
+    """``lines.gzip_reader`` (python-isal's reader where the ``fast`` extra is installed,
+    else ``gzip``'s) gives the bytes ``gzip.decompress`` gives, or an error where it
+    raises one (OSError, e.g. ``gzip.BadGzipFile``, or EOFError), through both
+    ``open_local_binary`` and ``textio.open_binary``; with ``module='gzip'`` the reader
+    without the extra."""
+    import io
+    if module == "gzip":
+        monkeypatch.setattr(lines, "_gzip", gzip)
+    blob = _gzip_cases()[name]
+    try:
+        expected = gzip.decompress(blob)
+    except (OSError, EOFError):
+        expected = None
+    path = tmp_path / "data.tsv.gz"
+    path.write_bytes(blob)
+    for opener in (lambda: lines.gzip_reader(io.BytesIO(blob)),
+                   lambda: lines.open_local_binary(str(path)),
+                   lambda: textio.open_binary(str(path))):
+        if expected is None:
+            with pytest.raises((OSError, EOFError)):
+                with opener() as f:
+                    f.read()
+        else:
+            with opener() as f:
+                assert f.read() == expected
+
+
+def test_gzip_reader_is_isal_with_the_fast_extra():
+    """With python-isal installed (the ``fast`` and ``test`` extras), the reader is its
+    ``igzip``; the test suite installs it, so this checks that the extra is used."""
+    igzip = pytest.importorskip("isal.igzip")
+    import io
+    assert isinstance(lines.gzip_reader(io.BytesIO(gzip.compress(b"u\ti\n"))),
+                      igzip.GzipFile)
+
+
 def test_read_user_items_transform_merges_across_files(tmp_path):
     (tmp_path / "a.tsv").write_bytes(b"u1\tx\nu2\ty\n")
     (tmp_path / "b.tsv.gz").write_bytes(gzip.compress(b"u1\tx\nu1\tz\nbad\n"))

@@ -25,15 +25,29 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 from beam_dpsu.dp.contribution import DEFAULT_FLUSH_PAIRS, ItemCounts, pack_by, user_group
 
 
-__all__ = ["open_local_binary", "BLOCK_BYTES", "UTF8_BOM", "iter_line_blocks", "iter_raw_blocks",
+__all__ = ["gzip_reader", "open_local_binary", "BLOCK_BYTES", "UTF8_BOM", "iter_line_blocks", "iter_raw_blocks",
            "read_blocks", "block_buffers", "read_ahead", "parse_line", "group_line_counts", "read_user_items",
            "iter_line_counts", "pack_user_groups", "with_positions"]
+
+
+try:  # the ``fast`` extra: ISA-L's inflate (python-isal), the same bytes as zlib's
+    from isal import igzip as _gzip
+except ImportError:
+    _gzip = gzip
+
+
+def gzip_reader(fileobj):
+    """``fileobj`` (binary, readable) decompressed as gzip: the same bytes and the same
+    errors (``gzip.BadGzipFile``, ``EOFError``) as ``gzip.GzipFile``, through
+    python-isal's ``igzip`` when it is installed (the ``fast`` extra; about 3.5 times
+    less CPU than zlib), else through ``gzip``. Every read path's one gzip reader."""
+    return _gzip.GzipFile(fileobj=fileobj, mode="rb")
 
 
 def open_local_binary(path: str):
     """Opens a local file for binary reading, decompressing ``.gz`` and ``.bz2`` by suffix."""
     if path.endswith(".gz"):
-        return gzip.open(path, "rb")
+        return _gzip.open(path, "rb")  # gzip_reader's module, owning the file
     if path.endswith(".bz2"):
         return bz2.open(path, "rb")
     return open(path, "rb")

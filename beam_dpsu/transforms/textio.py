@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import bz2
 import collections
-import gzip
 import os
 import pickle
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -29,7 +28,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from beam_dpsu.transforms import runners
 from beam_dpsu.dp.contribution import DEFAULT_FLUSH_PAIRS, ItemCounts
-from beam_dpsu.dp.lines import (BLOCK_BYTES, group_line_counts, iter_line_blocks,
+from beam_dpsu.dp.lines import (BLOCK_BYTES, group_line_counts, gzip_reader, iter_line_blocks,
                                 iter_line_counts, iter_raw_blocks, pack_user_groups,
                                 read_user_items, with_positions)
 from beam_dpsu.transforms.bounding import MergeItemCountsFn, mark_canonical_ids
@@ -56,7 +55,7 @@ def open_binary(path: str):
     """Opens ``path`` (any Beam filesystem) for binary reading, decompressing by suffix."""
     raw = FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
     if path.endswith(".gz"):
-        return gzip.GzipFile(fileobj=raw, mode="rb")
+        return gzip_reader(raw)
     if path.endswith(".bz2"):
         return bz2.BZ2File(raw, mode="rb")
     return raw
