@@ -363,16 +363,24 @@ def string_groups(array: pa.Array, groups: int) -> np.ndarray:
 IPC_COMPRESSION = "zstd"
 
 
+#: Arrow's IPC writer and reader (de)compress a message's columns in the calling
+#: thread: a message holds one block's pairs of one user group (about 10 kB), for which
+#: handing the columns to Arrow's thread pool cost more than the work (per message,
+#: written 245 µs against 107 µs, read 206 µs against 74 µs, on 1M synthetic users).
+_IPC_THREADS = False
+
+
 def _to_ipc(batch: pa.RecordBatch, compression: Optional[str] = IPC_COMPRESSION) -> bytes:
     sink = pa.BufferOutputStream()
-    options = pa.ipc.IpcWriteOptions(compression=compression)
+    options = pa.ipc.IpcWriteOptions(compression=compression, use_threads=_IPC_THREADS)
     with pa.ipc.new_stream(sink, batch.schema, options=options) as writer:
         writer.write_batch(batch)
     return sink.getvalue().to_pybytes()
 
 
 def _from_ipc(blob: bytes) -> pa.RecordBatch:
-    with pa.ipc.open_stream(pa.py_buffer(blob)) as reader:
+    options = pa.ipc.IpcReadOptions(use_threads=_IPC_THREADS)
+    with pa.ipc.open_stream(pa.py_buffer(blob), options=options) as reader:
         return reader.read_next_batch()
 
 
