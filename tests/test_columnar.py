@@ -830,3 +830,106 @@ def test_dropping_repeats_refuses_a_block_too_large_for_packed_keys():
     starts, lengths = np.arange(8, dtype=np.int64), np.ones(8, np.int64)
     with pytest.raises(ValueError, match="read in smaller blocks"):
         columnar._drop_repeats(data, starts, lengths, np.zeros(8, np.int64), 2 ** 62)
+
+
+def _pair_set(block):
+    """A PairBlock's pairs as a sorted list of (user, item, count, first)."""
+    users, items = block.users.to_pylist(), block.items.to_pylist()
+    counts = [None] * len(items) if block.counts is None else block.counts.tolist()
+    first = [None] * len(items) if block.first is None else block.first.tolist()
+    return sorted(zip([users[k] for k in block.user_index.tolist()], items, counts, first),
+                  key=repr)
+
+
+@pytest.mark.parametrize("counted", [False, True])
+def test_merged_pair_blocks_hold_the_blocks_pairs_and_give_the_same_group(counted):
+    # A user's lines spread over many blocks: the merged block holds every pair of the
+    # blocks (with its count and first position), each user once, and group_pairs
+    # gives the same group from it as from the blocks.
+    rnd = random.Random(12)
+    lines = [(f"user{rnd.randrange(50)}", f"it{rnd.randrange(70)}") for _ in range(6000)]
+    for blocks in _blocks_of(lines, 3, 3000, counted).values():
+        assert len(blocks) > 5
+        merged = columnar.merge_pair_blocks(blocks)
+        assert _pair_set(merged) == sorted((p for b in blocks for p in _pair_set(b)), key=repr)
+        users = merged.users.to_pylist()
+        assert len(set(users)) == len(users)
+        want, got = columnar.group_pairs(blocks), columnar.group_pairs([merged])
+        for name in ("users", "items"):
+            assert getattr(got, name).equals(getattr(want, name))
+        for name in ("u", "i", "counts", "first"):
+            a, b = getattr(got, name), getattr(want, name)
+            assert (a is None and b is None) or a.tolist() == b.tolist()
+        assert columnar.PairBlock.from_bytes(merged.to_bytes()).users.equals(merged.users)
+    one = _blocks_of(lines[:10], 1, 3000, counted)[0]
+    assert columnar.merge_pair_blocks(one) is one[0]
+
+
+def test_merging_refuses_no_blocks_and_mixed_counted_blocks():
+    rnd = random.Random(13)
+    lines = [(f"user{rnd.randrange(5)}", f"it{rnd.randrange(9)}") for _ in range(200)]
+    plain, counted = _blocks_of(lines, 1, 10_000)[0], _blocks_of(lines, 1, 10_000, True)[0]
+    with pytest.raises(ValueError, match="at least one"):
+        columnar.merge_pair_blocks([])
+    with pytest.raises(ValueError, match="some blocks have counts"):
+        columnar.merge_pair_blocks(plain + counted)
+
+
+def test_a_pair_buffer_sends_everything_once_it_holds_enough_pairs():
+    rnd = random.Random(14)
+    lines = [(f"user{rnd.randrange(60)}", f"it{rnd.randrange(90)}") for _ in range(5000)]
+    text = "".join(f"{u}\t{i}\n" for u, i in lines).encode()
+    by_block = [columnar.pair_blocks(columnar.parse_block(b), 4)
+                for b in iter_raw_blocks(io.BytesIO(text), 2500)]
+    sizes = [sum(len(pb.user_index) for pb in made.values()) for made in by_block]
+    limit = 3 * max(sizes)
+    buffer = columnar.PairBuffer(limit)
+    sent, held = {}, 0
+    for made, n in zip(by_block, sizes):
+        out = buffer.add(made)
+        held += n
+        if held >= limit:  # everything held goes, one merged block per group held
+            assert out and sum(len(pb.user_index) for pb in out.values()) == held
+            held = 0
+        else:
+            assert out == {}
+        for g, pb in out.items():
+            sent.setdefault(g, []).append(pb)
+    rest = buffer.flush()
+    assert sum(len(pb.user_index) for pb in rest.values()) == held and buffer.flush() == {}
+    for g, pb in rest.items():
+        sent.setdefault(g, []).append(pb)
+    every = {}
+    for made in by_block:
+        for g, pb in made.items():
+            every.setdefault(g, []).append(pb)
+    assert set(sent) == set(every)
+    for g in every:
+        assert len(sent[g]) < len(every[g])
+        assert sorted((p for b in sent[g] for p in _pair_set(b)), key=repr) == sorted(
+            (p for b in every[g] for p in _pair_set(b)), key=repr)
+    for bad in (0, -1, 1.5, True, "9"):
+        with pytest.raises(ValueError, match="flush_pairs"):
+            columnar.PairBuffer(bad)
+
+
+def test_the_read_stage_sends_the_same_groups_however_often_it_flushes(tmp_path,
+                                                                       monkeypatch):
+    # FLUSH_PAIRS of 1 (a message per group and block) and the default (one per group
+    # and file) release the same items, in one process and on the DirectRunner.
+    pairs = list(synthetic.occurrences(800, seed=21))
+    lines = [f"{u}\t{i}".encode() for u, i in pairs]
+    _write(tmp_path, "a.tsv", lines[:len(lines) // 2])
+    _write(tmp_path, "b.tsv", lines[len(lines) // 2:])
+    mechanism = MECHANISMS[0]
+    expected = mechanism.run_local(per_user_counts(pairs), RK)
+    paths = [str(tmp_path / "a.tsv"), str(tmp_path / "b.tsv")]
+    for flush in (1, columnar.FLUSH_PAIRS):
+        monkeypatch.setattr(columnar, "FLUSH_PAIRS", flush)
+        released, users, _ = columnar.release_from_files(paths, mechanism, RK, user_groups=3,
+                                                         item_shards=2, block_bytes=3000)
+        assert released == set(expected) and users == 800
+        with local_pipeline() as p:
+            out, _, _ = p | SelectFromText(str(tmp_path / "*.tsv"), mechanism, RK,
+                                           user_groups=3, item_shards=2, block_bytes=3000)
+            assert_that(out, equal_to(sorted(expected)))

@@ -6,8 +6,10 @@ element that crosses a shuffle is a block of arrays (``dp.columnar``), never a
 user, a line or an item:
 
 1. ``ReadPairs``: each file is read in blocks of about ``block_bytes`` of
-   text; a block is parsed into arrays and split by user group into Arrow
-   IPC messages ``(group, bytes)`` (malformed lines to their own output);
+   text; a block is parsed into arrays and split by user group, and a group's
+   blocks are sent as one Arrow IPC message ``(group, bytes)`` per file, or
+   per ``dp.columnar.FLUSH_PAIRS`` pairs read (malformed lines to their own
+   output);
 2. ``GroupByKey`` on the group, then ``BoundHistogram``: the group's users,
    their distinct items sampled to Δ0 (``contribution.sample_items``' keyed
    rule) and weighted, as partial histograms by item shard ``(shard, bytes)``;
@@ -66,8 +68,10 @@ _MALFORMED, _USERS, _IDS = "malformed", "users", "ids"
 
 class _ReadPairsDoFn(beam.DoFn):
     """A file (a path, or ``(file index, path)`` with ``positions``) → ``(group,
-    PairBlock bytes)`` per block and user group; ``(raw line, occurrences)`` per
-    distinct malformed line of a block on ``_MALFORMED``. ``counted``: the blocks
+    PairBlock bytes)``: a user group's pairs, one message per group at each flush
+    of a ``columnar.PairBuffer`` (every ``columnar.FLUSH_PAIRS`` pairs read, and at
+    the end of the file); ``(raw line, occurrences)`` per distinct malformed line
+    of a block on ``_MALFORMED``. ``counted``: the blocks
     of ``columnar.counted_pair_blocks`` (with each pair's first line position when
     ``positions``), else ``columnar.pair_blocks``. ``mechanism``: the mechanism
     whose ``columnar.presample_plan`` (under the run key, a side input) presamples
@@ -111,6 +115,7 @@ class _ReadPairsDoFn(beam.DoFn):
         if memory is None:
             memory = buffers.Scratch(), block_buffers()
         scratch, read_buffers = memory
+        held = columnar.PairBuffer()  # the file's groups, sent a few times per file
         # the reader thread is stopped and joined (closing) before the file is closed;
         # a block's buffer may be read into again once the next block is asked for: what
         # leaves an iteration is copied out of it (the messages' bytes, malformed lines)
@@ -128,12 +133,17 @@ class _ReadPairsDoFn(beam.DoFn):
                 else:
                     by_group = columnar.pair_blocks(parsed, self._groups, plan, scratch)
                 offset += len(block) + 1
-                for group, pairs in by_group.items():
-                    if sink is None:
-                        yield runners.main_output((group, pairs.to_bytes()), self._envelope)
-                    else:
-                        sink.add(group, pairs.to_bytes())
+                yield from self._send(held.add(by_group), sink)
+        yield from self._send(held.flush(), sink)
         self._memory = memory
+
+    def _send(self, by_group, sink):
+        """``{group: PairBlock}`` as messages: emitted, or added to ``sink``."""
+        for group, pairs in by_group.items():
+            if sink is None:
+                yield runners.main_output((group, pairs.to_bytes()), self._envelope)
+            else:
+                sink.add(group, pairs.to_bytes())
 
 
 def _presampled(mechanism):
