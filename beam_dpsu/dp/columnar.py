@@ -447,6 +447,20 @@ class PairBlock:
 FLUSH_PAIRS = 1 << 20
 
 
+def _users_of_pairs(blocks: List[PairBlock]) -> Tuple[pa.Array, np.ndarray]:
+    """``(users, codes)``: the distinct users of ``blocks`` (exact strings) and the
+    user code of each of their pairs, block after block (a new int64 array)."""
+    users, code = _encode(_concat([b.users for b in blocks]))
+    codes = empty(sum(len(b.user_index) for b in blocks), np.int64)
+    user_off = pair_off = 0
+    for b in blocks:
+        np.take(code[user_off:user_off + len(b.users)], b.user_index,
+                out=codes[pair_off:pair_off + len(b.user_index)])
+        user_off += len(b.users)
+        pair_off += len(b.user_index)
+    return users, codes
+
+
 def merge_pair_blocks(blocks: List[PairBlock]) -> PairBlock:
     """Pair blocks (of one user group) → one ``PairBlock`` of all their pairs, in
     their order, each user held once (exact strings); their counts and first
@@ -456,14 +470,7 @@ def merge_pair_blocks(blocks: List[PairBlock]) -> PairBlock:
         raise ValueError("merge_pair_blocks needs at least one block")
     if len(blocks) == 1:
         return blocks[0]
-    users, code = _encode(_concat([b.users for b in blocks]))
-    index = empty(sum(len(b.user_index) for b in blocks), np.int64)
-    user_off = pair_off = 0
-    for b in blocks:
-        np.take(code[user_off:user_off + len(b.users)], b.user_index,
-                out=index[pair_off:pair_off + len(b.user_index)])
-        user_off += len(b.users)
-        pair_off += len(b.user_index)
+    users, index = _users_of_pairs(blocks)
     columns = {}
     for name in _COUNTED:
         parts = [getattr(b, name) for b in blocks]
@@ -885,15 +892,8 @@ def group_pairs(blocks: Iterable[PairBlock]) -> GroupPairs:
     if not blocks:
         none = pa.array([], pa.string())
         return GroupPairs(none, none, np.zeros(0, np.int64), np.zeros(0, np.int64))
-    users, user_code = _encode(_concat([b.users for b in blocks]))
+    users, u = _users_of_pairs(blocks)  # each pair's user code
     items, i = _encode(_concat([b.items for b in blocks]))
-    u = empty(len(i), np.int64)  # each pair's user code
-    user_off = pair_off = 0
-    for b in blocks:
-        np.take(user_code[user_off:user_off + len(b.users)], b.user_index,
-                out=u[pair_off:pair_off + len(b.user_index)])
-        user_off += len(b.users)
-        pair_off += len(b.user_index)
     width = max(len(items), 1)
     u *= width  # the pair's code: user code * width + item code
     u += i
