@@ -25,8 +25,9 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 from beam_dpsu.dp.contribution import DEFAULT_FLUSH_PAIRS, ItemCounts, pack_by, user_group
 
 
-__all__ = ["gzip_reader", "open_local_binary", "BLOCK_BYTES", "UTF8_BOM", "iter_line_blocks", "iter_raw_blocks",
-           "read_blocks", "block_buffers", "read_ahead", "parse_line", "group_line_counts", "read_user_items",
+__all__ = ["gzip_reader", "open_local_binary", "BLOCK_BYTES", "UTF8_BOM",
+           "iter_line_blocks", "iter_raw_blocks", "read_blocks", "block_buffers",
+           "read_ahead", "parse_line", "group_line_counts", "read_user_items",
            "iter_line_counts", "pack_user_groups", "with_positions"]
 
 
