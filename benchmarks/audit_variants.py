@@ -148,14 +148,18 @@ STANDARD_PUBLIC_COUNTS = {"pile-a": 3, "near-1": 2, "canary-item-3": 5, "bg-b": 
 
 def standard_configs(public_counts_path: Optional[str] = None) -> List[Tuple[str, Dict]]:
     """``(name, params)`` for every registered mechanism: ε = 1, δ = 1e-3, Δ0 = 8
-    where they apply, plus the zCDP form (ρ = 0.1) of those that have one and
-    the ``tie_break='first-occurrence'`` form of those that take it.
+    where they apply, plus the zCDP form (ρ = 0.1) of those that have one and,
+    for those that take a ``tie_break``, a form with each tie-break other than the
+    registry's default (``params.DEFAULT_TIE_BREAK``), so that every tie-break is
+    audited.
 
     Mechanisms that need public counts are included when ``public_counts_path``
     is given (write ``STANDARD_PUBLIC_COUNTS`` there). Small Δ0 and moderate δ
     keep the scenarios small (tens of users) so that thousands of runs are cheap.
     """
+    from beam_dpsu.dp.params import DEFAULT_TIE_BREAK
     from beam_dpsu.dp.registry import REGISTRY, make_mechanism
+    from beam_dpsu.dp.sequential import TIE_BREAKS
     out = []
     for name in sorted(REGISTRY):
         accepts = REGISTRY[name].accepts
@@ -168,8 +172,8 @@ def standard_configs(public_counts_path: Optional[str] = None) -> List[Tuple[str
             base["public_counts"] = public_counts_path
         out.append((name, dict(base, epsilon=STANDARD_EPSILON)))
         if "tie_break" in accepts:
-            out.append((name, dict(base, epsilon=STANDARD_EPSILON,
-                                   tie_break="first-occurrence")))
+            out.extend((name, dict(base, epsilon=STANDARD_EPSILON, tie_break=other))
+                       for other in TIE_BREAKS if other != DEFAULT_TIE_BREAK)
         if "rho" in accepts:
             try:
                 make_mechanism(name, **dict(base, rho=STANDARD_RHO))

@@ -229,6 +229,16 @@ def test_sequential_policies_are_audited_in_every_position():
     assert {"policy-laplace", "policy-gaussian", "gw"} <= names
 
 
+def test_every_tie_break_is_audited(public_counts):
+    # The registry's default tie-break and each other one: an embedded pipeline's
+    # GW and GW-KT (the constructors' default) must be audited too.
+    from beam_dpsu.dp.sequential import TIE_BREAKS
+    for name in ("gw", "gw-kt"):
+        made = [make_mechanism(n, **params)
+                for n, params in variants.standard_configs(public_counts) if n == name]
+        assert sorted(m.tie_break for m in made) == sorted(TIE_BREAKS), name
+
+
 # ---------------------------------------------------------------------------
 # The cascade: the published GW fails, the cascade-free GW passes, same trials.
 # ---------------------------------------------------------------------------
