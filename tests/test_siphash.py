@@ -112,7 +112,8 @@ def test_vectorised_samplers_match_the_scalar_ones():
     uni = uniform_from_bits_many(bits)
     for k, b in enumerate(bits.tolist()):
         assert math.isclose(lap[k], laplace_from_bits(b, 2.5), rel_tol=1e-12, abs_tol=1e-300)
-        assert gau[k] == gaussian_from_bits(b, 0.7)  # the same quantile (AS241), exactly
+        # the same quantile (AS241); numpy and C round some steps apart: a few ulps
+        assert abs(gau[k] - gaussian_from_bits(b, 0.7)) <= 8 * math.ulp(gau[k])
         assert uni[k] == uniform_from_bits(b)  # exact: no rounding on either side
 
 
@@ -129,10 +130,15 @@ def test_the_vectorised_normal_quantile_is_the_standard_librarys():
     from statistics import NormalDist
     from beam_dpsu.dp.noise import normal_quantile_many
     rng = np.random.default_rng(8)
+    # 0.0739205625392596: one where the two differ in the last places (2 ulps; at most 4
+    # seen in 400,000 random points)
     p = np.concatenate([rng.random(20000), 10.0 ** -rng.uniform(0, 300, 5000),
-                        [1e-300, 0.075, 0.5, 0.925, 1 - 1e-16]])
-    want = [NormalDist().inv_cdf(x) for x in p.tolist()]
-    assert normal_quantile_many(p).tolist() == want
+                        [1e-300, 0.075, 0.5, 0.925, 1 - 1e-16, 0.0739205625392596]])
+    want = np.array([NormalDist().inv_cdf(x) for x in p.tolist()])
+    got = normal_quantile_many(p)
+    assert np.all(np.abs(got - want) <= 8 * np.spacing(np.abs(want)))
+    assert np.any(got != want)  # the test point above
+    assert np.mean(got == want) > 0.99  # and the same double almost always
 
 
 def test_a_ctrl_c_inside_a_kernel_call_is_raised_when_the_call_returns():

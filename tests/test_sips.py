@@ -112,6 +112,32 @@ def test_beam_rounds_equal_the_core(removal):
         assert_that(out, equal_to(sorted(expected.items())))
 
 
+def test_each_round_draws_its_own_noise_and_sample():
+    # The composition argument needs independent randomness per round: round i's noise
+    # under the run key's purpose noise/i and its Δ0 sample under sample/i.
+    from beam_dpsu.dp.mechanisms.histogram_threshold import round_histogram
+    from beam_dpsu.dp.noise import ItemBits
+    s = Sips(0.1, 1e-5, 5, rounds=3, ratio=1 / 3)
+    run_key = RunKey.from_test_seed(3)
+    items = [f"item{j}" for j in range(1000)]
+    counts = {item: 1 for item in items[:200]}
+    bits, kept = [], []
+    for i, r in enumerate(s.rounds):
+        b = s.release_rule(run_key, i).bits.many(items)
+        assert np.array_equal(b, ItemBits(run_key, f"noise/{i}").many(items))
+        bits.append(b)
+        hist = round_histogram({"u": counts}, r, run_key, i)
+        expected = sample_items("u", counts, r.max_items, run_key.subkey(f"sample/{i}"))
+        assert set(hist) == set(expected) and len(hist) == r.max_items
+        kept.append(frozenset(hist))
+    # Distinct purposes give unrelated bits: an equal 64-bit value for the same item in
+    # two rounds has probability 2^-64 per item (deterministic here: seeded key).
+    for a in range(3):
+        for b in range(a + 1, 3):
+            assert not np.any(bits[a] == bits[b])
+    assert len(set(kept)) == 3
+
+
 def test_released_items_are_not_resampled_in_later_rounds():
     # One very popular item that round 0 releases: later rounds must not see it, so the
     # users' remaining items get the whole per-user weight.

@@ -1,14 +1,19 @@
 """Randomness: the per-run secret key, keyed hashes and noise samplers.
 
 Every random choice that affects a release is derived from one secret
-``RunKey`` through pseudo-random functions (HMAC-SHA256 and keyed BLAKE2b):
+``RunKey`` through pseudo-random functions (HMAC-SHA256 for the purposes'
+subkeys and the seeds of keyed generators, keyed BLAKE2b, and SipHash-2-4 in
+``dp.siphash``; docs/mechanisms.md section 1.1):
 
 * contribution-bounding samples (a uniformly random Δ0-subset of a user's
-  items drawn by a generator seeded with ``HMAC(key, user)``),
-* the order of users for the sequential policies,
+  items: the Δ0 smallest SipHash-2-4 scores under the user's own key,
+  ``dp.contribution.sample_items``),
+* the order of users for the sequential policies (keyed BLAKE2b),
 * the noise added to each item's weight (``PRF(key, item)`` gives the uniform
   bits that an inverse-CDF sampler turns into Laplace, Gaussian or Gumbel
-  noise).
+  noise: SipHash-2-4 in the release rules' ``ItemBits``, keyed BLAKE2b in
+  ``KeyedNoise``), and the generators of grid and peeling noise
+  (``keyed_generator``).
 
 By default the key is 32 bytes from the operating system (``secrets``), fresh
 for every ``RunKey.fresh()`` call. A seed exists only as an explicit test
@@ -22,7 +27,7 @@ with a test seed the DirectRunner, the portable runner and the Beam-free core
 give identical results.
 
 Precision: the samplers use 63 uniform bits per draw, so a noise value is
-never beyond about 43.7 scales (Laplace) or 9.0 standard deviations
+never beyond about 44.4 scales (Laplace) or 9.2 standard deviations
 (Gaussian). This truncation changes the distribution on an event of
 probability below 2^-62, which is far below any δ the library accepts.
 """
@@ -486,7 +491,8 @@ class KeyedNoise:
     ``KeyedNoise(run_key, 'laplace', scale=λ, purpose='noise/0')(item_bytes)``
     returns the noise of that item; the same item always gets the same value
     under the same key and purpose, and different items get independent
-    draws (HMAC is a pseudo-random function).
+    draws (keyed BLAKE2b of the item under the purpose's subkey is a
+    pseudo-random function).
     """
 
     def __init__(self, run_key: RunKey, kind: str, scale: float, purpose: str):
