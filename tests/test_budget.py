@@ -166,6 +166,13 @@ def test_registered_mechanisms_take_shares():
     assert (g.epsilon, g.delta) == pytest.approx((3.0, 1e-6), rel=1e-12)
 
 
+def test_an_unproven_variant_is_refused_and_takes_nothing():
+    budget = bud.PrivacyBudget(3.0, 1e-6)
+    with pytest.raises(ValueError, match="not proven"):
+        budget.mechanism("gw", "gw", fraction=0.5, variant="published", allow_unproven=True)
+    assert budget.mechanism("gw", "gw", fraction=1.0).proven  # the whole budget is left
+
+
 def test_zcdp_pool_composes_in_zcdp_and_fits_its_share():
     budget = bud.PrivacyBudget(epsilon=2.0, delta=1e-6)
     pool = budget.zcdp("selection", fraction=0.5)        # share (1, 5e-7)

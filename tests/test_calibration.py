@@ -310,3 +310,11 @@ def test_a_gaussian_calibration_imports_no_scipy_special():
                                                PYTHONPATH=str(__import__("pathlib").Path(
                                                    __file__).resolve().parents[1])))
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
+
+
+def test_check_flag_takes_only_booleans():
+    import numpy as np
+    assert cal.check_flag(True, "f") is True and cal.check_flag(np.bool_(False), "f") is False
+    for bad in ("no", "", 0, 1, 1.0, None, [True]):
+        with pytest.raises(ValueError, match="f must be True or False"):
+            cal.check_flag(bad, "f")

@@ -95,3 +95,41 @@ def test_messages_name_declared_parameters_as_flags():
     assert params.as_flags("with_counts (Algorithm 1) needs max_items_per_user (Δ)") == \
         "--with-counts (Algorithm 1) needs --max-items-per-user (Δ)"
     assert params.as_flags("the delta is too small") == "the delta is too small"
+
+
+def _flag_takers():
+    from beam_dpsu.dp.mechanisms.peeling import DiscoverPeelTopK
+    from beam_dpsu.transforms.peeling import DiscoverThenPeelTransform
+    from beam_dpsu.transforms.select import SelectPartitions
+    from beam_dpsu.transforms.textio import ReadUserItems
+    from beam_dpsu.transforms.topk import TopK
+    wg = make_mechanism("weighted-gaussian", epsilon=1.0, delta=1e-5)
+    return {
+        "with_counts": lambda v: TopKMechanism(3, 1.0, 1e-5, max_items=3, with_counts=v),
+        "SelectPartitions per_user": lambda v: SelectPartitions(wg, per_user=v),
+        "TopK per_user": lambda v: TopK(TopKMechanism(3, 1.0, 1e-5), per_user=v),
+        "DiscoverThenPeel per_user": lambda v: DiscoverThenPeelTransform(
+            DiscoverPeelTopK(3, 1.0, 1e-5), per_user=v),
+        "keep_order": lambda v: ReadUserItems("in.tsv", keep_order=v),
+        "with_malformed": lambda v: ReadUserItems("in.tsv", with_malformed=v),
+        "split_files": lambda v: ReadUserItems("in.tsv", split_files=v),
+        "seeded": lambda v: RunKey(b"k" * 32, seeded=v),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_flag_takers()))
+def test_flags_are_true_or_false(name):
+    # A string such as "no" would read as True: refused where the object is built.
+    build = _flag_takers()[name]
+    for bad in ("no", "False", 0, 1, None):
+        with pytest.raises(ValueError, match="True or False"):
+            build(bad)
+    build(False)
+    build(True)
+
+
+def test_a_top_k_purpose_is_a_non_empty_string():
+    from beam_dpsu.transforms.topk import TopK
+    for bad in (5, "", None):
+        with pytest.raises(ValueError, match="purpose"):
+            TopK(TopKMechanism(3, 1.0, 1e-5), purpose=bad)

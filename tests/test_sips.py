@@ -53,6 +53,19 @@ def test_validation(kwargs, match):
         Sips(0.1, 1e-5, **kwargs)
 
 
+def test_the_stated_guarantee_cannot_be_replaced():
+    # Only from_dp states the (ε, δ) it calibrated to; a caller cannot pass its own.
+    from beam_dpsu.dp.accounting import PrivacyGuarantee
+    from beam_dpsu.dp.budget import PrivacyBudget
+    with pytest.raises(TypeError):
+        Sips(0.1, 1e-5, guarantee=PrivacyGuarantee(0.01, 1e-12))
+    pool = PrivacyBudget(1.0, 1e-6).zcdp("pool", 0.5)
+    with pytest.raises(TypeError):
+        pool.sips("s", fraction=0.5, guarantee=PrivacyGuarantee(0.001, 1e-12))
+    s = Sips.from_dp(2.0, 1e-5)
+    assert (s.guarantee.epsilon, s.guarantee.delta) == (2.0, 1e-5)
+
+
 def test_one_round_is_weighted_gaussian_zcdp():
     s, w = Sips(0.1, 1e-5, 100, rounds=1), WeightedGaussianZcdp(0.1, 1e-5, 100)
     assert s.rounds[0].threshold == w.calibration.threshold

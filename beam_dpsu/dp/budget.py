@@ -444,7 +444,9 @@ class PrivacyBudget:
           params: the mechanism's other parameters (``max_items``, ``alpha``,
             ``rounds``, ...), which change utility, not privacy.
 
-        The mechanism's own stated guarantee must fit the share (checked).
+        The mechanism's own stated guarantee must fit the share (checked), and it
+        must be proven: a research variant that is not (``variant='published'``
+        with ``allow_unproven``) is refused, as its stated guarantee is not one.
         """
         from beam_dpsu.dp.registry import MechanismParams, make_mechanism
         if "rho" in params:
@@ -453,6 +455,9 @@ class PrivacyBudget:
         share = self._share(name, fraction, epsilon, delta)
         built = make_mechanism(mechanism, MechanismParams(epsilon=share.epsilon,
                                                           delta=share.delta, **params))
+        if not built.proven:
+            raise ValueError(f"{mechanism} with these parameters is not proven private; a "
+                             f"budget composes proven guarantees only")
         g = built.guarantee
         if not (fits(g.epsilon, share.epsilon) and fits(g.delta, share.delta)):  # exactly
             raise ValueError(f"{mechanism} states ({g.epsilon:.6g}, {g.delta:.3g})-DP, more than "

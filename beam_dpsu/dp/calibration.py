@@ -18,7 +18,7 @@ import numpy as np
 
 from beam_dpsu.dp.params import MAX_MAX_ITEMS, MIN_ETA, WARN_DELTA_ABOVE, WARN_EPSILON_ABOVE
 
-__all__ = ["check_epsilon", "check_delta", "check_rho", "check_max_items", "check_eta",
+__all__ = ["check_epsilon", "check_delta", "check_rho", "check_max_items", "check_eta", "check_flag",
            "guarantee_warnings", "check_sensitivity", "bisect", "per_item_delta", "normal_isf", "log_ndtr",
            "analytic_gaussian_sigma", "zcdp_gaussian_sigma", "count_laplace_scale",
            "count_laplace_threshold", "count_gaussian_sigma", "count_gaussian_threshold",
@@ -509,7 +509,7 @@ def truncated_geometric_keep_probability(epsilon: float, delta: float, max_items
 
 
 # --------------------------------------------------------------------------
-# Integer parameters.
+# Integer and boolean parameters.
 # --------------------------------------------------------------------------
 
 def check_positive_int(value, name: str) -> int:
@@ -517,6 +517,14 @@ def check_positive_int(value, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
     return int(value)
+
+
+def check_flag(value, name: str) -> bool:
+    """``value`` as a bool; ValueError unless it is True or False (numpy's bool too):
+    a string such as ``'no'`` would otherwise read as True."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
 
 
 # --------------------------------------------------------------------------

@@ -105,6 +105,8 @@ class RunKey:
     def __init__(self, key: bytes, seeded: bool = False):
         if not isinstance(key, (bytes, bytearray)) or len(key) < 16:
             raise ValueError("a RunKey needs at least 16 bytes of key material")
+        if not isinstance(seeded, (bool, np.bool_)):
+            raise ValueError(f"seeded must be True or False, got {seeded!r}")
         self._key: Optional[bytes] = bytes(key)
         self.seeded = bool(seeded)
         self._subkeys = {}

@@ -161,7 +161,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> Tuple[object, TopKMechanism, Li
                     "top-k", max_selections=args.k, max_queries=1, fraction=fractions["top-k"])
                 kwargs["epsilon_per_selection"], delta = args.pool.epsilon, args.pool.delta
         mechanism = TopKMechanism(k=args.k, k_bar=args.k_bar, delta=delta,
-                                  max_items=args.max_items, with_counts=args.with_counts,
+                                  max_items=args.max_items, with_counts=bool(args.with_counts),
                                   **kwargs)
     except ValueError as e:
         raise UsageError(params.as_flags(str(e))) from None

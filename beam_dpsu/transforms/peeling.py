@@ -23,6 +23,7 @@ import apache_beam as beam
 
 from beam_dpsu.dp.mechanisms.peeling import (DiscoverPeelHittingSet, DiscoverPeelTopK,
                                              DiscoverThenPeel)
+from beam_dpsu.dp.calibration import check_flag
 from beam_dpsu.dp.noise import RunKey
 from beam_dpsu.transforms import run_key as keys
 from beam_dpsu.transforms.bounding import PerUserItemCounts, check_global_window
@@ -147,7 +148,7 @@ class DiscoverThenPeelTransform(beam.PTransform):
                              f"got {mechanism!r}")
         self._mechanism = mechanism
         self._run_key = keys.for_pipeline(run_key)
-        self._per_user = bool(per_user)
+        self._per_user = check_flag(per_user, "per_user")
 
     def expand(self, pcoll):
         check_global_window(pcoll, "DiscoverThenPeel")

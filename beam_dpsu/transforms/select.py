@@ -11,6 +11,7 @@ from typing import Optional
 import apache_beam as beam
 
 from beam_dpsu.dp.mechanisms.base import Mechanism
+from beam_dpsu.dp.calibration import check_flag
 from beam_dpsu.dp.noise import RunKey
 from beam_dpsu.transforms import budget as _budget  # noqa: F401  (registers its family)
 from beam_dpsu.transforms import ordered as _ordered  # noqa: F401  (registers its family)
@@ -83,7 +84,7 @@ class SelectPartitions(beam.PTransform):
             mechanism = mechanism.without_record_order()
         self._mechanism = mechanism
         self._run_key = keys.for_pipeline(run_key)
-        self._per_user = bool(per_user)
+        self._per_user = check_flag(per_user, "per_user")
 
     def expand(self, pcoll):
         if isinstance(pcoll, (tuple, list)):

@@ -13,6 +13,7 @@ from typing import Optional
 import apache_beam as beam
 
 from beam_dpsu.dp.mechanisms.topk import DEFAULT_PURPOSE, TopKMechanism, rank_key
+from beam_dpsu.dp.calibration import check_flag
 from beam_dpsu.dp.noise import RunKey
 from beam_dpsu.transforms import run_key as keys
 from beam_dpsu.transforms.bounding import PerUserItemCounts, SampleItems, check_global_window
@@ -116,7 +117,9 @@ class TopK(beam.PTransform):
             raise ValueError(f"mechanism must be a TopKMechanism, got {mechanism!r}")
         self._mechanism = mechanism
         self._run_key = keys.for_pipeline(run_key)
-        self._per_user = bool(per_user)
+        self._per_user = check_flag(per_user, "per_user")
+        if not isinstance(purpose, str) or not purpose:
+            raise ValueError(f"purpose must be a non-empty string, got {purpose!r}")
         self._purpose = purpose
 
     def expand(self, pcoll):

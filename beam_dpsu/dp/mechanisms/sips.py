@@ -29,7 +29,7 @@ Removing released items between rounds (``removal``):
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Set
+from typing import Any, Dict, Set
 
 from beam_dpsu.dp import calibration as cal
 from beam_dpsu.dp.accounting import PrivacyGuarantee, dp_to_zcdp_rho, zcdp_guarantee
@@ -68,7 +68,7 @@ class Sips(Mechanism):
 
     def __init__(self, rho: float, delta: float, max_items: int = DEFAULT_MAX_ITEMS,
                  rounds: int = DEFAULT_ROUNDS, ratio: float = DEFAULT_RATIO,
-                 removal: str = "side-input", guarantee: Optional[PrivacyGuarantee] = None):
+                 removal: str = "side-input"):
         rho, delta = cal.check_rho(rho), cal.check_delta(delta, upper=0.5)
         max_items = cal.check_max_items(max_items)
         rounds, ratio = check_rounds(rounds), check_ratio(ratio)
@@ -80,7 +80,7 @@ class Sips(Mechanism):
         # Each round is the zCDP Weighted Gaussian of its share (docs/mechanisms.md section 5).
         self.rounds = [WeightedGaussianZcdp(rho_i, delta_i, max_items).calibration
                        for rho_i, delta_i in round_budgets(rho, delta, rounds, ratio)]
-        self.guarantee = guarantee or zcdp_guarantee(rho, delta)
+        self.guarantee = zcdp_guarantee(rho, delta)
         self.rho, self.delta = rho, delta
 
     @classmethod
@@ -91,11 +91,14 @@ class Sips(Mechanism):
         the largest whose conversion (``accounting.dp_to_zcdp_rho``) gives (ε, δ)."""
         epsilon, delta = cal.check_epsilon(epsilon), cal.check_delta(delta)
         rho = dp_to_zcdp_rho(epsilon, delta, delta / 2.0)
-        guarantee = PrivacyGuarantee(
+        sips = cls(rho, delta / 2.0, max_items, rounds, ratio, removal)
+        # The same δ-approximate ρ-zCDP, stated as the (ε, δ) it was calibrated to (its
+        # conversion gives at most that: dp_to_zcdp_rho's ρ is the largest that does).
+        sips.guarantee = PrivacyGuarantee(
             epsilon, delta, rho=rho, zcdp_delta=delta / 2.0,
             note=f"{delta / 2:g}-approximate {rho:.6g}-zCDP, the largest ρ whose conversion "
                  f"(DP-SIPS Corollary 9) gives ({epsilon:g}, {delta:g})-DP")
-        return cls(rho, delta / 2.0, max_items, rounds, ratio, removal, guarantee)
+        return sips
 
     def describe(self) -> Dict[str, Any]:
         d = super().describe()

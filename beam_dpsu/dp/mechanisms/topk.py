@@ -187,7 +187,7 @@ class TopKMechanism(Mechanism):
         self.k_bar = self.k if k_bar is None else cal.check_positive_int(k_bar, "k_bar")
         if self.k_bar < self.k:
             raise ValueError(f"k_bar must be >= k={self.k}, got {k_bar!r}")
-        self.with_counts = bool(with_counts)
+        self.with_counts = cal.check_flag(with_counts, "with_counts")
         if epsilon is not None and epsilon_per_selection is not None:
             raise ValueError("epsilon (the whole query's) and epsilon_per_selection cannot "
                              "both be given")
