@@ -59,5 +59,11 @@ def test_zcdp_guarantee_convention():
 
 
 def test_rho_too_small_for_target_is_an_error():
-    with pytest.raises(ValueError):
+    # Valid arguments whose target no ρ > 0 reaches in floating point.
+    with pytest.raises(ValueError, match="too small for any rho"):
+        acc.dp_to_zcdp_rho(1e-300, 1e-5, 0.99999999999e-5)
+
+
+def test_a_zcdp_delta_outside_the_target_is_an_error():
+    with pytest.raises(ValueError, match="must be in"):
         acc.dp_to_zcdp_rho(1.0, 1e-5, 2e-5)

@@ -37,9 +37,19 @@ def test_every_mechanism_fulfils_the_contract(mechanism):
     assert list(rule.parameters) == ["self", "run_key", "round_index"]
     assert rule.parameters["round_index"].default == 0
     mechanism.describe()
-    per_user = {f"u{i}": {"a": 1, f"own{i}": 1} for i in range(50)}
+    # base.run_local takes ids of any accepted type and runs the mechanism on their
+    # canonical forms: numpy ids release what the plain ints and strings release
+    import numpy as np
+    plain = {i: {"a": 1, f"own{i}": 1} for i in range(50)}
+    numpy_ids = {np.int64(i): {np.str_(item): n for item, n in c.items()}
+                 for i, c in plain.items()}
     key = RunKey.from_test_seed(4)
-    assert run_local(per_user, mechanism, key) == mechanism.run_local(per_user, key)
+    released = run_local(numpy_ids, mechanism, key)
+    assert released == mechanism.run_local(plain, key)
+    # and refuses the ids whose keyed hash would differ from Python's equality
+    from beam_dpsu.dp.contribution import IdTypeError
+    with pytest.raises(IdTypeError, match="float"):
+        run_local(dict(plain, **{"x": {1.5: 1}}), mechanism, key)
 
 
 def test_threshold_mechanisms_release_what_their_rule_keeps():

@@ -22,6 +22,7 @@ import pytest
 
 from beam_dpsu.transforms import run_key as keys, runners
 from beam_dpsu.transforms.select import SelectPartitions
+from beam_dpsu.dp.contribution import sampling_keys
 from beam_dpsu.dp.noise import RunKey
 from beam_dpsu.dp.mechanisms.policy import GWKT
 from beam_dpsu.dp.registry import REGISTRY, make_mechanism
@@ -67,7 +68,16 @@ def staged_blobs(data: bytes, depth: int = 2):
 
 
 def secrets_of(run_key):
-    return [run_key._material()] + [run_key.subkey(p) for p in PURPOSES]
+    """The run key and every key derived from it that a worker uses: each purpose's
+    subkey, its first 16 bytes (``noise.ItemBits``' SipHash key) and, for the sampling
+    purposes, the sampler's two SipHash keys (``contribution.sampling_keys``)."""
+    out = [run_key._material()]
+    for p in PURPOSES:
+        sub = run_key.subkey(p)
+        out += [sub, sub[:16]]
+        if "sample" in p.split("/"):
+            out += list(sampling_keys(sub))
+    return out
 
 
 def leaked(proto, run_key) -> bool:
@@ -98,6 +108,17 @@ def test_the_scanner_finds_a_key_hidden_in_a_pickled_dofn():
     sub = rk.subkey("noise/0")
     p = beam.Pipeline()
     _ = p | beam.Create([1]) | beam.Map(lambda x, s=sub: (x, s))
+    assert leaked(p.to_runner_api(), rk)
+
+
+@pytest.mark.parametrize("derived", ["item-bits", "sampling"])
+def test_the_scanner_finds_a_derived_key_hidden_in_a_pickled_dofn(derived):
+    # The keys actually used (16-byte SipHash keys) are caught too, not only the subkeys.
+    rk = RunKey.from_test_seed(3)
+    captured = (rk.subkey("noise/0")[:16] if derived == "item-bits"
+                else sampling_keys(rk.subkey("sample/0"))[1])
+    p = beam.Pipeline()
+    _ = p | beam.Create([1]) | beam.Map(lambda x, s=captured: (x, s))
     assert leaked(p.to_runner_api(), rk)
 
 

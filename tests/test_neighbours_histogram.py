@@ -31,7 +31,8 @@ import pytest
 
 from beam_dpsu.dp import calibration as cal
 from beam_dpsu.dp.contribution import sample_items
-from beam_dpsu.dp.weights import add_user_to_histogram, user_weight
+from beam_dpsu.dp.mechanisms.histogram_threshold import round_histogram
+from beam_dpsu.dp.weights import user_weight
 from beam_dpsu.dp.noise import RunKey
 from beam_dpsu.dp.registry import make_mechanism
 
@@ -66,16 +67,6 @@ def fuzzed_pairs(n_pairs=40, seed=0):
         yield users, ("canary", x)
 
 
-def histogram(users, max_items, weighting, key):
-    hist = {}
-    kept = {}
-    for user, counts in users.items():
-        sample = sample_items(user, counts, max_items, key)
-        kept[user] = sorted(sample)
-        add_user_to_histogram(hist, sample, weighting)
-    return hist, kept
-
-
 def norm(diff, which):
     values = np.array(list(diff.values()) or [0.0])
     if which == "l1":
@@ -93,14 +84,20 @@ def test_fuzzed_neighbours_meet_every_condition_of_the_proof(name):
     key = RK.subkey("sample/0")
     worst = 0.0
     for users, (x, x_counts) in fuzzed_pairs():
-        h, kept = histogram(users, r.max_items, r.weighting, key)
+        # H and H′ from the mechanism's own histogram (the function the release uses)
+        h = mech.histogram_local(users, RK)
         with_x = dict(users, **{x: x_counts})
-        h2, kept2 = histogram(with_x, r.max_items, r.weighting, key)
-        # (a) the common users keep the same sample; H ≤ H′; H′ − H on x's kept items.
-        assert all(kept[u] == kept2[u] for u in users)
+        h2 = mech.histogram_local(with_x, RK)
+        # (a) the common users keep the same sample, so H′ − H is exactly x's own
+        # contribution, computed here from x's sample alone: x's weight on each of x's
+        # kept items and 0 elsewhere (H ≤ H′, H′ − H on x's kept items).
         x_kept = set(sample_items(x, x_counts, r.max_items, key))
         assert len(x_kept) <= MAX_ITEMS
+        x_weight = user_weight(len(x_kept), r.weighting)
         diff = {u: h2.get(u, 0.0) - h.get(u, 0.0) for u in set(h) | set(h2)}
+        for u, d in diff.items():
+            assert math.isclose(d, x_weight if u in x_kept else 0.0, rel_tol=1e-9,
+                                abs_tol=1e-12), (u, d)
         assert all(d >= -1e-12 for d in diff.values())
         assert {u for u, d in diff.items() if d > 1e-12} <= x_kept
         # (b) the change is within the sensitivity the calibration assumes.
@@ -161,12 +158,9 @@ def test_sips_rounds_meet_the_conditions_for_any_removed_set():
 
             def strip(counts):
                 return {u: c for u, c in counts.items() if u not in removed}
-            left = {u: strip(c) for u, c in users.items() if strip(c)}
-            h, _ = histogram(left, r.max_items, "l2", key)
-            with_x = dict(left)
-            if strip(x_counts):
-                with_x[x] = strip(x_counts)
-            h2, _ = histogram(with_x, r.max_items, "l2", key)
+            # the round's own histogram, with the released set removed from every user
+            h = round_histogram(users, r, RK, i, removed)
+            h2 = round_histogram(dict(users, **{x: x_counts}), r, RK, i, removed)
             diff = {u: h2.get(u, 0.0) - h.get(u, 0.0) for u in set(h) | set(h2)}
             assert norm(diff, "l2") <= 1 + 1e-12
             assert not (set(diff) & removed)

@@ -51,6 +51,9 @@ def mechanisms():
         "gw-kt-prefix": GWKT(EPS, DELTA, _public_counts(), kt_selection="prefix"),
         "gw-kt-published": GWKT(EPS, DELTA, _public_counts(), variant="published"),
         "top-k-discover-peel": DiscoverPeelTopK(10, EPS, DELTA, 5),
+        # at ε = 3 the two top-k releases are the true top 10 whatever the key; at ε = 0.3
+        # the noise decides (another seed releases another list), so these pin the noise
+        "top-k-discover-peel-eps0.3": DiscoverPeelTopK(10, 0.3, DELTA, 5),
         "hitting-set": DiscoverPeelHittingSet(10, EPS, DELTA, 5),
     }
 
@@ -58,6 +61,7 @@ def mechanisms():
 def topk_mechanisms():
     return {
         "top-k-gumbel": TopKMechanism(10, EPS, DELTA, k_bar=15),
+        "top-k-gumbel-eps0.3": TopKMechanism(10, 0.3, DELTA, k_bar=15),
         "top-k-gumbel-restricted": TopKMechanism(10, EPS, DELTA, max_items=5),
         "top-k-gumbel-restricted-per-selection": TopKMechanism(
             10, epsilon_per_selection=EPS, delta=DELTA, max_items=5),
@@ -88,8 +92,10 @@ EXPECTED = {
     "gw-kt-prefix": "e0277fd13d08800e",
     "gw-kt-published": "50ac1aaaf4f16ee9",
     "top-k-discover-peel": "2cf081473ae7310a",
+    "top-k-discover-peel-eps0.3": "67ca46b80a51bd37",
     "hitting-set": "22ec579c461b1483",
     "top-k-gumbel": "2cf081473ae7310a",
+    "top-k-gumbel-eps0.3": "a6bbfc2fb1f23ccd",
     "top-k-gumbel-restricted": "4a238015d55798ed",
     "top-k-gumbel-restricted-per-selection": "f305bb9a7bd1083b",
     "top-k-laplace": "bd2cf59dc0e7d422",

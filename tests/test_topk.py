@@ -308,17 +308,17 @@ def test_commits_rails_top10_in_order():
     # P = Π_i w_i / (Σ_{j ≥ i} w_j + w_⊥) with w = exp(ε·score).
     logw = m.epsilon_per_selection * np.array(top[:20] + [top[20] + m.threshold_offset], dtype=float)
     p_success = math.exp(sum(logw[i] - special.logsumexp(logw[i:]) for i in range(10)))
-    # The rank-9/rank-10 gap of commits-rails is 5 users, so p_success ≈ 0.9933
-    # and P(fewer than 95 successes in 100 runs) ≈ 6e-5: above the suite's
-    # 1e-6, fixed by the "95 of 100" requirement. The runs use fixed
-    # test seeds, so the outcome is deterministic.
+    # The rank-9/rank-10 gap of commits-rails is 5 users, so p_success ≈ 0.9933: 95 of
+    # 100 runs would fail with probability about 6e-5, so the test asks 95% of 200 runs
+    # (at least 190), which fails with probability below 1e-6 (computed below). The runs
+    # use fixed test seeds, so the outcome is deterministic.
     assert p_success > 0.99
-    false_failure = _binomial_false_failure(p_success)
-    assert false_failure < 2e-4
-    good = sum(released == truth[:10] for released, truth in _runs(hist, m))
-    print(f"commits-rails: true top 10 in order in {good}/100 runs "
+    false_failure = _binomial_false_failure(p_success, runs=200, need=190)
+    assert false_failure < 1e-6
+    good = sum(released == truth[:10] for released, truth in _runs(hist, m, runs=200))
+    print(f"commits-rails: true top 10 in order in {good}/200 runs "
           f"(per-run probability {p_success:.4f}, false failure {false_failure:.1e})")
-    assert good >= 95
+    assert good >= 190
 
 
 def test_reddit_titles_top10_set():
