@@ -349,3 +349,18 @@ def test_item_ids_cache_is_cleared_only_when_the_new_ids_would_overflow_it():
     assert sorted(ids._cache) == ["a", "b", "c", "d"]
     ids.many(["a", "e"])                     # 4 + 1 does not: cleared, then the new id
     assert sorted(ids._cache) == ["e"]
+
+
+def test_gwkt_checks_its_public_counts_where_it_is_built(tmp_path):
+    from beam_dpsu.dp.mechanisms.policy import GWKT
+    for bad, match in (("", "non-empty"), (str(tmp_path / "missing.tsv"), "not found"),
+                       ({"a": "x"}, "finite counts"), ({"a": -5}, "finite counts"),
+                       ({"a": float("nan")}, "finite counts"), ({"a": True}, "finite counts"),
+                       (["a"], "path or a mapping")):
+        with pytest.raises(ValueError, match=match):
+            GWKT(1.0, 1e-6, bad)
+    path = tmp_path / "public.tsv"
+    path.write_text("a\t3\n", encoding="utf-8")
+    GWKT(1.0, 1e-6, str(path))
+    GWKT(1.0, 1e-6, "gs://bucket/public.tsv")  # remote: read when the job runs
+    GWKT(1.0, 1e-6, {"a": 3, "b": 0.5})

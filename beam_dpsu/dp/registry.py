@@ -9,7 +9,6 @@ adds mechanisms registers them here with ``register``.
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Callable, Dict, List, Optional
 
 from beam_dpsu.dp.mechanisms import (CountGaussian, CountLaplace, Mechanism, TruncatedGeometric,
@@ -213,9 +212,6 @@ def _gw_kt(params: MechanismParams) -> Mechanism:
                                             or params.front_margin is not None):
         bad = [f for f in ("front_scale", "front_margin") if getattr(params, f) is not None]
         raise ValueError(f"{flags(bad)} applies to {flag('kt_selection')} front only")
-    path = params.public_counts
-    if "://" not in path and not os.path.exists(path):  # a remote one is read when the job runs
-        raise ValueError(f"{flag('public_counts')} file not found: {params.public_counts!r}")
     return _with_fallback(_policy.GWKT(params.epsilon, params.delta, params.public_counts,
                                        DEFAULT_ALPHA if params.alpha is None else params.alpha,
                                        **options, **{f: getattr(params, f) for f in _KT_OPTIONS}),

@@ -12,6 +12,7 @@ under the same key.
 from __future__ import annotations
 
 import copy
+import os
 import math
 from typing import Any, Dict, Hashable, Mapping, Optional
 
@@ -318,6 +319,25 @@ class GW(PolicyMechanism):
             use_public_counts=self._public, tie_break=self.tie_break)
 
 
+def _check_public_counts(public_counts) -> None:
+    """ValueError unless ``public_counts`` is a non-empty path to a file that exists
+    (a remote one, ``scheme://...``, is read when the job runs) or a mapping of items to
+    finite counts >= 0."""
+    if isinstance(public_counts, str):
+        if not public_counts:
+            raise ValueError("public_counts must be a non-empty path or a mapping")
+        if "://" not in public_counts and not os.path.exists(public_counts):
+            raise ValueError(f"public_counts file not found: {public_counts!r}")
+    elif isinstance(public_counts, Mapping):
+        for item, n in public_counts.items():
+            if (isinstance(n, bool) or not isinstance(n, (int, float, np.integer, np.floating))
+                    or not math.isfinite(n) or n < 0):
+                raise ValueError(f"public_counts must map items to finite counts >= 0; "
+                                 f"{item!r} has {n!r}")
+    else:
+        raise ValueError(f"public_counts must be a path or a mapping, got {public_counts!r}")
+
+
 class GWKT(GW):
     """GW-KT: GW whose walk order ranks items by public counts first.
 
@@ -381,11 +401,7 @@ class GWKT(GW):
                  eta: Optional[float] = None, variant: str = "cascade-free",
                  kt_selection: Optional[str] = None, front_scale: Optional[float] = None,
                  front_margin: Optional[int] = None):
-        if isinstance(public_counts, str):
-            if not public_counts:
-                raise ValueError("public_counts must be a non-empty path or a mapping")
-        elif not isinstance(public_counts, Mapping):
-            raise ValueError(f"public_counts must be a path or a mapping, got {public_counts!r}")
+        _check_public_counts(public_counts)
         if check_variant(variant) == "published":
             given = [n for n, v in (("kt_selection", kt_selection), ("front_scale", front_scale),
                                     ("front_margin", front_margin)) if v is not None]
