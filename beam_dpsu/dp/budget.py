@@ -468,13 +468,27 @@ class PrivacyBudget:
     def weighted_gaussian(self, name: str, max_items: int = DEFAULT_MAX_ITEMS,
                           fraction: Optional[float] = None, *, epsilon: Optional[float] = None,
                           delta: Optional[float] = None) -> Mechanism:
-        """A ``WeightedGaussian`` ((ε, δ)-DP) on a share; ``max_items`` is Δ0 (default 100)."""
+        """A ``WeightedGaussian`` ((ε, δ)-DP) on a share.
+
+        Args:
+          name: the release's name, unique in this budget.
+          max_items: Δ0 (default 100), distinct items kept per user: utility, not
+            privacy. It comes before ``fraction``: give the share by keyword
+            (``weighted_gaussian('keys', fraction=0.5)``).
+          fraction / epsilon, delta: the share (see ``take``); the release is
+            (share ε, share δ)-DP.
+        """
         return self.mechanism(name, "weighted-gaussian", fraction, epsilon=epsilon, delta=delta,
                               max_items=max_items)
 
     def zcdp(self, name: str, fraction: Optional[float] = None, *,
              epsilon: Optional[float] = None, delta: Optional[float] = None) -> ZcdpBudget:
         """A ``ZcdpBudget`` pool made of an (ε_c, δ_c) share.
+
+        Args:
+          name: the pool's name, unique in this budget.
+          fraction / epsilon, delta: the share (ε_c, δ_c) (see ``take``): the
+            pool's releases together are (ε_c, δ_c)-DP.
 
         The pool has zCDP δ = δ_c/2 and ρ = the largest ρ whose conversion gives
         (ε_c, δ_c) (``accounting.dp_to_zcdp_rho``); its releases' ρ's add and are
@@ -506,8 +520,11 @@ class PrivacyBudget:
         """A top-k ``PayWhatYouGetAccountant`` whose budget guarantee fits a share.
 
         Args:
-          max_selections: k*, the ε-bounded-range selections of all queries together.
-          max_queries: ℓ*, the number of queries.
+          name: the accountant's name, unique in this budget.
+          max_selections: k*, the ε-bounded-range selections of all queries together
+            (an integer >= 1): a larger k* leaves a smaller ε per selection; the
+            guarantee stays the share's.
+          max_queries: ℓ*, the number of queries (an integer >= 1), likewise.
           fraction / epsilon, delta: the share (see ``take``).
 
         The accountant's per-selection ε is ``pay_what_you_get_epsilon``'s; run

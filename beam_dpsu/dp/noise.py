@@ -98,6 +98,14 @@ class RunKey:
 
     A test-seeded key pickles as its seed (the key is a public function of the
     seed; a seeded run is not private and says so).
+
+    Args (of the constructor; use ``RunKey.fresh()`` for a release and
+    ``RunKey.from_test_seed(n)`` for a test, rather than building one from bytes):
+      key: the key material, at least 16 bytes (32 from ``secrets`` for a fresh key).
+        Whoever knows these bytes can recompute every draw of the release: they must
+        be secret and used for one release only.
+      seeded: True marks the key as derived from a known seed (default False); the
+        summaries of a run with such a key say ``seeded: true`` (NOT private).
     """
 
     __slots__ = ("_key", "seeded", "_subkeys", "_seed", "_handle")
@@ -132,6 +140,9 @@ class RunKey:
     @classmethod
     def from_test_seed(cls, seed: int) -> "RunKey":
         """A deterministic key for tests and reproducible experiments.
+
+        Args:
+          seed: an integer; the key is a public function of it.
 
         A seeded run is NOT private against anyone who knows the seed; outputs
         of seeded runs report ``seeded: true``.

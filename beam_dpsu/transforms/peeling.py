@@ -133,7 +133,10 @@ class DiscoverThenPeelTransform(beam.PTransform):
       mechanism: a ``DiscoverPeelTopK`` or ``DiscoverPeelHittingSet``.
       run_key: the release's ``RunKey``; None (default) draws a fresh OS-random key
         on a worker (never part of the job graph).
-      per_user: True when the input is already ``(user_id, {item: count})``.
+      per_user: True when the input is already ``(user_id, {item: count})``;
+        default False: ``(user_id, item)`` occurrences. No privacy effect, provided
+        each user is ONE element.
+      label: the transform's label (default: Beam's).
 
     Privacy: ``mechanism.guarantee`` under add/remove-one-user neighbours, provided
     each user id identifies one person and the key is used for one release. The

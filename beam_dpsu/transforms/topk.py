@@ -99,9 +99,13 @@ class TopK(beam.PTransform):
       run_key: the query's ``RunKey``; None (default) draws a fresh OS-random key
         (on a worker, read as a side input: never part of the job graph).
       per_user: True when the input is already ``(user_id, {item: count})``
-        (e.g. from ``textio.ReadUserItems``).
-      purpose: key purpose of this query; distinct queries under one key need
-        distinct purposes.
+        (e.g. from ``textio.ReadUserItems``); default False: ``(user_id, item)``
+        occurrences. No privacy effect, provided each user is ONE element.
+      purpose: key purpose of this query (default ``'topk/0'``), a non-empty string;
+        distinct queries under one key need distinct purposes: two queries with the
+        same purpose reuse the same noise, and their composition is not what
+        their guarantees add up to.
+      label: the transform's label (default: Beam's).
 
     Privacy: the output is ``mechanism.guarantee``-DP under add/remove-one-user
     neighbours; for Algorithm 2 charge ``mechanism.charge(len(output))`` to a

@@ -88,7 +88,14 @@ class Sips(Mechanism):
                 rounds: int = DEFAULT_ROUNDS, ratio: float = DEFAULT_RATIO,
                 removal: str = "side-input") -> "Sips":
         """Calibrates to (ε, δ)-DP: half of δ is the approximate-zCDP δ, and ρ is
-        the largest whose conversion (``accounting.dp_to_zcdp_rho``) gives (ε, δ)."""
+        the largest whose conversion (``accounting.dp_to_zcdp_rho``) gives (ε, δ).
+
+        Args:
+          epsilon: ε > 0 of the (ε, δ)-DP guarantee of the whole release (all rounds).
+          delta: 0 < δ < 1, its δ (half of it is the rounds' approximate-zCDP δ).
+          max_items, rounds, ratio, removal: as for ``Sips`` (defaults 100, 3, 1/3,
+            ``'side-input'``); no effect on the guarantee, which the rounds split.
+        """
         epsilon, delta = cal.check_epsilon(epsilon), cal.check_delta(delta)
         rho = dp_to_zcdp_rho(epsilon, delta, delta / 2.0)
         sips = cls(rho, delta / 2.0, max_items, rounds, ratio, removal)
