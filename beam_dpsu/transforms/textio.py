@@ -506,6 +506,9 @@ class ReadUserItems(beam.PTransform):
         them (about users / ``user_groups``); raise it when a group would not
         fit in memory (default ``DEFAULT_READ_GROUPS``, 1024). No privacy
         effect (the same per-user counts).
+      block_bytes: with ``split_files``, the size of a block of whole lines
+        (default ``BLOCK_BYTES``, 8 MiB). No privacy effect.
+      label: the transform's label (default: Beam's).
 
     Scaling: files are decompressed in parallel, one file per DoFn call, and
     their blocks parsed in parallel (``split_files``); a gzip file cannot be

@@ -127,13 +127,16 @@ class PolicyLaplace(_DescentMechanism):
     Γ = T + α·λ. Guarantee: (ε, δ)-DP.
 
     Args:
-      epsilon: ε > 0. delta: 0 < δ < 1.
+      epsilon: ε > 0 of the (ε, δ)-DP guarantee of the release.
+      delta: 0 < δ < 1, its δ.
       max_items: Δ0 ≥ 1, distinct items kept per user (default 100). A larger
-        Δ0 raises T slightly (δ_t for more t) and lets users reach more items.
+        Δ0 raises T slightly (δ_t for more t) and lets users reach more items;
+        no effect on the guarantee (the calibration accounts for it).
       alpha: α ≥ 0 (default 3): the cutoff Γ = T + α·λ. Larger α wastes less
         budget on items that would be released anyway only when it is small;
         no privacy effect.
-      state: ``OrderedUserPolicy`` state choice (default ``'auto'``).
+      state: ``OrderedUserPolicy`` state choice (default ``'auto'``); no privacy
+        effect.
     """
 
     _name, policy_name = "policy-laplace", "l1-descent"
@@ -148,9 +151,13 @@ class PolicyGaussian(_DescentMechanism):
     Guarantee: (ε, δ)-DP.
 
     Args:
-      epsilon: ε > 0. delta: 0 < δ < 1. max_items: Δ0 ≥ 1 (default 100).
+      epsilon: ε > 0 of the (ε, δ)-DP guarantee of the release.
+      delta: 0 < δ < 1, its δ.
+      max_items: Δ0 ≥ 1, distinct items kept per user (default 100); no effect on
+        the guarantee (the calibration accounts for it).
       alpha: α ≥ 0 (default 3), Γ = T + α·σ; no privacy effect.
-      state: ``OrderedUserPolicy`` state choice (default ``'auto'``).
+      state: ``OrderedUserPolicy`` state choice (default ``'auto'``); no privacy
+        effect.
     """
 
     _name, policy_name = "policy-gaussian", "l2-descent"
@@ -192,8 +199,8 @@ class GW(PolicyMechanism):
     ``--allow-unproven``.
 
     Args:
-      epsilon: ε > 0.
-      delta: 0 < δ < 1/2 (so that T ≥ 1).
+      epsilon: ε > 0 of the (ε, δ)-DP guarantee of the release.
+      delta: 0 < δ < 1/2 (so that T ≥ 1), its δ.
       alpha: α ≥ 0 (default 3), Γ = T + α·λ; no privacy effect.
       state: ``OrderedUserPolicy`` state choice (default ``'auto'``); no
         privacy effect.
@@ -351,12 +358,16 @@ class GWKT(GW):
     ``GW``).
 
     Args:
-      epsilon: ε > 0. delta: 0 < δ < 1/2.
+      epsilon: ε > 0 of the (ε, δ)-DP guarantee of the release.
+      delta: 0 < δ < 1/2, its δ.
       public_counts: a path to an ``item<TAB>count`` file (any Beam
-        filesystem; ``.gz`` read by suffix; duplicates summed) or a
-        ``{item: count}`` mapping.
+        filesystem; ``.gz`` read by suffix; duplicates summed; a local one must
+        exist) or a ``{item: count}`` mapping of finite counts >= 0. No privacy
+        effect provided they do not come from the private input (then they cost
+        nothing; otherwise the guarantee does not hold).
       alpha: α ≥ 0 (default 3); no privacy effect.
-      state: ``OrderedUserPolicy`` state choice (default ``'auto'``).
+      state: ``OrderedUserPolicy`` state choice (default ``'auto'``); no privacy
+        effect.
       tie_break: as for ``GW``; it orders items of equal public count and
         equal frequency. No privacy effect.
       kt_selection: how K_i is chosen (cascade-free only; ``docs/gw.md`` section 1.3).
