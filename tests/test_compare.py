@@ -7,7 +7,7 @@ import stat
 import pytest
 
 from beam_dpsu.dp import synthetic
-from beam_dpsu.pipelines import compare
+from beam_dpsu.pipelines import compare, runs
 from conftest import without_progress
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -24,7 +24,7 @@ def test_comparison_writes_tables_and_plots(data, tmp_path):
     out = str(tmp_path / "cmp")
     messages = []
     s = compare.run(["--input", data, "--output", out, "--delta", "1e-6", "--epsilons", "1,4",
-                     "--trials", "2", "--mechanisms",
+                     "--trials", "2", "--insecure-test-seed", "11", "--mechanisms",
                      "weighted-gaussian:max_items=20,count-gaussian,sips:rounds=2"],
                     progress=messages.append)
     assert len(s["results"]) == 6
@@ -33,7 +33,8 @@ def test_comparison_writes_tables_and_plots(data, tmp_path):
         assert r["calibration"]["epsilon"] == pytest.approx(r["epsilon"])
     wg = [r for r in s["results"] if r["mechanism"] == "weighted-gaussian"]
     assert all(r["calibration"]["max_items_per_user"] == 20 for r in wg)
-    # More budget releases more (the means are far apart at ε = 1 and 4 here).
+    # More budget releases more (seeded: deterministic; the means are far apart at
+    # ε = 1 and 4 here).
     assert wg[1]["mean"] > wg[0]["mean"]
     sips = [r for r in s["results"] if r["mechanism"] == "sips"]
     assert all("zCDP, converted" in r["footing"] for r in sips)
@@ -101,8 +102,14 @@ def test_beam_options_need_the_beam_engine(data, tmp_path, capsys):
 def test_beam_engine_runs_the_pipeline(data, tmp_path):
     s = compare.run(["--input", data, "--output", str(tmp_path / "o"), "--delta", "1e-6",
                      "--epsilon", "2", "--trials", "1", "--engine", "beam",
+                     "--insecure-test-seed", "3",
                      "--mechanisms", "weighted-gaussian:max_items=10"], progress=lambda m: None)
-    assert s["results"][0]["released"][0] > 0
+    assert s["results"][0]["released"][0] > 0  # seeded: deterministic
+    # the Beam engine's trial is the seeded select run: the core engine releases as many
+    c = compare.run(["--input", data, "--output", str(tmp_path / "c"), "--delta", "1e-6",
+                     "--epsilon", "2", "--trials", "1", "--insecure-test-seed", "3",
+                     "--mechanisms", "weighted-gaussian:max_items=10"], progress=lambda m: None)
+    assert c["results"][0]["released"] == s["results"][0]["released"]
 
 
 def test_gw_tie_breaks_side_by_side_in_both_engines(data, tmp_path):
@@ -112,6 +119,7 @@ def test_gw_tie_breaks_side_by_side_in_both_engines(data, tmp_path):
     for engine in ("core", "beam"):
         s = compare.run(["--input", data, "--output", str(tmp_path / engine), "--delta", "1e-6",
                          "--epsilon", "2", "--trials", "1", "--engine", engine,
+                         "--insecure-test-seed", "5",
                          "--mechanisms", mechs], progress=lambda m: None)
         labels = [r["label"] for r in s["results"]]
         assert labels == ["gw", "gw tie_break=first-occurrence"], labels
@@ -208,3 +216,19 @@ def test_plot_colours_are_distinct_hues_not_pairs():
         hues = sorted(colorsys.rgb_to_hsv(*c)[0] for c in colors if max(c) - min(c) > 0.1)
         # No two chromatic colours share a hue (a light/dark pair would).
         assert all(b - a > 0.02 for a, b in zip(hues, hues[1:])), (n, hues)
+
+
+def test_a_seeded_comparison_is_reproducible_and_its_trials_differ(data, tmp_path, capsys):
+    def run(out, seed):
+        return compare.run(["--input", data, "--output", str(tmp_path / out), "--delta", "1e-6",
+                            "--epsilon", "1", "--trials", "3", "--insecure-test-seed", seed,
+                            "--mechanisms", "weighted-gaussian:max_items=5"],
+                           progress=lambda m: None)
+    a, b = run("a", "7"), run("b", "7")
+    assert a["results"][0]["released"] == b["results"][0]["released"]
+    assert "NOT private" in capsys.readouterr().err
+    with open(tmp_path / "a" / compare.RESULTS_MD, encoding="utf-8") as f:
+        assert "--insecure-test-seed 7" in f.read()
+    # each trial its own key: the three releases are not one release repeated
+    keys = {runs.trial_key(7, step).subkey("noise/0") for step in (1, 2, 3)}
+    assert len(keys) == 3

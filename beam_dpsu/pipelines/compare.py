@@ -5,7 +5,7 @@ Usage::
     beam-dpsu compare --input PATH --mechanisms LIST --epsilon E --delta D
         [--max-items-per-user N] [--alpha A] [--rounds I] [--ratio r]
         [--public-counts PATH] [--trials N] [--epsilons LIST] [--engine core|beam]
-        [--budget-epsilon E --budget-delta D]
+        [--budget-epsilon E --budget-delta D] [--insecure-test-seed N]
         --output DIR [any Beam pipeline option, with --engine beam]
     beam-dpsu compare --task top-k|hitting-set --k K --mechanisms METHODS ...
         (top-k methods or k-hitting sets: ``beam_dpsu.pipelines.compare_ranked``)
@@ -22,7 +22,9 @@ also be spelled ``max_items_per_user`` or, as PipelineDP calls it,
 (``gw:variant=published`` is not proven private and needs ``--allow-unproven``).
 
 Every mechanism is run ``--trials`` times (default 5) with fresh OS randomness at
-each ε of ``--epsilons`` (default: just ``--epsilon``); the mean and standard
+each ε of ``--epsilons`` (default: just ``--epsilon``; for tests,
+``--insecure-test-seed N`` gives the i-th trial of the run the key of seed N + i, so a
+comparison can be repeated exactly); the mean and standard
 deviation of the number of released items go to ``DIR/results.PRIVATE.json``
 and ``DIR/results.PRIVATE.md``, with each trial's *occurrence coverage*: the
 share of all input lines (user, item occurrences) whose item was released
@@ -80,7 +82,6 @@ from beam_dpsu.dp import utility
 from beam_dpsu.dp.mechanisms.base import run_local
 from beam_dpsu.transforms import textio
 from beam_dpsu.dp import params
-from beam_dpsu.dp.noise import RunKey
 from beam_dpsu.dp.registry import REGISTRY, MechanismParams, make_mechanism
 from beam_dpsu.pipelines import compare_ranked, run_budget, flags, outputs, runs, cli
 from beam_dpsu.pipelines.cli import UsageError
@@ -163,6 +164,7 @@ def build_parser() -> flags.ArgumentParser:
     params.add_arguments(p, SHARED)
     p.add_argument("--trials", type=int, default=5, help="runs per mechanism and ε (default 5)")
     p.add_argument("--engine", choices=("core", "beam"), default="core")
+    flags.add_test_seed_argument(p)
     params.add_arguments(p, ["allow_unproven"])
     run_budget.add_arguments(p, shares=False)
     return p
@@ -289,6 +291,7 @@ def run_trials(args, beam_args, specs, epsilons, built, per_user, tmp, progress,
     total = len(specs) * len(epsilons) * args.trials
     step = 0
     holders = users_per_item(per_user) if per_user is not None else None
+    seed = args.insecure_test_seed
     for name, own in specs:
         lab = label(name, own)
         for eps in epsilons:
@@ -298,11 +301,13 @@ def run_trials(args, beam_args, specs, epsilons, built, per_user, tmp, progress,
                 step += 1
                 start = time.time()
                 if args.engine == "core":
-                    last = run_local(per_user, mech, RunKey.fresh())
+                    last = run_local(per_user, mech, runs.trial_key(seed, step))
                     n = len(last)
                 else:
                     prefix = os.path.join(tmp, f"{len(results)}-{t}")
                     flags = _cli_flags(name, mechanism_params(name, own, args, eps))
+                    if seed is not None:
+                        flags += ["--insecure-test-seed", str(seed + step)]
                     s = _select_partitions().run(["--input", args.input, "--output", prefix,
                                                   "--quiet"] + flags + list(beam_args))
                     n = s["num_released"]
@@ -366,10 +371,15 @@ def _by_users(released, holders) -> Dict[str, int]:
     return out
 
 
+def _randomness(args) -> str:
+    return ("fresh OS randomness each" if args.insecure_test_seed is None else
+            f"keys from --insecure-test-seed {args.insecure_test_seed} (tests only)")
+
+
 def markdown(results, args, epsilons, command: str) -> str:
     lines = [f"# {NOT_PRIVATE_NOTE}", "", "## Mechanism comparison", "",
              f"Data: `{args.input}`. Common target δ = {args.delta:g}; "
-             f"{args.trials} trials per cell, fresh OS randomness each; engine `{args.engine}`.",
+             f"{args.trials} trials per cell, {_randomness(args)}; engine `{args.engine}`.",
              "", f"Command: `{command}`", "",
              "All mechanisms are compared at the same (ε, δ)-DP guarantee; zCDP mechanisms are "
              "calibrated to it with the library's conversion, as the last column says.", "",
@@ -538,6 +548,8 @@ def run(argv: Optional[Sequence[str]] = None, progress=None) -> Dict[str, Any]:
         raise UsageError(f"cannot create {args.output!r}: {e.strerror}") from None
     if progress is None:  # stderr lines, none with --quiet
         progress = cli.Progress(cli.command_prog(PROG), args.quiet)
+    if args.insecure_test_seed is not None:
+        print(runs.INSECURE_SEED_WARNING, file=sys.stderr)
     start = time.time()
     per_user = None
     if args.engine == "core":
@@ -582,11 +594,11 @@ def _write_json(path: str, summary: Dict[str, Any]) -> None:
 def _run_ranked(args, argv, specs, epsilons, built, per_user, progress, start):
     """``--task top-k`` or ``hitting-set``: the trials, the table and the JSON (no plots)."""
     results = compare_ranked.run_trials(args.task, specs, args.k, epsilons, built, per_user,
-                                        args.trials, progress)
+                                        args.trials, progress, args.insecure_test_seed)
     command = "beam-dpsu compare " + " ".join(a if " " not in a else repr(a) for a in argv)
     text = "\n".join([f"# {NOT_PRIVATE_NOTE}", "", f"Task: {args.task}, k = {args.k}, "
-                      f"δ = {args.delta:g}, {args.trials} trials per cell, fresh OS "
-                      f"randomness each.", "", f"Command: `{command}`", "",
+                      f"δ = {args.delta:g}, {args.trials} trials per cell, "
+                      f"{_randomness(args)}.", "", f"Command: `{command}`", "",
                       *compare_ranked.markdown_rows(args.task, results), ""])
     with _open_private(os.path.join(args.output, RESULTS_MD)) as f:
         f.write(text.encode("utf-8"))

@@ -15,13 +15,13 @@ statistics of the input from many runs: NOT differentially private.
 from __future__ import annotations
 
 import statistics
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from beam_dpsu.dp import params, utility
 from beam_dpsu.dp.mechanisms.base import released_items
 from beam_dpsu.dp.mechanisms.peeling import DiscoverPeelHittingSet, DiscoverPeelTopK
 from beam_dpsu.dp.mechanisms.topk import TopKMechanism
-from beam_dpsu.dp.noise import RunKey
+from beam_dpsu.pipelines import runs
 from beam_dpsu.pipelines.cli import UsageError
 
 __all__ = ["TASKS", "METHODS", "parse_methods", "build", "run_trials", "markdown_rows"]
@@ -93,11 +93,13 @@ def _mean_sd(values: List[float]) -> Tuple[float, float]:
 
 
 def run_trials(task: str, specs, k: int, epsilons, built, per_user, trials: int,
-               progress) -> List[Dict[str, Any]]:
-    """Runs every mechanism ``trials`` times per ε (fresh OS randomness); the results."""
+               progress, seed: Optional[int] = None) -> List[Dict[str, Any]]:
+    """Runs every mechanism ``trials`` times per ε; the results. Each trial's key is
+    ``runs.trial_key(seed, step)``: fresh OS randomness unless ``seed`` (tests only)."""
     holders = utility.users_per_item(per_user)
     pairs = utility.user_item_pairs(per_user)
     results = []
+    step = 0
     if task == "hitting-set":
         greedy = utility.greedy_hitting_set(per_user, k)
         results.append({"mechanism": "greedy (non-private ceiling)", "epsilon": None,
@@ -108,7 +110,8 @@ def run_trials(task: str, specs, k: int, epsilons, built, per_user, trials: int,
             m = built[(_label(name, own), eps)]
             sizes, first, second = [], [], []
             for _ in range(trials):
-                rows = m.run_local(per_user, RunKey.fresh())
+                step += 1
+                rows = m.run_local(per_user, runs.trial_key(seed, step))
                 items = [row[1] for row in sorted(rows, key=lambda r: r[0])]
                 sizes.append(len(released_items(m, rows)))
                 if task == "top-k":

@@ -17,8 +17,8 @@ from beam_dpsu.pipelines import cli
 from beam_dpsu.pipelines.cli import UsageError
 from beam_dpsu.transforms import runners
 
-__all__ = ["ArgumentParser", "add_io_arguments", "add_dead_letter_argument", "check_beam_args",
-           "parse_known"]
+__all__ = ["ArgumentParser", "add_io_arguments", "add_test_seed_argument",
+           "add_dead_letter_argument", "check_beam_args", "parse_known"]
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -54,6 +54,11 @@ def add_io_arguments(p: argparse.ArgumentParser) -> None:
                    help="delete the outputs of an earlier run under PREFIX (and the "
                         "--dead-letter file) before running; without it such outputs are "
                         "refused")
+    add_test_seed_argument(p)
+
+
+def add_test_seed_argument(p: argparse.ArgumentParser) -> None:
+    """--insecure-test-seed N (tests only), and ``--seed`` refused with a pointer to it."""
     p.add_argument("--insecure-test-seed", dest="insecure_test_seed", type=int, metavar="N",
                    help="TESTS ONLY: derive all randomness from N; the output is NOT private "
                         "against anyone who knows or guesses N and must never be published")

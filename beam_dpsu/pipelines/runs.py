@@ -52,7 +52,8 @@ from beam_dpsu.dp.accounting import readable_up
 from beam_dpsu.dp.noise import RunKey
 
 
-__all__ = ["INSECURE_SEED_WARNING", "NoWellFormedInput", "make_run_key", "progress_seconds",
+__all__ = ["INSECURE_SEED_WARNING", "NoWellFormedInput", "make_run_key", "trial_key",
+           "progress_seconds",
            "UserProgress", "CountUsers", "runner_name", "run_pipeline", "counter",
            "run_release", "main_wrapper", "staging_for"]
 
@@ -77,6 +78,13 @@ def make_run_key(seed: Optional[int]) -> RunKey:
         return RunKey.fresh()
     print(INSECURE_SEED_WARNING, file=sys.stderr)
     return RunKey.from_test_seed(seed)
+
+
+def trial_key(seed: Optional[int], step: int) -> RunKey:
+    """The key of a comparison's ``step``-th trial (1, 2, ...): fresh OS randomness, or,
+    with ``--insecure-test-seed N`` (tests only), the key of seed N + step, so that a
+    seeded comparison is reproducible and its trials still differ from one another."""
+    return RunKey.fresh() if seed is None else RunKey.from_test_seed(seed + step)
 
 
 #: (prog, start time, seconds between lines) of the release being built by
