@@ -365,6 +365,7 @@ class SelectFromText(beam.PTransform):
         from the input: keep the directory as private as the input and remove
         it after the run (``staging.remove_directory``; the command line does
         both). No effect on the release.
+      label: the transform's label (default: Beam's).
 
     Privacy: the mechanism's ``guarantee`` under add/remove-one-user
     neighbouring datasets, provided each user id identifies one person and the

@@ -67,6 +67,7 @@ class SelectPartitions(beam.PTransform):
         merged and complete users of ``ReadUserItems(...,
         complete_users=True)``). Default False. No privacy effect, but an
         input with several elements per user would break the per-user bound.
+      label: the transform's label (default: Beam's).
 
     Privacy: the mechanism's ``guarantee`` under add/remove-one-user
     neighbouring datasets, provided each user id identifies one person and

@@ -254,7 +254,8 @@ class DiscoverThenPeel(Mechanism):
     """Base of the discovery-then-peeling mechanisms (module docstring).
 
     Args:
-      k: the most items to release (integer ≥ 1).
+      k: the most items to release (integer ≥ 1). No effect on the guarantee, which
+        ``epsilon`` states for the whole release: a larger k leaves each step less.
       epsilon: ε > 0 of the whole release's (ε, δ)-DP guarantee.
       delta: 0 < δ < 1 of the whole release.
       max_items: Δ0 ≥ 1 of the discovery stage only (default 100): each user's

@@ -144,7 +144,8 @@ class TopKMechanism(Mechanism):
     ``release_rule`` (its candidates are compared with each other).
 
     Args:
-      k: the most items to release (integer ≥ 1).
+      k: the most items to release (integer ≥ 1). No effect on the guarantee, which
+        ``epsilon`` states for the whole query: a larger k leaves each selection less.
       epsilon: ε > 0 of the WHOLE query's (ε, δ)-DP guarantee, for both
         algorithms. Algorithm 2 calibrates its per-selection ε from it: the largest
         whose composition over k selections is within (ε, δ)
