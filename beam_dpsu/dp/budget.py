@@ -270,6 +270,8 @@ class ZcdpBudget:
           fraction: 0 < f ≤ 1 of the pool's TOTAL ρ and δ; or None with ``rho``
             and ``delta`` given.
           rho, delta: explicit amounts (both, and no ``fraction``).
+          what: a description of the release, shown in ``describe()`` (default
+            ``'share'``). No privacy effect.
 
         Returns (ρ_i, δ_i), rounded down as ``PrivacyBudget.take``'s shares (``share_of``,
         ``grant``): the pool's parts never add up to more than its (ρ, δ). Raises
@@ -300,7 +302,12 @@ class ZcdpBudget:
                           *, rho: Optional[float] = None, delta: Optional[float] = None):
         """A ``WeightedGaussianZcdp`` on a share of the pool (see ``take``).
 
-        ``max_items`` is Δ0 (default 100): it changes utility, not privacy.
+        Args:
+          name: the release's name, unique in the pool.
+          max_items: Δ0 (default 100): it changes utility, not privacy. It comes
+            before ``fraction``: give the share by keyword.
+          fraction / rho, delta: the share (see ``take``): the release is
+            δ-approximate ρ-zCDP with the share's (ρ, δ).
         """
         from beam_dpsu.dp.mechanisms import WeightedGaussianZcdp
         cal.check_max_items(max_items)
@@ -312,8 +319,14 @@ class ZcdpBudget:
              rho: Optional[float] = None, delta: Optional[float] = None, **kwargs):
         """A ``sips.Sips`` (all its rounds) on a share of the pool (see ``take``).
 
-        ``max_items``, ``rounds``, ``ratio``, ``removal`` are Sips's (no privacy effect
-        beyond the share: the rounds split the share's ρ and δ).
+        Args:
+          name: the release's name, unique in the pool.
+          max_items: Δ0 (default 100); give the share by keyword.
+          fraction / rho, delta: the share (see ``take``): all rounds together are
+            δ-approximate ρ-zCDP with the share's (ρ, δ).
+          kwargs: ``rounds``, ``ratio``, ``removal``, as for ``Sips`` (no privacy
+            effect beyond the share: the rounds split the share's ρ and δ); nothing
+            else is accepted.
         """
         from beam_dpsu.dp.mechanisms.sips import Sips
         cal.check_max_items(max_items)
