@@ -42,6 +42,8 @@ from typing import Any, Optional
 
 import numpy as np
 
+from beam_dpsu.dp.calibration import check_flag
+
 __all__ = ["encode_value", "RunKey", "DetachedKeyError", "test_seed_material", "keyed_hash64",
            "KeyedHash64", "keyed_seed", "keyed_generator", "laplace_from_bits",
            "gaussian_from_bits", "uniform_from_bits", "gumbel_from_bits", "KeyedNoise",
@@ -113,10 +115,8 @@ class RunKey:
     def __init__(self, key: bytes, seeded: bool = False):
         if not isinstance(key, (bytes, bytearray)) or len(key) < 16:
             raise ValueError("a RunKey needs at least 16 bytes of key material")
-        if not isinstance(seeded, (bool, np.bool_)):
-            raise ValueError(f"seeded must be True or False, got {seeded!r}")
         self._key: Optional[bytes] = bytes(key)
-        self.seeded = bool(seeded)
+        self.seeded = check_flag(seeded, "seeded")
         self._subkeys = {}
         self._seed: Optional[int] = None
         self._handle: Optional[str] = None

@@ -27,7 +27,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from beam_dpsu.transforms import runners
-from beam_dpsu.dp.calibration import check_flag
+from beam_dpsu.dp.calibration import check_flag, check_positive_int
 from beam_dpsu.dp.contribution import DEFAULT_FLUSH_PAIRS, ItemCounts
 from beam_dpsu.dp.lines import (BLOCK_BYTES, group_line_counts, gzip_reader, iter_line_blocks,
                                 iter_line_counts, iter_raw_blocks, pack_user_groups,
@@ -543,16 +543,12 @@ class ReadUserItems(beam.PTransform):
         self._complete_max_pairs = complete_max_pairs
         if not isinstance(file_pattern, str) or not file_pattern:
             raise ValueError(f"file_pattern must be a non-empty string, got {file_pattern!r}")
-        if isinstance(flush_pairs, bool) or not isinstance(flush_pairs, int) or flush_pairs < 1:
-            raise ValueError(f"flush_pairs must be an integer >= 1, got {flush_pairs!r}")
         self._pattern = file_pattern
-        self._flush_pairs = flush_pairs
+        self._flush_pairs = check_positive_int(flush_pairs, "flush_pairs")
         self._keep_order = check_flag(keep_order, "keep_order")
         self._with_malformed = check_flag(with_malformed, "with_malformed")
         self._split_files = check_flag(split_files, "split_files")
-        if isinstance(block_bytes, bool) or not isinstance(block_bytes, int) or block_bytes < 1:
-            raise ValueError(f"block_bytes must be an integer >= 1, got {block_bytes!r}")
-        self._block_bytes = block_bytes
+        self._block_bytes = check_positive_int(block_bytes, "block_bytes")
 
     def expand(self, pbegin):
         if self._complete_users:
