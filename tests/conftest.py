@@ -1,7 +1,7 @@
 """Shared test helpers.
 
 Statistical tests in this suite state their false-failure probability; each
-is at most 1e-6 (most are 1e-7 or below).
+is below 1e-6 (most are 1e-7 or below).
 """
 import math
 import os

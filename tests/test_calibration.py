@@ -204,6 +204,35 @@ def test_gw_cascade_free_threshold_is_the_smallest_t_meeting_delta(eps, delta, d
         assert t == pytest.approx(root, rel=1e-9)
 
 
+def _cascade_free_delta_decimal(eps, d0, t):
+    # Independent evaluation at tiny δ: the product form in decimal arithmetic with
+    # 450 significant digits, so that 1 − (1 − x) keeps x down to 1e-400 (floats give 0).
+    import decimal
+    with decimal.localcontext() as ctx:
+        ctx.prec = 450
+        eps, t, half = decimal.Decimal(eps), decimal.Decimal(t), decimal.Decimal("0.5")
+        first = 1 - half * (-eps * (t - 1)).exp()
+        rest = (1 - half * (-eps * t).exp()) ** (d0 - 1)
+        return 1 - first * rest
+
+
+@pytest.mark.parametrize("delta", [1e-12, 1e-50, 1e-150, 1e-300])
+@pytest.mark.parametrize("eps,d0", [(0.1, 1), (1, 5), (3, 100), (8, 1000)])
+def test_gw_cascade_free_threshold_at_tiny_delta_against_decimal_arithmetic(eps, delta, d0):
+    # The solver inverts the library's log1p/expm1 form; here δ(T) comes from the
+    # plain product in 450-digit decimals instead. At T it is at most δ (up to the
+    # float rounding of δ itself); a relative step of 1e-9 below T exceeds δ (that
+    # step changes δ(T) by a factor of about e^(ε·T·1e-9), far above the rounding).
+    import decimal
+    t = cal.gw_cascade_free_threshold(eps, delta, d0)
+    target = decimal.Decimal(delta)
+    assert _cascade_free_delta_decimal(eps, d0, t) <= target * (1 + decimal.Decimal("1e-12"))
+    assert _cascade_free_delta_decimal(eps, d0, t * (1 - 1e-9)) > target
+    if d0 == 1:   # the published closed form, evaluated in decimals too
+        closed = 1 - (2 * target).ln() / decimal.Decimal(eps)
+        assert abs(decimal.Decimal(t) - closed) <= closed * decimal.Decimal("1e-13")
+
+
 def test_gw_cascade_free_threshold_with_one_item_is_the_published_threshold():
     # Δ0 = 1: 1 − (1 − ½e^(−ε(T−1))) = ½e^(−ε(T−1)) ≤ δ  ⇔  T ≥ 1 − log(2δ)/ε.
     for eps, delta in [(3, E10), (1, 1e-3), (0.1, 0.2)]:

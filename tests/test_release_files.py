@@ -322,6 +322,38 @@ def test_a_read_only_output_directory_exits_2(tmp_path, capsys):
         locked.chmod(0o755)
 
 
+def test_permission_refusals_exit_2_whoever_runs_the_tests(tmp_path, capsys, monkeypatch):
+    # The two tests above are skipped as root, who may read and write anything;
+    # here the system's refusals are simulated, so the same checks run as root too.
+    data = small_input(tmp_path)
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real_open, real_access = os.open, os.access
+
+    def refusing_open(path, *args, **kwargs):
+        if os.fspath(path) == data:
+            raise PermissionError(13, "Permission denied", path)
+        return real_open(path, *args, **kwargs)
+
+    def refusing_access(path, mode, *args, **kwargs):
+        if os.fspath(path) in (data, str(locked)):
+            return False
+        return real_access(path, mode, *args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(os, "open", refusing_open)
+        check_refused(tmp_path, capsys, sp_args(data, str(tmp_path / "out")),
+                      "cannot read input file")
+    with monkeypatch.context() as m:   # open succeeds, but the read bit is missing
+        m.setattr(os, "access", refusing_access)
+        check_refused(tmp_path, capsys, sp_args(data, str(tmp_path / "out")),
+                      "permission denied")
+        check_refused(tmp_path, capsys, sp_args(small_input(tmp_path / "locked"),
+                                                str(locked / "sub" / "out")),
+                      "no permission")
+    assert os.listdir(locked) == ["in.tsv"]
+
+
 class _FileSystemsWithoutDelete:
     """``runners.FileSystems`` whose ``delete`` fails: ``write_one_file`` cannot remove its
     temporary file, so only the launcher's cleanup can."""

@@ -365,7 +365,8 @@ def user_sort_key(order_key: bytes, user: Any) -> Tuple[int, bytes]:
 
 
 def user_position(order_key: bytes, user: Any) -> float:
-    """The user's position ``p_i ∈ [0, 1)`` in the processing order: its order hash / 2^64.
+    """The user's position ``p_i ∈ [0, 1]`` in the processing order: its order hash / 2^64
+    (as a double, so the top 2^10 hash values give exactly 1).
 
     A function of ``run_key.subkey('order')`` and the user id only (the first
     component of ``user_sort_key``), never of anyone's data.

@@ -372,7 +372,7 @@ class GWKT(GW):
         equal frequency. No privacy effect.
       kt_selection: how K_i is chosen (cascade-free only; ``docs/gw.md`` section 1.3).
         ``'front'`` (default): every user walks the same public ranking, so
-        its top items reach Γ early; a user at position p_i ∈ [0, 1) of the
+        its top items reach Γ early; a user at position p_i ∈ [0, 1] of the
         keyed processing order skips its items whose public count is
         ≥ κ·Γ/p_i (predicted to be at Γ already), keeping M of them as a
         margin, and keeps the next Δ0 walk items (the last Δ0 when fewer
