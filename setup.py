@@ -25,6 +25,10 @@ setup(
         # Imported directly by the columnar path (dp.columnar: Arrow string arrays,
         # dictionary encoding, IPC between stages); apache-beam already depends on it.
         "pyarrow>=14",
+        # dp.columnar compresses the messages between stages with it, keeping one
+        # compressor per thread (Arrow's IPC compression makes a context per message);
+        # apache-beam already depends on it.
+        "zstandard>=0.18",
     ],
     extras_require={
         # pipeline-dp and dp-accounting install beside apache-beam 2.77 / numpy 2 without

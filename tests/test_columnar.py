@@ -101,6 +101,29 @@ def _columnar_histogram(per_user, max_items, weighting, key, groups=5, block_byt
     return hist, users
 
 
+def test_messages_round_trip_compressed_or_not_and_each_thread_keeps_its_codecs():
+    import threading
+    users = pa.DictionaryArray.from_arrays(pa.array([0, 1, 1, 0], pa.int32()),
+                                           pa.array(["u\tä", ""]))
+    batch = pa.RecordBatch.from_arrays(
+        [users, pa.array(["a", "b\r", "", "a" * 10000]), pa.array([1, 2, 3, 4], pa.int64())],
+        names=["user", "item", "counts"])
+    packed, plain = columnar._to_ipc(batch), columnar._to_ipc(batch, compression=None)
+    assert packed[:4] == b"\x28\xb5\x2f\xfd" and plain[:4] == b"\xff\xff\xff\xff"
+    assert len(packed) < len(plain)   # the 10,000 a's
+    for blob in (packed, plain):
+        assert columnar._from_ipc(blob).equals(batch)
+    with pytest.raises(ValueError, match="compression"):
+        columnar._to_ipc(batch, compression="lz4")
+    # zstandard's (de)compressors are not thread-safe: every thread has its own.
+    seen = []
+    t = threading.Thread(target=lambda: seen.append(columnar._codecs()))
+    t.start()
+    t.join()
+    assert seen[0][0] is not columnar._codecs()[0] and seen[0][1] is not columnar._codecs()[1]
+    assert columnar._codecs()[0] is columnar._codecs()[0]
+
+
 @pytest.mark.parametrize("weighting", ["count", "l1", "l2"])
 def test_columnar_histogram_is_the_dict_histogram(weighting):
     per_user = per_user_counts(synthetic.occurrences(600, seed=3))
