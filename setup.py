@@ -26,7 +26,7 @@ setup(
         # dictionary encoding, IPC between stages); apache-beam already depends on it.
         "pyarrow>=14",
         # dp.columnar compresses the messages between stages with it, keeping one
-        # compressor per thread (Arrow's IPC compression makes a context per message);
+        # compressor per thread (Arrow's IPC compression makes a context per buffer);
         # apache-beam already depends on it.
         "zstandard>=0.18",
     ],
@@ -36,10 +36,11 @@ setup(
         # conversion against dp-accounting's RDP conversion. dask[distributed]: the suite
         # runs every pipeline on a two-worker Dask cluster. import-linter: the suite checks
         # the layer contract of setup.cfg (pipelines -> transforms -> dp, no Beam in dp)
-        # with it rather than with an import walker of our own.
+        # with it rather than with an import walker of our own. mpmath: the calibration
+        # tests check thresholds and noise scales against 90-digit computations.
         "test": ["pytest>=7", "import-linter>=2.0", "matplotlib>=3.5", "numba>=0.59", "isal>=1.6",
                  "pipeline-dp>=0.3.1,<0.4", "dp-accounting>=0.4", "dask[distributed]>=2024.1",
-                 "wheel"],
+                 "mpmath>=1.2", "wheel"],
         "dask": ["dask[distributed]>=2024.1"],
         "plots": ["matplotlib>=3.5"],
         # numba: the columnar path's compiled kernels (dp.compiled); isal: python-isal's

@@ -219,14 +219,19 @@ def _cascade_free_delta_decimal(eps, d0, t):
 @pytest.mark.parametrize("delta", [1e-12, 1e-50, 1e-150, 1e-300])
 @pytest.mark.parametrize("eps,d0", [(0.1, 1), (1, 5), (3, 100), (8, 1000)])
 def test_gw_cascade_free_threshold_at_tiny_delta_against_decimal_arithmetic(eps, delta, d0):
-    # The solver inverts the library's log1p/expm1 form; here δ(T) comes from the
-    # plain product in 450-digit decimals instead. At T it is at most δ (up to the
-    # float rounding of δ itself); a relative step of 1e-9 below T exceeds δ (that
-    # step changes δ(T) by a factor of about e^(ε·T·1e-9), far above the rounding).
+    # The solver inverts the library's log1p/expm1 form in floats; here δ(T) comes
+    # from the plain product in 450-digit decimals instead. At T the exact δ(T) is at
+    # most δ (the double the caller passed, exactly): the solver's float error, about
+    # ε·T·2^-52 relative, is covered by its margin. A relative step of 1e-9 below T
+    # exceeds δ (it changes δ(T) by a factor of about e^(ε·T·1e-9)).
     import decimal
     t = cal.gw_cascade_free_threshold(eps, delta, d0)
     target = decimal.Decimal(delta)
-    assert _cascade_free_delta_decimal(eps, d0, t) <= target * (1 + decimal.Decimal("1e-12"))
+    assert _cascade_free_delta_decimal(eps, d0, t) <= target
+    # ... and the margin costs almost nothing: below T by 1e-13 relative, the exact
+    # δ(T) is still within a relative 1e-10 of δ
+    assert _cascade_free_delta_decimal(eps, d0, t * (1 - 1e-13)) <= target * (
+        1 + decimal.Decimal("1e-10"))
     assert _cascade_free_delta_decimal(eps, d0, t * (1 - 1e-9)) > target
     if d0 == 1:   # the published closed form, evaluated in decimals too
         closed = 1 - (2 * target).ln() / decimal.Decimal(eps)
@@ -311,6 +316,23 @@ def test_analytic_gaussian_sigma_agrees_with_the_scipy_computation(epsilon, delt
     theirs = cal.analytic_gaussian_sigma(epsilon, delta, 2.0)
     tol = 1e-12 if epsilon >= 0.1 and delta >= 1e-12 else 1e-10
     assert ours == pytest.approx(theirs, rel=tol)
+
+
+@pytest.mark.parametrize("epsilon", [0.01, 0.1, 1.0, 3.0, 10.0, 50.0])
+@pytest.mark.parametrize("delta", [1e-300, 1e-50, 1e-12, 1e-6, 1e-3, 0.3])
+def test_analytic_gaussian_sigma_meets_the_exact_condition_in_90_digits(epsilon, delta):
+    # Balle and Wang's condition evaluated with mpmath at 90 digits (Φ as mpmath's
+    # ncdf, no log-space code): at the returned σ it holds exactly; 1e-7 below it
+    # fails, so σ is no larger than needed (beyond its 1e-11 margin).
+    import mpmath
+    with mpmath.workdps(90):
+        def lhs(sigma):
+            s, e, d = mpmath.mpf(sigma), mpmath.mpf(epsilon), mpmath.mpf(2)
+            return (mpmath.ncdf(d / (2 * s) - e * s / d)
+                    - mpmath.exp(e) * mpmath.ncdf(-d / (2 * s) - e * s / d))
+        sigma = cal.analytic_gaussian_sigma(epsilon, delta, 2.0)
+        assert lhs(sigma) <= mpmath.mpf(delta)
+        assert lhs(sigma * (1 - 1e-7)) > mpmath.mpf(delta)
 
 
 def test_the_gaussian_thresholds_agree_with_the_scipy_computation(monkeypatch):

@@ -254,18 +254,24 @@ def _agm_excess_log(sigma: float, epsilon: float, delta: float, sensitivity: flo
     return log_pa + math.log(-math.expm1(diff_log)) - math.log(delta)
 
 
+#: ``analytic_gaussian_sigma``'s margin above the float root (relative): 100 times the
+#: largest shortfall of the float root measured against a 90-digit computation.
+_AGM_MARGIN = 1e-11
+
+
 def analytic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1.0) -> float:
     """AGM(ε, δ, Δ2): the smallest σ making the Gaussian mechanism (ε, δ)-DP.
 
     Balle and Wang (2018), "Improving the Gaussian mechanism for differential
     privacy": the smallest σ with
     ``Φ(Δ2/(2σ) − εσ/Δ2) − e^ε·Φ(−Δ2/(2σ) − εσ/Δ2) ≤ δ``.
-    Found by bisection in log σ to a relative precision of about 1e-15; the
-    returned σ is the upper end of the final bracket, so it satisfies the
-    inequality as evaluated in floating point. That evaluation subtracts two
-    nearly equal values of log Φ, so σ can be below the exact minimum by
-    about 1e-13 (relative; checked against a 50-digit computation), as with
-    scipy's log Φ (up to 3e-11 there). See docs/mechanisms.md.
+    Found by bisection in log σ to a relative precision of about 1e-15. The
+    float evaluation of the inequality subtracts two nearly equal values of
+    log Φ, so the upper end of the final bracket can be below the exact minimum
+    by about 1e-13 (relative; up to 3e-11 with scipy's log Φ): the returned σ is
+    that end raised by ``_AGM_MARGIN`` (1e-11 relative), so it is never below the
+    exact minimum (the tests check it against a 90-digit computation). See
+    docs/mechanisms.md.
 
     Args:
       epsilon: ε > 0.
@@ -289,7 +295,7 @@ def analytic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1
         if hi > 700:
             raise ValueError("analytic Gaussian calibration failed: σ would exceed 1e300")
     _, hi = bisect(lambda x: not ok(x), lo, hi)
-    return math.exp(hi) * sensitivity
+    return math.exp(hi) * sensitivity * (1.0 + _AGM_MARGIN)
 
 
 def zcdp_gaussian_sigma(rho: float, sensitivity: float = 1.0) -> float:
@@ -430,15 +436,22 @@ def gw_cascade_free_threshold_bound(epsilon: float, delta: float, max_items: int
         / epsilon
 
 
+#: ``gw_cascade_free_threshold``'s margin above the float root: 64 ulps (relative).
+_ROOT_MARGIN = 64 * 2.0 ** -52
+
+
 def gw_cascade_free_threshold(epsilon: float, delta: float, max_items: int) -> float:
     """Threshold T of the cascade-free GW and GW-KT (``docs/gw.md`` section 1.2).
 
     The smallest ``T`` with ``1 − (1 − ½·e^(−ε(T−1)))·(1 − ½·e^(−εT))^(Δ0−1) ≤ δ``
     (``gw_cascade_free_delta``), found by bisection on
     ``[1, gw_cascade_free_threshold_bound]``: the left side is decreasing in T,
-    is ≥ ½ > δ at T = 1, and is ≤ δ at the bound. The returned value
-    satisfies the inequality (the upper end of the final bracket, within
-    about 1e-15 relative of the exact root).
+    is ≥ ½ > δ at T = 1, and is ≤ δ at the bound. The returned value is the
+    upper end of the final bracket raised by ``_ROOT_MARGIN`` (relative): the
+    float evaluation of the left side errs by a few ulps of ε·T in its
+    exponents, so the bracket's end alone can leave the exact δ(T) above δ by
+    about ε·T·2^-52 (relative); the margin lowers δ(T) by a factor
+    e^(−ε·T·_ROOT_MARGIN), far more, and raises T by about 1e-14 relative.
 
     Args:
       epsilon: ε > 0 (the Laplace scale is λ = 1/ε).
@@ -456,7 +469,7 @@ def gw_cascade_free_threshold(epsilon: float, delta: float, max_items: int) -> f
         hi = hi * (1 + 1e-12) + 1e-12      # the closed form rounded below the exact root
     _, hi = bisect(lambda t: _cascade_free_log_escape(epsilon, max_items, t) < log_target,
                    lo, hi)
-    return hi
+    return hi * (1.0 + _ROOT_MARGIN)
 
 
 def policy_cutoff(threshold: float, noise_scale: float, alpha: float) -> float:

@@ -363,29 +363,25 @@ def string_groups(array: pa.Array, groups: int) -> np.ndarray:
     return np.remainder(h, np.uint64(groups), out=h).view(np.int64)  # < groups: int64 as is
 
 
-#: Compression of the pair blocks between stages: zstd at level 1 over the whole Arrow
-#: IPC message (``zstandard``, which Beam already depends on), so that a runner that
-#: keeps its shuffles in memory (the FnApiRunner) holds less than half the bytes. One
-#: compressor and one decompressor are kept per thread (``_codecs``). Arrow's own IPC
-#: compression (zstd column by column) makes its messages about 10% smaller (the pair
-#: blocks of 100,000 synthetic users: 28.1 MB against 31.2 MB, 4.7M pairs) but makes a
-#: new zstd context of about 1 MB for every message, which a process whose allocator
-#: returns freed memory to the system at once (Dask's workers, whose
+#: Compression of the pair blocks between stages, ``'zstd'`` (the default) or None
+#: (``_to_ipc`` takes no other): zstd at level 1 over the whole Arrow IPC message
+#: (``zstandard``, which Beam already depends on), so that a runner that keeps its
+#: shuffles in memory (the FnApiRunner) holds less than half the bytes. One compressor
+#: and one decompressor are kept per thread (``_codecs``). Arrow's own IPC compression
+#: (zstd buffer by buffer) makes the messages about 10% smaller (the pair blocks of
+#: 100,000 synthetic users: 28.1 MB against 31.2 MB, 4.7M pairs) but makes a new zstd
+#: context, of up to about 1 MB, for every buffer it compresses, which a process whose
+#: allocator returns freed memory to the system at once (Dask's workers, whose
 #: ``MALLOC_TRIM_THRESHOLD_`` does that) must fault in page by page each time; a
 #: message is written in half the time and read in a third of it this way
-#: (benchmarks/RESULTS.md).
+#: (benchmarks/RESULTS.md). Arrow itself compresses nothing, so its IPC writer and
+#: reader have no work to hand to its thread pool.
 IPC_COMPRESSION = "zstd"
 
 #: The first bytes of a zstd frame (RFC 8878); an Arrow IPC stream starts with
 #: 0xFFFFFFFF, so a message says itself whether it is compressed.
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _ZSTD_LEVEL = 1
-
-#: Arrow's IPC writer and reader handle a message's columns in the calling thread:
-#: handing a message's few columns to Arrow's thread pool cost more than the work
-#: (measured on messages of one block's pairs of one user group, about 10 kB, on
-#: 1M synthetic users: written 245 µs against 107 µs, read 206 µs against 74 µs).
-_IPC_THREADS = False
 
 _THREAD_CODECS = threading.local()
 
@@ -407,8 +403,8 @@ def _to_ipc(batch: pa.RecordBatch, compression: Optional[str] = IPC_COMPRESSION)
     if compression not in ("zstd", None):
         raise ValueError(f"compression must be 'zstd' or None, got {compression!r}")
     sink = pa.BufferOutputStream()
-    options = pa.ipc.IpcWriteOptions(use_threads=_IPC_THREADS)
-    with pa.ipc.new_stream(sink, batch.schema, options=options) as writer:
+    # explicit options: the current format whatever ARROW_PRE_0_15_IPC_FORMAT says
+    with pa.ipc.new_stream(sink, batch.schema, options=pa.ipc.IpcWriteOptions()) as writer:
         writer.write_batch(batch)
     if compression is None:
         return sink.getvalue().to_pybytes()
@@ -419,8 +415,7 @@ def _from_ipc(blob: bytes) -> pa.RecordBatch:
     """The batch of a ``_to_ipc`` message, compressed or not."""
     if blob[:4] == _ZSTD_MAGIC:
         blob = _codecs()[1].decompress(blob)
-    options = pa.ipc.IpcReadOptions(use_threads=_IPC_THREADS)
-    with pa.ipc.open_stream(pa.py_buffer(blob), options=options) as reader:
+    with pa.ipc.open_stream(pa.py_buffer(blob)) as reader:
         return reader.read_next_batch()
 
 
