@@ -318,19 +318,23 @@ def test_analytic_gaussian_sigma_agrees_with_the_scipy_computation(epsilon, delt
     assert ours == pytest.approx(theirs, rel=tol)
 
 
-@pytest.mark.parametrize("epsilon", [0.01, 0.1, 1.0, 3.0, 10.0, 50.0])
-@pytest.mark.parametrize("delta", [1e-300, 1e-50, 1e-12, 1e-6, 1e-3, 0.3])
-def test_analytic_gaussian_sigma_meets_the_exact_condition_in_90_digits(epsilon, delta):
+@pytest.mark.parametrize("epsilon", [0.01, 0.01362, 0.1, 1.0, 3.0, 10.0, 50.0])
+@pytest.mark.parametrize("delta", [1e-300, 1e-250, 1e-240, 1e-100, 1e-50, 1e-12, 1e-6, 1e-3,
+                                   0.3])
+@pytest.mark.parametrize("sensitivity", [1.0, 2.0, 1000 ** 0.5])
+def test_analytic_gaussian_sigma_meets_the_exact_condition_in_90_digits(epsilon, delta,
+                                                                       sensitivity):
     # Balle and Wang's condition evaluated with mpmath at 90 digits (Φ as mpmath's
-    # ncdf, no log-space code): at the returned σ it holds exactly; 1e-7 below it
-    # fails, so σ is no larger than needed (beyond its 1e-11 margin).
+    # ncdf, no log-space code): at the returned σ it holds exactly (the float root
+    # alone falls short by up to 2.7e-11 at ε = 0.01, δ = 1e-250 and 1e-240); 1e-7
+    # below it fails, so σ is no larger than needed beyond its 3e-9 margin.
     import mpmath
     with mpmath.workdps(90):
         def lhs(sigma):
-            s, e, d = mpmath.mpf(sigma), mpmath.mpf(epsilon), mpmath.mpf(2)
+            s, e, d = mpmath.mpf(sigma), mpmath.mpf(epsilon), mpmath.mpf(sensitivity)
             return (mpmath.ncdf(d / (2 * s) - e * s / d)
                     - mpmath.exp(e) * mpmath.ncdf(-d / (2 * s) - e * s / d))
-        sigma = cal.analytic_gaussian_sigma(epsilon, delta, 2.0)
+        sigma = cal.analytic_gaussian_sigma(epsilon, delta, sensitivity)
         assert lhs(sigma) <= mpmath.mpf(delta)
         assert lhs(sigma * (1 - 1e-7)) > mpmath.mpf(delta)
 

@@ -254,9 +254,10 @@ def _agm_excess_log(sigma: float, epsilon: float, delta: float, sensitivity: flo
     return log_pa + math.log(-math.expm1(diff_log)) - math.log(delta)
 
 
-#: ``analytic_gaussian_sigma``'s margin above the float root (relative): 100 times the
-#: largest shortfall of the float root measured against a 90-digit computation.
-_AGM_MARGIN = 1e-11
+#: ``analytic_gaussian_sigma``'s margin above the float root (relative): about 100 times
+#: the largest shortfall of the float root measured against a 90-digit computation
+#: (2.7e-11, at ε = 0.01 and δ around 1e-250).
+_AGM_MARGIN = 3e-9
 
 
 def analytic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1.0) -> float:
@@ -268,10 +269,10 @@ def analytic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1
     Found by bisection in log σ to a relative precision of about 1e-15. The
     float evaluation of the inequality subtracts two nearly equal values of
     log Φ, so the upper end of the final bracket can be below the exact minimum
-    by about 1e-13 (relative; up to 3e-11 with scipy's log Φ): the returned σ is
-    that end raised by ``_AGM_MARGIN`` (1e-11 relative), so it is never below the
-    exact minimum (the tests check it against a 90-digit computation). See
-    docs/mechanisms.md.
+    by up to about 3e-11 (relative, at ε = 0.01 and δ around 1e-250; about 1e-13
+    for ε ≥ 0.1): the returned σ is that end raised by ``_AGM_MARGIN`` (3e-9
+    relative), so it is never below the exact minimum (the tests check it against a
+    90-digit computation). See docs/mechanisms.md.
 
     Args:
       epsilon: ε > 0.
