@@ -25,6 +25,25 @@ def test_delta_prime_is_the_minimum_over_a_grid():
     assert dprime >= brute * (1 - 1e-3)
 
 
+@pytest.mark.parametrize("rho", [1e-14, 1e-10, 1e-6, 1e-3, 0.1, 1.0, 100.0])
+@pytest.mark.parametrize("eps", [0.0, 1e-6, 0.01, 1.0, 5.0, 50.0])
+def test_delta_prime_is_never_below_its_exact_value_at_the_order_found(rho, eps):
+    # Any order a > 1 gives a valid δ'; the stated one must be at least the exact
+    # expression at the returned a (mpmath, 60 digits, the plain formula).
+    import mpmath
+    dprime, a = acc.zcdp_delta_prime(rho, eps)
+    if dprime == 1.0:   # capped: trivially valid (ρ = 100: the order found rounds to 1)
+        return
+    with mpmath.workdps(60):
+        A, R, E = mpmath.mpf(a), mpmath.mpf(rho), mpmath.mpf(eps)
+        exact = mpmath.exp((A - 1) * (A * R - E)) / (A - 1) * (1 - 1 / A) ** A
+        assert mpmath.mpf(dprime) >= exact
+        # and the margin is small: within 1e-11 of it (or the smallest double, when
+        # the exact value is below it)
+        assert mpmath.mpf(dprime) <= max(exact * (1 + mpmath.mpf("1e-11")),
+                                         mpmath.mpf(5e-324))
+
+
 def test_epsilon_inverse_round_trip():
     eps = acc.zcdp_to_dp_epsilon(0.1, 1e-5, 4.96e-5)
     assert eps == pytest.approx(1.765, abs=2e-3)

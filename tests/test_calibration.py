@@ -186,7 +186,7 @@ def _cascade_free_delta_direct(eps, d0, t):
 def test_gw_cascade_free_threshold_is_the_smallest_t_meeting_delta(eps, delta, d0):
     t = cal.gw_cascade_free_threshold(eps, delta, d0)
     bound = cal.gw_cascade_free_threshold_bound(eps, delta, d0)
-    assert 1 <= t <= bound * (1 + 1e-12)   # equal for Δ0 = 1, up to rounding
+    assert 1 <= t <= bound * (1 + 2e-11)   # equal for Δ0 = 1, up to rounding and the margin
     # At T the δ expression is at most δ; slightly below T it exceeds δ.
     assert cal.gw_cascade_free_delta(eps, d0, t) <= delta
     assert cal.gw_cascade_free_delta(eps, d0, t - 1e-9 * t) > delta
@@ -216,13 +216,15 @@ def _cascade_free_delta_decimal(eps, d0, t):
         return 1 - first * rest
 
 
-@pytest.mark.parametrize("delta", [1e-12, 1e-50, 1e-150, 1e-300])
-@pytest.mark.parametrize("eps,d0", [(0.1, 1), (1, 5), (3, 100), (8, 1000)])
+@pytest.mark.parametrize("eps,delta,d0", [
+    (eps, delta, d0) for delta in (1e-12, 1e-50, 1e-150, 1e-300)
+    for eps, d0 in ((0.1, 1), (1, 5), (3, 100), (8, 1000))] + [
+    (1e-4, 0.4999, 1), (1e-4, 0.45, 3), (1e-3, 0.4999, 1), (0.01, 0.49, 1)])
 def test_gw_cascade_free_threshold_at_tiny_delta_against_decimal_arithmetic(eps, delta, d0):
     # The solver inverts the library's log1p/expm1 form in floats; here δ(T) comes
     # from the plain product in 450-digit decimals instead. At T the exact δ(T) is at
-    # most δ (the double the caller passed, exactly): the solver's float error, about
-    # ε·T·2^-52 relative, is covered by its margin. A relative step of 1e-9 below T
+    # most δ (the double the caller passed, exactly): the solver's float error (up to
+    # 1.7e-13 relative in T, at small ε and δ near 1/2) is covered by its margin. A relative step of 1e-9 below T
     # exceeds δ (it changes δ(T) by a factor of about e^(ε·T·1e-9)).
     import decimal
     t = cal.gw_cascade_free_threshold(eps, delta, d0)
@@ -235,14 +237,14 @@ def test_gw_cascade_free_threshold_at_tiny_delta_against_decimal_arithmetic(eps,
     assert _cascade_free_delta_decimal(eps, d0, t * (1 - 1e-9)) > target
     if d0 == 1:   # the published closed form, evaluated in decimals too
         closed = 1 - (2 * target).ln() / decimal.Decimal(eps)
-        assert abs(decimal.Decimal(t) - closed) <= closed * decimal.Decimal("1e-13")
+        assert abs(decimal.Decimal(t) - closed) <= closed * decimal.Decimal("2e-11")  # margin
 
 
 def test_gw_cascade_free_threshold_with_one_item_is_the_published_threshold():
     # Δ0 = 1: 1 − (1 − ½e^(−ε(T−1))) = ½e^(−ε(T−1)) ≤ δ  ⇔  T ≥ 1 − log(2δ)/ε.
     for eps, delta in [(3, E10), (1, 1e-3), (0.1, 0.2)]:
         assert cal.gw_cascade_free_threshold(eps, delta, 1) == pytest.approx(
-            cal.gw_threshold(eps, delta), rel=1e-13)
+            cal.gw_threshold(eps, delta), rel=2e-11)   # the solver's margin: 1e-11
         assert cal.gw_cascade_free_threshold_bound(eps, delta, 1) == pytest.approx(
             cal.gw_threshold(eps, delta), rel=1e-15)
 
@@ -252,7 +254,7 @@ def test_gw_cascade_free_threshold_grows_with_max_items_and_matches_spec_numbers
     assert ts == sorted(ts) and ts[0] < ts[-1]
     # ε = 3, δ = e^-10: the published T is 1 + (10 − log 2)/3 = 4.1023; the
     # extra is at most log(1 + (Δ0 − 1)e^-3)/3 (0.5949 for Δ0 = 100).
-    assert ts[0] == pytest.approx(1 + (10 - math.log(2)) / 3, rel=1e-12)
+    assert ts[0] == pytest.approx(1 + (10 - math.log(2)) / 3, rel=2e-11)
     extra = math.log(1 + 99 * math.exp(-3)) / 3
     assert ts[3] - ts[0] == pytest.approx(extra, abs=1e-5) and ts[3] - ts[0] <= extra
 

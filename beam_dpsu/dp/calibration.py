@@ -437,8 +437,10 @@ def gw_cascade_free_threshold_bound(epsilon: float, delta: float, max_items: int
         / epsilon
 
 
-#: ``gw_cascade_free_threshold``'s margin above the float root: 64 ulps (relative).
-_ROOT_MARGIN = 64 * 2.0 ** -52
+#: ``gw_cascade_free_threshold``'s margin above the float root (relative): about 60
+#: times its largest shortfall measured in exact arithmetic (1.7e-13, at ε = 1e-4 and δ
+#: near 1/2; 4e-14 at δ = 1e-300).
+_ROOT_MARGIN = 1e-11
 
 
 def gw_cascade_free_threshold(epsilon: float, delta: float, max_items: int) -> float:
@@ -448,11 +450,9 @@ def gw_cascade_free_threshold(epsilon: float, delta: float, max_items: int) -> f
     (``gw_cascade_free_delta``), found by bisection on
     ``[1, gw_cascade_free_threshold_bound]``: the left side is decreasing in T,
     is ≥ ½ > δ at T = 1, and is ≤ δ at the bound. The returned value is the
-    upper end of the final bracket raised by ``_ROOT_MARGIN`` (relative): the
-    float evaluation of the left side errs by a few ulps of ε·T in its
-    exponents, so the bracket's end alone can leave the exact δ(T) above δ by
-    about ε·T·2^-52 (relative); the margin lowers δ(T) by a factor
-    e^(−ε·T·_ROOT_MARGIN), far more, and raises T by about 1e-14 relative.
+    upper end of the final bracket raised by ``_ROOT_MARGIN`` (1e-11 relative):
+    the float evaluation of the left side errs by a few ulps, so the bracket's
+    end alone can be below the exact root by up to about 1.7e-13 (relative).
 
     Args:
       epsilon: ε > 0 (the Laplace scale is λ = 1/ε).
