@@ -44,6 +44,22 @@ def test_round_fractions():
     assert sum(b[1] for b in budgets) == pytest.approx(1e-5)
 
 
+def test_round_budgets_never_sum_above_the_totals_in_exact_arithmetic():
+    # Fractions add the floats exactly: the shares' sums must not exceed ρ and δ.
+    import random
+    from fractions import Fraction
+    rng = random.Random(5)
+    cases = [(0.46282484536291013, 1.5176167145361626e-124, 50, 4.241334287650332),
+             (0.1, 1e-5, 3, 1 / 3), (1.0, 1e-6, 1, 0.5), (2.0, 1e-9, 7, 1.0)]
+    cases += [(rng.uniform(1e-3, 10), 10 ** rng.uniform(-300, -1), rng.randint(1, 60),
+               rng.uniform(0.05, 5)) for _ in range(3000)]
+    for rho, delta, rounds, ratio in cases:
+        budgets = round_budgets(rho, delta, rounds, ratio)
+        assert sum(Fraction(r) for r, _ in budgets) <= Fraction(rho)
+        assert sum(Fraction(d) for _, d in budgets) <= Fraction(delta)
+        assert sum(r for r, _ in budgets) >= rho * (1 - 1e-11)   # and nearly all of them
+
+
 @pytest.mark.parametrize("kwargs,match", [({"rounds": 0}, "rounds"), ({"rounds": 2.5}, "rounds"),
                                           ({"ratio": 0}, "ratio"), ({"ratio": -1}, "ratio"),
                                           ({"ratio": float("inf")}, "ratio"),

@@ -571,13 +571,23 @@ def round_fractions(rounds: int, ratio: float) -> list:
     return [ratio ** (rounds - 1 - i) * norm for i in range(rounds)]
 
 
+#: ``round_budgets`` scales its shares down by this factor, so that their exact sums
+#: stay within the totals whatever the products' and fractions' rounding (a few ulps
+#: per round; without it, Σρ_i exceeded ρ by up to 1e-14 relative).
+_SHARES_DOWN = 1.0 - 1e-12
+
+
 def round_budgets(rho: float, delta: float, rounds: int, ratio: float) -> list:
-    """[(ρ_i, δ_i)] of each DP-SIPS round: the fractions f_i of (ρ, δ).
+    """[(ρ_i, δ_i)] of each DP-SIPS round: the fractions f_i of (ρ, δ), scaled down
+    by ``_SHARES_DOWN`` (two rounds or more) so that Σρ_i ≤ ρ and Σδ_i ≤ δ hold
+    exactly, not only in floats.
 
     By zCDP composition the rounds together are δ-approximate ρ-zCDP.
     """
     rho, delta = check_rho(rho), check_delta(delta)
-    return [(rho * f, delta * f) for f in round_fractions(rounds, ratio)]
+    fractions = round_fractions(rounds, ratio)
+    down = 1.0 if len(fractions) == 1 else _SHARES_DOWN   # one round: (ρ, δ) exactly
+    return [(rho * f * down, delta * f * down) for f in fractions]
 
 
 # --------------------------------------------------------------------------
