@@ -32,7 +32,6 @@ from beam_dpsu.dp import calibration as cal  # noqa: E402
 from beam_dpsu.dp.mechanisms.base import Mechanism  # noqa: E402
 import numpy as np  # noqa: E402
 
-from beam_dpsu.dp.noise import gaussian_from_bits_many, laplace_from_bits_many  # noqa: E402
 from beam_dpsu.dp.release_rules import NoisyThresholdRule  # noqa: E402
 
 
@@ -87,8 +86,7 @@ class ZeroWeightKeys(Mechanism):
         rule: NoisyThresholdRule = inner.release_rule(run_key)
         items = list(hist)
         weights = np.array([hist[i] for i in items], np.float64)
-        draw = (gaussian_from_bits_many if rule.noise == "gaussian"
-                else laplace_from_bits_many)(rule.bits.many(items), rule.scale)
+        draw = rule.noise_values(items)
         # THE BUG: the zero-weight keys are noised (and released) like the others
         return {item for item, w, z in zip(items, weights, draw) if w + z > rule.threshold}
 

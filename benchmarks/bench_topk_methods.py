@@ -70,12 +70,11 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from beam_dpsu.dp.lines import read_user_items  # noqa: E402
-from beam_dpsu.dp.mechanisms.base import noise_purpose  # noqa: E402
 from beam_dpsu.dp.mechanisms.histogram_threshold import WeightedGaussian  # noqa: E402
 from beam_dpsu.dp.mechanisms.peeling import (DiscoverPeelHittingSet,  # noqa: E402
                                              DiscoverPeelTopK)
 from beam_dpsu.dp.mechanisms.topk import TopKMechanism  # noqa: E402
-from beam_dpsu.dp.noise import KeyedNoise, RunKey, encode_value  # noqa: E402
+from beam_dpsu.dp.noise import RunKey, encode_value  # noqa: E402
 
 SUFFIX = ".pairs.tsv.gz"
 
@@ -217,16 +216,10 @@ def items_of(rows) -> List[Any]:
 def wg_rank(per_user, k: int, mechanism: WeightedGaussian, run_key: RunKey) -> List[Any]:
     """Weighted Gaussian's release, its k items of largest noisy weight (the noise the
     release rule drew for each item under the same run key)."""
-    r = mechanism.rounds[0]
     rule = mechanism.release_rule(run_key)
-    noise = KeyedNoise(run_key, r.noise, r.noise_scale, noise_purpose(0))
-    noisy = []
-    for x, w in mechanism.histogram_local(per_user, run_key).items():
-        if rule(x, w):
-            v = w + noise(encode_value(x))
-            if not v > r.threshold:
-                raise AssertionError("the baseline's noise differs from the release rule's")
-            noisy.append((v, encode_value(x), x))
+    hist = mechanism.histogram_local(per_user, run_key)
+    items = [x for x, w in hist.items() if rule(x, w)]
+    noisy = [(hist[x] + z, encode_value(x), x) for x, z in zip(items, rule.noise_values(items))]
     return [x for _, _, x in heapq.nlargest(k, noisy)]
 
 

@@ -3,6 +3,7 @@ import functools
 import math
 
 import apache_beam as beam
+import numpy as np
 import pytest
 from apache_beam.testing.util import assert_that, equal_to
 from scipy import stats
@@ -54,27 +55,27 @@ def test_weighted_histogram_in_beam(weighting):
         assert_that(out, close)
 
 
-def released(weight: float, noise: float, threshold: float) -> bool:
-    """The release rule's decision for one item whose noise is fixed to ``noise``.
-
-    The rule reads the noise's sign from the top bit of the item's keyed hash and
-    its value from the sampler (it skips the sampler where the sign decides), so
-    both are fixed here consistently.
-    """
-    from unittest import mock
-    import numpy as np
-    rule = NoisyThresholdRule("laplace", 1.0, threshold, RunKey.from_test_seed(0))
-    sign_bits = (1 << 63) if noise < 0 or (noise == 0 and math.copysign(1, noise) < 0) else 0
-    with mock.patch("beam_dpsu.dp.release_rules.laplace_from_bits_many",
-                    lambda bits, scale: np.full(len(bits), noise)):
-        return bool(rule.decide_bits(np.array([sign_bits], np.uint64), [weight])[0])
+def _zeros(indices, j):
+    return np.zeros(len(indices), np.uint64)
 
 
-def test_release_predicate_is_strict_and_ignores_zero_weight():
-    assert not released(1.0, 0.0, 1.0)
-    assert released(1.0, 1e-12, 1.0)
-    assert not released(0.0, 100.0, 1.0)
-    assert not released(-1.0, 100.0, 1.0)
+def test_release_decisions_are_the_tail_probabilities_of_the_noise():
+    # The noise's sign is the top bit; the low 63 bits start the uniform U. An item
+    # below T is released iff Z > 0 and U < 2·P(Z > T − w); one above T is dropped iff
+    # Z < 0 and U < 2·P(Z > w − T); weights <= 0 never.
+    rule = NoisyThresholdRule("laplace", 1.0, 1.0, RunKey.from_test_seed(0))
+    sign = 1 << 63
+    below = math.exp(-0.5) * 2 ** 63          # w = 0.5: 2·P(Z > 0.5) = e^-0.5
+    d = 2 ** 25                               # beyond the rounding margin (2^-40 relative)
+    cases = [(int(below) - d, 0.5, True), (int(below) + d, 0.5, False),
+             (0, 0.5, True), (sign | 0, 0.5, False),   # negative noise never lifts w <= T
+             (sign | (int(below) - d), 1.5, False), (sign | (int(below) + d), 1.5, True),
+             (2 ** 63 - 1, 1.5, True),                 # positive noise keeps w > T
+             (0, 1.0, True), (sign, 1.0, False),       # w = T: the sign decides
+             (0, 0.0, False), (0, -1.0, False)]
+    for bits, weight, want in cases:
+        got = rule.decide_bits(np.array([bits], np.uint64), [weight], _zeros)[0]
+        assert got == want, (bits, weight)
 
 
 def test_zero_weight_items_are_never_noised_or_released():
@@ -171,30 +172,29 @@ def test_sharded_release_equals_per_item_release():
         assert_that(out, equal_to(expected))
 
 
-def test_release_rule_shortcut_decides_as_the_full_formula():
-    # The rule skips the inverse CDF where the sign of the noise decides; every
-    # decision must equal weight > 0 and weight + noise(item) > T, computed in full.
-    # The noise is computed here from the item's own SipHash-2-4 (the scalar
-    # reference, dp.siphash.siphash24) and the scalar samplers.
-    from beam_dpsu.dp.noise import (RunKey, encode_value, gaussian_from_bits,
-                                    laplace_from_bits)
+def test_release_rule_decides_as_weight_plus_noise_above_the_threshold():
+    # Every decision must equal weight > 0 and weight + noise(item) > T, the noise
+    # computed here from the item's own SipHash-2-4 (the scalar reference,
+    # dp.siphash.siphash24), its further blocks, and the scalar samplers.
+    from beam_dpsu.dp.noise import (ItemBits, RunKey, encode_value, gaussian_from_stream,
+                                    laplace_from_stream)
     from beam_dpsu.dp.release_rules import NoisyThresholdRule
     from beam_dpsu.dp.siphash import siphash24
-    import numpy as np
     rk = RunKey.from_test_seed(11)
     items = [f"i{k}" for k in range(1000)] + list(range(200)) + [b"\xff", ("t", 1), 2.5]
     key = rk.subkey("noise/0")[:16]
     bits = [siphash24(key, encode_value(item)) for item in items]
+    blocks = ItemBits(rk, "noise/0")
     for kind in ("gaussian", "laplace"):
-        sampler = gaussian_from_bits if kind == "gaussian" else laplace_from_bits
+        sampler = gaussian_from_stream if kind == "gaussian" else laplace_from_stream
         for threshold in (-1.0, 0.5, 4.0, 9.0):
             rule = NoisyThresholdRule(kind, 2.0, threshold, rk)
             for weight in (0.0, -1.0, 0.3, threshold, threshold + 1e-9, 12.0):
                 got = rule.decide(items, np.full(len(items), weight))
                 for k, item in enumerate(items):
-                    noise = sampler(bits[k], 2.0)
+                    noise = sampler(bits[k], lambda j, item=item: blocks.block(j).one(item), 2.0)
                     full = weight > 0 and weight + noise > threshold
-                    # the vectorised inverse CDF is within a few ulps of the scalar one
+                    # the inverse CDF and the tail agree but within rounding at the boundary
                     if abs(weight + noise - threshold) > 1e-9:
                         assert got[k] == full, (kind, threshold, item, weight)
                 assert rule(items[0], weight) == got[0]

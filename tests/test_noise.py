@@ -121,19 +121,30 @@ def test_noise_distribution(kind, scale, dist):
     assert stats.kstest(sample, dist.cdf).pvalue > KS_ALPHA
 
 
-def test_uniform_distribution():
-    gen = KeyedNoise(RunKey.fresh(), "laplace", 1.0, "u")
-    sample = np.array([gen.uniform(x) for x in _items(N)])
+def test_half_uniform_distribution():
+    # p = half_uniform(...) is uniform on (0, 1/2): 2p against the uniform CDF
+    gen = noise.KeyedHash64(RunKey.fresh().subkey("u"))
+    sample = np.array([2 * noise.half_uniform(gen(x) >> 1, lambda j: 0) for x in _items(N)])
     assert sample.min() > 0 and sample.max() < 1
     assert stats.kstest(sample, "uniform").pvalue > KS_ALPHA
 
 
-def test_tails_are_finite_at_the_extreme_bits():
+def test_tails_reach_the_smallest_double():
+    # all-zero bits (after the sign) continue into further blocks: the draw's tail is not
+    # cut at 2^-64; the extremes are the smallest double's (docs/mechanisms.md 1.2)
+    zeros, ones = (lambda j: 0), (lambda j: 2 ** 64 - 1)
+    sign = 1 << 63
+    assert noise.laplace_from_stream(0, zeros, 1.0) == pytest.approx(-math.log(2 * 5e-324))
+    assert noise.gaussian_from_stream(sign, zeros, 1.0) < -38.0
+    assert noise.gumbel_from_stream(sign | (2 ** 63 - 1), ones, 1.0) == pytest.approx(
+        -math.log(5e-324))                     # U = 1 − 2^-1074: 744.4 scales
+    assert noise.gumbel_from_stream(0, zeros, 1.0) == pytest.approx(
+        -math.log(-math.log(5e-324)))          # U = 2^-1074: −6.61 scales
     for bits in (0, 1, 2 ** 63 - 1, 2 ** 63, 2 ** 64 - 1):
-        for f in (noise.laplace_from_bits, noise.gaussian_from_bits, noise.gumbel_from_bits):
-            assert math.isfinite(f(bits, 1.0))
-    assert abs(noise.laplace_from_bits(2 ** 63 - 1, 1.0)) < 1e-15 + 1e-9
-    assert noise.gaussian_from_bits(0, 1.0) > 8.5      # the largest draw, ~9 σ
+        for f in (noise.laplace_from_stream, noise.gaussian_from_stream,
+                  noise.gumbel_from_stream):
+            for more in (zeros, ones):
+                assert math.isfinite(f(bits, more, 1.0))
 
 
 def test_keyed_generator_is_deterministic():

@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import math
 import statistics
+from fractions import Fraction
 from typing import Callable
 
 import numpy as np
 
-from beam_dpsu.dp.params import MAX_MAX_ITEMS, MIN_ETA, WARN_DELTA_ABOVE, WARN_EPSILON_ABOVE
+from beam_dpsu.dp.params import (MAX_MAX_ITEMS, MIN_ETA, MIN_PER_ITEM_DELTA, WARN_DELTA_ABOVE,
+                                 WARN_EPSILON_ABOVE)
 
 __all__ = ["check_epsilon", "check_delta", "check_rho", "check_max_items", "check_eta", "check_flag",
-           "guarantee_warnings", "check_sensitivity", "bisect", "per_item_delta", "normal_isf", "log_ndtr",
+           "guarantee_warnings", "check_sensitivity", "check_resolvable_delta", "bisect", "per_item_delta", "normal_isf", "log_ndtr",
            "analytic_gaussian_sigma", "zcdp_gaussian_sigma", "count_laplace_scale",
            "count_laplace_threshold", "count_gaussian_sigma", "count_gaussian_threshold",
            "weighted_laplace_scale", "weighted_laplace_threshold", "weighted_gaussian_sigma",
@@ -169,6 +171,38 @@ def per_item_delta(delta: float, t):
     delta = check_delta(delta)
     return -np.expm1(np.log1p(-delta) / np.asarray(t, dtype=float)) if np.ndim(t) else \
         -math.expm1(math.log1p(-delta) / float(t))
+
+
+def check_resolvable_delta(delta: float, items: int, share: float = 1.0,
+                           name: str = "delta") -> float:
+    """``delta``, or ValueError unless the per-item δ it gives, ``per_item_delta(share·δ,
+    items)``, is at least ``params.MIN_PER_ITEM_DELTA`` (2^-1020): the one line names
+    the smallest δ supported for that number of items.
+
+    Args:
+      delta: the δ the user stated (0 < δ < 1).
+      items: how many items share it (Δ0, or k̄ for top-k's candidates), ≥ 1.
+      share: the fraction of δ the items' releases may use (½ for the Gaussian
+        mechanisms, whose other half pays the noise's own δ).
+    """
+    delta = check_delta(delta, name)
+    if per_item_delta(share * delta, items) < MIN_PER_ITEM_DELTA:
+        smallest = _ceil_3_digits(-math.expm1(items * math.log1p(-MIN_PER_ITEM_DELTA)) / share)
+        raise ValueError(
+            f"{name} = {delta:g} is too small for {items} items per user: each item's share "
+            f"would be below 2^-1020, which the release probabilities (doubles) cannot "
+            f"resolve; the smallest {name} supported here is {smallest}")
+    return delta
+
+
+def _ceil_3_digits(x: float) -> str:
+    """``x`` > 0 written with 3 significant digits, rounded up (never below ``x``)."""
+    exponent = math.floor(math.log10(x))
+    for digits in (math.ceil(x / 10.0 ** (exponent - 2)), None):
+        text = f"{digits / 100:.2f}e{exponent}" if digits else f"{x * (1 + 1e-6):.3g}"
+        if float(text) >= x:
+            return text
+    return text
 
 
 def _special():
@@ -329,7 +363,8 @@ def count_laplace_scale(epsilon: float, max_items: int) -> float:
 
 def count_laplace_threshold(epsilon: float, delta: float, max_items: int) -> float:
     """Count Laplace threshold T = 1 + λ·log(1/(2·δ_Δ0)), λ = Δ0/ε."""
-    epsilon, delta, max_items = check_epsilon(epsilon), check_delta(delta), check_max_items(max_items)
+    epsilon, max_items = check_epsilon(epsilon), check_max_items(max_items)
+    delta = check_resolvable_delta(delta, max_items)
     lam = count_laplace_scale(epsilon, max_items)
     return 1.0 + lam * -math.log(2.0 * per_item_delta(delta, max_items))
 
@@ -342,6 +377,7 @@ def count_gaussian_sigma(epsilon: float, delta: float, max_items: int) -> float:
 
 def count_gaussian_threshold(epsilon: float, delta: float, max_items: int) -> float:
     """Count Gaussian threshold T = 1 + σ·Φ⁻¹(1 − δ'_Δ0), δ' the per-item delta of δ/2."""
+    check_resolvable_delta(delta, check_max_items(max_items), 0.5)
     sigma = count_gaussian_sigma(epsilon, delta, max_items)
     return 1.0 + sigma * float(normal_isf(per_item_delta(delta / 2.0, max_items)))
 
@@ -353,7 +389,8 @@ def weighted_laplace_scale(epsilon: float) -> float:
 
 def weighted_laplace_threshold(epsilon: float, delta: float, max_items: int) -> float:
     """Weighted Laplace threshold T = max_{t=1..Δ0} [1/t + λ·log(1/(2δ_t))], λ = 1/ε."""
-    epsilon, delta, max_items = check_epsilon(epsilon), check_delta(delta), check_max_items(max_items)
+    epsilon, max_items = check_epsilon(epsilon), check_max_items(max_items)
+    delta = check_resolvable_delta(delta, max_items)
     lam = 1.0 / epsilon
     return _max_over_t(
         max_items, lambda t: 1.0 / t - lam * np.log(2.0 * per_item_delta(delta, t)))
@@ -367,6 +404,7 @@ def weighted_gaussian_sigma(epsilon: float, delta: float) -> float:
 def weighted_gaussian_threshold(epsilon: float, delta: float, max_items: int) -> float:
     """Weighted Gaussian threshold T = max_t [1/√t + σ·Φ⁻¹(1 − δ'_t)], δ' from δ/2."""
     max_items = check_max_items(max_items)
+    check_resolvable_delta(delta, max_items, 0.5)
     sigma = weighted_gaussian_sigma(epsilon, delta)
     half = check_delta(delta) / 2.0
     return _max_over_t(
@@ -383,7 +421,8 @@ def zcdp_weighted_gaussian_threshold(rho: float, delta: float, max_items: int) -
 
     The mechanism is δ-approximate ρ-zCDP (DP-SIPS Algorithm 2).
     """
-    rho, delta, max_items = check_rho(rho), check_delta(delta), check_max_items(max_items)
+    rho, max_items = check_rho(rho), check_max_items(max_items)
+    delta = check_resolvable_delta(delta, max_items)
     sigma = zcdp_weighted_gaussian_sigma(rho)
     return _max_over_t(
         max_items, lambda k: 1.0 / np.sqrt(k) + sigma * normal_isf(per_item_delta(delta, k)))
@@ -392,7 +431,7 @@ def zcdp_weighted_gaussian_threshold(rho: float, delta: float, max_items: int) -
 def gw_threshold(epsilon: float, delta: float) -> float:
     """GW threshold T = 1 − λ·log(2δ), λ = 1/ε; requires δ < 1/2 so that T ≥ 1."""
     epsilon = check_epsilon(epsilon)
-    delta = check_delta(delta, upper=0.5)
+    delta = check_resolvable_delta(check_delta(delta, upper=0.5), 1)
     return 1.0 - math.log(2.0 * delta) / epsilon
 
 
@@ -464,6 +503,7 @@ def gw_cascade_free_threshold(epsilon: float, delta: float, max_items: int) -> f
     epsilon = check_epsilon(epsilon)
     delta = check_delta(delta, upper=0.5)
     max_items = check_max_items(max_items)
+    check_resolvable_delta(delta, max_items)
     log_target = math.log1p(-delta)       # need log P[no new item released] ≥ log(1 − δ)
     lo, hi = 1.0, gw_cascade_free_threshold_bound(epsilon, delta, max_items)
     while _cascade_free_log_escape(epsilon, max_items, hi) < log_target:
@@ -486,9 +526,31 @@ def policy_cutoff(threshold: float, noise_scale: float, alpha: float) -> float:
 # --------------------------------------------------------------------------
 
 def truncated_geometric_parameters(epsilon: float, delta: float, max_items: int):
-    """(ε', δ') = (ε/Δ0, δ_Δ0) of the truncated geometric selection."""
-    epsilon, delta, max_items = check_epsilon(epsilon), check_delta(delta), check_max_items(max_items)
-    return epsilon / max_items, per_item_delta(delta, max_items)
+    """(ε', δ') = (ε/Δ0, δ_Δ0) of the truncated geometric selection, each rounded down
+    (never above its exact value, so Δ0 decisions compose to at most (ε, δ))."""
+    epsilon, max_items = check_epsilon(epsilon), check_max_items(max_items)
+    delta = check_resolvable_delta(delta, max_items)
+    eps1 = math.nextafter(epsilon / max_items, 0.0)  # the division is correctly rounded
+    delta1 = per_item_delta(delta, max_items) * (1.0 - _PER_ITEM_DELTA_MARGIN)
+    return eps1, delta1
+
+
+#: ``per_item_delta``'s float evaluation is within a few units in the last place of its
+#: exact value (the tests check 1e-15 against 60 digits); this relative margin rounds it
+#: down wherever a per-item δ' must not exceed its exact value.
+_PER_ITEM_DELTA_MARGIN = 1e-13
+
+
+def _down(x: float, steps: int = 2) -> float:
+    for _ in range(steps):
+        x = math.nextafter(x, -math.inf)
+    return x
+
+
+def _up(x: float, steps: int = 2) -> float:
+    for _ in range(steps):
+        x = math.nextafter(x, math.inf)
+    return x
 
 
 def truncated_geometric_keep_probabilities(epsilon: float, delta: float, max_items: int,
@@ -497,22 +559,36 @@ def truncated_geometric_keep_probabilities(epsilon: float, delta: float, max_ite
 
     Desfontaines, Voss and Gipson, "Differentially private partition selection":
     ``p(0) = 0``, ``p(n) = min(e^ε'·p(n−1) + δ', 1 − e^−ε'·(1 − p(n−1) − δ'), 1)``
-    with ε' = ε/Δ0 and δ' = δ_Δ0. The sequence is non-decreasing and reaches 1;
-    the array is filled with 1 from there on.
+    with ε' = ε/Δ0 and δ' = δ_Δ0. Each step is rounded down (e^ε' and δ' taken below
+    their exact values, e^−ε' above, each float result moved two units in the last
+    place the safe way), so every p(n) is at most the exact recurrence's value of its
+    predecessor and the two per-item conditions hold exactly for the doubles returned:
+    ``p(n) ≤ e^ε'·p(n−1) + δ'`` and ``1 − p(n−1) ≤ e^ε'·(1 − p(n)) + δ'``. p(n) is 1
+    only where ``1 − p(n−1) ≤ δ'`` holds in exact arithmetic; where δ' is below the
+    doubles' resolution near 1 the sequence stops just short of 1 (a keep probability
+    rounded down, never up). The sequence is non-decreasing; once it stops changing
+    the rest of the array repeats its last value.
     """
     eps1, delta1 = truncated_geometric_parameters(epsilon, delta, max_items)
     if isinstance(up_to, bool) or int(up_to) != up_to or up_to < 0:
         raise ValueError(f"up_to must be an integer >= 0, got {up_to!r}")
     up_to = int(up_to)
-    out = np.ones(up_to + 1, dtype=float)
-    out[0] = 0.0
-    grow, shrink = math.exp(eps1), math.exp(-eps1)
+    out = np.zeros(up_to + 1, dtype=float)
+    grow = _down(math.exp(eps1))     # ≤ e^ε'
+    shrink = _up(math.exp(-eps1))    # ≥ e^−ε'
+    exact_delta1 = Fraction(delta1)
     p = 0.0
     for n in range(1, up_to + 1):
-        p = min(grow * p + delta1, 1.0 - shrink * (1.0 - p - delta1), 1.0)
-        if p >= 1.0:
-            break  # the rest of ``out`` is already 1
-        out[n] = p
+        if 1.0 - p <= 2.0 * delta1 and Fraction(1) - Fraction(p) <= exact_delta1:
+            out[n:] = 1.0
+            break
+        rise = _down(grow * p + delta1)
+        fall = _down(1.0 - _up(shrink * _up(1.0 - p - delta1)))
+        new = max(min(rise, fall), p)
+        if new == p:
+            out[n:] = p
+            break
+        p = out[n] = new
     return out
 
 
@@ -594,6 +670,13 @@ def round_budgets(rho: float, delta: float, rounds: int, ratio: float) -> list:
 # Top-k over an unknown domain (Durfee and Rogers; docs/mechanisms.md section 6).
 # --------------------------------------------------------------------------
 
+#: ``gumbel_threshold_offset``'s relative margin: the Gumbel tail at log(m/δ)/ε is
+#: 1 − e^(−δ/m), below δ/m by a relative δ/(2m) only, less than the float evaluation's
+#: error (about 2e-13 relative) when δ/m is tiny; 1e-12 relative above it, the tail is
+#: below δ/m by at least 1e-12·log(m/δ) relative (tests/test_precision.py).
+_OFFSET_MARGIN = 1e-12
+
+
 def gumbel_threshold_offset(epsilon: float, delta: float, k_bar: int,
                             max_items=None) -> float:
     """Algorithm 2's offset ``1 + log(m/δ)/ε``, m = k̄ or min(Δ, k̄).
@@ -608,7 +691,8 @@ def gumbel_threshold_offset(epsilon: float, delta: float, k_bar: int,
     epsilon, delta = check_epsilon(epsilon), check_delta(delta)
     k_bar = check_positive_int(k_bar, "k_bar")
     m = k_bar if max_items is None else min(check_max_items(max_items), k_bar)
-    return 1.0 + math.log(m / delta) / epsilon
+    check_resolvable_delta(delta, m)
+    return (1.0 + math.log(m / delta) / epsilon) * (1.0 + _OFFSET_MARGIN)
 
 
 def topk_laplace_scale(epsilon: float, max_items: int) -> float:
@@ -634,8 +718,8 @@ def laplace_tail_offset(scale: float, delta: float, max_items: int) -> float:
     rounding).
     """
     scale = check_sensitivity(scale, "scale")
-    delta = check_delta(delta)
     max_items = check_max_items(max_items)
+    delta = check_resolvable_delta(delta, max_items)
     target = math.log(delta / max_items)
 
     def log_tail(x):

@@ -1125,11 +1125,11 @@ def columnar_rounds(mechanism) -> list:
 
 def release_shard(rule, items: pa.Array, weights: np.ndarray) -> List[str]:
     """The items of a summed shard that ``rule`` releases (its vectorised
-    ``decide_bits`` on the items' keyed bits, ``rule.bits.many_str``)."""
+    ``decide_spans`` on the items' UTF-8 bytes, as Arrow holds them)."""
     if len(items) == 0:
         return []
     data, starts, lengths = string_spans(items)
-    chosen = np.flatnonzero(rule.decide_bits(rule.bits.many_str(data, starts, lengths), weights))
+    chosen = np.flatnonzero(rule.decide_spans(data, starts, lengths, weights))
     return items.take(pa.array(chosen)).to_pylist() if len(chosen) else []
 
 

@@ -26,10 +26,12 @@ released set does not depend on how a runner splits or orders elements; and
 with a test seed the DirectRunner, the portable runner and the Beam-free core
 give identical results.
 
-Precision: the samplers use 63 uniform bits per draw, so a noise value is
-never beyond about 44.4 scales (Laplace) or 9.2 standard deviations
-(Gaussian). This truncation changes the distribution on an event of
-probability below 2^-62, which is far below any δ the library accepts.
+Precision: a draw's uniform is an unbounded string of keyed bits (its first 64 bits,
+then further keyed blocks read only when needed), so no sampler has a smallest step or
+a largest draw short of the smallest double: a release decision is a Bernoulli trial
+whose success probability is the double it is given (``uniform_below``), and the
+Laplace, Gaussian and Gumbel samplers have full relative precision in their tails
+(``half_uniform``). docs/mechanisms.md section 1.2 has the argument.
 """
 from __future__ import annotations
 
@@ -37,25 +39,23 @@ import hashlib
 import hmac
 import math
 import secrets
-from statistics import NormalDist
+from fractions import Fraction
 from typing import Any, Optional
 
 import numpy as np
 
-from beam_dpsu.dp.calibration import check_flag
+from beam_dpsu.dp.calibration import check_flag, normal_isf
 
 __all__ = ["encode_value", "RunKey", "DetachedKeyError", "test_seed_material", "keyed_hash64",
-           "KeyedHash64", "keyed_seed", "keyed_generator", "laplace_from_bits",
-           "gaussian_from_bits", "uniform_from_bits", "gumbel_from_bits", "KeyedNoise",
+           "KeyedHash64", "keyed_seed", "keyed_generator", "block_key", "MAX_BLOCKS",
+           "SMALLEST_DOUBLE", "uniform_below", "half_uniform", "half_uniform_many",
+           "laplace_from_stream", "gaussian_from_stream", "gumbel_from_stream", "laplace_many",
+           "gaussian_many", "gumbel_many", "keyed_gumbel_many", "KeyedNoise",
            "GRID_BITS", "grid_granularity", "round_to_grid", "two_sided_geometric",
-           "discrete_laplace_on_grid", "KeyedGridLaplace", "STR_TAG", "canonical_spans",
-           "ItemBits",
-           "laplace_from_bits_many", "normal_quantile_many", "gaussian_from_bits_many",
-           "uniform_from_bits_many"]
+           "exponential_from_stream", "discrete_laplace_on_grid", "KeyedGridLaplace", "STR_TAG", "canonical_spans",
+           "ItemBits"]
 
 
-_NORMAL = NormalDist()
-_TWO_POW_M64 = 2.0 ** -64
 
 
 def encode_value(value: Any) -> bytes:
@@ -301,143 +301,209 @@ def keyed_generator(key: bytes, message: bytes) -> np.random.Generator:
     return np.random.Generator(np.random.PCG64(keyed_seed(key, message)))
 
 
-def _sign_and_tail(bits: int):
-    """Split 64 bits into a sign and p uniform in (0, 1/2) with 63-bit resolution."""
-    negative = bool(bits >> 63)
-    p = ((bits & 0x7FFFFFFFFFFFFFFF) + 0.5) * _TWO_POW_M64
-    return negative, p
+# --------------------------------------------------------------------------
+# Samplers with no floor: a uniform is an unbounded string of keyed bits.
+# --------------------------------------------------------------------------
+#
+# Turning 64 bits into a double would give every sampler a smallest positive
+# probability (2^-64, or 2^-52 after rounding) and cut every tail there: a keep
+# probability below it would round to 0 or to one step, and a noise draw could never
+# pass some distance, while the library accepts a δ smaller than either. Here the
+# uniform U of a draw is the binary fraction 0.b1 b2 b3 ... whose first 64 bits are
+# the draw's keyed bits and whose further bits come, 64 at a time and only when a
+# draw needs them, from independent keyed blocks (``ItemBits.block``; a ``more``
+# callable gives block j >= 1 of the draws it is asked for). Two operations are exact:
+#
+# * ``uniform_below``: the decision U < q for a double q, a Bernoulli trial whose
+#   success probability is q itself, down to the smallest double: a tie on the
+#   first bits (probability 2^-63 or 2^-64) reads the next block, and so on; q is a
+#   dyadic rational, so at most 18 blocks are ever read.
+# * ``half_uniform``: a double p uniform in (0, 1/2) with a relative error of at most
+#   2^-53 however small p is (a floating exponent: more blocks are read while the
+#   leading bits are zeros), bounded below only by the smallest positive double.
+#
+# The release rules decide U < P(noise > gap) with the tail probability computed in
+# closed form (no inverse CDF, no largest draw); the Gumbel samplers use
+# ``half_uniform`` in both tails. Read docs/mechanisms.md section 1.2.
+
+_LOW63 = np.uint64(0x7FFFFFFFFFFFFFFF)
+_TWO_POW_M64 = 2.0 ** -64
+
+#: The number of 64-bit blocks a dyadic double q (a multiple of 2^-1074) can need
+#: beyond the head: after them the remainder of q is 0.
+MAX_BLOCKS = 18
+#: The smallest positive double, the floor of ``half_uniform`` (reached with probability
+#: below 2^-1074).
+SMALLEST_DOUBLE = 5e-324
 
 
-def laplace_from_bits(bits: int, scale: float) -> float:
-    """Lap(scale) by inverse CDF from 64 uniform bits."""
-    negative, p = _sign_and_tail(bits)
+def uniform_below(head: np.ndarray, width: int, q: np.ndarray, more) -> np.ndarray:
+    """U < q for each draw, exactly: a Bernoulli trial of success probability ``q``.
+
+    U = 0.h₁…h_width b₁ b₂ … : the low ``width`` bits (63 or 64) of ``head``, then
+    the bits of the 64-bit blocks ``more(indices, j)`` (j = 1, 2, …) of the draws at
+    ``indices``, read only where the head ties with q (probability 2^-width each).
+    q ≤ 0 (or NaN) is never below, q ≥ 1 always.
+
+    Args:
+      head: uint64 array, the draws' first bits.
+      width: how many low bits of ``head`` start U (63: the top bit serves as a sign).
+      q: float64 array of the same length, the probabilities.
+      more: ``more(indices, j) -> uint64 array``, block j of the draws at ``indices``.
+    """
+    head = np.asarray(head, dtype=np.uint64)
+    q = np.asarray(q, dtype=np.float64)
+    if width == 63:
+        head = head & _LOW63
+    elif width != 64:
+        raise ValueError(f"width must be 63 or 64, got {width!r}")
+    out = q >= 1.0
+    inside = np.flatnonzero((q > 0.0) & (q < 1.0))
+    if inside.size:
+        scaled = q[inside] * (2.0 ** width)  # exact: a power of two, below 2^width
+        whole = np.floor(scaled)
+        bound = whole.astype(np.uint64)  # exact: an integer-valued double below 2^64
+        h = head[inside]
+        out[inside] = h < bound
+        tied = np.flatnonzero((h == bound) & (scaled != whole))
+        for t in tied.tolist():
+            i = int(inside[t])
+            rest = Fraction(float(q[i])) * (1 << width) - int(bound[t])
+            out[i] = _rest_below(rest, lambda j, i=i: int(more(np.array([i]), j)[0]))
+    return out
+
+
+def _rest_below(rest: Fraction, block) -> bool:
+    """0.b₁b₂… < ``rest`` (0 < rest < 1, dyadic) for the bits of ``block(1)``, ``block(2)``, …"""
+    for j in range(1, MAX_BLOCKS + 2):
+        rest *= 1 << 64
+        bound = rest.numerator // rest.denominator
+        bits = block(j)
+        if bits != bound:
+            return bits < bound
+        rest -= bound
+        if rest == 0:
+            return False  # U ≥ q once every bit of q is matched (U = q has probability 0)
+    raise AssertionError("a double has no more than 1074 fractional bits")
+
+
+def half_uniform(tail: int, block) -> float:
+    """p = 0.0 t₁…t₆₃ b₁ b₂ … in (0, 1/2) as a double, relative error ≤ 2^-53.
+
+    ``tail``: the 63 bits t (an int below 2^63); ``block(j)``: the 64-bit block j ≥ 1,
+    read while the bits so far hold fewer than 54 significant bits (probability 2^-10
+    for the first block, 2^-64 for each further one). The value is the midpoint of the
+    bits read, rounded to nearest; below the smallest positive double it is that double.
+    """
+    acc, shift = int(tail), 64
+    j = 0
+    while acc < (1 << 53):
+        j += 1
+        if j > MAX_BLOCKS:
+            return SMALLEST_DOUBLE
+        acc = (acc << 64) | int(block(j))
+        shift += 64
+    return max(math.ldexp(float(2 * acc + 1), -shift - 1), SMALLEST_DOUBLE)
+
+
+def half_uniform_many(tails: np.ndarray, more) -> np.ndarray:
+    """``half_uniform`` of each draw: ``tails`` a uint64 array of 63-bit tails,
+    ``more(indices, j)`` the blocks of the draws that need them (the same values)."""
+    tails = np.asarray(tails, dtype=np.uint64) & _LOW63
+    p = (tails.astype(np.float64) + 0.5) * _TWO_POW_M64  # exact to 2^-53 when t ≥ 2^53
+    for i in np.flatnonzero(tails < np.uint64(1 << 53)).tolist():
+        p[i] = half_uniform(int(tails[i]), lambda j, i=i: int(more(np.array([i]), j)[0]))
+    return p
+
+
+def gumbel_from_stream(bits: int, block, scale: float) -> float:
+    """Gumbel(0, scale) = −scale·log(−log U) with U = 0.b₁b₂… (``bits`` first, then
+    ``block(j)``), computed from whichever of U and 1 − U is below 1/2 with full
+    precision (``half_uniform``), so both tails reach the smallest double's reach:
+    draws lie in [−6.62, 744.4] scales."""
+    tail = bits & 0x7FFFFFFFFFFFFFFF
+    if bits >> 63:  # U ≥ 1/2: 1 − U = 0.0 c₁c₂… with c the complement of U's bits
+        v = half_uniform(tail ^ 0x7FFFFFFFFFFFFFFF, lambda j: block(j) ^ 0xFFFFFFFFFFFFFFFF)
+        return -scale * math.log(-math.log1p(-v))
+    return -scale * math.log(-math.log(half_uniform(tail, block)))
+
+
+def gumbel_many(bits: np.ndarray, more, scale: float) -> np.ndarray:
+    """``gumbel_from_stream`` of each draw of a uint64 array (blocks from ``more``)."""
+    bits = np.asarray(bits, dtype=np.uint64)
+    upper = (bits >> np.uint64(63)).astype(bool)
+    tails = np.where(upper, ~bits, bits) & _LOW63
+
+    def blocks(indices, j):
+        got = np.asarray(more(indices, j), dtype=np.uint64)
+        return np.where(upper[indices], ~got, got)
+
+    p = half_uniform_many(tails, blocks)
+    log_u = np.where(upper, np.log1p(-p), np.log(p))
+    return -scale * np.log(-log_u)
+
+
+def keyed_gumbel_many(key: bytes, message: bytes, size: int, scale: float) -> np.ndarray:
+    """``size`` Gumbel(0, scale) draws keyed by (``key``, ``message``): the raw
+    outputs of ``keyed_generator(key, message)`` as U's complement (the draws of that
+    generator's ``gumbel``, up to its 53-bit rounding), further bits from keyed BLAKE2b
+    of (message, index, block)."""
+    raw = keyed_generator(key, message).bit_generator.random_raw(size)
+    extra = KeyedHash64(key, b"gumbel blocks/" + message + b"/")
+
+    def more(indices, j):
+        return np.fromiter((extra(b"%d/%d" % (i, j)) for i in indices.tolist()),
+                           np.uint64, len(indices))
+
+    return gumbel_many(~np.asarray(raw, dtype=np.uint64), more, scale)
+
+
+
+def block_key(key: bytes, j: int) -> bytes:
+    """The key of block ``j`` ≥ 1 of the draws made under ``key``: HMAC-SHA256 of
+    ``key`` and the block's number (a PRF of a secret key, so every block is fresh)."""
+    return hmac.digest(key, b"beam_dpsu/block/%d" % j, "sha256")
+
+
+def _sign_and_half(bits: int, block):
+    """The sign (top bit) and ``half_uniform`` of the rest of a draw's stream."""
+    return bool(bits >> 63), half_uniform(bits & 0x7FFFFFFFFFFFFFFF, block)
+
+
+def laplace_from_stream(bits: int, block, scale: float) -> float:
+    """Lap(scale) by inverse CDF: sign from the top bit, magnitude −scale·log(2p) with
+    p = ``half_uniform`` of the rest (no largest draw short of 744 scales)."""
+    negative, p = _sign_and_half(bits, block)
     magnitude = -scale * math.log(2.0 * p)  # P(|X| > x) = exp(-x/scale)
     return -magnitude if negative else magnitude
 
 
-def gaussian_from_bits(bits: int, sigma: float) -> float:
-    """N(0, sigma²) by inverse CDF from 64 uniform bits."""
-    negative, p = _sign_and_tail(bits)
-    magnitude = -sigma * _NORMAL.inv_cdf(p)  # P(X > x) = p for x = -Φ⁻¹(p)
+def gaussian_from_stream(bits: int, block, sigma: float) -> float:
+    """N(0, sigma²) by inverse CDF: sign from the top bit, magnitude σ·Φ⁻¹(1 − p)."""
+    negative, p = _sign_and_half(bits, block)
+    magnitude = sigma * normal_isf(p)  # P(X > x) = p for x = Φ⁻¹(1 − p)
     return -magnitude if negative else magnitude
 
 
-def uniform_from_bits(bits: int) -> float:
-    """A uniform draw in (0, 1) with 52-bit resolution: (k + 1/2)/2^52.
-
-    52 bits, not 53, so that the largest value 1 − 2^-53 is exactly
-    representable and never rounds to 1.
-    """
-    return ((bits >> 12) + 0.5) * 2.0 ** -52
+def laplace_many(bits: np.ndarray, more, scale: float) -> np.ndarray:
+    """``laplace_from_stream`` of each draw of a uint64 array (blocks from ``more``)."""
+    bits = np.asarray(bits, dtype=np.uint64)
+    magnitude = -scale * np.log(2.0 * half_uniform_many(bits, more))
+    return np.where((bits >> np.uint64(63)).astype(bool), -magnitude, magnitude)
 
 
-def gumbel_from_bits(bits: int, scale: float) -> float:
-    """Gumbel(0, scale) by inverse CDF: −scale·log(−log U)."""
-    return -scale * math.log(-math.log(uniform_from_bits(bits)))
+def gaussian_many(bits: np.ndarray, more, sigma: float) -> np.ndarray:
+    """``gaussian_from_stream`` of each draw of a uint64 array (blocks from ``more``)."""
+    bits = np.asarray(bits, dtype=np.uint64)
+    magnitude = sigma * np.asarray(normal_isf(half_uniform_many(bits, more)), dtype=np.float64)
+    return np.where((bits >> np.uint64(63)).astype(bool), -magnitude, magnitude)
 
 
 _SAMPLERS = {
-    "laplace": laplace_from_bits,
-    "gaussian": gaussian_from_bits,
-    "gumbel": gumbel_from_bits,
+    "laplace": laplace_from_stream,
+    "gaussian": gaussian_from_stream,
+    "gumbel": gumbel_from_stream,
 }
-
-
-_LOW63 = np.uint64(0x7FFFFFFFFFFFFFFF)
-
-
-def _sign_and_tail_many(bits: np.ndarray):
-    """``_sign_and_tail`` of every element of a uint64 array."""
-    negative = (bits >> np.uint64(63)).astype(bool)
-    p = ((bits & _LOW63).astype(np.float64) + 0.5) * _TWO_POW_M64
-    return negative, p
-
-
-def laplace_from_bits_many(bits: np.ndarray, scale: float) -> np.ndarray:
-    """``laplace_from_bits`` of every element of a uint64 array (float64 array)."""
-    negative, p = _sign_and_tail_many(bits)
-    magnitude = -scale * np.log(2.0 * p)
-    return np.where(negative, -magnitude, magnitude)
-
-
-# Wichura's algorithm AS241 (PPND16, Applied Statistics 37(3), 1988): the standard
-# normal quantile as rational functions of q = p - 1/2 (central region) or of
-# r = sqrt(-log(min(p, 1 - p))) (tails), relative error about 1e-16. Coefficients
-# from highest degree to the constant term; the denominators' constant term is 1.
-_AS241 = {
-    "central": ([2.5090809287301226727e+3, 3.3430575583588128105e+4,
-                 6.7265770927008700853e+4, 4.5921953931549871457e+4,
-                 1.3731693765509461125e+4, 1.9715909503065514427e+3,
-                 1.3314166789178437745e+2, 3.3871328727963666080e+0],
-                [5.2264952788528545610e+3, 2.8729085735721942674e+4,
-                 3.9307895800092710610e+4, 2.1213794301586595867e+4,
-                 5.3941960214247511077e+3, 6.8718700749205790830e+2,
-                 4.2313330701600911252e+1, 1.0]),
-    "near": ([7.7454501427834140764e-4, 2.2723844989269184583e-2,
-              2.4178072517745061177e-1, 1.2704582524523683826e+0,
-              3.6478483247632046050e+0, 5.7694972214606914055e+0,
-              4.6303378461565452959e+0, 1.4234371107496835773e+0],
-             [1.0507500716444168432e-9, 5.4759380849953449460e-4,
-              1.5198666563616457197e-2, 1.4810397642748007459e-1,
-              6.8976733498510000455e-1, 1.6763848301838038494e+0,
-              2.0531916266377588219e+0, 1.0]),
-    "far": ([2.0103343992922881327e-7, 2.7115555687434875782e-5,
-             1.2426609473880784386e-3, 2.6532189526576123093e-2,
-             2.9656057182850489123e-1, 1.7848265399172913358e+0,
-             5.4637849111641143699e+0, 6.6579046435011037772e+0],
-            [2.0442631033899397856e-15, 1.4215117583164458887e-7,
-             1.8463183175100546818e-5, 7.8686913114561329059e-4,
-             1.4875361290850614852e-2, 1.3692988092273580531e-1,
-             5.9983220655588793769e-1, 1.0]),
-}
-
-
-def _horner(coefficients, x):
-    out = np.full_like(x, coefficients[0])
-    for c in coefficients[1:]:  # in place: (out * x) + c, each rounded as before
-        out *= x
-        out += c
-    return out
-
-
-def normal_quantile_many(p: np.ndarray) -> np.ndarray:
-    """Φ⁻¹(p) for every p in (0, 1) of a float64 array: Wichura's AS241, the algorithm
-    of ``statistics.NormalDist.inv_cdf`` (the scalar samplers' quantile), in numpy."""
-    p = np.asarray(p, dtype=np.float64)
-    q = p - 0.5
-    out = np.empty_like(p)
-    central = np.abs(q) <= 0.425
-    if central.any():
-        qc = q[central]
-        r = 0.180625 - qc * qc
-        num, den = _AS241["central"]
-        out[central] = _horner(num, r) * qc / _horner(den, r)
-    tail = ~central
-    if tail.any():
-        qt = q[tail]
-        r = np.sqrt(-np.log(np.where(qt <= 0.0, p[tail], 1.0 - p[tail])))
-        x = np.empty_like(r)
-        near = r <= 5.0
-        for region, where, shift in (("near", near, 1.6), ("far", ~near, 5.0)):
-            if where.any():
-                rr = r[where] - shift
-                num, den = _AS241[region]
-                x[where] = _horner(num, rr) / _horner(den, rr)
-        out[tail] = np.where(qt < 0.0, -x, x)
-    return out
-
-
-def gaussian_from_bits_many(bits: np.ndarray, sigma: float) -> np.ndarray:
-    """``gaussian_from_bits`` of every element of a uint64 array: N(0, sigma²) by
-    inverse CDF (``normal_quantile_many``, the quantile of the scalar sampler)."""
-    negative, p = _sign_and_tail_many(bits)
-    magnitude = -sigma * normal_quantile_many(p)
-    return np.where(negative, -magnitude, magnitude)
-
-
-def uniform_from_bits_many(bits: np.ndarray) -> np.ndarray:
-    """``uniform_from_bits`` of every element of a uint64 array (the same values)."""
-    return ((bits >> np.uint64(12)).astype(np.float64) + 0.5) * 2.0 ** -52
 
 
 #: The type tag that starts a string's canonical bytes (``encode_value``).
@@ -477,12 +543,29 @@ class ItemBits:
 
     def __init__(self, run_key: "RunKey", purpose: str):
         self._key = run_key.subkey(purpose)[:16]
+        self._blocks = {}
+
+    @classmethod
+    def _from_key(cls, key: bytes) -> "ItemBits":
+        out = cls.__new__(cls)
+        out.__setstate__(key)
+        return out
+
+    def block(self, j: int) -> "ItemBits":
+        """The bits of block ``j`` ≥ 1 of every item's uniform (``uniform_below``): the
+        same function under the key ``block_key(key, j)``, independent of the first
+        64 bits and of every other block."""
+        got = self._blocks.get(j)
+        if got is None:
+            got = self._blocks[j] = ItemBits._from_key(block_key(self._key, j)[:16])
+        return got
 
     def __getstate__(self):
         return self._key
 
     def __setstate__(self, state):
         self._key = state
+        self._blocks = {}
 
     def one(self, item: Any) -> int:
         return int(self.many([item])[0])
@@ -505,7 +588,9 @@ class KeyedNoise:
     returns the noise of that item; the same item always gets the same value
     under the same key and purpose, and different items get independent
     draws (keyed BLAKE2b of the item under the purpose's subkey is a
-    pseudo-random function).
+    pseudo-random function). The draw's uniform continues, where the sampler
+    needs it, with keyed BLAKE2b of the item under ``block_key(subkey, j)``, so
+    its tails have no floor (``half_uniform``).
     """
 
     def __init__(self, run_key: RunKey, kind: str, scale: float, purpose: str):
@@ -518,14 +603,17 @@ class KeyedNoise:
         self.purpose = purpose
         self._key = run_key.subkey(purpose)
         self._hash = KeyedHash64(self._key)  # keyed_hash64(self._key, ·)
+        self._blocks = {}
         self._sampler = _SAMPLERS[kind]
 
-    def __call__(self, item: bytes) -> float:
-        return self._sampler(self._hash(item), self.scale)
+    def _block(self, j: int) -> KeyedHash64:
+        got = self._blocks.get(j)
+        if got is None:
+            got = self._blocks[j] = KeyedHash64(block_key(self._key, j))
+        return got
 
-    def uniform(self, item: bytes) -> float:
-        """A uniform (0, 1) draw for ``item`` (e.g. for a keep probability)."""
-        return uniform_from_bits(self._hash(item))
+    def __call__(self, item: bytes) -> float:
+        return self._sampler(self._hash(item), lambda j: self._block(j)(item), self.scale)
 
 
 # --------------------------------------------------------------------------
@@ -568,15 +656,35 @@ def round_to_grid(value: float, granularity: float) -> int:
     return int(round(float(value) / granularity))
 
 
+def exponential_from_stream(bits: int, block) -> float:
+    """A standard exponential E = −log U with U = 0.b₁b₂… (``bits`` first, then
+    ``block(j)``), from whichever of U and 1 − U is below 1/2 with full precision
+    (``half_uniform``): no largest draw short of 744.4 (the smallest double's)."""
+    tail = bits & 0x7FFFFFFFFFFFFFFF
+    if bits >> 63:  # U ≥ 1/2: 1 − U from the complement of U's bits
+        return -math.log1p(-half_uniform(tail ^ 0x7FFFFFFFFFFFFFFF,
+                                         lambda j: block(j) ^ 0xFFFFFFFFFFFFFFFF))
+    return -math.log(half_uniform(tail, block))
+
+
+def _generator_exponential(rng: np.random.Generator) -> float:
+    """``exponential_from_stream`` on the raw 64-bit outputs of ``rng`` (blocks read in
+    order, so the draw is a function of the generator's state)."""
+    raw = rng.bit_generator.random_raw
+    return exponential_from_stream(int(raw()), lambda j: int(raw()))
+
+
 def two_sided_geometric(rng: np.random.Generator, t: float) -> int:
     """An integer Z with P(Z = z) ∝ exp(−|z|/t) (the discrete Laplace, t > 0).
 
     Drawn as the difference of two geometric variables on {1, 2, ...} with
     P(G ≥ n) = exp(−(n − 1)/t), each obtained as ``ceil(t·E)`` with E a
-    standard exponential from ``rng``. E|Z| ≈ t and Var Z ≈ 2t² for large t.
+    standard exponential drawn from ``rng``'s raw bits with full precision in its
+    tail (``exponential_from_stream``: no largest draw short of 744 scales).
+    E|Z| ≈ t and Var Z ≈ 2t² for large t.
     """
-    g1 = math.ceil(t * rng.standard_exponential())
-    g2 = math.ceil(t * rng.standard_exponential())
+    g1 = math.ceil(t * _generator_exponential(rng))
+    g2 = math.ceil(t * _generator_exponential(rng))
     return int(g1) - int(g2)
 
 

@@ -23,7 +23,7 @@ __all__ = ["DEFAULT_MAX_ITEMS", "DEFAULT_GW_MAX_ITEMS_PER_EPSILON", "gw_default_
            "DEFAULT_GW_ETA", "DEFAULT_TIE_BREAK", "DEFAULT_EMBEDDED_TIE_BREAK",
            "DEFAULT_GWKT_SELECTION", "DEFAULT_FRONT_SCALE",
            "DEFAULT_FRONT_MARGIN", "DEFAULT_VARIANT", "DEFAULT_ROUNDS", "DEFAULT_RATIO",
-           "DEFAULT_DISCOVERY_SHARE", "TOPK_METHODS", "DEFAULT_TOPK_METHOD", "MAX_MAX_ITEMS", "MIN_ETA", "WARN_EPSILON_ABOVE",
+           "DEFAULT_DISCOVERY_SHARE", "TOPK_METHODS", "DEFAULT_TOPK_METHOD", "MAX_MAX_ITEMS", "MIN_PER_ITEM_DELTA", "MIN_ETA", "WARN_EPSILON_ABOVE",
            "WARN_DELTA_ABOVE", "Param", "MECHANISM_PARAMS", "TOPK_PARAMS", "ALL_PARAMS",
            "flag", "flags",
            "add_arguments", "as_flags", "spec_types", "canonical", "canonical_keywords",
@@ -142,6 +142,13 @@ MAX_MAX_ITEMS = 10 ** 6
 #: is then a normal double, so step 1 raises every kept item below the cutoff by a
 #: strictly positive amount (docs/gw.md, Lemma 3 and "η in floating point").
 MIN_ETA = 1e-12
+#: The smallest per-item δ (the δ share one item's release may use: δ_Δ0, δ/Δ0, ...)
+#: a mechanism accepts, 2^-1020, just above the smallest normal double (2^-1022): the
+#: release rules' probabilities are doubles, exact down to it (docs/mechanisms.md
+#: section 1.2), so below it a δ could not be resolved. With Δ0 ≤ MAX_MAX_ITEMS every
+#: δ ≥ 1e-298 is accepted by every mechanism (1e-300 by all but DP-SIPS, whose rounds
+#: split δ).
+MIN_PER_ITEM_DELTA = 2.0 ** -1020
 #: The command line warns (on stderr; it still runs) when a stated ε exceeds this:
 #: e^10 ≈ 22,000, so the output may be 22,000 times likelier with one user than
 #: without, which protects almost nothing.

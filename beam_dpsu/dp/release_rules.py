@@ -21,11 +21,11 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from beam_dpsu.dp import calibration
-from beam_dpsu.dp.noise import (ItemBits, RunKey, gaussian_from_bits_many,
-                                laplace_from_bits_many, uniform_from_bits_many)
+from beam_dpsu.dp.noise import ItemBits, RunKey, gaussian_many, laplace_many, uniform_below
 
 
-__all__ = ["NOISE_KINDS", "check_noisy_threshold", "NoisyThresholdRule", "TruncatedGeometricRule"]
+__all__ = ["NOISE_KINDS", "TAIL_MARGIN", "check_noisy_threshold", "noise_tail",
+           "NoisyThresholdRule", "TruncatedGeometricRule"]
 
 
 NOISE_KINDS = ("laplace", "gaussian")
@@ -43,28 +43,90 @@ def check_noisy_threshold(noise: str, scale: float, threshold: float) -> None:
         raise ValueError(f"threshold must be finite, got {threshold!r}")
 
 
+#: The relative margin by which ``noise_tail`` rounds a tail probability: at least 15
+#: times the largest relative error of its float evaluation, measured against
+#: 50-digit arithmetic (6e-14, Gaussian, near 27 standard deviations).
+TAIL_MARGIN = 2.0 ** -40
+#: An absolute margin in the subnormal range, where a double holds fewer digits.
+_SUBNORMAL_MARGIN = 4 * 5e-324
+
+
+def noise_tail(noise: str, scale: float, gaps, upward: bool = False) -> np.ndarray:
+    """2·P(Z > gap) for Z ~ Lap(scale) or N(0, scale²), each gap ≥ 0, rounded down
+    (``upward=False``, the default: never above the exact value) or up (never below it).
+
+    Closed forms, no inverse CDF: e^(−gap/λ) (Laplace) and erfc(gap/(σ√2))
+    (Gaussian, scipy's), then moved by the relative ``TAIL_MARGIN`` (and 4 units of
+    the smallest double) so that the float evaluation's error (at most 6e-14
+    relative) never puts it on the wrong side; clipped to [0, 1]. The tests compare
+    both directions with 50-digit arithmetic over the whole range that does not
+    underflow.
+    """
+    gaps = np.asarray(gaps, dtype=np.float64)
+    if noise == "laplace":
+        q = np.exp(-gaps / scale)
+    else:
+        from scipy.special import erfc  # only the Gaussian rules need scipy
+        z = gaps / (scale * math.sqrt(2.0))
+        q = erfc(z)
+        if upward:  # scipy's erfc is 0 below 2^-1022: there, erfc(z) < e^(−z²)/(z·√π)
+            deep = q < 2.0 ** -1000
+            if deep.any():
+                zd = z[deep]
+                q[deep] = np.exp(-zd * zd) / (zd * math.sqrt(math.pi))
+    if upward:
+        q = q * (1.0 + TAIL_MARGIN) + _SUBNORMAL_MARGIN
+    else:
+        q = q * (1.0 - TAIL_MARGIN) - _SUBNORMAL_MARGIN
+    return np.clip(q, 0.0, 1.0)
+
+
 class _KeyedRule:
     """A rule on the keyed bits of each item (``self.bits``, a ``noise.ItemBits``):
-    subclasses implement ``decide_bits(bits, weights)``."""
+    subclasses implement ``decide_bits(bits, weights, more)``, where ``more(indices,
+    j)`` gives block j of the items at ``indices`` (``noise.uniform_below``)."""
 
     def __call__(self, item: Any, weight: float) -> bool:
         return bool(self.decide([item], np.array([weight], np.float64))[0])
 
     def decide(self, items: Sequence[Any], weights) -> np.ndarray:
         """The decisions (bool array) on ``items`` with their ``weights``."""
-        return self.decide_bits(self.bits.many(items), weights)
+        items = list(items)
+
+        def more(indices, j):
+            return self.bits.block(j).many([items[i] for i in indices.tolist()])
+
+        return self.decide_bits(self.bits.many(items), weights, more)
+
+    def decide_spans(self, data, starts, lengths, weights) -> np.ndarray:
+        """The decisions on the UTF-8 strings ``data[starts[i]:starts[i] + lengths[i]]``
+        (Arrow's layout; ``ItemBits.many_str``): the same as ``decide`` on the strings."""
+        starts = np.asarray(starts, dtype=np.int64)
+        lengths = np.asarray(lengths, dtype=np.int64)
+
+        def more(indices, j):
+            return self.bits.block(j).many_str(data, starts[indices], lengths[indices])
+
+        return self.decide_bits(self.bits.many_str(data, starts, lengths), weights, more)
 
 
 class NoisyThresholdRule(_KeyedRule):
     """Release ``item`` iff ``weight > 0`` and ``weight + noise(item) > threshold``.
 
-    The noise of an item is drawn by inverse CDF from its 64 keyed bits
-    (``noise.ItemBits``: SipHash-2-4 of the item's canonical bytes under the
-    run key's subkey ``purpose``): the same item gets the same noise on a
-    retry, distinct items independent noise, and no item's noise depends on
-    any other item. ``decide`` rules on many items at once (vectorised; the
-    Beam transforms and the Beam-free runs use it), ``rule(item, weight)`` on
-    one, with the same result.
+    The noise Z of an item is symmetric; its sign is the top bit of the item's 64
+    keyed bits (``noise.ItemBits``: SipHash-2-4 of the item's canonical bytes under
+    the run key's subkey ``purpose``) and the rest of the bits, continued by further
+    keyed blocks where needed, are an exact uniform U (``noise.uniform_below``). The
+    decision is made on probabilities, never on a drawn noise value: with the gap
+    g = |T − weight|, an item below the threshold is released iff Z > 0 and
+    U < 2·P(Z > g) (rounded down), one above it is dropped iff Z < 0 and
+    U < 2·P(Z > g) (rounded up). That is the release probability P(weight + Z > T)
+    of the exact distribution, with no smallest probability and no largest draw
+    (``noise_tail``). The same item gets the same decision on a retry, distinct
+    items independent ones, and no item's decision depends on any other item.
+    ``decide`` rules on many items at once (vectorised), ``rule(item, weight)`` on
+    one, with the same result; ``noise(items)`` gives the noise values these
+    decisions correspond to (for ranking), by inverse CDF of the same U.
 
     Args:
       noise: ``'laplace'`` (scale λ) or ``'gaussian'`` (standard deviation σ).
@@ -82,27 +144,39 @@ class NoisyThresholdRule(_KeyedRule):
         self.threshold = float(threshold)
         self.bits = ItemBits(run_key, purpose)
 
-    def decide_bits(self, bits: np.ndarray, weights) -> np.ndarray:
-        """The decisions on items whose keyed bits (``self.bits``) are ``bits``.
-
-        The same as ``weight + noise > threshold`` for every positive weight,
-        with the noise's inverse CDF skipped where its sign alone decides: the
-        noise is ``-m`` or ``+m`` with magnitude m >= 0 by the top bit of the
-        item's bits (``noise._sign_and_tail``), so a negative draw can never
-        lift a weight <= T above T, and a positive one always keeps a weight
-        > T. Both shortcuts are exact; everything else is the full computation.
-        """
+    def decide_bits(self, bits: np.ndarray, weights, more) -> np.ndarray:
+        """The decisions on items whose keyed bits (``self.bits``) are ``bits``,
+        ``more(indices, j)`` their further blocks (see the class docstring)."""
         weights = np.asarray(weights, dtype=np.float64)
+        bits = np.asarray(bits, dtype=np.uint64)
         positive = weights > 0  # False for NaN
         negative = (bits >> np.uint64(63)).astype(bool)
         low = weights <= self.threshold
-        out = positive & ~low & ~negative
-        undecided = np.flatnonzero(positive & (low != negative))
-        if undecided.size:
-            draw = (gaussian_from_bits_many if self.noise == "gaussian"
-                    else laplace_from_bits_many)(bits[undecided], self.scale)
-            out[undecided] = weights[undecided] + draw > self.threshold
+        out = positive & ~low & ~negative  # above T with Z > 0: always released
+        # below T (or at it) with Z > 0: released iff U < 2·P(Z > T − w), rounded down
+        rise = np.flatnonzero(positive & low & ~negative)
+        if rise.size:
+            q = noise_tail(self.noise, self.scale, self.threshold - weights[rise])
+            out[rise] = uniform_below(bits[rise], 63, q, lambda i, j: more(rise[i], j))
+        # above T with Z < 0: dropped iff U < 2·P(Z > w − T), rounded up
+        fall = np.flatnonzero(positive & ~low & negative)
+        if fall.size:
+            q = noise_tail(self.noise, self.scale, weights[fall] - self.threshold, upward=True)
+            out[fall] = ~uniform_below(bits[fall], 63, q, lambda i, j: more(fall[i], j))
         return out
+
+    def noise_values(self, items: Sequence[Any]) -> np.ndarray:
+        """The noise of each item, by inverse CDF of the uniform the decisions use:
+        ``weight + noise > T`` agrees with the decision but for the float rounding
+        of both within a few units in the last place of the boundary (for ranking
+        released items by noisy weight; never used to decide)."""
+        items = list(items)
+
+        def more(indices, j):
+            return self.bits.block(j).many([items[i] for i in indices.tolist()])
+
+        sampler = gaussian_many if self.noise == "gaussian" else laplace_many
+        return sampler(self.bits.many(items), more, self.scale)
 
 
 class TruncatedGeometricRule(_KeyedRule):
@@ -125,8 +199,8 @@ class TruncatedGeometricRule(_KeyedRule):
             return 0.0
         table = self._table
         if table is None or n >= len(table):
-            if table is not None and table[-1] >= 1.0:
-                return 1.0
+            if table is not None and len(table) > 1 and table[-1] == table[-2]:
+                return float(table[-1])  # the sequence stopped changing
             size = max(1024, 2 * n if table is None else max(2 * n, 2 * len(table)))
             table = calibration.truncated_geometric_keep_probabilities(*self._params, size)
             self._table = table
@@ -139,9 +213,10 @@ class TruncatedGeometricRule(_KeyedRule):
         state["_table"] = None
         return state
 
-    def decide_bits(self, bits: np.ndarray, weights) -> np.ndarray:
-        """Keep item ``i`` iff its count ``n = round(weights[i])`` is >= 1 and the
-        uniform draw of its keyed bits (``noise.uniform_from_bits``) is below p(n)."""
+    def decide_bits(self, bits: np.ndarray, weights, more) -> np.ndarray:
+        """Keep item ``i`` iff its count ``n = round(weights[i])`` is >= 1 and the exact
+        uniform of its keyed bits (all 64, then ``more``'s blocks) is below p(n):
+        a Bernoulli trial of probability p(n) itself (``noise.uniform_below``)."""
         n = np.rint(np.asarray(weights, dtype=np.float64))
         n = np.where(np.isfinite(n), n, 0.0)
         out = np.zeros(len(n), dtype=bool)
@@ -150,5 +225,6 @@ class TruncatedGeometricRule(_KeyedRule):
             self.probability(int(n[counted].max()))  # the table reaches the largest count
             table = self._table
             p = table[np.minimum(n[counted], len(table) - 1).astype(np.int64)]
-            out[counted] = uniform_from_bits_many(bits[counted]) < p
+            out[counted] = uniform_below(np.asarray(bits, np.uint64)[counted], 64, p,
+                                         lambda i, j: more(counted[i], j))
         return out

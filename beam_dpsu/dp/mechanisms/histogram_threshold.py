@@ -140,6 +140,7 @@ class TruncatedGeometric(HistogramMechanism):
     def __init__(self, epsilon: float, delta: float, max_items: int = DEFAULT_MAX_ITEMS):
         epsilon, delta = cal.check_epsilon(epsilon), cal.check_delta(delta)
         max_items = cal.check_max_items(max_items)
+        cal.truncated_geometric_parameters(epsilon, delta, max_items)  # δ' resolvable
         self.epsilon, self.delta = epsilon, delta
         super().__init__(
             "truncated-geometric",

@@ -42,7 +42,7 @@ from beam_dpsu.dp.contribution import ItemCounts, canonical_items
 from beam_dpsu.dp.mechanisms import units
 from beam_dpsu.dp.mechanisms.base import Mechanism
 from beam_dpsu.dp.mechanisms.histogram_threshold import WeightedGaussian
-from beam_dpsu.dp.noise import RunKey, encode_value, keyed_generator
+from beam_dpsu.dp.noise import RunKey, encode_value, keyed_gumbel_many
 from beam_dpsu.dp.params import DEFAULT_DISCOVERY_SHARE, DEFAULT_MAX_ITEMS
 
 __all__ = ["split_budget", "check_share", "peeling_epsilon0", "item_users", "peel_top_k",
@@ -153,9 +153,8 @@ def peel_top_k(counts: Mapping[Hashable, int], k: int, scale: float, run_key: Ru
     items = _domain_order(counts)
     if not items:
         return []
-    rng = keyed_generator(run_key.subkey(purpose), b"gumbel")
     noisy = np.fromiter((counts[x] for x in items), dtype=float, count=len(items))
-    noisy = noisy + rng.gumbel(0.0, scale, size=len(items))
+    noisy = noisy + keyed_gumbel_many(run_key.subkey(purpose), b"gumbel", len(items), scale)
     ties = _tie_order(items)
     best = heapq.nlargest(min(k, len(items)), range(len(items)),
                           key=lambda i: (noisy[i], ties[i]))
@@ -218,7 +217,7 @@ def peeling_rounds(user_sets: Iterable[Iterable[Hashable]], domain: Iterable[Has
     ties = _tie_order(items).astype(float)
     key = run_key.subkey(purpose)
     for j in range(min(k, m)):
-        noise = keyed_generator(key, b"round %d" % j).gumbel(0.0, scale, size=m)
+        noise = keyed_gumbel_many(key, b"round %d" % j, m, scale)
         noisy = scores + noise
         best = np.flatnonzero(noisy == noisy.max())
         pick = int(best[np.argmax(ties[best])])

@@ -78,8 +78,10 @@ class Sips(Mechanism):
         self.ratio = ratio
         self.removal = removal
         # Each round is the zCDP Weighted Gaussian of its share (docs/mechanisms.md section 5).
+        budgets = round_budgets(rho, delta, rounds, ratio)
+        cal.check_resolvable_delta(delta, max_items, share=min(d for _, d in budgets) / delta)
         self.rounds = [WeightedGaussianZcdp(rho_i, delta_i, max_items).calibration
-                       for rho_i, delta_i in round_budgets(rho, delta, rounds, ratio)]
+                       for rho_i, delta_i in budgets]
         self.guarantee = zcdp_guarantee(rho, delta)
         self.rho, self.delta = rho, delta
 
@@ -97,6 +99,9 @@ class Sips(Mechanism):
             ``'side-input'``); no effect on the guarantee, which the rounds split.
         """
         epsilon, delta = cal.check_epsilon(epsilon), cal.check_delta(delta)
+        shares = round_budgets(1.0, delta / 2.0, rounds, ratio)
+        cal.check_resolvable_delta(delta, cal.check_max_items(max_items),
+                                   share=min(d for _, d in shares) / delta)
         rho = dp_to_zcdp_rho(epsilon, delta, delta / 2.0)
         sips = cls(rho, delta / 2.0, max_items, rounds, ratio, removal)
         # The same δ-approximate ρ-zCDP, stated as the (ε, δ) it was calibrated to (its

@@ -1,0 +1,327 @@
+"""Every sampler's resolution against the δ it serves, in exact arithmetic with no slack.
+
+The release rules decide with ``noise.uniform_below`` (a Bernoulli trial whose success
+probability is exactly the double it is given) on probabilities from ``noise_tail``
+(rounded down where a release is rare, up where a drop is) and on the truncated
+geometric's table (rounded step by step). So the probability that one added user's new
+item is released is a known dyadic rational, and these tests compare it with the
+per-item δ of each mechanism's proof, computed with mpmath at 80 digits, over a grid of
+(ε, δ, Δ0) that reaches the smallest δ the constructors accept.
+"""
+import math
+from fractions import Fraction
+
+import mpmath
+import numpy as np
+import pytest
+
+from beam_dpsu.dp import calibration as cal
+from beam_dpsu.dp import noise
+from beam_dpsu.dp.mechanisms.histogram_threshold import (CountGaussian, CountLaplace,
+                                                         TruncatedGeometric, WeightedGaussian,
+                                                         WeightedGaussianZcdp, WeightedLaplace)
+from beam_dpsu.dp.mechanisms.policy import GW, PolicyGaussian, PolicyLaplace
+from beam_dpsu.dp.mechanisms.sips import Sips
+from beam_dpsu.dp.params import MIN_PER_ITEM_DELTA
+from beam_dpsu.dp.release_rules import TAIL_MARGIN, TruncatedGeometricRule, noise_tail
+from beam_dpsu.dp.noise import RunKey
+
+DPS = 80
+
+
+def mp(x) -> mpmath.mpf:
+    """A double (or Fraction) as an exact mpmath number."""
+    if isinstance(x, Fraction):
+        return mpmath.mpf(x.numerator) / x.denominator
+    return mpmath.mpf(float(x))
+
+
+def exact_per_item_delta(delta, t) -> mpmath.mpf:
+    """1 − (1 − δ)^(1/t), exact to 80 digits for the double δ."""
+    return -mpmath.expm1(mpmath.log1p(-mp(delta)) / t)
+
+
+# ---- the exact Bernoulli trial ---------------------------------------------------
+
+def _u_below(head, width, blocks, q) -> bool:
+    # U with its first width bits, then 19 blocks: q is a multiple of 2^-1074 and U is
+    # known to 2^-(width + 64·19) < 2^-1074, so U < q iff this prefix is below q
+    u = Fraction(head & ((1 << width) - 1), 1 << width)
+    for j, b in enumerate(blocks, 1):
+        u += Fraction(int(b), 1 << (width + 64 * j))
+    return u < Fraction(q)
+
+
+def _expansion_blocks(q, width, count):
+    """The blocks of q's binary expansion after its first ``width`` bits."""
+    rest = Fraction(q) * (1 << width)
+    rest -= rest.numerator // rest.denominator
+    out = []
+    for _ in range(count):
+        rest *= 1 << 64
+        b = rest.numerator // rest.denominator
+        out.append(b)
+        rest -= b
+    return out
+
+
+@pytest.mark.parametrize("width", [63, 64])
+def test_uniform_below_is_exactly_u_below_q(width):
+    rng = np.random.default_rng(3)
+    qs = [5e-324, 3 * 5e-324, 2.0 ** -1022, 1e-300, 2.0 ** -64, 2.0 ** -63,
+          math.nextafter(2.0 ** -63, 1.0), 1e-20, 0.3, 0.5, 1 - 2.0 ** -53, 0.1 + 2 ** -60]
+    qs += list(10.0 ** -rng.uniform(0, 323, 60))
+    heads, blocks, qvals = [], [], []
+    for q in qs:
+        bound = int(Fraction(q) * (1 << width))
+        exp = _expansion_blocks(q, width, noise.MAX_BLOCKS + 1)
+        candidates = [(bound, exp), (bound, [b ^ 1 for b in exp])]      # deep ties
+        for j in range(3):                                            # a tie up to block j
+            tail = list(exp[:j]) + [int(rng.integers(0, 2 ** 64, dtype=np.uint64))] * 20
+            candidates.append((bound, tail[:noise.MAX_BLOCKS + 1]))
+        candidates += [(max(bound - 1, 0), exp), (bound + 1, exp),
+                       (int(rng.integers(0, 2 ** 63)), exp)]
+        for head, bl in candidates:
+            heads.append(head % (1 << 64))
+            blocks.append(bl)
+            qvals.append(q)
+    blocks = np.array(blocks, dtype=np.uint64)
+
+    def more(indices, j):
+        return blocks[indices, j - 1]
+
+    got = noise.uniform_below(np.array(heads, np.uint64), width, np.array(qvals), more)
+    want = [_u_below(h, width, b.tolist(), q) for h, b, q in zip(heads, blocks, qvals)]
+    assert got.tolist() == want
+    assert any(want) and not all(want)
+
+
+def test_uniform_below_edges():
+    more = lambda indices, j: np.zeros(len(indices), np.uint64)  # noqa: E731
+    heads = np.array([0, 0, 0, 2 ** 64 - 1], np.uint64)
+    got = noise.uniform_below(heads, 64, np.array([0.0, -1.0, float("nan"), 1.0]), more)
+    assert got.tolist() == [False, False, False, True]   # q ≤ 0 or NaN never, q ≥ 1 always
+
+
+# ---- the tails the release rules decide on ----------------------------------------
+
+def _exact_tail(kind, scale, gap):
+    if kind == "laplace":
+        return mpmath.exp(-mp(gap) / mp(scale))
+    return mpmath.erfc(mp(gap) / (mp(scale) * mpmath.sqrt(2)))
+
+
+@pytest.mark.parametrize("kind,scale,top", [("laplace", 1.0, 746.0), ("laplace", 0.37, 280.0),
+                                            ("gaussian", 1.0, 38.6), ("gaussian", 2.9, 112.0)])
+def test_noise_tail_is_rounded_the_safe_way_everywhere(kind, scale, top):
+    rng = np.random.default_rng(11)
+    gaps = np.concatenate([[0.0, 1e-300, 1e-12], rng.uniform(0, top, 3000),
+                           np.linspace(top * 0.9, top, 200)])
+    down = noise_tail(kind, scale, gaps)
+    up = noise_tail(kind, scale, gaps, upward=True)
+    with mpmath.workdps(DPS):
+        for g, d, u in zip(gaps.tolist(), down.tolist(), up.tolist()):
+            exact = min(_exact_tail(kind, scale, g), mpmath.mpf(1))
+            assert mp(d) <= exact <= mp(u), (g, d, u)
+            if exact > mpmath.mpf(2) ** -1000:     # and close: the margin, not more
+                assert mp(d) >= exact * (1 - 2 * TAIL_MARGIN), g
+                assert mp(u) <= exact * (1 + 2 * TAIL_MARGIN), g
+    assert down[-1] >= 0.0 and up[0] == 1.0
+
+
+# ---- one added user's new items, per mechanism -------------------------------------
+
+GRID = [(eps, delta, dmax) for eps in (1e-2, 1.0, 10.0)
+        for delta in (1e-298, 1e-30, 1e-12, 1e-6, 0.3) for dmax in (1, 100, 10 ** 6)]
+
+
+def _threshold_mechanisms(eps, delta, dmax):
+    """(mechanism, δ share of its new items, zcdp) for each threshold mechanism."""
+    out = [(CountLaplace(eps, delta, dmax), delta), (WeightedLaplace(eps, delta, dmax), delta),
+           (CountGaussian(eps, delta, dmax), delta / 2),
+           (WeightedGaussian(eps, delta, dmax), delta / 2),
+           (PolicyLaplace(eps, delta, dmax), delta), (PolicyGaussian(eps, delta, dmax), delta / 2),
+           (WeightedGaussianZcdp(eps / 10, delta, dmax), delta)]
+    sips = Sips.from_dp(eps, delta, dmax)
+    out += [(sips, r.delta) for r in sips.rounds]
+    return out
+
+
+def _ts(dmax):
+    ts = set(range(1, min(dmax, 60) + 1)) | {dmax}
+    ts |= {int(round(x)) for x in np.geomspace(1, dmax, 40)}
+    return sorted(ts)
+
+
+def _new_item_weight(weighting, t):
+    return {"count": 1.0, "l1": 1.0 / t, "l2": 1.0 / math.sqrt(t)}[weighting]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("eps,delta,dmax", GRID)
+def test_new_items_of_an_added_user_never_exceed_the_stated_delta(eps, delta, dmax):
+    # The release probability of an item only the added user holds, through the
+    # production rule: the noise's sign is positive (½) and U < noise_tail(T − w)
+    # (exactly that double); the proof needs it ≤ δ_t = 1 − (1 − share)^(1/t) for the
+    # t items the user spreads over (so that 1 − (1 − p)^t ≤ share), in exact arithmetic.
+    with mpmath.workdps(DPS):
+        for mechanism, share in _threshold_mechanisms(eps, delta, dmax):
+            rounds = mechanism.rounds
+            for i, r in enumerate(rounds):
+                ts = [dmax] if r.weighting == "count" else _ts(dmax)
+                weights = np.array([_new_item_weight(r.weighting, t) for t in ts])
+                q = noise_tail(r.noise, r.noise_scale, r.threshold - weights)
+                for t, qt in zip(ts, q.tolist()):
+                    p = mp(Fraction(qt) / 2)
+                    assert p <= exact_per_item_delta(share if len(rounds) == 1 else r.delta, t), (
+                        mechanism.name, i, t)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("eps,delta,dmax", [(e, d, m) for e, d, m in GRID if d < 0.5 and m <= 100])
+def test_cascade_free_gw_new_items_never_exceed_the_stated_delta(eps, delta, dmax):
+    # The worst case of docs/gw.md: one new item of weight 1 and Δ0 − 1 of weight → 0.
+    gw = GW(eps, delta, max_items=dmax)
+    r = gw.rounds[0]
+    q_one, q_zero = noise_tail("laplace", r.noise_scale, [r.threshold - 1.0, r.threshold])
+    with mpmath.workdps(DPS):
+        escape = (1 - mp(Fraction(q_one) / 2)) * (1 - mp(Fraction(q_zero) / 2)) ** (dmax - 1)
+        assert 1 - escape <= mp(delta)
+
+
+# ---- the review's examples ---------------------------------------------------------
+
+def test_weighted_laplace_at_delta_1e_30_has_no_floor():
+    # T = 69.38: an item of 25 users was never released (below the old sampler's reach),
+    # one of 26 users with probability 5.4e-20. Now both have their Laplace tail.
+    m = WeightedLaplace(1.0, 1e-30, 1)
+    r = m.rounds[0]
+    p25, p26 = (noise_tail("laplace", r.noise_scale, [r.threshold - h]) / 2 for h in (25, 26))
+    assert p25[0] > 0 and p26[0] / p25[0] == pytest.approx(math.e, rel=1e-9)
+    with mpmath.workdps(DPS):
+        assert mp(p25[0]) <= mpmath.exp(-(mp(r.threshold) - 25)) / 2
+
+
+def _truncated_geometric_per_item_delta(eps, delta, dmax, table):
+    """The exact per-item δ of the production keep table at ε' = ε/Δ0: the largest
+    excess of P(keep) or P(drop) with one more (or one fewer) user over e^ε' times it."""
+    grow = mpmath.exp(mp(eps) / dmax)
+    p = [mp(x) for x in table]
+    worst = p[1]   # n = 0 → 1: P(keep) goes from 0 to p(1)
+    for a, b in zip(p[:-1], p[1:]):
+        worst = max(worst, b - grow * a, a - grow * b,
+                    (1 - a) - grow * (1 - b), (1 - b) - grow * (1 - a))
+    return worst
+
+
+@pytest.mark.parametrize("eps,delta,dmax,size", [
+    (1.0, 1e-12, 10 ** 6, 3000),       # the review's example: 222 times δ before
+    (1.0, 1e-10, 10 ** 6, 3000),       # 2.2 times δ before
+    (1.0, 1e-14, 100, 6000),           # 2.2 times δ before; reaches p = 1
+    (1.0, 1e-6, 4, 400), (0.1, 1e-30, 1, 2000), (5.0, 1e-300, 10, 3000),
+    (1e-3, 0.3, 1, 50), (3.0, 1e-20, 1, 40)])
+def test_truncated_geometric_actual_delta_is_at_most_the_stated(eps, delta, dmax, size):
+    table = cal.truncated_geometric_keep_probabilities(eps, delta, dmax, size)
+    rule = TruncatedGeometricRule(eps, delta, dmax, RunKey.from_test_seed(0))
+    rule.probability(size - 1)
+    assert np.array_equal(rule._table[:size + 1], table[:len(rule._table)][:size + 1])
+    with mpmath.workdps(DPS):
+        per_item = _truncated_geometric_per_item_delta(eps, delta, dmax, table)
+        assert per_item <= exact_per_item_delta(delta, dmax)
+        # Δ0 independent decisions: 1 − (1 − δ')^Δ0 ≤ δ
+        assert 1 - (1 - max(per_item, 0)) ** dmax <= mp(delta)
+    assert table[1] > 0                                   # no probability rounded to 0
+
+
+def test_truncated_geometric_stops_short_of_one_where_delta_is_below_resolution():
+    # δ' = 1e-20 is below the doubles' step near 1 (1.1e-16): the keep probability
+    # rises to just below 1 and stays there; p = 1 would need 1 − p(n−1) ≤ δ'.
+    table = cal.truncated_geometric_keep_probabilities(3.0, 1e-20, 1, 200)
+    assert table[-1] < 1.0 and table[-1] > 1 - 1e-15
+    assert table[-1] == table[-2]
+    loose = cal.truncated_geometric_keep_probabilities(3.0, 1e-3, 1, 200)
+    k = int(np.argmax(loose >= 1.0))
+    assert k > 0 and Fraction(1) - Fraction(loose[k - 1]) <= Fraction(
+        cal.truncated_geometric_parameters(3.0, 1e-3, 1)[1])
+
+
+def test_truncated_geometric_parameters_are_rounded_down():
+    for eps, delta, dmax in [(1.0, 1e-6, 3), (0.7, 1e-12, 10 ** 6), (2.0, 0.3, 7)]:
+        e1, d1 = cal.truncated_geometric_parameters(eps, delta, dmax)
+        assert Fraction(e1) * dmax <= Fraction(eps)
+        with mpmath.workdps(DPS):
+            assert mp(d1) <= exact_per_item_delta(delta, dmax)
+
+
+# ---- refusals at the resolution's end ----------------------------------------------
+
+@pytest.mark.parametrize("build,accepted", [
+    (lambda d: CountLaplace(1.0, d, 10 ** 6), 1e-300),
+    (lambda d: WeightedGaussian(1.0, d, 10 ** 6), 1e-300),
+    (lambda d: TruncatedGeometric(1.0, d, 10 ** 6), 1e-300),
+    (lambda d: GW(1.0, d, max_items=10 ** 6), 1e-300),
+    (lambda d: WeightedGaussianZcdp(0.1, d, 10 ** 6), 1e-300),
+    (lambda d: Sips.from_dp(1.0, d, 10 ** 6), 1e-298)])
+def test_a_delta_below_the_resolution_is_refused_with_the_smallest_supported(build, accepted):
+    with pytest.raises(ValueError, match=r"the smallest delta supported here is (\S+)") as err:
+        build(1e-303)
+    smallest = float(err.value.args[0].rsplit(" ", 1)[1])
+    assert 1e-303 < smallest <= accepted
+    build(accepted)
+    build(smallest)                                     # the number named is accepted
+    with pytest.raises(ValueError, match="too small"):
+        build(smallest / 1.02)                        # 3 digits rounded up: within 1%
+    assert cal.per_item_delta(1e-300 / 2, 10 ** 6) >= MIN_PER_ITEM_DELTA
+
+
+# ---- the Gumbel samplers' tails -----------------------------------------------------
+
+def test_gumbel_upper_tail_is_the_exact_one_far_beyond_64_bits():
+    # P(G > x) for the production sampler: G > x iff 1 − U < v*, v* found on the doubles;
+    # 1 − U is full precision (half_uniform), so P = v* within 2^-52 relative.
+    def g_of_v(v):
+        return -math.log(-math.log1p(-v))
+    with mpmath.workdps(DPS):
+        for x in (5.0, 40.0, 50.0, 200.0, 700.0):
+            lo, hi = 5e-324, 0.5           # g_of_v decreasing... find v* = sup{v: G > x}
+            for _ in range(2000):
+                mid = (lo + hi) / 2
+                if mid in (lo, hi):
+                    break
+                if g_of_v(mid) < x:        # G(v) grows as v shrinks
+                    hi = mid
+                else:
+                    lo = mid
+            exact = -mpmath.expm1(-mpmath.exp(-mp(x)))
+            assert abs(mp(lo) / exact - 1) < 1e-12, x
+    # the old 52-bit sampler stopped at 36.7 scales
+    assert noise.gumbel_from_stream((1 << 63) | (2 ** 63 - 1), lambda j: 2 ** 64 - 1, 1.0) > 700
+
+
+def _gumbel_tail_bound(scale, x):
+    """An upper bound on P(G > x) for the production Gumbel(0, scale) (the upper branch of
+    ``noise.gumbel_from_stream``, evaluated in floats as it is): G > x iff 1 − U < v*
+    for the v* found on the doubles, and 1 − U is a full-precision uniform rounded to
+    nearest (``half_uniform``), so the probability is at most v*·(1 + 2^-52)."""
+    def above(v):
+        return -scale * math.log(-math.log1p(-v)) > x
+    lo, hi = 5e-324, 0.5
+    if not above(lo):
+        return 0.0
+    while True:
+        mid = math.sqrt(lo) * math.sqrt(hi) if hi / lo > 4 else (lo + hi) / 2
+        if mid in (lo, hi):
+            return hi
+        lo, hi = (mid, hi) if above(mid) else (lo, mid)
+
+
+@pytest.mark.parametrize("eps", [0.1, 1.0, 10.0])
+@pytest.mark.parametrize("delta", [1e-298, 1e-30, 1e-12, 1e-6, 0.3])
+@pytest.mark.parametrize("m", [1, 20, 1000])
+def test_gumbel_offset_tail_is_at_most_delta_over_m(eps, delta, m):
+    # top-k's Algorithm 2: a candidate's Gumbel(1/ε) must pass offset − 1 = log(m/δ)/ε
+    # with probability at most δ/m; the offset is rounded up, the production tail checked
+    offset = cal.gumbel_threshold_offset(eps, delta, m)
+    bound = _gumbel_tail_bound(1.0 / eps, offset - 1.0)
+    with mpmath.workdps(DPS):
+        assert mp(bound) * (1 + mpmath.mpf(2) ** -52) <= mp(delta) / m
