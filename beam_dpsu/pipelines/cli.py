@@ -177,8 +177,21 @@ def _run_body(prog: str, body: Callable[[], int]) -> int:
             write_line(f"{prog}: error: {e}")
             return status
         logging.debug("%s failed", prog, exc_info=True)
-        write_line(f"{prog}: failed: {last_line(e)}")
+        write_line(f"{prog}: failed: {_rpc_failure(e) or last_line(e)}")
         return 1
+
+
+def _rpc_failure(e: BaseException) -> Optional[str]:
+    """A gRPC error (a portable runner's job service or engine gone) as one line; None
+    for any other exception (whose own last line is clearer than gRPC's repr)."""
+    code, details = getattr(e, "code", None), getattr(e, "details", None)
+    if not (callable(code) and callable(details)):
+        return None
+    try:
+        return (f"the runner's job service stopped answering ({getattr(code(), 'name', code())}"
+                f": {details()})")
+    except Exception:  # a look-alike that is not a gRPC error
+        return None
 
 
 #: subcommand → (module, one-line description); the modules are imported only
@@ -193,6 +206,8 @@ COMMANDS = {
                 "compare mechanisms on your data: tables and plots (NOT private)"),
     "generate": ("beam_dpsu.pipelines.generate", "write synthetic user<TAB>item data"),
     "audit": ("beam_dpsu.pipelines.audit", "empirical privacy audit: a lower bound on epsilon"),
+    "setup-engines": ("beam_dpsu.pipelines.setup_engines",
+                      "fetch or build Prism, Flink's or Spark's engine for --runner"),
 }
 
 #: checkout module names (``python -m pipelines.NAME``) → subcommand.

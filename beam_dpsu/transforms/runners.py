@@ -49,7 +49,9 @@ __all__ = ["DASK_RUNNER", "RUNNER_ALIASES", "Capabilities", "NO_ORDERED_LIST_RUN
            "is_direct", "runner_name_of", "pipeline_options", "wait_for", "resolve_runner_flag",
            "import_dask_options", "NO_BUNDLE_OUTPUT", "per_element_flush", "tag", "main_output",
            "split_envelopes", "WithList", "check_pipeline", "join_leaves",
-           "DASK_PARTITIONS_PER_THREAD", "read_partitions"]
+           "DASK_PARTITIONS_PER_THREAD", "read_partitions", "EngineNotSetUp",
+           "ENGINES_DIR_VARIABLE", "FLINK_VERSION", "engines_dir", "prism_binary",
+           "job_server_artifact", "job_server_jar", "find_engine"]
 
 
 DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
@@ -106,7 +108,7 @@ class Capabilities:
 #: Runners known not to implement OrderedListState (Beam 2.77): state='ordered_list'
 #: is refused there (on other runners without it in the table, 'auto' picks 'bag').
 NO_ORDERED_LIST_RUNNERS = ("FlinkRunner", "SparkRunner", "DataflowRunner",
-                           "TestDataflowRunner", "DaskRunner")
+                           "TestDataflowRunner", "DaskRunner", "PrismRunner")
 
 _DIRECT = dict(user_state=True, ordered_list_state=True, memory_shuffle=True)
 _TABLE = {
@@ -122,6 +124,9 @@ _TABLE = {
     "DataflowRunner": dict(ordered_list_state=False),
     "TestDataflowRunner": dict(ordered_list_state=False),
     "PortableRunner": dict(ordered_list_state=False),
+    # Observed on Prism 2.77 (tests/test_engines.py::test_what_prism_executes): every
+    # capability; OrderedListState runs with a string coder but not with the ordered
+    # transform's tuple coder ("unknown coder used for ordered list state").
     "PrismRunner": dict(ordered_list_state=False),
     # Verified on Beam 2.77 + dask/distributed 2026.8 (module docstring).
     "DaskRunner": dict(user_state=False, ordered_list_state=False, file_sinks=False,
@@ -297,12 +302,93 @@ def runner_name_of(options: PipelineOptions) -> str:
 
 def pipeline_options(beam_args: List[str]) -> PipelineOptions:
     """The ``PipelineOptions`` of a command line's Beam flags: short runner names
-    resolved (``resolve_runner_flag``), and the DirectRunner (or no ``--runner``)
-    run as ``LOCAL_RUNNER``. Every other flag is Beam's, unchanged."""
+    resolved (``resolve_runner_flag``), the DirectRunner (or no ``--runner``) run as
+    ``LOCAL_RUNNER``, and the engine the project set up found (``find_engine``).
+    Every other flag is Beam's, unchanged."""
     options = PipelineOptions(resolve_runner_flag(list(beam_args)))
     if is_direct(options):
         options.view_as(StandardOptions).runner = LOCAL_RUNNER
+    find_engine(options)
     return options
+
+
+# -- engines the project sets up (``beam-dpsu setup-engines``, docs/runners.md) --------
+
+class EngineNotSetUp(ValueError):
+    """A runner's engine (Prism's binary, a job server jar, Java) is missing: one line
+    naming the set-up command; exit status 2 on the command line."""
+
+    exit_status = 2
+
+
+#: The environment variable that moves the engines' folder (default
+#: ``~/.cache/beam_dpsu/engines``).
+ENGINES_DIR_VARIABLE = "BEAM_DPSU_ENGINES_DIR"
+#: The Flink version whose job server the library uses: Beam's default ``--flink_version``.
+FLINK_VERSION = "2.2"
+
+
+def engines_dir() -> str:
+    """The folder ``beam-dpsu setup-engines`` puts engines in (``$BEAM_DPSU_ENGINES_DIR``,
+    default ``~/.cache/beam_dpsu/engines``). Not Beam's own caches: a Prism binary there
+    would make every DirectRunner pipeline of the machine run on Prism instead."""
+    return os.path.expanduser(os.environ.get(ENGINES_DIR_VARIABLE) or "~/.cache/beam_dpsu/engines")
+
+
+def prism_binary() -> str:
+    """Where the set-up puts Prism, built for the installed Beam's version."""
+    return os.path.join(engines_dir(), f"prism-v{beam.__version__}")
+
+
+def job_server_artifact(engine: str, flink_version: str = FLINK_VERSION) -> str:
+    """The Maven coordinates of Beam's job server for ``engine`` ('flink' or 'spark')
+    at the installed Beam's version."""
+    name = (f"beam-runners-flink-{flink_version}-job-server" if engine == "flink"
+            else "beam-runners-spark-3-job-server")
+    return f"org.apache.beam:{name}:{beam.__version__}"
+
+
+def job_server_jar(engine: str, flink_version: str = FLINK_VERSION) -> str:
+    """Where the set-up puts the job server jar of ``engine``."""
+    _, name, version = job_server_artifact(engine, flink_version).split(":")
+    return os.path.join(engines_dir(), f"{name}-{version}.jar")
+
+
+def find_engine(options: PipelineOptions) -> None:
+    """Points a Prism, Flink or Spark run at the engine ``setup-engines`` fetched, or
+    raises ``EngineNotSetUp`` naming the set-up command (never a download at run time:
+    Beam would try GitHub or Maven Central from inside the run). Flags the user gave
+    (``--prism_location``, ``--flink_job_server_jar``, ``--spark_job_server_jar``) win."""
+    from apache_beam.options.pipeline_options import (FlinkRunnerOptions, PrismRunnerOptions,
+                                                      SparkRunnerOptions)
+    runner = runner_name_of(options)
+    if runner == "PrismRunner":
+        prism = options.view_as(PrismRunnerOptions)
+        if not prism.prism_location:
+            if not os.path.isfile(prism_binary()):
+                raise EngineNotSetUp(
+                    f"PrismRunner needs Prism {beam.__version__}, which is not set up: run "
+                    f"`beam-dpsu setup-engines prism` (builds it with Go), or pass "
+                    f"--prism_location=PATH")
+            prism.prism_location = prism_binary()
+        return
+    if runner not in ("FlinkRunner", "SparkRunner"):
+        return
+    engine = runner[:-len("Runner")].lower()
+    view = options.view_as(FlinkRunnerOptions if engine == "flink" else SparkRunnerOptions)
+    attribute = f"{engine}_job_server_jar"
+    if not getattr(view, attribute):
+        version = getattr(view, "flink_version", FLINK_VERSION)
+        jar = job_server_jar(engine, version)
+        if not os.path.isfile(jar):
+            raise EngineNotSetUp(
+                f"{runner} needs Beam's job server jar ({job_server_artifact(engine, version)}), "
+                f"which is not set up: run `beam-dpsu setup-engines {engine}` (Maven), or pass "
+                f"--{attribute}=PATH")
+        setattr(view, attribute, jar)
+    import shutil
+    if shutil.which("java") is None:
+        raise EngineNotSetUp(f"{runner} needs Java 17 on the PATH to start Beam's job server")
 
 
 def wait_for(pipeline: beam.Pipeline, result) -> None:
