@@ -171,7 +171,7 @@ def test_progress_and_error_lines_are_each_one_write(monkeypatch):
     monkeypatch.setattr(sys, "stderr", stream)
     cli.Progress("beam-dpsu select")("3 users read")
     from beam_dpsu.pipelines import runs
-    monkeypatch.setattr(runs, "_WORKER_PROGRESS", {"users": 0, "last": 0.0})
+    monkeypatch.setattr(runs, "_WORKER_PROGRESS", {"users": 0, "last": 0.0, "run": None})
     count = runs.UserProgress(("beam-dpsu select", 0.0, 0.0))  # a line per user
     assert list(count.process(("u1", {"a": 1}))) == [("u1", {"a": 1})]
     assert cli.run_main("beam-dpsu select", lambda: 1 // 0) == 1
@@ -179,7 +179,7 @@ def test_progress_and_error_lines_are_each_one_write(monkeypatch):
     assert len(writes) == 3 and stream.calls == [w for c in writes for w in (c, None)]
     assert all(w.endswith("\n") and w.count("\n") == 1 for w in writes), writes
     assert PROGRESS_LINE.match(writes[0]) and writes[0].endswith("] 3 users read\n")
-    assert writes[1].endswith("] 1 users read so far by this worker\n")
+    assert writes[1].endswith("] 1 users processed so far by this worker\n")
     assert writes[2].startswith("beam-dpsu select: failed: ")
 
 

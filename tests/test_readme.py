@@ -11,8 +11,11 @@ README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 HAS_PIPELINE_DP = importlib.util.find_spec("pipeline_dp") is not None
 
 
-def python_blocks():
-    return re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
+GUIDE = README.parent / "docs" / "guide.md"
+
+
+def python_blocks(path=README):
+    return re.findall(r"```python\n(.*?)```", path.read_text(encoding="utf-8"), re.S)
 
 
 def needs_pipeline_dp(block: str) -> bool:
@@ -31,16 +34,18 @@ def test_readme_examples_run_and_release_the_common_words(tmp_path, monkeypatch)
     # below 5e-8 + 2e-8 < 1e-7 for the whole test. The second block (SelectPartitions,
     # ε = 1, δ = 1e-9, Δ0 = 20: the first block's T and σ) releases a rare word with
     # probability 3.8e-11: 500 × 3.8e-11 < 2e-8 more. The examples write their files in
-    # a scratch directory.
+    # a scratch directory. Each block runs alone, in a namespace of its own.
     monkeypatch.chdir(tmp_path)
     blocks = python_blocks()
-    assert len(blocks) >= 3
+    assert len(blocks) >= 2
     run = [b for b in blocks if HAS_PIPELINE_DP or not needs_pipeline_dp(b)]
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        namespace = {}
         for block in run:
+            namespace = {}
             exec(compile(block, str(README), "exec"), namespace)
+            if needs_pipeline_dp(block):
+                pipeline_dp_namespace = namespace
     text = out.getvalue()
     printed = text.split()
     assert "the" in printed and "of" in printed
@@ -50,7 +55,8 @@ def test_readme_examples_run_and_release_the_common_words(tmp_path, monkeypatch)
         # The aggregation printed both selected keys; the stated total is the
         # sum of the shares the accountant handed out (basic composition).
         assert "('apples', MetricsTuple(" in text and "('pears', MetricsTuple(" in text
-        accountant, select = namespace["accountant"], namespace["select"]
+        accountant = pipeline_dp_namespace["accountant"]
+        select = pipeline_dp_namespace["select"]
         shares = [(s.eps * s.count, s.delta * s.count) for s in accountant.mechanism_specs]
         assert len(shares) == 3                      # selection, count, sum
         total = (sum(e for e, _ in shares), sum(d for _, d in shares))
@@ -67,14 +73,19 @@ def test_readme_pipeline_dp_block_is_skipped_only_without_pipeline_dp():
         pytest.skip("pipeline-dp is not installed: the README's PipelineDP block was not run")
 
 
-def test_readme_examples_print_nothing_from_beam_and_leave_no_temporary_files(tmp_path):
-    # Run as a user runs them: a fresh interpreter, a temporary directory of its own.
+@pytest.mark.parametrize("path,index", [(README, i) for i in range(len(python_blocks()))] +
+                         [(GUIDE, i) for i in range(len(python_blocks(GUIDE)))])
+def test_each_example_runs_alone_prints_nothing_from_beam_and_leaves_no_temporary_files(
+        tmp_path, path, index):
+    # Run as a user runs one: a fresh interpreter, a temporary directory of its own.
     import os
     import subprocess
     import sys
-    script = tmp_path / "examples.py"
-    script.write_text("\n".join(b for b in python_blocks()
-                                if HAS_PIPELINE_DP or not needs_pipeline_dp(b)))
+    block = python_blocks(path)[index]
+    if needs_pipeline_dp(block) and not HAS_PIPELINE_DP:
+        pytest.skip("pipeline-dp is not installed")
+    script = tmp_path / "example.py"
+    script.write_text(block)
     temp = tmp_path / "tmp"
     temp.mkdir()
     env = dict(os.environ, TMPDIR=str(temp))
@@ -83,3 +94,9 @@ def test_readme_examples_print_nothing_from_beam_and_leave_no_temporary_files(tm
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stderr == ""
     assert os.listdir(temp) == []
+    assert proc.stdout.strip()
+
+
+def test_readme_stays_short():
+    # the README is the page a newcomer reads first: what to do, then links
+    assert len(README.read_bytes()) <= 8704  # 8.5 KiB

@@ -70,7 +70,8 @@ def test_unicode_long_and_empty_items_round_trip(tmp_path):
     prefix = str(tmp_path / "out")
     rc = select_partitions.main(["--input", str(path), "--output", prefix, "--mechanism",
                                  "count-gaussian", "--epsilon", "2", "--delta", "1e-6",
-                                 "--max-items-per-user", "20", "--insecure-test-seed", "1"])
+                                 "--max-items-per-user", "20", "--insecure-test-seed", "1",
+                                 "--tabs-in-items"])   # "tab\tinside" is one item
     assert rc == 0
     assert sorted(read_items(prefix)) == sorted(odd)
 

@@ -31,7 +31,7 @@ from typing import Any, Callable, Dict, Iterator, Optional
 
 import numpy as np
 
-__all__ = ["WORK_BEFORE_COMPILING", "kernel", "interrupts_held"]
+__all__ = ["WORK_BEFORE_COMPILING", "kernel", "interrupts_held", "first_compilation_ahead"]
 
 #: Elements of work (per kernel, per process) after which the compiled kernel is used.
 WORK_BEFORE_COMPILING = 5_000_000
@@ -94,6 +94,25 @@ class _Held:
             out = self._function(*args)
         self._seen.add(key)
         return out
+
+
+def first_compilation_ahead(folders=None) -> bool:
+    """Whether numba is installed and has not yet cached the compiled kernels of this
+    installation (``dp/__pycache__/array_kernels.*.nbi``, or under ``NUMBA_CACHE_DIR``):
+    then the first input large enough to use them (``WORK_BEFORE_COMPILING``) waits about
+    40 s for numba to compile them, once. The command lines say so before reading.
+    ``folders``: where to look for numba's cache (default: the two above)."""
+    import importlib.util
+    import glob
+    import os
+    if importlib.util.find_spec("numba") is None:
+        return False
+    if folders is None:
+        folders = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "__pycache__")]
+        if os.environ.get("NUMBA_CACHE_DIR"):
+            folders.append(os.environ["NUMBA_CACHE_DIR"])
+    return not any(glob.glob(os.path.join(folder, "**", "array_kernels.*.nbi"), recursive=True)
+                   for folder in folders)
 
 
 def kernel(name: str, work: int) -> Optional[Callable]:

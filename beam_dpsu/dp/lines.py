@@ -20,7 +20,7 @@ import gzip
 import io
 import queue
 import threading
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from beam_dpsu.dp.contribution import DEFAULT_FLUSH_PAIRS, ItemCounts, pack_by, user_group
 
@@ -28,7 +28,8 @@ from beam_dpsu.dp.contribution import DEFAULT_FLUSH_PAIRS, ItemCounts, pack_by, 
 __all__ = ["gzip_reader", "open_local_binary", "BLOCK_BYTES", "UTF8_BOM",
            "iter_line_blocks", "iter_raw_blocks", "read_blocks", "block_buffers",
            "read_ahead", "parse_line", "group_line_counts", "read_user_items",
-           "iter_line_counts", "pack_user_groups", "with_positions"]
+           "iter_line_counts", "pack_user_groups", "with_positions", "SNIFF_BYTES",
+           "sniff_lines", "first_extra_column", "column_runs", "MIN_RUNS", "looks_swapped"]
 
 
 try:  # the ``fast`` extra: ISA-L's inflate (python-isal), the same bytes as zlib's
@@ -382,3 +383,69 @@ def with_positions(users: Dict[str, ItemCounts], file_index: int, chunk: int
     base = (file_index << 64) | (chunk << 32)
     return {user: (counts, {item: base | i for i, item in enumerate(counts)})
             for user, counts in users.items()}
+
+
+# --------------------------------------------------------------------------
+# The column checks the command lines make before reading (docs/guide.md, "Input").
+# --------------------------------------------------------------------------
+
+#: How much of the first input file the command lines read to check its columns.
+SNIFF_BYTES = 1 << 20
+
+
+def sniff_lines(path: str, size: int = SNIFF_BYTES) -> List[bytes]:
+    """The complete lines among the first ``size`` bytes of a local file (decompressed;
+    a byte-order mark at the start removed, carriage returns kept as the readers do)."""
+    with open_local_binary(path) as f:
+        data = f.read(size + 1)
+    if data.startswith(UTF8_BOM):
+        data = data[len(UTF8_BOM):]
+    lines = data.split(b"\n")
+    if len(data) > size:
+        lines = lines[:-1]  # the last one may be cut
+    return [ln[:-1] if ln.endswith(b"\r") else ln for ln in lines if ln]
+
+
+def first_extra_column(lines: Sequence[bytes]) -> Optional[int]:
+    """The index of the first line with more than two tab-separated fields, or None.
+    Such a line's item would be everything after the first tab, tabs included."""
+    for k, line in enumerate(lines):
+        if line.count(b"\t") > 1:
+            return k
+    return None
+
+
+def column_runs(lines: Sequence[bytes]) -> Tuple[float, float]:
+    """The mean run length of each column's values in line order: (users, items).
+    A user's lines usually come together (a run per user), an item's seldom."""
+    users, items = [], []
+    for line in lines:
+        user, tab, item = line.partition(b"\t")
+        if tab:
+            users.append(user)
+            items.append(item)
+    if not users:
+        return 1.0, 1.0
+
+    def runs(values):
+        changes = sum(1 for a, b in zip(values, values[1:]) if a != b)
+        return len(values) / (changes + 1)
+
+    return runs(users), runs(items)
+
+
+#: ``looks_swapped`` needs at least this many runs of the second column to judge.
+MIN_RUNS = 20
+
+
+def looks_swapped(lines: Sequence[bytes]) -> bool:
+    """Whether the columns look swapped: the second column comes in runs (at least
+    ``MIN_RUNS`` of them, 3 lines long on average and twice the first column's) as a
+    user's lines do, while the first changes from line to line. Measured on the five
+    datasets of the project and the generator's data: the user column's mean run is 5 to
+    165 lines and the item column's 1.0 to 1.02, so a file in user order is never taken
+    for a swapped one; a file in no order gives no signal and passes. A file sorted by
+    item looks the same as a swapped one: its owner says so with ``--trust-columns``."""
+    user_runs, item_runs = column_runs(lines)
+    runs = len(lines) / item_runs
+    return runs >= MIN_RUNS and item_runs >= 3.0 and item_runs >= 2.0 * user_runs

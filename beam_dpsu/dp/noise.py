@@ -159,7 +159,7 @@ class RunKey:
         if run_key is None:
             return cls.fresh()
         if not isinstance(run_key, RunKey):
-            raise ValueError(f"run_key must be a beam_dpsu.noise.RunKey or None, got {run_key!r}")
+            raise ValueError(f"run_key must be a beam_dpsu.dp.noise.RunKey or None, got {run_key!r}")
         return run_key
 
     @property
@@ -179,7 +179,7 @@ class RunKey:
                 raise DetachedKeyError(
                     "this RunKey was unpickled from a copy that carries no secret: a key's "
                     "bytes never leave the process that drew them. Inside a pipeline, read "
-                    "the key from beam_dpsu.keys.pipeline_key's side input instead.")
+                    "the key from beam_dpsu.transforms.run_key.pipeline_key's side input instead.")
             key = self._key = secrets.token_bytes(32)
         return key
 

@@ -154,7 +154,7 @@ register("sips", _sips, {"epsilon", "delta", "rho", "max_items", "rounds", "rati
          "DP-SIPS: I rounds of zCDP Weighted Gaussian on what is not yet released")
 
 
-# Sequential policy mechanisms (beam_dpsu.mechanisms.policy, docs/mechanisms.md section 4).
+# Sequential policy mechanisms (beam_dpsu.dp.mechanisms.policy, docs/mechanisms.md section 4).
 
 
 def _policy_builder(cls, name):

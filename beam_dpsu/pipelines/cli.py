@@ -39,8 +39,15 @@ __all__ = ["console", "UsageError", "last_line", "command_prog", "add_output_fla
 
 
 def console() -> None:
-    """The installed ``beam-dpsu`` command (setup.py): ``sys.exit(main())``."""
-    sys.exit(main())
+    """The installed ``beam-dpsu`` command (setup.py): ``sys.exit(main())``; a Ctrl-C
+    during start-up (while Beam is imported, before a command handles it) is one line
+    and exit status 130, as later."""
+    try:
+        status = main()
+    except KeyboardInterrupt:
+        write_line("beam-dpsu: interrupted")
+        status = 130
+    sys.exit(status)
 
 
 class UsageError(Exception):

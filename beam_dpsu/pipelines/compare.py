@@ -146,6 +146,7 @@ def label(name: str, own: Dict[str, Any]) -> str:
 def build_parser() -> flags.ArgumentParser:
     p = flags.ArgumentParser(PROG, __doc__.split("\n")[0])
     p.add_argument("--input", required=True, help="input file or glob of user<TAB>item lines")
+    flags.add_column_arguments(p)
     p.add_argument("--output", required=True,
                    help=f"directory for the results ({RESULTS_MD}, {RESULTS_JSON}) and plots "
                         f"(*.PRIVATE.png): exact statistics of the input, owner-only, never "
@@ -163,7 +164,10 @@ def build_parser() -> flags.ArgumentParser:
     p.add_argument("--epsilons", help="comma-separated ε values to sweep")
     params.add_arguments(p, SHARED)
     p.add_argument("--trials", type=int, default=5, help="runs per mechanism and ε (default 5)")
-    p.add_argument("--engine", choices=("core", "beam"), default="core")
+    p.add_argument("--engine", choices=("core", "beam"), default="core",
+                   help="core (default): run each mechanism's Beam-free core in this process; "
+                        "beam: run it as a Beam pipeline (with the runner flags given), "
+                        "slower, the same releases under --insecure-test-seed")
     flags.add_test_seed_argument(p)
     params.add_arguments(p, ["allow_unproven"])
     run_budget.add_arguments(p, shares=False)
@@ -542,6 +546,8 @@ def run(argv: Optional[Sequence[str]] = None, progress=None) -> Dict[str, Any]:
     argv = list(sys.argv[1:] if argv is None else argv)
     args, beam_args, specs, epsilons, built = parse_args(argv)
     outputs.check_locations(args.input)
+    outputs.check_columns(outputs.check_input(args.input), args.tabs_in_items,
+                          args.trust_columns)
     try:
         os.makedirs(args.output, exist_ok=True)
     except OSError as e:

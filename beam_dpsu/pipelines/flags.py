@@ -17,7 +17,7 @@ from beam_dpsu.pipelines import cli
 from beam_dpsu.pipelines.cli import UsageError
 from beam_dpsu.transforms import runners
 
-__all__ = ["ArgumentParser", "add_io_arguments", "add_test_seed_argument",
+__all__ = ["ArgumentParser", "add_io_arguments", "add_column_arguments", "add_test_seed_argument",
            "add_dead_letter_argument", "check_beam_args", "parse_known"]
 
 
@@ -54,7 +54,22 @@ def add_io_arguments(p: argparse.ArgumentParser) -> None:
                    help="delete the outputs of an earlier run under PREFIX (and the "
                         "--dead-letter file) before running; without it such outputs are "
                         "refused")
+    add_column_arguments(p)
     add_test_seed_argument(p)
+
+
+def add_column_arguments(p: argparse.ArgumentParser) -> None:
+    """--tabs-in-items and --trust-columns: what the column check of the input
+    (``outputs.check_columns``) may take for granted. No privacy effect of their own;
+    a wrong --trust-columns publishes what the first column holds."""
+    p.add_argument("--tabs-in-items", action="store_true",
+                   help="the item is everything after a line's first tab, tabs included "
+                        "(default: a line with a third tab-separated field in the first MiB "
+                        "is refused, exit 2: a count or date would be glued onto the item)")
+    p.add_argument("--trust-columns", action="store_true",
+                   help="the first column is the person: skip the check that refuses input "
+                        "whose columns look swapped (its second column in runs, as a user's "
+                        "lines are); the guarantee protects whatever the first column holds")
 
 
 def add_test_seed_argument(p: argparse.ArgumentParser) -> None:

@@ -46,6 +46,9 @@ def build_parser():
     flags.add_io_arguments(p)
     params.add_arguments(p, ["k", "epsilon", "delta", "max_items", "discovery_share"],
                          required=("k", "epsilon", "delta"), help={
+        "k": "the number of items to choose (integer >= 1): k peeling rounds, each the "
+             "item that hits the most users not hit yet (always k items when the discovered "
+             "domain has k). Privacy: none; the peeling's ε is split over the k rounds",
         "epsilon": "ε > 0 of the whole release's (ε, δ)-DP guarantee (discovery and "
                    "peeling). Privacy: the stated ε",
         "delta": "δ in (0, 1) of the whole release. Privacy: the stated δ",

@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import uuid
 import weakref
@@ -27,6 +28,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
+from beam_dpsu.dp import lines as lines_mod
 from beam_dpsu.pipelines.cli import UsageError, last_line as _last_line
 from beam_dpsu.transforms import runners, staging
 from beam_dpsu.transforms.textio import match_files
@@ -40,7 +42,7 @@ __all__ = ["SHARD", "ITEMS_SUFFIX", "TOPK_KIND", "SUB_RELEASE_KINDS", "PUBLIC_SU
            "read_counts", "check_input", "check_output", "prepare_output", "remove_empty",
            "earlier_outputs", "check_earlier_outputs", "run_files", "delete_files",
            "write_items", "count_output_lines", "write_public", "write_private",
-           "check_locations", "staging_directory"]
+           "check_locations", "staging_directory", "check_columns"]
 
 
 #: The one shard of a release file.
@@ -343,6 +345,46 @@ def check_input(input_pattern: str) -> List[str]:
         if not os.access(path, os.R_OK):
             raise UsageError(f"cannot read input file {path!r}: permission denied")
     return paths
+
+
+def check_columns(paths: Sequence[str], tabs_in_items: bool = False,
+                  trust_columns: bool = False) -> None:
+    """UsageError when the first MiB of the first local input file shows a column mistake:
+
+    * a line with more than two tab-separated fields (``user<TAB>item<TAB>1``), whose
+      item would be glued to the rest of the line (``item<TAB>1``), unless
+      ``tabs_in_items`` (``--tabs-in-items``) says the rest of the line is the item;
+    * columns that look swapped (``dp.lines.looks_swapped``: the second column comes in
+      runs as a user's lines do): the release would publish user ids and protect items,
+      not people; unless ``trust_columns`` (``--trust-columns``).
+
+    Remote files are not read here. Nothing else of the input is checked.
+    """
+    local = [p for p in paths if not _is_remote(p)]
+    if not local or (tabs_in_items and trust_columns):
+        return
+    path = local[0]
+    try:
+        lines = lines_mod.sniff_lines(path)
+    except (OSError, EOFError) as e:  # unreadable or corrupt: the read reports it
+        logging.debug("column check skipped for %s: %s", path, e)
+        return
+    if not tabs_in_items:
+        k = lines_mod.first_extra_column(lines)
+        if k is not None:
+            fields = lines[k].count(b"\t") + 1
+            raise UsageError(
+                f"line {k + 1} of {path} has {fields} tab-separated fields, so its item would "
+                f"be everything after the first tab; give user<TAB>item lines (e.g. cut -f1,2), "
+                f"or pass --tabs-in-items if the rest of the line is the item")
+    if not trust_columns and lines_mod.looks_swapped(lines):
+        user_runs, item_runs = lines_mod.column_runs(lines)
+        raise UsageError(
+            f"the columns of {path} look swapped: the first column must be the person (the "
+            f"user id), but there the second column comes in runs of {item_runs:.1f} lines "
+            f"as a user's lines do, the first in runs of {user_runs:.1f}; the release would "
+            f"publish user ids. Swap them (awk -F'\\t' '{{print $2\"\\t\"$1}}') or, if the first "
+            f"column is the person (a file sorted by item looks the same), pass --trust-columns")
 
 
 def check_output(prefix: str, flag: str = "--output") -> None:

@@ -48,6 +48,7 @@ from beam_dpsu.transforms import runners, staging
 from beam_dpsu.transforms.bounding import has_canonical_ids, mark_canonical_ids
 from beam_dpsu.pipelines import cli, outputs
 from beam_dpsu.pipelines.cli import run_main
+from beam_dpsu.dp import compiled
 from beam_dpsu.dp.accounting import readable_up
 from beam_dpsu.dp.noise import RunKey
 
@@ -91,9 +92,10 @@ def trial_key(seed: Optional[int], step: int) -> RunKey:
 #: ``run_release``, or None (no progress lines: quiet, or built by a library user).
 _RUN_PROGRESS: contextvars.ContextVar = contextvars.ContextVar("beam_dpsu_run_progress",
                                                                default=None)
-#: users counted by this worker process, when it last printed a line (or saw its
-#: first user: 0.0 before).
-_WORKER_PROGRESS = {"users": 0, "last": 0.0}
+#: users counted by this worker process in the run started at ``run`` (a worker that
+#: serves several runs, e.g. a Dask worker, counts each from 0), when it last printed a
+#: line (or saw its first user: 0.0 before).
+_WORKER_PROGRESS = {"users": 0, "last": 0.0, "run": None}
 _WORKER_LOCK = threading.Lock()
 
 
@@ -115,10 +117,11 @@ class UserProgress(beam.DoFn):
 
     A worker process prints its first line one interval (``progress_seconds()``)
     after its first user, then at most one line per interval, to its stderr:
-    ``PROG: [elapsed] N users read so far by this worker`` (on the DirectRunner
+    ``PROG: [elapsed] N users processed so far by this worker`` (on the DirectRunner
     that is the command's stderr; on other runners the worker logs). A short run
     prints none: the launcher's stage lines say what it did. With an interval of
-    0, every user prints a line.
+    0, every user prints a line. A task a runner executes again (Dask recomputes
+    some) counts its users again: the count is of work done, not of distinct users.
     """
 
     def __init__(self, progress=None):
@@ -133,6 +136,8 @@ class UserProgress(beam.DoFn):
         prog, start, every = self._progress
         now = time.time()
         with _WORKER_LOCK:
+            if _WORKER_PROGRESS["run"] != start:  # this worker's first user of this run
+                _WORKER_PROGRESS.update(users=0, last=0.0, run=start)
             _WORKER_PROGRESS["users"] += 1
             if not _WORKER_PROGRESS["last"]:
                 _WORKER_PROGRESS["last"] = now  # this worker's first user starts its interval
@@ -140,8 +145,8 @@ class UserProgress(beam.DoFn):
                 return
             _WORKER_PROGRESS["last"] = now
             users = _WORKER_PROGRESS["users"]
-        cli.write_line(f"{prog}: [{now - start:.1f} s] {users} users read so far by this "
-                       f"worker")  # one write: other workers print too
+        cli.write_line(f"{prog}: [{now - start:.1f} s] {users} users processed so far by "
+                       f"this worker")  # one write: other workers print too
 
 
 class CountUsers(beam.PTransform):
@@ -296,6 +301,7 @@ def run_release(args, beam_args: Sequence[str],
     quiet = getattr(args, "quiet", False)
     progress = cli.Progress(cli.command_prog(getattr(args, "_prog", "beam-dpsu")), quiet)
     paths = outputs.check_input(args.input)
+    outputs.check_columns(paths, args.tabs_in_items, args.trust_columns)
     outputs.check_output(args.output, "--output")
     if dead_letter:
         outputs.check_output(dead_letter, "--dead-letter")
@@ -326,6 +332,11 @@ def _size_text(size: int) -> str:
             else f"{size / 1e6:.1f} MB")
 
 
+#: Inputs from this size on may use the compiled kernels (``compiled.WORK_BEFORE_COMPILING``
+#: elements of work): the run says first when numba will compile them.
+_COMPILE_NOTE_BYTES = 32 << 20
+
+
 def _run_and_summarise(args, beam_args, build, public_fields, sub_releases, run_key, paths,
                        progress) -> Dict[str, Any]:
     """``run_release`` after the checks: the run, its counts, the summaries."""
@@ -336,7 +347,10 @@ def _run_and_summarise(args, beam_args, build, public_fields, sub_releases, run_
     progress(f"reading {len(paths)} file{'s' if len(paths) != 1 else ''}"
              + (f" ({_size_text(size)})" if len(local) == len(paths) else "")
              + f" on {runner_name(beam_args)}")
-    _WORKER_PROGRESS.update(users=0, last=0.0)  # this process's count starts anew
+    if size >= _COMPILE_NOTE_BYTES and compiled.first_compilation_ahead():
+        progress("numba compiles the fast kernels on this installation's first large input: "
+                 "about 40 s more, once")
+    _WORKER_PROGRESS.update(users=0, last=0.0, run=None)  # this process's count starts anew
     token = _RUN_PROGRESS.set(None if progress.quiet else
                               (progress.prog, progress.start, progress_seconds()))
 

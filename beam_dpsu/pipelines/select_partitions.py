@@ -78,6 +78,7 @@ from beam_dpsu.dp.noise import RunKey
 from beam_dpsu.dp.registry import REGISTRY, MechanismParams, make_mechanism
 from beam_dpsu.transforms.textio import ReadUserItems, match_sized, split_one_file
 from beam_dpsu.transforms.topk import TopK
+from beam_dpsu.transforms.write import ranked_lines
 from beam_dpsu.dp.mechanisms.topk import TopKMechanism
 from beam_dpsu.pipelines.cli import UsageError
 from beam_dpsu.pipelines import run_budget, top_k as top_k_pipeline, flags, outputs, runs
@@ -268,7 +269,7 @@ def build_pipeline(p: beam.Pipeline, input_pattern: str, output_prefix: str,
         if everyone is None:
             everyone = parts | "AllUsersForTopK" >> beam.Flatten()
         ranked = everyone | "TopK" >> TopK(top_k, run_key, per_user=True)
-        outputs.write_items(ranked, output_prefix, arrange=top_k_pipeline.ranked_text,
+        outputs.write_items(ranked, output_prefix, arrange=ranked_lines,
                            label="TopK", kind=outputs.TOPK_KIND)
 
 
@@ -299,14 +300,22 @@ def budget_fields(plan: Plan, fields: dict, output_prefix: str) -> dict:
     total = plan.budget.guarantee()
     for key in ("epsilon", "delta", "rho", "zcdp_delta", "guarantee"):
         fields["release_" + key] = fields.pop(key, None)
-    fields["epsilon"], fields["delta"] = total.epsilon, total.delta
+    fields["budget"] = plan.budget.describe()
+    given = (fields["budget"].get("budget_epsilon"), fields["budget"].get("budget_delta"))
+    if None not in given and total.epsilon <= given[0] and total.delta <= given[1]:
+        # the budget as given is the statement (it is never below what is spent); the
+        # spent total, lower by rounding or by pay-what-you-get, is stated beside it
+        fields["epsilon"], fields["delta"] = given
+        if (total.epsilon, total.delta) != given:
+            fields["spent_epsilon"], fields["spent_delta"] = total.epsilon, total.delta
+    else:
+        fields["epsilon"], fields["delta"] = total.epsilon, total.delta
     fields["guarantee"] = total.note
     fields["epsilon_meaning"] = (
         "the guarantee of everything this run released (the items file"
         + (" and the top-k file" if plan.top_k is not None else "")
         + "): basic composition of the parts under 'budget'; the key set's own is "
           "release_epsilon/release_delta")
-    fields["budget"] = plan.budget.describe()
     units = dict(fields.get("units") or {})
     for key in ("epsilon", "delta", "rho", "zcdp_delta"):
         if key in units:
@@ -315,6 +324,9 @@ def budget_fields(plan: Plan, fields: dict, output_prefix: str) -> dict:
         "epsilon": "ε of the (ε, δ)-DP guarantee of EVERYTHING this run released (the key "
                    "set and, when present, the top-k), per user: the budget's statement",
         "delta": "δ of that guarantee",
+        "spent_epsilon": "present when below epsilon: the exact composition of the parts, "
+                         "at most the budget (epsilon)",
+        "spent_delta": "present with spent_epsilon: the δ of that composition",
         "guarantee": "how the run's (ε, δ) composes its releases",
         "release_guarantee": "how the key set's own guarantee was obtained",
         "budget": "the run's budget: total, every release's share and stated guarantee",

@@ -74,11 +74,12 @@ from beam_dpsu.transforms.textio import ReadUserItems, match_sized, split_one_fi
 from beam_dpsu.transforms.peeling import DiscoverThenPeelTransform
 from beam_dpsu.transforms.topk import TopK
 from beam_dpsu.dp.mechanisms.peeling import DiscoverPeelTopK, DiscoverThenPeel
-from beam_dpsu.dp.mechanisms.topk import TopKMechanism, format_line
+from beam_dpsu.dp.mechanisms.topk import TopKMechanism
+from beam_dpsu.transforms.write import ranked_lines
 from beam_dpsu.pipelines.cli import UsageError
 from beam_dpsu.pipelines import run_budget, flags, outputs, runs
 
-__all__ = ["PROG", "build_parser", "parse_args", "discover_peel", "ranked_text", "build_pipeline", "public_fields",
+__all__ = ["PROG", "build_parser", "parse_args", "discover_peel", "build_pipeline", "public_fields",
            "run", "main"]
 
 
@@ -204,11 +205,6 @@ def discover_peel(cls, args, epsilon: float, delta: float) -> DiscoverThenPeel:
                else args.discovery_share)
 
 
-def ranked_text(rows) -> List[str]:
-    rows = sorted(rows, key=lambda r: r[0])
-    return ["\n".join(format_line(r) for r in rows)] if rows else []
-
-
 def build_pipeline(p: beam.Pipeline, input_pattern: str, output_prefix: str,
                    mechanism: TopKMechanism, run_key: RunKey,
                    dead_letter: Optional[str] = None) -> None:
@@ -226,7 +222,7 @@ def build_pipeline(p: beam.Pipeline, input_pattern: str, output_prefix: str,
             mechanism, run_key, per_user=True)
     else:
         ranked = counted | "TopK" >> TopK(mechanism, run_key, per_user=True)
-    outputs.write_items(ranked, output_prefix, arrange=ranked_text)
+    outputs.write_items(ranked, output_prefix, arrange=ranked_lines)
 
 
 def public_fields(mechanism: TopKMechanism, released: int) -> dict:

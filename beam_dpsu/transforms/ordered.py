@@ -649,7 +649,7 @@ class OrderedUserPolicy(beam.PTransform):
         policy = make_policy(UPDATE_ONLY_KEY) if callable(make_policy) else None
         if not isinstance(policy, policies.UserPolicy):
             raise ValueError("make_policy must be callable as make_policy(run_key) and return "
-                             f"a beam_dpsu.policies.UserPolicy, got {make_policy!r}")
+                             f"a beam_dpsu.dp.sequential.UserPolicy, got {make_policy!r}")
         if state not in STATES:
             raise ValueError(f"state must be one of {STATES}, got {state!r}")
         self._bucket_bits = check_bucket_bits(bucket_bits)

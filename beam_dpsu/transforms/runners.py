@@ -583,7 +583,7 @@ def check_pipeline(pipeline: beam.Pipeline) -> None:
         t = node.transform
         if not caps.file_sinks and any(isinstance(p, beam.io.iobase.Write) for p in parents):
             problems.append(f"{node.full_label}: a file sink (WriteToText/Write) writes an empty "
-                            f"file; use beam_dpsu.runners.WriteOneFile")
+                            f"file; use beam_dpsu.transforms.write.WriteRelease (or WriteOneFile)")
         elif not caps.read_primitive and isinstance(t, beam.io.iobase.Read):
             problems.append(f"{node.full_label}: the Read primitive is not executed; start "
                             f"from a Create of file names")

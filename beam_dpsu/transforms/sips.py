@@ -133,7 +133,7 @@ class SipsRounds(beam.PTransform):
                  label: Optional[str] = None):
         super().__init__(label)
         if not isinstance(sips, Sips):
-            raise ValueError(f"sips must be a calibrated beam_dpsu.sips.Sips, got {sips!r}")
+            raise ValueError(f"sips must be a calibrated beam_dpsu.dp.mechanisms.sips.Sips, got {sips!r}")
         self._sips = sips
         self._run_key = keys.for_pipeline(run_key)
 

@@ -20,7 +20,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from beam_dpsu.dp.contribution import canonical_items
 
-__all__ = ["WriteRelease", "WriteOneFile", "write_one_file", "sorted_text"]
+__all__ = ["WriteRelease", "WriteOneFile", "write_one_file", "sorted_text", "ranked_lines"]
 
 #: How the temporary file of ``write_one_file`` starts, before the final name's
 #: last part: ``beam-temp-NAME-<random hex>`` next to NAME, as the directories of
@@ -32,6 +32,15 @@ TEMP_PREFIX = "beam-temp-"
 def sorted_text(lines: Sequence[str]) -> List[str]:
     """All lines as one element, sorted: an order that depends on the set alone."""
     return ["\n".join(sorted(lines))] if lines else []
+
+
+def ranked_lines(rows: Sequence[tuple]) -> List[str]:
+    """Top-k rows ``(rank, item[, noisy_count])`` as one element, in rank order, each
+    ``rank<TAB>item[<TAB>noisy_count]``: the command line's format. Pass it as
+    ``WriteRelease(path, arrange=ranked_lines)`` after ``TopK``."""
+    from beam_dpsu.dp.mechanisms.topk import format_line
+    rows = sorted(rows, key=lambda r: r[0])
+    return ["\n".join(format_line(r) for r in rows)] if rows else []
 
 
 def _one_key(element):
@@ -145,8 +154,9 @@ class WriteRelease(beam.PTransform):
     Args:
       path: the file to write (any Beam filesystem; ``.gz`` compresses).
       arrange: all released elements → the file's lines, in an order that must
-        depend on the set alone; default: items sorted, one per line (the
-        command lines pass their own for top-k rows, in rank order).
+        depend on the set alone; default: items sorted, one per line. For the rows
+        of ``TopK``, pass ``ranked_lines`` (rank order, ``rank<TAB>item``, as the
+        command line writes them).
       label: the transform's label (default ``WriteRelease``).
 
     Privacy: the file holds the released set and nothing else; it is covered by

@@ -285,6 +285,8 @@ class TopKMechanism(Mechanism):
                f"there")
         if self.with_counts:
             return why + " (Algorithm 1 is charged the whole query whatever it releases)"
+        if n + 1 >= self.k:  # the failed selection was the k-th: all k were made
+            return why + f" (all {self.k} selections were made and are charged)"
         return why + (f" (pay what you get: only the {n + 1} selections made are charged, "
                       f"not {self.k}; the stated guarantee covers all {self.k})")
 
