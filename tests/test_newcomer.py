@@ -157,3 +157,20 @@ def test_the_first_compilation_is_announced_only_where_it_is_ahead(tmp_path):
     assert compiled.first_compilation_ahead([str(cache)])          # no cache index
     (cache / "array_kernels.is_sorted-1.py311.nbi").write_bytes(b"")
     assert not compiled.first_compilation_ahead([str(cache)])
+
+
+def test_compare_sweeps_max_items_as_the_readme_says(data, tmp_path):
+    # README, "Which mechanism": sweep Δ0 with compare's mechanism specs
+    import json
+    done = beam_dpsu("compare", "--input", data, "--output", str(tmp_path / "c"),
+                     "--mechanisms", "weighted-gaussian:max_items=50,"
+                                     "weighted-gaussian:max_items=300",
+                     "--epsilon", "1", "--delta", "1e-6", "--trials", "1", "--quiet")
+    assert done.returncode == 0, done.stderr
+    text = open(tmp_path / "c" / "results.PRIVATE.md", encoding="utf-8").read()
+    assert "weighted-gaussian max_items=50" in text and "weighted-gaussian max_items=300" in text
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md"),
+                  encoding="utf-8").read()
+    assert "weighted-gaussian:max_items=50,weighted-gaussian:max_items=300" in readme.replace(
+        "\n", "")
+    assert json.loads(done.stdout)["trials"] == 1

@@ -100,3 +100,34 @@ def test_each_example_runs_alone_prints_nothing_from_beam_and_leaves_no_temporar
 def test_readme_stays_short():
     # the README is the page a newcomer reads first: what to do, then links
     assert len(README.read_bytes()) <= 8704  # 8.5 KiB
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_readme_examples_run_in_a_fresh_venv_with_the_extras_it_names(tmp_path):
+    # A newcomer's steps: a new virtual environment, `pip install .` (and the extra the
+    # PipelineDP block names), then each example alone. Packages come from the
+    # machine's pip cache or PyPI, as the README's own commands get them.
+    import os
+    import subprocess
+    import sys
+    root = README.parent
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
+    blocks = python_blocks()
+    for extra in ("", "[pipelinedp]"):
+        done = subprocess.run(pip + [f"{root}{extra}"], capture_output=True, text=True,
+                              timeout=1200, cwd=str(tmp_path))
+        assert done.returncode == 0, done.stderr[-2000:]
+        for index, block in enumerate(blocks):
+            if needs_pipeline_dp(block) != bool(extra):
+                continue
+            script = tmp_path / f"example{index}.py"
+            script.write_text(block)
+            proc = subprocess.run([str(venv / "bin" / "python"), str(script)],
+                                  capture_output=True, text=True, cwd=str(tmp_path),
+                                  timeout=600, env={k: v for k, v in os.environ.items()
+                                                    if k != "PYTHONPATH"})
+            assert proc.returncode == 0 and proc.stderr == "", proc.stderr[-2000:]
+            assert proc.stdout.strip()
