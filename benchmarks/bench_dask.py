@@ -1,11 +1,15 @@
-"""DirectRunner against DaskRunner (2 worker processes, 1 thread each) on synthetic users.
+"""DirectRunner against DaskRunner (2 worker processes, 1 thread each), and Prism, on
+synthetic users.
 
 Usage (from the repository root, PYTHONPATH=$PWD; needs ``pip install '.[dask]'``):
     python benchmarks/bench_dask.py --input '/tmp/syn8/part-*' --repeats 3 \
         --mechanisms weighted-gaussian,sips,policy-gaussian --out /tmp/bench_dask.json
     # without --input: generates --users synthetic users into one file under --workdir
 
-For each mechanism the two runners alternate (direct, dask, direct, dask, ...).
+For each mechanism the runners alternate (direct, dask, direct, dask, ...); ``prism``
+(``--runner=PrismRunner``, after ``beam-dpsu setup-engines prism``) runs Beam's Go
+runner with its SDK worker in this process (LOOPBACK); its row adds the peak RSS of the
+launcher's child processes (the Prism binary).
 Wall time is that of the whole command-line run
 (``beam_dpsu.pipelines.select_partitions.run``), in this process. Peak memory:
 the maximum RSS, sampled every 0.2 s with psutil during the run, of this
@@ -55,6 +59,7 @@ class PeakRss(threading.Thread):
         import psutil
         self.procs = [psutil.Process(p) for p in pids]
         self.peak = {p.pid: 0 for p in self.procs}
+        self.children_peak = 0  # the launcher's child processes, summed (Prism)
         self.cpu0 = {p.pid: self._cpu(p) for p in self.procs}
         self.split0 = {p.pid: self._split(p) for p in self.procs}
         self.stop = False
@@ -75,12 +80,21 @@ class PeakRss(threading.Thread):
         return t.user, t.system, faults
 
     def run(self):
+        import psutil
+        launcher = psutil.Process(os.getpid())
         while not self.stop:
             for p in self.procs:
                 try:
                     self.peak[p.pid] = max(self.peak[p.pid], p.memory_info().rss)
                 except Exception:
                     pass
+            total = 0
+            for child in launcher.children(recursive=True):
+                try:
+                    total += child.memory_info().rss
+                except Exception:
+                    pass
+            self.children_peak = max(self.children_peak, total)
             time.sleep(0.2)
 
     def finish(self):
@@ -166,8 +180,8 @@ def main():
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                       dashboard_address=None, memory_limit=a.memory_limit) as cluster, Client(cluster) as client:
         def runner_flags(runner):
-            return (["--runner=DirectRunner"] if runner == "direct" else
-                    ["--runner=DaskRunner", f"--dask_client_address={cluster.scheduler_address}"])
+            return {"direct": ["--runner=DirectRunner"], "prism": ["--runner=PrismRunner"]}.get(
+                runner, ["--runner=DaskRunner", f"--dask_client_address={cluster.scheduler_address}"])
 
         def select(mech, runner, out):
             select_partitions.run(["--input", data, "--output", out, "--overwrite",
@@ -205,6 +219,8 @@ def main():
                            "worker_malloc_trim": a.worker_malloc_trim,
                            "load_1min_before": load,
                            "launcher_peak_rss_mb": round(mon.peak[os.getpid()] / 2**20),
+                           "children_peak_rss_mb": round(mon.children_peak / 2**20)
+                           if runner == "prism" else None,
                            "launcher_cpu_s": mon.cpu[os.getpid()],
                            "worker_cpu_s": [mon.cpu[p] for p in worker_pids],
                            "launcher_user_sys_faults": mon.split[os.getpid()],
@@ -218,9 +234,10 @@ def main():
                            if dmem else None}
                     print(json.dumps(row), flush=True)
                     rows.append(row)
-            if len(released) == 2:
-                rows.append({"mechanism": mech,
-                             "same_release": released["direct"] == released["dask"]})
+            if len(released) >= 2:
+                first = next(iter(released.values()))
+                rows.append({"mechanism": mech, "runners": sorted(released),
+                             "same_release": all(r == first for r in released.values())})
                 print(json.dumps(rows[-1]), flush=True)
     os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
     with open(out_path, "w") as f:

@@ -221,8 +221,8 @@ def test_top_k_splits_one_file_only_on_several_direct_workers(data, workers, wan
     ([], True), (["--runner=DirectRunner"], True), (["--runner=SwitchingDirectRunner"], True),
     (["--runner=apache_beam.runners.direct.direct_runner.DirectRunner"], True),
     (["--runner=direct"], True), (["--runner=directrunner"], True),
-    (["--runner=PrismRunner"], False), (["--runner=PortableRunner"], False),
-    (["--runner=FlinkRunner"], False)])
+    (["--runner=PrismRunner", "--prism_location=/p"], False), (["--runner=PortableRunner"], False),
+    (["--runner=FlinkRunner", "--flink_job_server_jar=/j.jar"], False)])
 def test_the_direct_runner_is_pinned_to_the_fnapi_runner(flags, pinned):
     from apache_beam.options.pipeline_options import StandardOptions
     from beam_dpsu.transforms import runners

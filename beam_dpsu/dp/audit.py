@@ -493,8 +493,10 @@ def cascade_configs(public_counts: Optional[str] = None) -> List[Tuple[str, Dict
             "max_items": CASCADE_MAX_ITEMS}
     out = [("gw", published), ("gw", free)]
     if public_counts is not None:
+        # κ fixed (no calibration share): the scenario is built for this Γ, which the
+        # share's smaller ε would move; the calibrated default is audited elsewhere
         out += [("gw-kt", dict(published, public_counts=public_counts)),
-                ("gw-kt", dict(free, public_counts=public_counts))]
+                ("gw-kt", dict(free, public_counts=public_counts, calibration_share=0.0))]
     return out
 
 

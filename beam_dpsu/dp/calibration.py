@@ -32,7 +32,7 @@ __all__ = ["check_epsilon", "check_delta", "check_rho", "check_max_items", "chec
            "truncated_geometric_keep_probability", "check_positive_int", "check_rounds",
            "check_ratio", "round_fractions", "round_budgets", "gumbel_threshold_offset",
            "topk_laplace_scale", "laplace_difference_tail", "laplace_tail_offset",
-           "laplace_threshold_offset"]
+           "laplace_threshold_offset", "split_epsilon", "scale_estimate_noise_scale"]
 
 
 # Largest Δ0 whose threshold maximum is evaluated in one numpy array; larger
@@ -737,3 +737,40 @@ def laplace_tail_offset(scale: float, delta: float, max_items: int) -> float:
 def laplace_threshold_offset(epsilon: float, delta: float, max_items: int) -> float:
     """Algorithm 1's offset ``c = 1 + s``, s = ``laplace_tail_offset((Δ+1)/ε, δ, Δ)``."""
     return 1.0 + laplace_tail_offset(topk_laplace_scale(epsilon, max_items), delta, max_items)
+
+
+# --------------------------------------------------------------------------
+# GW-KT's DP scale estimate (docs/gw.md section 5, "κ from a DP estimate").
+# --------------------------------------------------------------------------
+
+def split_epsilon(epsilon: float, share: float):
+    """``(ε_a, ε_b)`` with ε_a about ``share``·ε, both > 0, and ε_a + ε_b ≤ ε exactly
+    (checked in rational arithmetic): the budgets of two stages composed basically.
+
+    Args:
+      epsilon: ε > 0, the total.
+      share: the first stage's fraction, 0 < share < 1.
+    """
+    epsilon = check_epsilon(epsilon)
+    if isinstance(share, bool) or not isinstance(share, (int, float, np.integer, np.floating)) \
+            or not 0.0 < float(share) < 1.0:
+        raise ValueError(f"the share must be a number in (0, 1), got {share!r}")
+    first = epsilon * float(share)
+    second = epsilon - first
+    while Fraction(first) + Fraction(second) > Fraction(epsilon):
+        second = math.nextafter(second, 0.0)
+    return check_epsilon(first, "the first stage's epsilon"), \
+        check_epsilon(second, "the second stage's epsilon")
+
+
+def scale_estimate_noise_scale(epsilon: float, clip: int) -> float:
+    """The Laplace scale ``(1 + C)/ε`` of GW-KT's scale estimate: the vector (number of
+    users, Σ_i min(n_i, C)) changes by at most 1 + C in ℓ1 when one user is added or
+    removed (1 user, at most C of its distinct items), so that scale on each coordinate
+    is ε-DP for the pair.
+
+    Args:
+      epsilon: the estimate's ε > 0 (its share of the budget).
+      clip: C ≥ 1, the distinct items of a user counted at most.
+    """
+    return (1 + check_positive_int(clip, "clip")) / check_epsilon(epsilon)

@@ -17,6 +17,7 @@ from beam_dpsu.dp.mechanisms import policy as _policy
 from beam_dpsu.dp.params import MECHANISM_PARAMS, canonical_keywords, flag, flags
 from beam_dpsu.dp.params import DEFAULT_MAX_ITEMS, DEFAULT_ALPHA, DEFAULT_ROUNDS, DEFAULT_RATIO
 from beam_dpsu.dp.params import DEFAULT_TIE_BREAK, DEFAULT_EMBEDDED_TIE_BREAK
+from beam_dpsu.dp.params import DEFAULT_GWKT_CALIBRATION_SHARE
 
 
 __all__ = ["MechanismParams", "RegisteredMechanism", "REGISTRY", "register", "make_mechanism"]
@@ -198,7 +199,7 @@ def _gw(params: MechanismParams) -> Mechanism:
                                      **_gw_options(params, "gw")), params)
 
 
-_KT_OPTIONS = ("kt_selection", "front_scale", "front_margin")
+_KT_OPTIONS = ("kt_selection", "front_scale", "front_margin", "calibration_share")
 
 
 def _gw_kt(params: MechanismParams) -> Mechanism:
@@ -208,14 +209,20 @@ def _gw_kt(params: MechanismParams) -> Mechanism:
     if options["variant"] == "published" and given:
         raise ValueError(f"{flags(given)} does not apply to mechanism 'gw-kt' variant "
                          "'published'")
-    if params.kt_selection == "prefix" and (params.front_scale is not None
-                                            or params.front_margin is not None):
-        bad = [f for f in ("front_scale", "front_margin") if getattr(params, f) is not None]
+    front_only = ("front_scale", "front_margin", "calibration_share")
+    if params.kt_selection == "prefix" and any(getattr(params, f) is not None for f in front_only):
+        bad = [f for f in front_only if getattr(params, f) is not None]
         raise ValueError(f"{flags(bad)} applies to {flag('kt_selection')} front only")
+    kt = {f: getattr(params, f) for f in _KT_OPTIONS}
+    if (kt["calibration_share"] is None and kt["front_scale"] is None
+            and options["variant"] != "published" and params.kt_selection != "prefix"):
+        kt["calibration_share"] = DEFAULT_GWKT_CALIBRATION_SHARE  # κ from a DP estimate
+    if kt["calibration_share"] and kt["front_scale"] is not None:
+        raise ValueError(f"{flag('front_scale')} and {flag('calibration_share')} exclude "
+                         f"each other: with a share, κ comes from the DP estimate")
     return _with_fallback(_policy.GWKT(params.epsilon, params.delta, params.public_counts,
                                        DEFAULT_ALPHA if params.alpha is None else params.alpha,
-                                       **options, **{f: getattr(params, f) for f in _KT_OPTIONS}),
-                          params)
+                                       **options, **kt), params)
 
 
 register("policy-laplace", _policy_builder(_policy.PolicyLaplace, "policy-laplace"),

@@ -71,13 +71,16 @@ from beam_dpsu.dp.accounting import PayWhatYouGetAccountant
 from beam_dpsu.dp.budget import PrivacyBudget
 from beam_dpsu.dp import params
 from beam_dpsu.dp.mechanisms import Mechanism
+from beam_dpsu.dp.mechanisms.policy import release_scale
+from beam_dpsu.dp.params import SCALE_CLIP
 from beam_dpsu.dp.columnar import item_shards_for, runs_columnar, user_groups_for
-from beam_dpsu.transforms.columnar import SelectFromText
+from beam_dpsu.transforms.columnar import ScaleFromText, SelectFromText
 from beam_dpsu.transforms.select import SelectPartitions
 from beam_dpsu.dp.noise import RunKey
 from beam_dpsu.dp.registry import REGISTRY, MechanismParams, make_mechanism
 from beam_dpsu.transforms.textio import ReadUserItems, match_sized, split_one_file
 from beam_dpsu.transforms.topk import TopK
+from beam_dpsu.transforms import runners
 from beam_dpsu.transforms.write import ranked_lines
 from beam_dpsu.dp.mechanisms.topk import TopKMechanism
 from beam_dpsu.pipelines.cli import UsageError
@@ -354,11 +357,38 @@ def run(argv: Optional[Sequence[str]] = None) -> dict:
             args.progress_notes = ["top-k: " + out["top_k"]["stop_reason"]]
         return out
 
+    def build(p, run_key):
+        if getattr(plan.mechanism, "needs_calibration", False):
+            plan.mechanism = calibrate(plan.mechanism, args, p.options)
+        build_pipeline(p, args.input, args.output, plan.mechanism, run_key, args.dead_letter,
+                       plan.top_k)
+
     return runs.run_release(
-        args, beam_args,
-        lambda p, run_key: build_pipeline(p, args.input, args.output, plan.mechanism, run_key,
-                                          args.dead_letter, plan.top_k),
-        fields, sub_releases=(outputs.TOPK_KIND,) if plan.top_k is not None else ())
+        args, beam_args, build, fields,
+        sub_releases=(outputs.TOPK_KIND,) if plan.top_k is not None else ())
+
+
+def calibrate(mechanism, args, options):
+    """GW-KT with a calibration share: runs the small pipeline that computes the exact
+    scale statistics of the input (``columnar.ScaleFromText``, on the same runner),
+    releases them with the mechanism's ``calibration_epsilon`` (``release_scale``: under
+    the test seed's key with ``--insecure-test-seed``, so that the run equals
+    ``run_local``; else under a fresh OS-random key drawn here) and returns the
+    calibrated mechanism. The exact statistics pass through this process only, in
+    owner-only files deleted at once, like the run's other counts."""
+    p = beam.Pipeline(options=options)
+    stats = p | "ScaleFromText" >> ScaleFromText(args.input, SCALE_CLIP)
+    outputs.tally(stats | "Users" >> beam.Map(lambda s: (None, s[0])), "scale_users",
+                  counts_second=True)
+    outputs.tally(stats | "Pairs" >> beam.Map(lambda s: (None, s[1])), "scale_pairs",
+                  counts_second=True)
+    outputs.write_counts(p, args.output)
+    runners.wait_for(p, p.run())
+    counts = outputs.read_counts(args.output, ("scale_users", "scale_pairs"), standard=False)
+    key = (RunKey.from_test_seed(args.insecure_test_seed)
+           if args.insecure_test_seed is not None else RunKey.fresh())
+    return mechanism.calibrated(release_scale(counts["scale_users"], counts["scale_pairs"],
+                                              mechanism.calibration_epsilon, key, SCALE_CLIP))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

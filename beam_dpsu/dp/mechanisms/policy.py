@@ -12,9 +12,10 @@ under the same key.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import math
-from typing import Any, Dict, Hashable, Mapping, Optional
+from typing import Any, Dict, Hashable, Iterable, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -23,15 +24,16 @@ from beam_dpsu.dp import sequential as policies
 from beam_dpsu.dp.accounting import PrivacyGuarantee
 from beam_dpsu.dp.mechanisms.base import RoundCalibration, ThresholdMechanism
 from beam_dpsu.dp.mechanisms.histogram_threshold import WeightedGaussian, WeightedLaplace
-from beam_dpsu.dp.noise import RunKey
+from beam_dpsu.dp.noise import KeyedGridLaplace, RunKey
 from beam_dpsu.dp.params import (DEFAULT_MAX_ITEMS, gw_default_max_items, gwkt_default_max_items,
                                  DEFAULT_ALPHA, DEFAULT_GW_ETA, DEFAULT_GWKT_SELECTION,
                                  DEFAULT_FRONT_SCALE, DEFAULT_FRONT_MARGIN,
-                                 DEFAULT_EMBEDDED_TIE_BREAK)
+                                 DEFAULT_EMBEDDED_TIE_BREAK, FRONT_SCALE_EXPONENT, SCALE_CLIP)
 
 
 __all__ = ["STATES", "PolicyMechanism", "PolicyLaplace", "PolicyGaussian", "VARIANTS",
-           "check_variant", "GW", "GWKT"]
+           "check_variant", "GW", "GWKT", "ScaleEstimate", "scale_statistics", "release_scale",
+           "public_pairs", "front_scale_from_estimate"]
 
 
 
@@ -326,6 +328,13 @@ class GW(PolicyMechanism):
             use_public_counts=self._public, tie_break=self.tie_break)
 
 
+def _check_share(share) -> float:
+    if isinstance(share, bool) or not isinstance(share, (int, float, np.integer, np.floating)) \
+            or not 0.0 <= float(share) < 1.0:
+        raise ValueError(f"calibration_share must be a number in [0, 1), got {share!r}")
+    return float(share)
+
+
 def _check_public_counts(public_counts) -> None:
     """ValueError unless ``public_counts`` is a non-empty path to a file that exists
     (a remote one, ``scheme://...``, is read when the job runs) or a mapping of items to
@@ -404,6 +413,15 @@ class GWKT(GW):
         long for late users to reach items below Γ; releases rise up to
         Δ0 ≈ 100 and are flat to 150).
       eta, variant: as for ``GW`` (defaults 0.001, ``'cascade-free'``).
+      calibration_share: with ``'front'`` and no ``front_scale``: the share s of ε
+        spent on a DP estimate of the private data's scale (``release_scale``: the
+        number of users and Σ min(n_i, C), Laplace noise), from which κ follows
+        (``front_scale_from_estimate``). Default None: 0 here (κ fixed); the command
+        line uses ``params.DEFAULT_GWKT_CALIBRATION_SHARE`` (0.02). Privacy: the
+        release is calibrated to (1 − s)·ε and the estimate is s·ε-DP; the stated
+        guarantee is their basic composition, (ε, δ). κ then depends on DP output and
+        public data only (condition (a′) of ``docs/gw.md``). Run it with ``run_local``
+        (which estimates first) or, in Beam, after ``calibrated(estimate)``.
     """
 
     def __init__(self, epsilon: float, delta: float, public_counts,
@@ -411,8 +429,20 @@ class GWKT(GW):
                  tie_break: str = DEFAULT_EMBEDDED_TIE_BREAK, *, max_items: Optional[int] = None,
                  eta: Optional[float] = None, variant: str = "cascade-free",
                  kt_selection: Optional[str] = None, front_scale: Optional[float] = None,
-                 front_margin: Optional[int] = None):
+                 front_margin: Optional[int] = None, calibration_share: Optional[float] = None):
         _check_public_counts(public_counts)
+        share = 0.0 if calibration_share is None else _check_share(calibration_share)
+        if share:
+            if check_variant(variant) == "published" or kt_selection not in (None, "front"):
+                raise ValueError("calibration_share applies to the cascade-free GW-KT with "
+                                 "kt_selection='front' only")
+            if front_scale is not None:
+                raise ValueError("give front_scale or calibration_share > 0, not both: with "
+                                 "a share, κ comes from the DP estimate")
+        total_epsilon = cal.check_epsilon(epsilon)
+        estimate_epsilon = None
+        if share:
+            estimate_epsilon, epsilon = cal.split_epsilon(total_epsilon, share)
         if check_variant(variant) == "published":
             given = [n for n, v in (("kt_selection", kt_selection), ("front_scale", front_scale),
                                     ("front_margin", front_margin)) if v is not None]
@@ -435,11 +465,53 @@ class GWKT(GW):
                     raise ValueError(f"{', '.join(given)} apply to kt_selection='front' only")
                 self.front_scale = self.front_margin = None
             if max_items is None:
-                max_items = gwkt_default_max_items(float(epsilon), self.kt_selection)
+                max_items = gwkt_default_max_items(total_epsilon, self.kt_selection)
         super().__init__(epsilon, delta, alpha, state, tie_break, max_items=max_items, eta=eta,
                          variant=variant, _name="gw-kt")
         self.public_counts = public_counts
         self._loaded = None
+        self.calibration_share = share
+        self.calibration_epsilon = estimate_epsilon
+        self.scale_estimate: Optional[ScaleEstimate] = None
+        if share:
+            self.front_scale = None  # from the DP estimate: calibrated()
+            self.guarantee = PrivacyGuarantee(
+                total_epsilon, float(delta),
+                note=f"(ε, δ)-DP: basic composition of the scale estimate's "
+                     f"{estimate_epsilon:.6g}-DP and the release's ({epsilon:.6g}, "
+                     f"{float(delta):g})-DP")
+
+    @property
+    def needs_calibration(self) -> bool:
+        """True while κ waits for the DP scale estimate (``calibrated``)."""
+        return bool(self.calibration_share) and self.front_scale is None
+
+    def calibrated(self, estimate: "ScaleEstimate") -> "GWKT":
+        """A copy whose κ is ``front_scale_from_estimate(estimate, public pairs)``; the
+        guarantee is unchanged (it already counts the estimate's share)."""
+        if not self.calibration_share:
+            raise ValueError("this GW-KT has no calibration share: κ is fixed")
+        if not isinstance(estimate, ScaleEstimate) or not (
+                estimate.epsilon <= self.calibration_epsilon):
+            raise ValueError("the estimate must be a ScaleEstimate released with at most the "
+                             f"calibration's ε ({self.calibration_epsilon}), got {estimate!r}")
+        other = copy.copy(self)
+        other.front_scale = policies.check_front_scale(front_scale_from_estimate(
+            estimate, public_pairs(self._public_counts_local())))
+        other.scale_estimate = estimate
+        return other
+
+    def calibrated_on(self, per_user, run_key: RunKey) -> "GWKT":
+        """``calibrated`` with the estimate of ``per_user`` ({user: {item: count}})
+        released under ``run_key`` (the Beam-free run's estimate)."""
+        users, pairs = scale_statistics(per_user.values(), SCALE_CLIP)
+        return self.calibrated(release_scale(users, pairs, self.calibration_epsilon,
+                                             RunKey.resolve(run_key)))
+
+    def histogram_local(self, per_user, run_key: RunKey) -> Dict[Hashable, float]:
+        if self.needs_calibration:
+            return self.calibrated_on(per_user, run_key).histogram_local(per_user, run_key)
+        return super().histogram_local(per_user, run_key)
 
     def __getstate__(self):
         state = dict(self.__dict__)
@@ -452,7 +524,16 @@ class GWKT(GW):
     def describe(self) -> Dict[str, Any]:
         d = super().describe()
         d.update({"kt_selection": self.kt_selection, "front_scale": self.front_scale,
-                  "front_margin": self.front_margin})
+                  "front_margin": self.front_margin,
+                  "calibration_share": self.calibration_share or None,
+                  "calibration_epsilon": self.calibration_epsilon})
+        d["units"]["calibration_share"] = (
+            "the share of epsilon spent on the DP estimate of the private data's scale "
+            "(users, distinct items per user) from which front_scale follows; null: "
+            "front_scale fixed")
+        d["units"]["calibration_epsilon"] = (
+            "the ε of that estimate (pure ε-DP), part of epsilon; the release's own is "
+            "epsilon minus it")
         d["units"]["kt_selection"] = (
             "how the cascade-free GW-KT chooses a user's Δ0 kept items from its public-count "
             "walk: 'front' (skip the items predicted to be at the cutoff at the user's "
@@ -467,6 +548,10 @@ class GWKT(GW):
     def policy(self, run_key):
         if self.variant == "published":
             return super().policy(run_key)
+        if self.needs_calibration:
+            raise ValueError("this GW-KT's κ comes from a DP estimate of the data's scale: "
+                             "run it with run_local, the command line, or calibrated(estimate) "
+                             "(beam_dpsu.transforms.scale.EstimateScale computes one)")
         return policies.CascadeFreeGreedyPolicy(
             self.cutoff, run_key.subkey("item-order"), self.max_items, self.eta,
             use_public_counts=True, tie_break=self.tie_break, selection=self.kt_selection,
@@ -482,3 +567,72 @@ class GWKT(GW):
         if self._loaded is None:
             self._loaded = policies.read_public_counts(self.public_counts)
         return self._loaded
+
+
+# --------------------------------------------------------------------------
+# GW-KT's κ from a DP estimate of the private data's scale (docs/gw.md section 5).
+# --------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class ScaleEstimate:
+    """A differentially private estimate of the private data's scale, for GW-KT's κ.
+
+    Attributes:
+      users: the number of users, plus Laplace noise (on a grid).
+      pairs: Σ_i min(n_i, clip), n_i user i's distinct items, plus Laplace noise.
+      epsilon: the ε the pair of numbers was released with (pure ε-DP).
+      clip: C, the most distinct items counted per user.
+    """
+    users: float
+    pairs: float
+    epsilon: float
+    clip: int
+
+
+def scale_statistics(per_user_items: Iterable[Any], clip: int = SCALE_CLIP) -> Tuple[int, int]:
+    """The exact (number of users, Σ min(n_i, clip)) of ``per_user_items`` (each user's
+    items: a mapping or a collection of distinct items). Private: release them only
+    through ``release_scale``."""
+    clip = cal.check_positive_int(clip, "clip")
+    users = pairs = 0
+    for items in per_user_items:
+        users += 1
+        pairs += min(len(items), clip)
+    return users, pairs
+
+
+def release_scale(users: int, pairs: int, epsilon: float, run_key: RunKey,
+                  clip: int = SCALE_CLIP) -> ScaleEstimate:
+    """``(users, pairs)`` (``scale_statistics``) released with ε-DP: grid Laplace noise of
+    scale ``calibration.scale_estimate_noise_scale(ε, clip)`` = (1 + C)/ε on each, drawn
+    from ``run_key`` under the purpose ``scale`` (one draw per coordinate)."""
+    noise = KeyedGridLaplace(run_key, cal.scale_estimate_noise_scale(epsilon, clip), "scale")
+    return ScaleEstimate(noise(float(users), b"users"), noise(float(pairs), b"pairs"),
+                         float(epsilon), int(clip))
+
+
+def public_pairs(public_counts: Mapping[Any, float]) -> float:
+    """Σ of the public counts: the public data's (user, item) pairs (public)."""
+    return float(sum(public_counts.values()))
+
+
+#: The range κ is kept in, whatever the estimate (a noisy or tiny estimate could
+#: otherwise make it 0 or huge); in units of Γ, as ``front_scale``.
+FRONT_SCALE_RANGE = (0.1, 1000.0)
+
+
+def front_scale_from_estimate(estimate: ScaleEstimate, public_total: float,
+                              base: float = DEFAULT_FRONT_SCALE,
+                              exponent: float = FRONT_SCALE_EXPONENT) -> float:
+    """κ for the private data at hand: ``base · (P_pub / P̂)^exponent``, clipped to
+    ``FRONT_SCALE_RANGE``, with P_pub the public counts' total (``public_pairs``) and P̂ the
+    DP estimate of the private (clipped) pairs. An item of public count c is held by
+    about c·P̂/P_pub private users, so it is predicted full after κ·Γ/c of the order
+    with κ = base·P_pub/P̂ at exponent 1 (docs/gw.md section 5 has the fit).
+
+    Privacy: none beyond the estimate's; κ is a function of DP output and public data
+    only, which is what condition (a′) of docs/gw.md allows."""
+    pairs = max(float(estimate.pairs), 1.0)
+    kappa = float(base) * (max(float(public_total), 1.0) / pairs) ** float(exponent)
+    low, high = FRONT_SCALE_RANGE
+    return min(max(kappa, low), high)
