@@ -34,12 +34,33 @@ compiled kernel (``dp.kernels``). ``--check`` verifies on one dataset that this 
 same histogram as ``GW.histogram_local`` / ``GWKT.histogram_local`` (the library's own
 Beam-free run), to 1e-9.
 
+Mismatched public data (``--kt-folds mismatched`` or ``all``; default ``basic``, the five
+pairings above): for each shared dataset X, 'X low->high' (public counts from the half of
+X's users with fewer distinct items, ranked by (n_i, hash of the id); private: the other
+half), 'X high->low' (the reverse) and 'X 10%' (public: a hash-chosen 10% of the users;
+private: the other 90%).
+
+Scale rules (``--kt-rules``, the product of the ``--rule-*`` lists; ``ScaleRule``): κ, M
+and Δ0 as functions of the private scale — N (users) and P = Σ_i min(n_i, 100) — and of the
+public counts: κ = κ0·R^a·(m/m_ref)^b, m = P/N, with R = P_pub/P (``--rule-stat pairs``) or
+R = S/N (``rank-mean``, ``rank-geo``, ``rank-at<q>``: S a statistic of k·c_(k), c_(k) the
+k-th largest public count, over the ranks k ≤ N/Γ; ``FoldStats.rank_scale``). The exact N
+and P are an oracle; ``--est-share s`` replaces them by Laplace-noised ones (ε_est = s·ε,
+``--est-split`` of it on P with scale C/ε_P, the rest on N with scale 1/ε_N; ``--est-split
+0``: N only) and runs the mechanism at (1 − s)·ε (``Estimate``, ``noisy_stats``); the
+published greedy keeps the full ε. Such a κ is proof-compatible only when N and P are
+DP-released (docs/gw.md section 1.3); the exact values are for measurement.
+
 Runs are seeded (``RunKey.from_test_seed``): reproducible, NOT private; for
 measurement only.
 
     PYTHONPATH=. python benchmarks/gw_generalise.py --data ../shared/data            # full
     PYTHONPATH=. python benchmarks/gw_generalise.py --data ../shared/data --quick    # ~3 min
     PYTHONPATH=. python benchmarks/gw_generalise.py --data ../shared/data --defaults-only
+    PYTHONPATH=. python benchmarks/gw_generalise.py --data ../shared/data --only gw-kt \
+        --kt-folds all --kt-tie-breaks first-occurrence --kt-rules --rule-stat rank-mean \
+        --rule-kappa0 1.4 1.5 1.6 1.7 1.8 2 --rule-margin 2 3 4 5 6 --rule-extra 0 4 8 \
+        [--est-share 0.02 --est-split 0]
 
 Without the datasets it prints which files are missing and exits with status 2.
 """
@@ -79,7 +100,21 @@ KT_PAIRS = [("commits-ansible<-commits-rails", "commits-ansible", "commits-rails
             ("paths-ansible halves", "half-a:paths-ansible", "half-b:paths-ansible"),
             ("reddit-titles halves", "half-a:reddit-titles", "half-b:reddit-titles"),
             ("movielens-small halves", "half-a:movielens-small", "half-b:movielens-small")]
+#: mismatched gw-kt folds (``--kt-folds mismatched``): public counts from users of other
+#: activity or number than the private ones. "low:X"/"high:X": X's users below / at or
+#: above the median of distinct items (ties at the median split by the user hash, so both
+#: sides hold half the users: paths-ansible's median user holds 1 path, and a strict
+#: "below the median" would be empty there); "tenth:X" / "rest:X": a hash-chosen 10% of
+#: X's users / the other 90%.
+KT_MISMATCHED = [p for x in DATASETS for p in (
+    (f"{x} low->high", f"high:{x}", f"low:{x}"),
+    (f"{x} high->low", f"low:{x}", f"high:{x}"),
+    (f"{x} 10%", f"rest:{x}", f"tenth:{x}"))]
+KT_FOLD_SETS = {"basic": KT_PAIRS, "mismatched": KT_MISMATCHED,
+                "all": KT_PAIRS + KT_MISMATCHED}
 AUTHORS_TIE_BREAK = "first-occurrence"
+#: the clip C of the private pair count P = Σ_i min(n_i, C) (the scale rules' statistic).
+PAIR_CLIP = 100
 
 
 # -- data ------------------------------------------------------------------------------
@@ -107,6 +142,25 @@ def half(per_user, which: str):
             if hashlib.sha256(u.encode()).digest()[0] & 1 == bit}
 
 
+def _uhash(u: str) -> int:
+    return int.from_bytes(hashlib.sha256(u.encode()).digest()[:8], "big")
+
+
+def median_split(per_user, which: str):
+    """The half of the users with fewer ('low') / more ('high') distinct items: users
+    ranked by (number of distinct items, sha256 of the id), split at the middle."""
+    ranked = sorted(per_user, key=lambda u: (len(per_user[u]), _uhash(u)))
+    cut = len(ranked) // 2
+    keep = set(ranked[:cut] if which == "low" else ranked[cut:])
+    return {u: c for u, c in per_user.items() if u in keep}
+
+
+def tenth_split(per_user, which: str):
+    """A hash-chosen 10% of the users ('tenth': sha256(id) mod 10 == 3) or the rest."""
+    want = which == "tenth"
+    return {u: c for u, c in per_user.items() if (_uhash(u) % 10 == 3) == want}
+
+
 def users_per_item(per_user) -> Dict[str, int]:
     out: Dict[str, int] = {}
     for counts in per_user.values():
@@ -125,6 +179,10 @@ class Data:
             if source.startswith("half-"):
                 which, name = source[5], source.split(":", 1)[1]
                 self._cache[source] = half(self.get(name), which)
+            elif ":" in source:
+                which, name = source.split(":", 1)
+                split = median_split if which in ("low", "high") else tenth_split
+                self._cache[source] = split(self.get(name), which)
             else:
                 self._cache[source] = read_pairs(os.path.join(self.root,
                                                               source + ".pairs.tsv.gz"))
@@ -143,6 +201,20 @@ class Walks:
     walks: List[np.ndarray]
     positions: np.ndarray          # p_i = order hash / 2^64
     public_desc: List[np.ndarray]  # kt: the user's items' public counts, descending
+    _flat: tuple = None
+
+    def flat(self):
+        """(walk ids, public counts, offsets): the walks concatenated (the fast path)."""
+        if self._flat is None:
+            lengths = np.fromiter((len(w) for w in self.walks), dtype=np.int64,
+                                  count=len(self.walks))
+            offsets = np.zeros(len(self.walks) + 1, dtype=np.int64)
+            np.cumsum(lengths, out=offsets[1:])
+            ids = (np.concatenate(self.walks) if self.walks else np.zeros(0, np.int64))
+            pcs = (np.concatenate(self.public_desc) if self.public_desc and
+                   self.public_desc[0] is not None else np.zeros(len(ids)))
+            self._flat = (ids.astype(np.int64), pcs.astype(float), offsets)
+        return self._flat
 
 
 def prepare_walks(per_user, seed: int, tie_break: str, public=None) -> Walks:
@@ -233,6 +305,159 @@ def kept_items(w: Walks, c: Candidate, cutoff: float) -> List[np.ndarray]:
     return out
 
 
+if kernels.available():
+    import numba
+
+    @numba.njit(cache=False)
+    def _front_kept(ids, pcs, offsets, positions, d0, scale, cutoff, margin, front):
+        """kept_items for 'prefix' / 'front' (no keep, no head), flat: (ids, lengths)."""
+        n_users = offsets.size - 1
+        lengths = np.empty(n_users, np.int64)
+        total = 0
+        for k in range(n_users):
+            lengths[k] = min(offsets[k + 1] - offsets[k], d0)
+            total += lengths[k]
+        out = np.empty(total, np.int64)
+        j = 0
+        for k in range(n_users):
+            a = offsets[k]
+            n = offsets[k + 1] - a
+            start = 0
+            p = positions[k]
+            if front and n > d0 and p > 0.0:
+                bar = scale * cutoff / p
+                s = 0
+                while s < n and pcs[a + s] >= bar:
+                    s += 1
+                start = min(n - d0, max(0, s - margin))
+            for t in range(lengths[k]):
+                out[j + t] = ids[a + start + t]
+            j += lengths[k]
+        return out, lengths
+
+
+def kept_flat(w: Walks, c: Candidate, cutoff: float):
+    """(ids, lengths) of every user's K_i: ``kept_items`` compiled for 'prefix' and
+    'front' without keep/head (``--check`` compares the two); the others through it."""
+    if c.selection in ("prefix", "front") and not c.keep and not c.head:
+        ids, pcs, offsets = w.flat()
+        return _front_kept(ids, pcs, offsets, w.positions, c.max_items, float(c.scale),
+                           float(cutoff), c.margin, c.selection == "front")
+    kept = kept_items(w, c, cutoff)
+    lengths = np.fromiter((len(k) for k in kept), dtype=np.int64, count=len(kept))
+    return (np.concatenate(kept) if kept else np.zeros(0, np.int64)), lengths
+
+
+def run_kernel_flat(kind: str, cutoff: float, ids: np.ndarray, lengths: np.ndarray,
+                    eta: float = 0.0):
+    runner = kernels.DenseRunner(kind, cutoff, eta=eta)
+    runner.add_users(ids, lengths)
+    return runner.arrays()
+
+
+@dataclasses.dataclass(frozen=True)
+class FoldStats:
+    """What a scale rule may read: the private N and P (exact: the oracle; or
+    Laplace-noised), and the public counts' own statistics."""
+    users: float        # N: private users
+    pairs: float        # P = Σ_i min(n_i, PAIR_CLIP), private
+    pub_pairs: float    # P_pub = Σ public counts
+    pub_items: float    # public items
+    pub_max: float      # largest public count
+    pub_desc: np.ndarray = dataclasses.field(default=None, compare=False, repr=False)
+
+    @property
+    def m(self) -> float:
+        return self.pairs / self.users
+
+    def rank_scale(self, cutoff: float, how: str) -> float:
+        """S/N, S a statistic of k·c_(k) (k-th largest public count) over the ranks
+        k ≤ K = N/Γ the front can reach: with every user spending its whole budget at
+        the front, the items full at position p are the top N·p/Γ, i.e. those with
+        public count ≥ c_(Np/Γ) = (k·c_(k)/N)·Γ/p — κ's form with κ = k·c_(k)/N.
+        how: 'mean', 'geo' (geometric mean) or 'at<q>' (the value at k = q·K)."""
+        pc = self.pub_desc
+        k_max = max(1, min(len(pc), int(self.users / cutoff)))
+        kc = np.arange(1, k_max + 1) * pc[:k_max]
+        if how == "mean":
+            v = float(kc.mean())
+        elif how == "geo":
+            v = float(np.exp(np.log(kc).mean()))
+        else:
+            v = float(kc[max(0, int(float(how[2:]) * k_max) - 1)])
+        return v / self.users
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+    """The DP estimate of N and P: ε_est = share·ε, the share ``split`` of it for P
+    (Lap(C/(split·ε_est))), the rest for N (Lap(1/((1 − split)·ε_est))); the mechanism
+    runs at (1 − share)·ε (basic composition: the total stays ε). ``draws`` noise draws
+    per test seed, the ratio averaged over them. ``split`` 0: N only (all of ε_est on
+    N; P is not released, for rules that read N alone)."""
+    share: float = 0.02
+    split: float = 0.5
+    draws: int = 4
+
+
+def noisy_stats(st: FoldStats, est: Estimate, epsilon: float, name: str, seed: int,
+                draw: int) -> FoldStats:
+    h = hashlib.sha256(f"est|{name}|{seed}|{draw}".encode()).digest()
+    rng = np.random.default_rng(int.from_bytes(h[:8], "big"))
+    e = est.share * epsilon
+    n = max(1.0, st.users + rng.laplace(0.0, 1.0 / ((1.0 - est.split) * e)))
+    if est.split <= 0.0:                             # P not released: rules may not read it
+        return dataclasses.replace(st, users=n, pairs=math.nan)
+    p = st.pairs + rng.laplace(0.0, PAIR_CLIP / (est.split * e))
+    p = min(max(p, n), PAIR_CLIP * n)                # post-processing: 1 ≤ m ≤ C
+    return dataclasses.replace(st, users=n, pairs=p)
+
+
+@dataclasses.dataclass(frozen=True)
+class ScaleRule:
+    """GW-KT's front parameters as a function of the (estimated) private scale:
+
+    κ = κ0 · R^a · (m/m_ref)^b,  m = P/N, with R = P_pub/P (stat 'pairs') or
+    R = S/N (stat 'rank-mean', 'rank-geo', 'rank-at<q>': ``FoldStats.rank_scale``);
+    M = round(M0 · (m/m_ref)^mb);  Δ0 = round((gw's Δ0 + extra) · (m/m_ref)^db), ≥ 1.
+    """
+    kappa0: float
+    a: float = 1.0
+    b: float = 0.0
+    m_ref: float = 30.0
+    margin: float = params.DEFAULT_FRONT_MARGIN
+    mb: float = 0.0
+    extra: int = 4
+    db: float = 0.0
+    tie_break: str = params.DEFAULT_TIE_BREAK
+    stat: str = "pairs"
+
+    def candidate(self, st: FoldStats, epsilon: float, delta: float = math.exp(-10),
+                  alpha: float = params.DEFAULT_ALPHA) -> Candidate:
+        if math.isnan(st.pairs) and (self.stat == "pairs" or self.b or self.mb or self.db):
+            raise ValueError(f"{self.label()} reads P, which the estimate does not release "
+                             "(--est-split 0)")
+        r = 1.0 if math.isnan(st.pairs) else st.m / self.m_ref
+        margin = max(0, int(round(self.margin * r ** self.mb)))
+        d0 = (params.gw_default_max_items(epsilon) + self.extra) * r ** self.db
+        d0 = min(params.MAX_MAX_ITEMS, max(1, int(round(d0))))
+        if self.stat == "pairs":
+            ratio = st.pub_pairs / st.pairs
+        else:
+            cutoff = cal.policy_cutoff(cal.gw_cascade_free_threshold(epsilon, delta, d0),
+                                       1.0 / epsilon, alpha)
+            ratio = st.rank_scale(cutoff, self.stat[5:])
+        kappa = self.kappa0 * ratio ** self.a * r ** self.b
+        return Candidate(d0, tie_break=self.tie_break, selection="front", scale=kappa,
+                         margin=margin)
+
+    def label(self) -> str:
+        s = f"rule κ0={self.kappa0:g} a={self.a:g} b={self.b:g}"
+        s += f" M0={self.margin:g}" + (f" mb={self.mb:g}" if self.mb else "")
+        s += f" +{self.extra}" + (f" db={self.db:g}" if self.db else "")
+        return s + f" m_ref={self.m_ref:g} {self.stat} {self.tie_break}"
+
+
 class Fold:
     """One left-out unit: a private dataset (and public counts for gw-kt)."""
 
@@ -242,7 +467,20 @@ class Fold:
         self.seeds, self.eps, self.delta, self.alpha = list(seeds), eps, delta, alpha
         self._walks: Dict[Tuple[int, str], Walks] = {}
         self._published: Dict[str, List[float]] = {}
-        self._scores: Dict[Candidate, List[float]] = {}
+        self._one: Dict[tuple, float] = {}
+        self._rules: Dict[ScaleRule, List[float]] = {}
+        self.estimate: "Estimate | None" = None   # rules: None = exact N, P (oracle)
+        self._stats = None
+
+    def stats(self) -> FoldStats:
+        if self._stats is None:
+            pub = self.public or {}
+            self._stats = FoldStats(
+                float(len(self.per_user)),
+                float(sum(min(len(c), PAIR_CLIP) for c in self.per_user.values())),
+                float(sum(pub.values())), float(len(pub)), float(max(pub.values(), default=0)),
+                np.sort(np.array(list(pub.values()) or [1], dtype=float))[::-1])
+        return self._stats
 
     def walks(self, seed, tie_break) -> Walks:
         key = (seed, tie_break)
@@ -260,19 +498,43 @@ class Fold:
                                   t, self.eps) for s in self.seeds]
         return self._published[tie_break]
 
-    def released(self, c: Candidate) -> List[float]:
-        if c not in self._scores:
-            t = cal.gw_cascade_free_threshold(self.eps, self.delta, c.max_items)
-            cutoff = cal.policy_cutoff(t, 1.0 / self.eps, self.alpha)
-            out = []
-            for s in self.seeds:
-                kept = kept_items(self.walks(s, c.tie_break), c, cutoff)
-                out.append(expected_released(
-                    run_kernel("cascade-free-greedy", cutoff, kept, c.eta)[1], t, self.eps))
-            self._scores[c] = out
-        return self._scores[c]
+    def released_one(self, c: Candidate, seed: int, eps: float) -> float:
+        """Expected released of candidate c run at ε = eps, one test seed."""
+        key = (c, seed, eps)
+        if key not in self._one:
+            t = cal.gw_cascade_free_threshold(eps, self.delta, c.max_items)
+            cutoff = cal.policy_cutoff(t, 1.0 / eps, self.alpha)
+            ids, lengths = kept_flat(self.walks(seed, c.tie_break), c, cutoff)
+            self._one[key] = expected_released(
+                run_kernel_flat("cascade-free-greedy", cutoff, ids, lengths, c.eta)[1], t, eps)
+        return self._one[key]
 
-    def ratios(self, c: Candidate, same_tie_break: bool = False) -> List[float]:
+    def rule_released(self, r: ScaleRule) -> List[float]:
+        """A scale rule's expected released per seed: with the exact N, P, or (estimate
+        set) the mean over ``draws`` noised N, P, the mechanism at (1 − share)·ε."""
+        key = (r, self.estimate)
+        if key not in self._rules:
+            st, out = self.stats(), []
+            for s in self.seeds:
+                if self.estimate is None:
+                    out.append(self.released_one(
+                        r.candidate(st, self.eps, self.delta, self.alpha), s, self.eps))
+                    continue
+                e = self.eps * (1.0 - self.estimate.share)
+                out.append(statistics.mean(
+                    self.released_one(r.candidate(noisy_stats(st, self.estimate, self.eps,
+                                                              self.name, s, d), e, self.delta,
+                                                  self.alpha), s, e)
+                    for d in range(self.estimate.draws)))
+            self._rules[key] = out
+        return self._rules[key]
+
+    def released(self, c) -> List[float]:
+        if isinstance(c, ScaleRule):
+            return self.rule_released(c)
+        return [self.released_one(c, s, self.eps) for s in self.seeds]
+
+    def ratios(self, c, same_tie_break: bool = False) -> List[float]:
         pub = self.published(c.tie_break if same_tie_break else AUTHORS_TIE_BREAK)
         return [a / b for a, b in zip(self.released(c), pub)]
 
@@ -396,6 +658,37 @@ def check_against_library(data: Data, eps, delta, alpha, log) -> None:
         if abs(want - got) > 1e-9 * max(1.0, want):
             raise SystemExit(f"fast path differs from the library: {got} != {want}")
         log(f"  check {mech.name}: fast path = library ({got:.6f})")
+    w = fold.walks(7, "item-hash")
+    for cand in (Candidate(15, selection="front", scale=9, margin=2),
+                 Candidate(20, selection="front", scale=0.7, margin=0),
+                 Candidate(5, selection="front", scale=40, margin=8), Candidate(11)):
+        ref = kept_items(w, cand, 5.3)
+        ids, lengths = kept_flat(w, cand, 5.3)
+        if list(lengths) != [len(k) for k in ref] or not np.array_equal(
+                ids, np.concatenate(ref)):
+            raise SystemExit(f"kept_flat differs from kept_items for {cand.label()}")
+    log("  check: kept_flat = kept_items")
+
+
+def rule_grid(args) -> List[ScaleRule]:
+    """``--kt-rules``: the product of the ``--rule-*`` lists."""
+    return [ScaleRule(k0, a, b, mref, m0, mb, ex, db, tb, st)
+            for st, k0, a, b, mref, m0, mb, ex, db, tb
+            in itertools.product(args.rule_stat, args.rule_kappa0, args.rule_a, args.rule_b,
+                                 args.rule_m_ref, args.rule_margin, args.rule_mb,
+                                 args.rule_extra, args.rule_db, args.kt_tie_breaks)]
+
+
+def print_stats(folds: List[Fold], eps: float) -> None:
+    print("\ngw-kt folds: private N, P = Σ min(n_i, %d), m = P/N; public P_pub = Σ counts, "
+          "items, largest count\n" % PAIR_CLIP)
+    print("| fold | N | P | m | P_pub | P_pub/P | public items | largest |")
+    print("|---|---|---|---|---|---|---|---|")
+    for f in folds:
+        st = f.stats()
+        print(f"| {f.name} | {st.users:.0f} | {st.pairs:.0f} | {st.m:.1f} | "
+              f"{st.pub_pairs:.0f} | {st.pub_pairs / st.pairs:.3f} | {st.pub_items:.0f} | "
+              f"{st.pub_max:.0f} |")
 
 
 def _sweep(kind, loo_title, folds, defaults, cands, out, log):
@@ -410,7 +703,7 @@ def _sweep(kind, loo_title, folds, defaults, cands, out, log):
             out.setdefault(f"{kind} grid", []).extend(rows)
             log(f"{kind} {c.label()}: " + ", ".join(f"{r['ratio']:.3f}" for r in rows))
         rows = leave_one_out(folds, cands, log)
-        print_rows(f"{kind}, {loo_title} (rule chosen on the other four)", rows)
+        print_rows(f"{kind}, {loo_title} (rule chosen on the other {len(folds) - 1})", rows)
         out[f"{kind} loo"] = rows
     log(f"{kind} done")
 
@@ -437,6 +730,32 @@ def main(argv=None) -> int:
     p.add_argument("--kt-max-items", type=int, nargs="*", default=())
     p.add_argument("--kt-scales", type=float, nargs="*", default=())
     p.add_argument("--kt-margins", type=int, nargs="*", default=())
+    p.add_argument("--kt-folds", choices=sorted(KT_FOLD_SETS), default="basic",
+                   help="gw-kt folds: 'basic' (the five pairings, default), 'mismatched' "
+                   "(per dataset: low->high, high->low, 10%%), 'all'")
+    p.add_argument("--kt-rules", action="store_true",
+                   help="gw-kt: score scale rules (the product of the --rule-* lists: "
+                   "κ = κ0·R^a·(m/m_ref)^b (R: --rule-stat), M = round(M0·(m/m_ref)^mb), "
+                   "Δ0 = round((gw's Δ0 + extra)·(m/m_ref)^db)) instead of fixed cells")
+    p.add_argument("--rule-stat", nargs="*", default=("pairs",),
+                   help="R of the rule: 'pairs' (P_pub/P), 'rank-mean', 'rank-geo', "
+                   "'rank-at<q>' (S/N, S a statistic of k·c_(k) over ranks k ≤ N/Γ)")
+    p.add_argument("--rule-kappa0", type=float, nargs="*", default=(10.0,))
+    p.add_argument("--rule-a", type=float, nargs="*", default=(1.0,))
+    p.add_argument("--rule-b", type=float, nargs="*", default=(0.0,))
+    p.add_argument("--rule-m-ref", type=float, nargs="*", default=(30.0,))
+    p.add_argument("--rule-margin", type=float, nargs="*",
+                   default=(float(params.DEFAULT_FRONT_MARGIN),))
+    p.add_argument("--rule-mb", type=float, nargs="*", default=(0.0,))
+    p.add_argument("--rule-extra", type=int, nargs="*", default=(4,))
+    p.add_argument("--rule-db", type=float, nargs="*", default=(0.0,))
+    p.add_argument("--est-share", type=float, default=0.0,
+                   help="rules: estimate N and P with Laplace noise from this share of ε "
+                   "(the mechanism gets the rest); 0 (default): the exact values (oracle)")
+    p.add_argument("--est-split", type=float, default=0.5,
+                   help="share of the estimate's ε spent on P (the rest on N)")
+    p.add_argument("--est-draws", type=int, default=4, help="noise draws per test seed")
+    p.add_argument("--stats", action="store_true", help="print the gw-kt folds' statistics")
     p.add_argument("--only", choices=["gw", "gw-kt"], help="one mechanism only")
     p.add_argument("--check", action="store_true",
                    help="first verify the fast path against the library's histogram")
@@ -473,10 +792,23 @@ def main(argv=None) -> int:
         del folds
     if args.only in (None, "gw-kt"):
         folds = [Fold(name, data.get(priv), users_per_item(data.get(pub)), seeds, eps, delta,
-                      alpha) for name, priv, pub in KT_PAIRS]
-        cands = (None if args.defaults_only else
-                 kt_candidates(eps, args.quick, args.kt_keep, args.kt_head, args.kt_tie_breaks,
-                               args.kt_max_items, args.kt_scales, args.kt_margins))
+                      alpha) for name, priv, pub in KT_FOLD_SETS[args.kt_folds]]
+        estimate = (Estimate(args.est_share, args.est_split, args.est_draws)
+                    if args.est_share > 0 else None)
+        for f in folds:
+            f.estimate = estimate
+        if args.stats or args.kt_rules:
+            print_stats(folds, eps)
+        if args.kt_rules and not args.defaults_only:
+            cands = rule_grid(args)
+            if estimate:
+                print(f"\nrules with noised N, P: {estimate}; mechanism ε = "
+                      f"{eps * (1 - estimate.share):g}")
+        else:
+            cands = (None if args.defaults_only else
+                     kt_candidates(eps, args.quick, args.kt_keep, args.kt_head,
+                                   args.kt_tie_breaks, args.kt_max_items, args.kt_scales,
+                                   args.kt_margins))
         _sweep("gw-kt", "leave one pairing out", folds, default_kt(eps), cands, out, log)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:

@@ -143,7 +143,7 @@ def test_the_command_line_equals_the_beam_free_run_and_states_the_share(per_user
     with open(out + ".json", encoding="utf-8") as f:
         stated = json.load(f)
     assert stated["calibration_share"] == 0.02 and stated["calibration_epsilon"] == 0.06
-    assert stated["epsilon"] == 3.0
+    assert stated["epsilon"] == 3.0 and summary["num_released"] == len(got)
     calibrated = m.calibrated_on(per_user, RunKey.from_test_seed(5))
     assert stated["front_scale"] == calibrated.front_scale   # a function of the DP output
     text = json.dumps(stated)
