@@ -15,10 +15,11 @@ import pytest
 from beam_dpsu.dp import calibration as cal
 from beam_dpsu.dp import synthetic
 from beam_dpsu.dp.contribution import per_user_counts
-from beam_dpsu.dp.mechanisms.policy import (GWKT, ScaleEstimate, front_scale_from_estimate,
-                                            public_pairs, release_scale, scale_statistics)
+from beam_dpsu.dp.mechanisms.policy import (FRONT_SCALE_RANGE, GWKT, ScaleEstimate,
+                                            front_scale_from_estimate, release_scale,
+                                            scale_statistics)
 from beam_dpsu.dp.noise import RunKey
-from beam_dpsu.dp.params import SCALE_CLIP
+from beam_dpsu.dp.params import CALIBRATED_FRONT_MARGIN, FRONT_SCALE_FACTOR
 from beam_dpsu.dp.registry import make_mechanism
 
 PUBLIC = {f"i{j}": max(1, 3000 // j) for j in range(1, 300)}
@@ -42,43 +43,55 @@ def test_split_epsilon_never_exceeds_the_total():
             cal.split_epsilon(1.0, bad)
 
 
-def test_the_estimates_noise_scale_is_its_l1_sensitivity_over_epsilon():
-    assert cal.scale_estimate_noise_scale(0.06, 100) == pytest.approx(101 / 0.06, rel=1e-15)
-    assert cal.scale_estimate_noise_scale(2.0, 1) == 1.0
+def test_the_estimates_noise_scale_is_its_sensitivity_over_epsilon():
+    assert cal.scale_estimate_noise_scale(0.06) == pytest.approx(1 / 0.06, rel=1e-15)
+    assert cal.scale_estimate_noise_scale(2.0) == 0.5
 
 
-@pytest.mark.parametrize("added_items", [0, 1, 7, SCALE_CLIP - 1, SCALE_CLIP, 5 * SCALE_CLIP])
-def test_one_user_moves_the_statistics_by_at_most_the_sensitivity(per_user, added_items):
-    # neighbouring datasets: D and D + x, x holding `added_items` distinct items
+def test_one_user_moves_the_count_by_one(per_user):
+    # neighbouring datasets: D and D + x, whatever x holds
     before = scale_statistics(per_user.values())
-    x = {f"x{j}": 3 for j in range(added_items)}
-    after = scale_statistics(list(per_user.values()) + [x])
-    moved = abs(after[0] - before[0]) + abs(after[1] - before[1])
-    assert moved == 1 + min(added_items, SCALE_CLIP)       # exactly, never more than 1 + C
-    assert moved <= 1 + SCALE_CLIP
+    for x in ({}, {"a": 1}, {f"x{j}": 3 for j in range(500)}):
+        assert scale_statistics(list(per_user.values()) + [x]) - before == 1
 
 
 def test_the_estimate_is_laplace_of_that_scale():
     # 4000 independent keys: |noise|/b is Exp(1), mean 1, sd 1; the mean of 4000 is
     # within 6 standard errors (0.095) with false-failure probability below 1e-8
-    scale = cal.scale_estimate_noise_scale(0.5, 10)
-    draws = np.array([release_scale(1000, 5000, 0.5, RunKey.from_test_seed(s), 10).pairs
+    scale = cal.scale_estimate_noise_scale(0.5)
+    draws = np.array([release_scale(1000, 0.5, RunKey.from_test_seed(s)).users
                       for s in range(4000)])
-    assert abs(np.mean(np.abs(draws - 5000)) / scale - 1) < 0.095
-    assert abs(np.mean(draws - 5000)) / scale < 6 * math.sqrt(2 / 4000)
+    assert abs(np.mean(np.abs(draws - 1000)) / scale - 1) < 0.095
+    assert abs(np.mean(draws - 1000)) / scale < 6 * math.sqrt(2 / 4000)
+
+
+def test_the_rank_rule_against_its_definition():
+    # κ = factor · mean_{k ≤ K} k·c_(k) / N̂, K = ⌊N̂/Γ⌋, computed by hand
+    counts = {f"i{j}": c for j, c in enumerate([50, 40, 40, 12, 9, 3, 1])}
+    est = ScaleEstimate(users=20.7, epsilon=0.1)
+    ranked = sorted(counts.values(), reverse=True)
+    k_max = int(20.7 / 5.0)                                   # 4
+    want = FRONT_SCALE_FACTOR * sum((k + 1) * ranked[k] for k in range(k_max)) / k_max / 20.7
+    assert front_scale_from_estimate(est, counts, 5.0) == pytest.approx(want, rel=1e-12)
+    # K at least 1, at most the public items; N̂ at least 1; κ kept in its range
+    assert front_scale_from_estimate(ScaleEstimate(-40.0, 0.1), counts, 5.0) == \
+        min(FRONT_SCALE_RANGE[1], FRONT_SCALE_FACTOR * 50.0)
+    huge = front_scale_from_estimate(ScaleEstimate(1e9, 0.1), counts, 0.5)
+    assert huge == max(FRONT_SCALE_RANGE[0], FRONT_SCALE_FACTOR * np.mean(
+        [(k + 1) * c for k, c in enumerate(ranked)]) / 1e9)
 
 
 def test_kappa_and_every_kept_set_depend_on_the_estimate_and_public_data_only(per_user):
     # Condition (a′) given the DP output: with the same estimate, GW-KT on D and on
     # D + x has the same κ, and every user of D keeps the same items in both.
     m = GWKT(3.0, 1e-6, PUBLIC, calibration_share=0.02)
-    estimate = ScaleEstimate(users=2000.5, pairs=51234.25, epsilon=m.calibration_epsilon,
-                             clip=SCALE_CLIP)
+    estimate = ScaleEstimate(users=2000.5, epsilon=m.calibration_epsilon)
     neighbour = dict(per_user)
     neighbour["x"] = {f"i{j}": 1 for j in range(1, 150)}
     a, b = m.calibrated(estimate), m.calibrated(estimate)
     assert a.front_scale == b.front_scale == front_scale_from_estimate(
-        estimate, public_pairs(PUBLIC))
+        estimate, PUBLIC, m.cutoff)
+    assert a.front_margin == CALIBRATED_FRONT_MARGIN
     key = RunKey.from_test_seed(9)
     pa_, pb = a.policy(key), b.policy(key)
     for user, counts in per_user.items():
@@ -108,7 +121,7 @@ def test_bad_calibration_parameters_are_refused_at_construction():
             GWKT(3.0, 1e-6, PUBLIC, **kwargs)
     with pytest.raises(ValueError):
         GWKT(3.0, 1e-6, PUBLIC, calibration_share=0.02).calibrated(
-            ScaleEstimate(1.0, 1.0, epsilon=1.0, clip=SCALE_CLIP))   # more ε than the share
+            ScaleEstimate(1.0, epsilon=1.0))   # more ε than the share
 
 
 def test_the_command_lines_default_is_calibrated_and_flags_choose():
@@ -147,5 +160,4 @@ def test_the_command_line_equals_the_beam_free_run_and_states_the_share(per_user
     calibrated = m.calibrated_on(per_user, RunKey.from_test_seed(5))
     assert stated["front_scale"] == calibrated.front_scale   # a function of the DP output
     text = json.dumps(stated)
-    for number in (calibrated.scale_estimate.users, calibrated.scale_estimate.pairs):
-        assert repr(number) not in text                       # the estimate itself is not
+    assert repr(calibrated.scale_estimate.users) not in text  # the estimate itself is not

@@ -763,14 +763,11 @@ def split_epsilon(epsilon: float, share: float):
         check_epsilon(second, "the second stage's epsilon")
 
 
-def scale_estimate_noise_scale(epsilon: float, clip: int) -> float:
-    """The Laplace scale ``(1 + C)/ε`` of GW-KT's scale estimate: the vector (number of
-    users, Σ_i min(n_i, C)) changes by at most 1 + C in ℓ1 when one user is added or
-    removed (1 user, at most C of its distinct items), so that scale on each coordinate
-    is ε-DP for the pair.
+def scale_estimate_noise_scale(epsilon: float) -> float:
+    """The Laplace scale ``1/ε`` of GW-KT's estimate of the number of users: one user
+    moves that count by 1, so this scale is ε-DP.
 
     Args:
       epsilon: the estimate's ε > 0 (its share of the budget).
-      clip: C ≥ 1, the distinct items of a user counted at most.
     """
-    return (1 + check_positive_int(clip, "clip")) / check_epsilon(epsilon)
+    return 1.0 / check_epsilon(epsilon)

@@ -77,7 +77,7 @@ __all__ = ["COLUMNAR_USER_GROUPS", "COLUMNAR_ITEM_SHARDS", "BYTES_PER_USER_GROUP
            "counted_pair_blocks", "GroupPairs", "group_pairs", "without_items", "pairs_histogram",
            "sampled_pairs", "GroupHistogram", "bounded_histogram", "sum_histograms",
            "presample_plan", "runs_columnar", "columnar_rounds", "split_by_shard",
-           "release_shard", "IPC_COMPRESSION", "release_from_files", "scale_of_pairs"]
+           "release_shard", "IPC_COMPRESSION", "release_from_files"]
 
 
 _NL, _TAB, _CR = 10, 9, 13
@@ -934,15 +934,6 @@ def group_pairs(blocks: Iterable[PairBlock]) -> GroupPairs:
         np.concatenate([b.first for b in blocks])
         if all(b.first is not None for b in blocks) else None)
     return GroupPairs(users, items, codes // width, codes % width, counts, first)
-
-
-def scale_of_pairs(pairs: GroupPairs, clip: int) -> Tuple[int, int]:
-    """A group's (users, Σ min(n_i, clip)), n_i user i's distinct items: the exact
-    statistics of GW-KT's scale estimate (``mechanisms.policy.scale_statistics`` on
-    per-user data). Private: released only through ``release_scale``."""
-    per_user = np.bincount(np.asarray(pairs.u, dtype=np.int64))
-    per_user = per_user[per_user > 0]
-    return int(len(per_user)), int(np.minimum(per_user, clip).sum())
 
 
 def without_items(pairs: GroupPairs, removed: pa.Array) -> GroupPairs:

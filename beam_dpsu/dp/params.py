@@ -22,8 +22,8 @@ __all__ = ["DEFAULT_MAX_ITEMS", "DEFAULT_GW_MAX_ITEMS_PER_EPSILON", "gw_default_
            "gwkt_default_max_items", "DEFAULT_ALPHA",
            "DEFAULT_GW_ETA", "DEFAULT_TIE_BREAK", "DEFAULT_EMBEDDED_TIE_BREAK",
            "DEFAULT_GWKT_SELECTION", "DEFAULT_FRONT_SCALE",
-           "DEFAULT_FRONT_MARGIN", "DEFAULT_GWKT_CALIBRATION_SHARE", "SCALE_CLIP",
-           "FRONT_SCALE_EXPONENT",
+           "DEFAULT_FRONT_MARGIN", "DEFAULT_GWKT_CALIBRATION_SHARE",
+           "FRONT_SCALE_FACTOR", "CALIBRATED_FRONT_MARGIN",
            "DEFAULT_VARIANT", "DEFAULT_ROUNDS", "DEFAULT_RATIO",
            "DEFAULT_DISCOVERY_SHARE", "TOPK_METHODS", "DEFAULT_TOPK_METHOD", "MAX_MAX_ITEMS", "MIN_PER_ITEM_DELTA", "MIN_ETA", "WARN_EPSILON_ABOVE",
            "WARN_DELTA_ABOVE", "Param", "MECHANISM_PARAMS", "TOPK_PARAMS", "ALL_PARAMS",
@@ -125,14 +125,15 @@ DEFAULT_GWKT_SELECTION = "front"
 #: GW-KT front window: κ and the margin M (leave-one-pairing-out, docs/gw.md section 5).
 DEFAULT_FRONT_SCALE = 10.0
 DEFAULT_FRONT_MARGIN = 8
-#: The exponent of GW-KT's κ rule: κ = DEFAULT_FRONT_SCALE·(public pairs / private pairs)^a
-#: (``mechanisms.policy.front_scale_from_estimate``; docs/gw.md section 5).
-FRONT_SCALE_EXPONENT = 1.0
+#: GW-KT's κ from a DP estimate of the private users N: κ = factor·S/N, S the mean of
+#: k·c_(k) over the public counts' ranks k ≤ N/Γ (``mechanisms.policy.
+#: front_scale_from_estimate``), and the margin M it goes with (leave-one-out over 20
+#: pairings, docs/gw.md section 5).
+FRONT_SCALE_FACTOR = 1.6
+CALIBRATED_FRONT_MARGIN = 4
 #: GW-KT on the command line: the share of ε spent on the DP estimate of the private
 #: data's scale that sets κ (docs/gw.md section 5); 0 keeps κ fixed.
 DEFAULT_GWKT_CALIBRATION_SHARE = 0.02
-#: The distinct items of a user the scale estimate counts at most (its sensitivity is 1 + C).
-SCALE_CLIP = 100
 #: GW and GW-KT variant.
 DEFAULT_VARIANT = "cascade-free"
 #: DP-SIPS rounds I and budget ratio r.
@@ -271,9 +272,9 @@ MECHANISM_PARAMS: Dict[str, Param] = {p.name: p for p in [
     Param("front_margin", int, "gw-kt, kt_selection 'front': M >= 0 walk items kept before "
           "the predicted front", _text(DEFAULT_FRONT_MARGIN), _NO_EFFECT),
     Param("calibration_share", float, "gw-kt, kt_selection 'front': the share of --epsilon "
-          "spent on a DP estimate of the private data's scale (users, distinct items per "
-          "user), from which κ follows (docs/gw.md section 5); 0: κ = --front-scale or "
-          "its default", _text(DEFAULT_GWKT_CALIBRATION_SHARE),
+          "spent on a DP estimate of the number of private users, from which κ follows "
+          "(docs/gw.md section 5; M is then 4 unless --front-margin); 0: κ = --front-scale "
+          "or its default", _text(DEFAULT_GWKT_CALIBRATION_SHARE),
           "part of the stated ε: basic composition of the estimate (share·ε) and the "
           "release (the rest)"),
     Param("variant", str, "gw, gw-kt: 'cascade-free' (proven) or 'published' (NOT proven "

@@ -72,9 +72,8 @@ from beam_dpsu.dp.budget import PrivacyBudget
 from beam_dpsu.dp import params
 from beam_dpsu.dp.mechanisms import Mechanism
 from beam_dpsu.dp.mechanisms.policy import release_scale
-from beam_dpsu.dp.params import SCALE_CLIP
 from beam_dpsu.dp.columnar import item_shards_for, runs_columnar, user_groups_for
-from beam_dpsu.transforms.columnar import ScaleFromText, SelectFromText
+from beam_dpsu.transforms.columnar import SelectFromText, UsersFromText
 from beam_dpsu.transforms.select import SelectPartitions
 from beam_dpsu.dp.noise import RunKey
 from beam_dpsu.dp.registry import REGISTRY, MechanismParams, make_mechanism
@@ -369,26 +368,24 @@ def run(argv: Optional[Sequence[str]] = None) -> dict:
 
 
 def calibrate(mechanism, args, options):
-    """GW-KT with a calibration share: runs the small pipeline that computes the exact
-    scale statistics of the input (``columnar.ScaleFromText``, on the same runner),
-    releases them with the mechanism's ``calibration_epsilon`` (``release_scale``: under
-    the test seed's key with ``--insecure-test-seed``, so that the run equals
-    ``run_local``; else under a fresh OS-random key drawn here) and returns the
-    calibrated mechanism. The exact statistics pass through this process only, in
-    owner-only files deleted at once, like the run's other counts."""
+    """GW-KT with a calibration share: runs the small pipeline that counts the input's
+    users (``columnar.UsersFromText``, on the same runner), releases the count with the
+    mechanism's ``calibration_epsilon`` (``release_scale``: under the test seed's key with
+    ``--insecure-test-seed``, so that the run equals ``run_local``; else under a fresh
+    OS-random key drawn here) and returns the calibrated mechanism. The exact count passes
+    through this process only, in an owner-only file deleted at once, like the run's
+    other counts."""
     p = beam.Pipeline(options=options)
-    stats = p | "ScaleFromText" >> ScaleFromText(args.input, SCALE_CLIP)
-    outputs.tally(stats | "Users" >> beam.Map(lambda s: (None, s[0])), "scale_users",
-                  counts_second=True)
-    outputs.tally(stats | "Pairs" >> beam.Map(lambda s: (None, s[1])), "scale_pairs",
+    users = p | "UsersFromText" >> UsersFromText(args.input)
+    outputs.tally(users | "PerGroup" >> beam.Map(lambda n: (None, n)), "scale_users",
                   counts_second=True)
     outputs.write_counts(p, args.output)
     runners.wait_for(p, p.run())
-    counts = outputs.read_counts(args.output, ("scale_users", "scale_pairs"), standard=False)
+    counts = outputs.read_counts(args.output, ("scale_users",), standard=False)
     key = (RunKey.from_test_seed(args.insecure_test_seed)
            if args.insecure_test_seed is not None else RunKey.fresh())
-    return mechanism.calibrated(release_scale(counts["scale_users"], counts["scale_pairs"],
-                                              mechanism.calibration_epsilon, key, SCALE_CLIP))
+    return mechanism.calibrated(release_scale(counts["scale_users"],
+                                              mechanism.calibration_epsilon, key))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -55,14 +55,13 @@ from beam_dpsu.dp.columnar import COLUMNAR_ITEM_SHARDS, COLUMNAR_USER_GROUPS
 from beam_dpsu.dp.lines import BLOCK_BYTES, block_buffers, read_blocks
 from beam_dpsu.dp.mechanisms.policy import PolicyMechanism
 from beam_dpsu.dp.mechanisms.sips import Sips
-from beam_dpsu.dp.params import SCALE_CLIP
 from beam_dpsu.dp.noise import RunKey
 from beam_dpsu.transforms import run_key as keys
 from beam_dpsu.transforms import ordered, runners, staging
 from beam_dpsu.transforms.release import ApplyReleaseRule
 from beam_dpsu.transforms.textio import input_files, open_binary
 
-__all__ = ["SelectFromText", "ScaleFromText"]
+__all__ = ["SelectFromText", "UsersFromText"]
 
 _MALFORMED, _USERS, _IDS = "malformed", "users", "ids"
 
@@ -464,45 +463,37 @@ class SelectFromText(beam.PTransform):
             keys.key_side_input(shards, self._run_key))
 
 
-#: What ``ScaleFromText``'s read stage gets instead of a run key (it samples nothing).
+#: What ``UsersFromText``'s read stage gets instead of a run key (it samples nothing).
 _NO_KEY = b"beam_dpsu: this stage uses no key"
 
 
-class _ScaleDoFn(beam.DoFn):
-    """``(group, [PairBlock bytes])`` → the group's ``(users, Σ min(n_i, clip))``."""
-
-    def __init__(self, clip: int):
-        self._clip = clip
+class _GroupUsersDoFn(beam.DoFn):
+    """``(group, [PairBlock bytes])`` → the group's number of users."""
 
     def process(self, element):
         pairs = columnar.group_pairs(columnar.PairBlock.from_bytes(b) for b in element[1])
-        yield columnar.scale_of_pairs(pairs, self._clip)
+        yield len(pairs.users)
 
 
-class ScaleFromText(beam.PTransform):
-    """Text files of ``user_id<TAB>item`` lines → one ``(users, Σ min(n_i, clip))`` per
-    user group: the exact statistics of GW-KT's DP scale estimate (sum them, then
-    ``mechanisms.policy.release_scale``), read as ``SelectFromText`` reads (the same
-    users, the same distinct items).
+class UsersFromText(beam.PTransform):
+    """Text files of ``user_id<TAB>item`` lines → one number of users per user group
+    (their sum is the number of distinct users), read as ``SelectFromText`` reads: the
+    exact statistic of GW-KT's DP scale estimate (``mechanisms.policy.release_scale``).
 
     Args:
       file_pattern: as for ``SelectFromText``.
-      clip: C ≥ 1, the most distinct items counted per user (default
-        ``params.SCALE_CLIP``).
       user_groups, block_bytes: as for ``SelectFromText``; no effect on the result.
 
     Privacy: the output is exact and private; only its noised release may leave the
     owner's hands.
     """
 
-    def __init__(self, file_pattern: str, clip: int = SCALE_CLIP,
-                 user_groups: int = COLUMNAR_USER_GROUPS, block_bytes: int = BLOCK_BYTES,
-                 label: Optional[str] = None):
+    def __init__(self, file_pattern: str, user_groups: int = COLUMNAR_USER_GROUPS,
+                 block_bytes: int = BLOCK_BYTES, label: Optional[str] = None):
         super().__init__(label)
         if not isinstance(file_pattern, str) or not file_pattern:
             raise ValueError(f"file_pattern must be a non-empty string, got {file_pattern!r}")
         self._pattern = file_pattern
-        self._clip = _check_count(clip, "clip")
         self._groups = _check_count(user_groups, "user_groups")
         self._block_bytes = _check_count(block_bytes, "block_bytes")
 
@@ -513,7 +504,7 @@ class ScaleFromText(beam.PTransform):
         pairs, _ = _apply(files, "ReadPairs", _ReadPairsDoFn(
             self._groups, self._block_bytes, envelope), envelope, _MALFORMED, _NO_KEY)
         return (pairs | "GroupUsers" >> beam.GroupByKey()
-                | "Scale" >> beam.ParDo(_ScaleDoFn(self._clip)))
+                | "Users" >> beam.ParDo(_GroupUsersDoFn()))
 
 
 class _RoundRule:

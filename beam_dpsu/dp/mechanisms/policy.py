@@ -15,7 +15,7 @@ import copy
 import dataclasses
 import os
 import math
-from typing import Any, Dict, Hashable, Iterable, Mapping, Optional, Tuple
+from typing import Any, Dict, Hashable, Iterable, Mapping, Optional
 
 import numpy as np
 
@@ -28,12 +28,13 @@ from beam_dpsu.dp.noise import KeyedGridLaplace, RunKey
 from beam_dpsu.dp.params import (DEFAULT_MAX_ITEMS, gw_default_max_items, gwkt_default_max_items,
                                  DEFAULT_ALPHA, DEFAULT_GW_ETA, DEFAULT_GWKT_SELECTION,
                                  DEFAULT_FRONT_SCALE, DEFAULT_FRONT_MARGIN,
-                                 DEFAULT_EMBEDDED_TIE_BREAK, FRONT_SCALE_EXPONENT, SCALE_CLIP)
+                                 DEFAULT_EMBEDDED_TIE_BREAK, FRONT_SCALE_FACTOR,
+                                 CALIBRATED_FRONT_MARGIN)
 
 
 __all__ = ["STATES", "PolicyMechanism", "PolicyLaplace", "PolicyGaussian", "VARIANTS",
            "check_variant", "GW", "GWKT", "ScaleEstimate", "scale_statistics", "release_scale",
-           "public_pairs", "front_scale_from_estimate"]
+           "FRONT_SCALE_RANGE", "front_scale_from_estimate"]
 
 
 
@@ -414,9 +415,10 @@ class GWKT(GW):
         Δ0 ≈ 100 and are flat to 150).
       eta, variant: as for ``GW`` (defaults 0.001, ``'cascade-free'``).
       calibration_share: with ``'front'`` and no ``front_scale``: the share s of ε
-        spent on a DP estimate of the private data's scale (``release_scale``: the
-        number of users and Σ min(n_i, C), Laplace noise), from which κ follows
-        (``front_scale_from_estimate``). Default None: 0 here (κ fixed); the command
+        spent on a DP estimate of the number of private users (``release_scale``:
+        Laplace noise of scale 1/(s·ε)), from which κ follows
+        (``front_scale_from_estimate``), with M = ``params.CALIBRATED_FRONT_MARGIN``
+        (4) unless ``front_margin`` is given. Default None: 0 here (κ fixed); the command
         line uses ``params.DEFAULT_GWKT_CALIBRATION_SHARE`` (0.02). Privacy: the
         release is calibrated to (1 − s)·ε and the estimate is s·ε-DP; the stated
         guarantee is their basic composition, (ε, δ). κ then depends on DP output and
@@ -456,8 +458,9 @@ class GWKT(GW):
             if self.kt_selection == "front":
                 self.front_scale = policies.check_front_scale(
                     DEFAULT_FRONT_SCALE if front_scale is None else front_scale)
+                margin = CALIBRATED_FRONT_MARGIN if share else DEFAULT_FRONT_MARGIN
                 self.front_margin = policies.check_front_margin(
-                    DEFAULT_FRONT_MARGIN if front_margin is None else front_margin)
+                    margin if front_margin is None else front_margin)
             else:
                 given = [n for n, v in (("front_scale", front_scale),
                                         ("front_margin", front_margin)) if v is not None]
@@ -497,16 +500,15 @@ class GWKT(GW):
                              f"calibration's ε ({self.calibration_epsilon}), got {estimate!r}")
         other = copy.copy(self)
         other.front_scale = policies.check_front_scale(front_scale_from_estimate(
-            estimate, public_pairs(self._public_counts_local())))
+            estimate, self._public_counts_local(), self.cutoff))
         other.scale_estimate = estimate
         return other
 
     def calibrated_on(self, per_user, run_key: RunKey) -> "GWKT":
         """``calibrated`` with the estimate of ``per_user`` ({user: {item: count}})
         released under ``run_key`` (the Beam-free run's estimate)."""
-        users, pairs = scale_statistics(per_user.values(), SCALE_CLIP)
-        return self.calibrated(release_scale(users, pairs, self.calibration_epsilon,
-                                             RunKey.resolve(run_key)))
+        return self.calibrated(release_scale(scale_statistics(per_user.values()),
+                                             self.calibration_epsilon, RunKey.resolve(run_key)))
 
     def histogram_local(self, per_user, run_key: RunKey) -> Dict[Hashable, float]:
         if self.needs_calibration:
@@ -578,61 +580,52 @@ class ScaleEstimate:
     """A differentially private estimate of the private data's scale, for GW-KT's κ.
 
     Attributes:
-      users: the number of users, plus Laplace noise (on a grid).
-      pairs: Σ_i min(n_i, clip), n_i user i's distinct items, plus Laplace noise.
-      epsilon: the ε the pair of numbers was released with (pure ε-DP).
-      clip: C, the most distinct items counted per user.
+      users: the number of users, plus grid Laplace noise of scale 1/epsilon.
+      epsilon: the ε it was released with (pure ε-DP).
     """
     users: float
-    pairs: float
     epsilon: float
-    clip: int
 
 
-def scale_statistics(per_user_items: Iterable[Any], clip: int = SCALE_CLIP) -> Tuple[int, int]:
-    """The exact (number of users, Σ min(n_i, clip)) of ``per_user_items`` (each user's
-    items: a mapping or a collection of distinct items). Private: release them only
-    through ``release_scale``."""
-    clip = cal.check_positive_int(clip, "clip")
-    users = pairs = 0
-    for items in per_user_items:
-        users += 1
-        pairs += min(len(items), clip)
-    return users, pairs
+def scale_statistics(per_user_items: Iterable[Any]) -> int:
+    """The exact number of users of ``per_user_items`` (one entry per user). Private:
+    release it only through ``release_scale``."""
+    return sum(1 for _ in per_user_items)
 
 
-def release_scale(users: int, pairs: int, epsilon: float, run_key: RunKey,
-                  clip: int = SCALE_CLIP) -> ScaleEstimate:
-    """``(users, pairs)`` (``scale_statistics``) released with ε-DP: grid Laplace noise of
-    scale ``calibration.scale_estimate_noise_scale(ε, clip)`` = (1 + C)/ε on each, drawn
-    from ``run_key`` under the purpose ``scale`` (one draw per coordinate)."""
-    noise = KeyedGridLaplace(run_key, cal.scale_estimate_noise_scale(epsilon, clip), "scale")
-    return ScaleEstimate(noise(float(users), b"users"), noise(float(pairs), b"pairs"),
-                         float(epsilon), int(clip))
-
-
-def public_pairs(public_counts: Mapping[Any, float]) -> float:
-    """Σ of the public counts: the public data's (user, item) pairs (public)."""
-    return float(sum(public_counts.values()))
+def release_scale(users: int, epsilon: float, run_key: RunKey) -> ScaleEstimate:
+    """The number of users released with ε-DP: grid Laplace noise of scale
+    ``calibration.scale_estimate_noise_scale(ε)`` = 1/ε (one user moves it by 1), drawn
+    from ``run_key`` under the purpose ``scale``."""
+    noise = KeyedGridLaplace(run_key, cal.scale_estimate_noise_scale(epsilon), "scale")
+    return ScaleEstimate(noise(float(users), b"users"), float(epsilon))
 
 
 #: The range κ is kept in, whatever the estimate (a noisy or tiny estimate could
 #: otherwise make it 0 or huge); in units of Γ, as ``front_scale``.
-FRONT_SCALE_RANGE = (0.1, 1000.0)
+FRONT_SCALE_RANGE = (0.01, 1000.0)
 
 
-def front_scale_from_estimate(estimate: ScaleEstimate, public_total: float,
-                              base: float = DEFAULT_FRONT_SCALE,
-                              exponent: float = FRONT_SCALE_EXPONENT) -> float:
-    """κ for the private data at hand: ``base · (P_pub / P̂)^exponent``, clipped to
-    ``FRONT_SCALE_RANGE``, with P_pub the public counts' total (``public_pairs``) and P̂ the
-    DP estimate of the private (clipped) pairs. An item of public count c is held by
-    about c·P̂/P_pub private users, so it is predicted full after κ·Γ/c of the order
-    with κ = base·P_pub/P̂ at exponent 1 (docs/gw.md section 5 has the fit).
+def front_scale_from_estimate(estimate: ScaleEstimate, public_counts: Mapping[Any, float],
+                              cutoff: float, factor: float = FRONT_SCALE_FACTOR) -> float:
+    """κ for the private data at hand: ``factor · S / N̂``, clipped to ``FRONT_SCALE_RANGE``.
 
-    Privacy: none beyond the estimate's; κ is a function of DP output and public data
-    only, which is what condition (a′) of docs/gw.md allows."""
-    pairs = max(float(estimate.pairs), 1.0)
-    kappa = float(base) * (max(float(public_total), 1.0) / pairs) ** float(exponent)
+    N̂ is the DP estimate of the private users (at least 1); S is the mean of k·c_(k)
+    over the ranks k = 1 … K, c_(k) the k-th largest public count and K = ⌊N̂/Γ⌋ (at
+    least 1, at most the number of public items). Why: if every user spent its whole
+    budget at the front, the items full at position p would be the top N·p/Γ, those of
+    public count ≥ c_(Np/Γ) = (k·c_(k)/N)·Γ/p, which is the front's form κ·Γ/p with
+    κ = k·c_(k)/N; ``factor`` (fitted by leave-one-out, docs/gw.md section 5) corrects
+    for the users that spend their budget elsewhere.
+
+    Privacy: none beyond the estimate's: κ is a function of DP output, public data and
+    public constants (Γ), which is what condition (a′) of docs/gw.md allows."""
+    users = max(float(estimate.users), 1.0)
+    counts = np.sort(np.fromiter((float(c) for c in public_counts.values()), np.float64))[::-1]
+    if len(counts) == 0:
+        return FRONT_SCALE_RANGE[1]
+    ranks = max(1, min(len(counts), int(users / float(cutoff))))
+    k = np.arange(1, ranks + 1, dtype=np.float64)
+    kappa = float(factor) * float(np.mean(k * counts[:ranks])) / users
     low, high = FRONT_SCALE_RANGE
     return min(max(kappa, low), high)
