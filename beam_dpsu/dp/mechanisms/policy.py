@@ -555,7 +555,7 @@ class GWKT(GW):
         if self.needs_calibration:
             raise ValueError("this GW-KT's κ comes from a DP estimate of the data's scale: "
                              "run it with run_local, the command line, or calibrated(estimate) "
-                             "(beam_dpsu.transforms.scale.EstimateScale computes one)")
+                             "(beam_dpsu.transforms.columnar.UsersFromText counts the users)")
         return policies.CascadeFreeGreedyPolicy(
             self.cutoff, run_key.subkey("item-order"), self.max_items, self.eta,
             use_public_counts=True, tie_break=self.tie_break, selection=self.kt_selection,
