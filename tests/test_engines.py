@@ -227,7 +227,8 @@ def test_what_prism_executes(engine, tmp_path):
     assert lines("counts") == ["25"] and caps.bundle_outputs and caps.tagged_outputs
     seen = result.metrics().query(MetricsFilter().with_name("seen"))["counters"]
     assert caps.metrics and sum(c.committed for c in seen) == 25
-    assert caps.file_sinks and caps.user_state and not caps.memory_shuffle
+    assert caps.file_sinks and caps.user_state
+    assert caps.memory_shuffle      # observed at 1M users: the shuffle in Prism's memory
     # OrderedListState: a string coder works, the ordered transform's tuple coder does not
     # (if this starts to pass, Prism's table entry may say ordered_list_state=True)
     assert not caps.ordered_list_state and "PrismRunner" in runners.NO_ORDERED_LIST_RUNNERS

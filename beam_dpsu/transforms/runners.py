@@ -126,8 +126,10 @@ _TABLE = {
     "PortableRunner": dict(ordered_list_state=False),
     # Observed on Prism 2.77 (tests/test_engines.py::test_what_prism_executes): every
     # capability; OrderedListState runs with a string coder but not with the ordered
-    # transform's tuple coder ("unknown coder used for ordered list state").
-    "PrismRunner": dict(ordered_list_state=False),
+    # transform's tuple coder ("unknown coder used for ordered list state"); a shuffle
+    # stays in the Prism process's memory (1.0 GB at 1M users, 52 MB staged:
+    # benchmarks/RESULTS.md section 5), so shuffles are staged through files.
+    "PrismRunner": dict(ordered_list_state=False, memory_shuffle=True),
     # Verified on Beam 2.77 + dask/distributed 2026.8 (module docstring).
     "DaskRunner": dict(user_state=False, ordered_list_state=False, file_sinks=False,
                        read_primitive=False, all_leaves=False, side_inputs_once=False,
