@@ -161,3 +161,4 @@ def test_the_command_line_equals_the_beam_free_run_and_states_the_share(per_user
     assert stated["front_scale"] == calibrated.front_scale   # a function of the DP output
     text = json.dumps(stated)
     assert repr(calibrated.scale_estimate.users) not in text  # the estimate itself is not
+    assert not [f for f in tmp_path.iterdir() if "PRIVATE-run-counts" in f.name]

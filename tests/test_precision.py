@@ -325,3 +325,28 @@ def test_gumbel_offset_tail_is_at_most_delta_over_m(eps, delta, m):
     bound = _gumbel_tail_bound(1.0 / eps, offset - 1.0)
     with mpmath.workdps(DPS):
         assert mp(bound) * (1 + mpmath.mpf(2) ** -52) <= mp(delta) / m
+
+
+def test_the_vectorised_half_uniform_is_the_scalar_one_to_the_bit():
+    rng = np.random.default_rng(4)
+    tails = np.concatenate([rng.integers(2 ** 53, 2 ** 63, 20000, dtype=np.uint64),
+                            np.array([2 ** 53, 2 ** 53 + 1, 2 ** 63 - 1, 2 ** 60 + 12345],
+                                     np.uint64)])
+    got = noise.half_uniform_many(tails, None)
+    assert all(got[i] == noise.half_uniform(int(t), None) for i, t in enumerate(tails.tolist()))
+
+
+def test_the_scale_estimates_noise_never_spends_more_than_its_epsilon():
+    rng = np.random.default_rng(6)
+    for eps in list(10 ** rng.uniform(-6, 2, 5000)) + [0.06, 3.0, 1 / 3]:
+        scale = cal.scale_estimate_noise_scale(float(eps))
+        assert Fraction(1) / Fraction(scale) <= Fraction(float(eps))
+
+
+def test_the_keep_table_grows_only_as_far_as_it_must():
+    rule = TruncatedGeometricRule(1.0, 1e-5, 1, RunKey.from_test_seed(0))
+    assert rule("a", 1e12)                       # p(n) = 1 there, without a huge table
+    assert len(rule._table) <= 2048
+    slow = TruncatedGeometricRule(0.01, 1e-12, 1000, RunKey.from_test_seed(0))
+    slow.probability(5000)
+    assert 5000 < len(slow._table) <= 16384

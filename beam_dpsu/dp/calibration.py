@@ -384,7 +384,11 @@ def count_gaussian_threshold(epsilon: float, delta: float, max_items: int) -> fl
 
 def weighted_laplace_scale(epsilon: float) -> float:
     """Laplace scale λ = 1/ε of Weighted Laplace, Policy Laplace and GW (ℓ1 budget 1)."""
-    return 1.0 / check_epsilon(epsilon)
+    epsilon = check_epsilon(epsilon)
+    scale = 1.0 / epsilon
+    while Fraction(1) / Fraction(scale) > Fraction(epsilon):
+        scale = math.nextafter(scale, math.inf)
+    return scale
 
 
 def weighted_laplace_threshold(epsilon: float, delta: float, max_items: int) -> float:
@@ -764,10 +768,15 @@ def split_epsilon(epsilon: float, share: float):
 
 
 def scale_estimate_noise_scale(epsilon: float) -> float:
-    """The Laplace scale ``1/ε`` of GW-KT's estimate of the number of users: one user
-    moves that count by 1, so this scale is ε-DP.
+    """The Laplace scale ``1/ε`` of GW-KT's estimate of the number of users, rounded up
+    (never below 1/ε, so the estimate never spends more than ε): one user moves that
+    count by 1, so this scale is ε-DP.
 
     Args:
       epsilon: the estimate's ε > 0 (its share of the budget).
     """
-    return 1.0 / check_epsilon(epsilon)
+    epsilon = check_epsilon(epsilon)
+    scale = 1.0 / epsilon
+    while Fraction(1) / Fraction(scale) > Fraction(epsilon):
+        scale = math.nextafter(scale, math.inf)
+    return scale

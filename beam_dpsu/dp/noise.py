@@ -410,7 +410,11 @@ def half_uniform_many(tails: np.ndarray, more) -> np.ndarray:
     """``half_uniform`` of each draw: ``tails`` a uint64 array of 63-bit tails,
     ``more(indices, j)`` the blocks of the draws that need them (the same values)."""
     tails = np.asarray(tails, dtype=np.uint64) & _LOW63
-    p = (tails.astype(np.float64) + 0.5) * _TWO_POW_M64  # exact to 2^-53 when t ≥ 2^53
+    # (t + 1/2)·2^-64 rounded once, as half_uniform: the high bits times 2^11 are exact
+    # doubles, the low 11 bits plus 1/2 too, and their sum is rounded to nearest
+    high = (tails >> np.uint64(11)).astype(np.float64) * 2048.0
+    low = (tails & np.uint64(2047)).astype(np.float64) + 0.5
+    p = (high + low) * _TWO_POW_M64
     for i in np.flatnonzero(tails < np.uint64(1 << 53)).tolist():
         p[i] = half_uniform(int(tails[i]), lambda j, i=i: int(more(np.array([i]), j)[0]))
     return p

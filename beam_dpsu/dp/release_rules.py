@@ -198,15 +198,13 @@ class TruncatedGeometricRule(_KeyedRule):
         if n <= 0:
             return 0.0
         table = self._table
-        if table is None or n >= len(table):
-            if table is not None and len(table) > 1 and table[-1] == table[-2]:
-                return float(table[-1])  # the sequence stopped changing
-            size = max(1024, 2 * n if table is None else max(2 * n, 2 * len(table)))
+        # doubled until it holds n or stops changing (the recurrence then stays put):
+        # never a table of the size of a count it does not need
+        while table is None or (n >= len(table) and table[-1] != table[-2]):
+            size = 1024 if table is None else 2 * len(table)
             table = calibration.truncated_geometric_keep_probabilities(*self._params, size)
             self._table = table
-            if n >= len(table):
-                return float(table[-1])
-        return float(table[n])
+        return float(table[min(n, len(table) - 1)])
 
     def __getstate__(self):
         state = dict(self.__dict__)

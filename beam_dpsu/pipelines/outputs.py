@@ -300,13 +300,12 @@ def write_counts(pipeline: beam.Pipeline, prefix: str) -> List[str]:
     return names
 
 
-def read_counts(prefix: str, names: Sequence[str] = (), standard: bool = True) -> Dict[str, int]:
-    """The counts a run's pipeline wrote (``write_counts``: ``COUNT_NAMES``, unless
-    ``standard`` is False, and ``names``); their files are deleted. Raises RuntimeError
-    when one of them is missing (the run always writes each)."""
+def read_counts(prefix: str, names: Sequence[str] = ()) -> Dict[str, int]:
+    """The counts a run's pipeline wrote (``write_counts``: ``COUNT_NAMES`` and
+    ``names``); their files are deleted. Raises RuntimeError when one of them is
+    missing (the run always writes each)."""
     counts: Dict[str, int] = {}
-    paths = [counts_file(prefix, name) for name in
-             dict.fromkeys([*(COUNT_NAMES if standard else ()), *names])]
+    paths = [counts_file(prefix, name) for name in dict.fromkeys([*COUNT_NAMES, *names])]
     for path in paths:
         if not FileSystems.exists(path):
             raise RuntimeError(f"the run wrote no {path}: its runner skipped part of the graph")

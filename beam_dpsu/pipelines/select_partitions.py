@@ -305,7 +305,7 @@ def budget_fields(plan: Plan, fields: dict, output_prefix: str) -> dict:
     fields["budget"] = plan.budget.describe()
     given = (fields["budget"].get("budget_epsilon"), fields["budget"].get("budget_delta"))
     if None not in given and total.epsilon <= given[0] and total.delta <= given[1]:
-        # the budget as given is the statement (it is never below what is spent); the
+        # the budget as given is the statement (the parts' composition is at most it); the
         # spent total, lower by rounding or by pay-what-you-get, is stated beside it
         fields["epsilon"], fields["delta"] = given
         if (total.epsilon, total.delta) != given:
@@ -379,9 +379,11 @@ def calibrate(mechanism, args, options):
     users = p | "UsersFromText" >> UsersFromText(args.input)
     outputs.tally(users | "PerGroup" >> beam.Map(lambda n: (None, n)), "scale_users",
                   counts_second=True)
-    outputs.write_counts(p, args.output)
+    names = outputs.write_counts(p, args.output)
+    runners.join_leaves(p)  # a runner computing only the last branch computes every count
+    runners.check_pipeline(p)
     runners.wait_for(p, p.run())
-    counts = outputs.read_counts(args.output, ("scale_users",), standard=False)
+    counts = outputs.read_counts(args.output, names)  # every file it wrote, deleted
     key = (RunKey.from_test_seed(args.insecure_test_seed)
            if args.insecure_test_seed is not None else RunKey.fresh())
     return mechanism.calibrated(release_scale(counts["scale_users"],
