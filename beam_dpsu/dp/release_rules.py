@@ -92,11 +92,13 @@ class _KeyedRule:
     def decide(self, items: Sequence[Any], weights) -> np.ndarray:
         """The decisions (bool array) on ``items`` with their ``weights``."""
         items = list(items)
+        return self.decide_bits(self.bits.many(items), weights, self._blocks_of(items))
 
+    def _blocks_of(self, items: list):
+        """``more(indices, j)``: block j of the keyed bits of ``items[indices]``."""
         def more(indices, j):
             return self.bits.block(j).many([items[i] for i in indices.tolist()])
-
-        return self.decide_bits(self.bits.many(items), weights, more)
+        return more
 
     def decide_spans(self, data, starts, lengths, weights) -> np.ndarray:
         """The decisions on the UTF-8 strings ``data[starts[i]:starts[i] + lengths[i]]``
@@ -171,12 +173,8 @@ class NoisyThresholdRule(_KeyedRule):
         of both within a few units in the last place of the boundary (for ranking
         released items by noisy weight; never used to decide)."""
         items = list(items)
-
-        def more(indices, j):
-            return self.bits.block(j).many([items[i] for i in indices.tolist()])
-
         sampler = gaussian_many if self.noise == "gaussian" else laplace_many
-        return sampler(self.bits.many(items), more, self.scale)
+        return sampler(self.bits.many(items), self._blocks_of(items), self.scale)
 
 
 class TruncatedGeometricRule(_KeyedRule):
