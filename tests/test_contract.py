@@ -14,7 +14,7 @@ from beam_dpsu.dp.mechanisms.base import ThresholdMechanism
 from beam_dpsu.dp.noise import RunKey
 from beam_dpsu.dp.registry import REGISTRY, MechanismParams, make_mechanism
 from beam_dpsu.dp.mechanisms.topk import TopKMechanism
-from beam_dpsu.pipelines import compare, select_partitions, top_k
+from beam_dpsu.pipelines import arguments, compare
 
 
 def _built():
@@ -84,8 +84,8 @@ def _flags(parser):
 def test_every_tool_builds_its_flags_from_the_declaration():
     declared = {n: p.cli_flag for n, p in params.ALL_PARAMS.items()}
     for parser, names in [
-            (select_partitions.build_parser(), list(params.MECHANISM_PARAMS)),
-            (top_k.build_parser(), ["k", "k_bar", "epsilon", "delta", "max_items",
+            (arguments.select_parser(), list(params.MECHANISM_PARAMS)),
+            (arguments.top_k_parser(), ["k", "k_bar", "epsilon", "delta", "max_items",
                                     "with_counts"]),
             (compare.build_parser(), ["epsilon", "delta"] + list(compare.SHARED)
              + ["allow_unproven"])]:

@@ -106,6 +106,35 @@ def test_every_command_checks_its_columns(data, tmp_path, command):
     assert done.returncode == 2 and "look swapped" in done.stderr, done.stderr
 
 
+@pytest.mark.parametrize("command,bad,message", [
+    ("select", SELECT[:2] + ["--epsilon", "-1", "--delta", "1e-6"], "--epsilon must be"),
+    ("top-k", ["--k", "0", "--epsilon", "1", "--delta", "1e-6"], "--k must be"),
+    ("hitting-set", ["--k", "3", "--epsilon", "1", "--delta", "2"], "--delta must be"),
+    ("compare", ["--mechanisms", "nope", "--epsilon", "1", "--delta", "1e-6"],
+     "unknown mechanism"),
+    ("select", ["--help"], None)])
+def test_a_parameter_mistake_is_reported_before_beam_is_imported(data, tmp_path, command, bad,
+                                                                   message):
+    # python -X importtime lists every module imported, on stderr
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "beam_dpsu.pipelines.cli",
+                           command, "--input", data, "--output", str(tmp_path / "o"), *bad],
+                          capture_output=True, text=True, timeout=300)
+    imported = [ln for ln in done.stderr.splitlines() if ln.startswith("import time:")]
+    said = [ln for ln in done.stderr.splitlines() if not ln.startswith("import time:")]
+    assert imported and not any("apache_beam" in ln for ln in imported)
+    if message is None:
+        assert done.returncode == 0 and "--epsilon" in done.stdout and not said
+    else:
+        assert done.returncode == 2 and len(said) == 1 and message in said[0], said
+
+
+def test_a_misspelt_flag_is_named_before_the_missing_one_it_leaves(data, tmp_path):
+    done = beam_dpsu("select", "--input", data, "--output", str(tmp_path / "o"),
+                     "--mechanism", "weighted-gaussian", "--epsilonn", "1", "--delta", "1e-6")
+    assert done.returncode == 2
+    assert done.stderr.strip() == "beam-dpsu select: error: unrecognized arguments: --epsilonn 1"
+
+
 def test_the_stop_message_never_says_all_k_were_saved():
     from beam_dpsu.dp.mechanisms.topk import TopKMechanism
     m = TopKMechanism(20, 1.0, 1e-6)

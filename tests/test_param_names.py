@@ -7,7 +7,7 @@ from beam_dpsu.pipelines import audit as audit_cli
 from beam_dpsu.pipelines.cli import UsageError
 from beam_dpsu.dp import params
 from beam_dpsu.dp.registry import make_mechanism
-from beam_dpsu.pipelines import compare, select_partitions, top_k
+from beam_dpsu.pipelines import arguments, compare
 
 IO = ["--input", __file__, "--output", "/tmp/beam-dpsu-never-written"]
 SPELLINGS = ["--max-items-per-user", "--max-partitions-contributed", "--max-items"]
@@ -15,15 +15,16 @@ SPELLINGS = ["--max-items-per-user", "--max-partitions-contributed", "--max-item
 
 @pytest.mark.parametrize("flag", SPELLINGS)
 def test_select_accepts_every_flag_spelling(flag):
-    _, mechanism, _ = select_partitions.parse_args(
+    _, plan, _ = arguments.parse_select(
         IO + ["--mechanism", "weighted-gaussian", "--epsilon", "1", "--delta", "1e-6", flag, "7"])
+    mechanism = plan.mechanism
     assert mechanism.max_items == 7 and mechanism.describe()["max_items_per_user"] == 7
 
 
 @pytest.mark.parametrize("flag", SPELLINGS)
 def test_top_k_and_audit_accept_every_flag_spelling(flag):
-    _, mechanism, _ = top_k.parse_args(IO + ["--k", "3", "--epsilon", "1", "--delta", "1e-6",
-                                             flag, "4"])
+    _, mechanism, _ = arguments.parse_top_k(IO + ["--k", "3", "--epsilon", "1", "--delta",
+                                                  "1e-6", flag, "4"])
     assert mechanism.max_items == 4
     _, audited = audit_cli.parse_args(["--mechanism", "weighted-laplace", "--epsilon", "1",
                                    "--delta", "1e-6", flag, "5"])
@@ -32,7 +33,7 @@ def test_top_k_and_audit_accept_every_flag_spelling(flag):
 
 def test_help_names_the_aliases(capsys):
     with pytest.raises(SystemExit):
-        select_partitions.build_parser().parse_args(["--help"])
+        arguments.select_parser().parse_args(["--help"])
     out = capsys.readouterr().out
     assert "--max-items-per-user" in out and "--max-partitions-contributed" in out
 
@@ -67,9 +68,8 @@ def test_messages_name_the_flag_whatever_the_spelling():
     assert params.as_flags("max_partitions_contributed must be an integer >= 1") == \
         "--max-items-per-user must be an integer >= 1"
     with pytest.raises(UsageError, match="--max-items-per-user"):
-        select_partitions.parse_args(IO + ["--mechanism", "weighted-gaussian", "--epsilon", "1",
-                                           "--delta", "1e-6", "--max-partitions-contributed",
-                                           "0"])
+        arguments.parse_select(IO + ["--mechanism", "weighted-gaussian", "--epsilon", "1",
+                                     "--delta", "1e-6", "--max-partitions-contributed", "0"])
 
 
 def test_public_name_is_the_json_key():

@@ -17,7 +17,7 @@ import pytest
 
 from beam_dpsu.dp import synthetic
 from beam_dpsu.dp.registry import REGISTRY
-from beam_dpsu.pipelines import select_partitions
+from beam_dpsu.pipelines import arguments, select_partitions
 
 from conftest import transform_labels
 
@@ -170,7 +170,7 @@ def test_one_file_is_split_only_on_several_direct_workers_and_below_the_size_lim
     from beam_dpsu.dp.mechanisms.topk import TopKMechanism
     # with a top-k release beside it, a mechanism reads per-user counts (alone, it
     # reads columns)
-    args, plan, _ = select_partitions.parse_plan(
+    args, plan, _ = arguments.parse_select(
         ["--input", data[0], "--output", "/nonexistent/out", "--mechanism",
          "policy-gaussian"] + FLAGS["policy-gaussian"])
     p = beam.Pipeline(options=PipelineOptions(["--runner=DirectRunner"] + workers))
@@ -191,7 +191,7 @@ def test_every_mechanism_reads_columns(data, name, tmp_path):
     from beam_dpsu.dp.noise import RunKey
     flags = FLAGS.get(name, ["--epsilon", "1", "--delta", "1e-5"])
     out = str(tmp_path / "out")
-    _, plan, _ = select_partitions.parse_plan(
+    _, plan, _ = arguments.parse_select(
         ["--input", data[0], "--output", out, "--mechanism", name] + flags)
     p = beam.Pipeline(options=PipelineOptions(["--runner=DirectRunner"]))
     select_partitions.build_pipeline(p, data[0], out, plan.mechanism, RunKey.from_test_seed(1))

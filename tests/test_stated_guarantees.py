@@ -34,7 +34,7 @@ from beam_dpsu.dp.mechanisms.sips import Sips
 from beam_dpsu.dp.mechanisms.topk import TopKMechanism, top_k_local
 from beam_dpsu.dp.noise import RunKey
 from beam_dpsu.dp.registry import REGISTRY, make_mechanism
-from beam_dpsu.pipelines import run_budget, select_partitions, top_k
+from beam_dpsu.pipelines import arguments, run_budget, select_partitions, top_k
 
 CTX = decimal.Context(prec=2000)  # exact for sums and products of a few doubles
 
@@ -353,7 +353,7 @@ def test_top_k_epsilon_flags_mistakes_exit_2(argv, fragment, tmp_path, capsys):
 
 def test_help_says_epsilon_is_the_whole_query(capsys):
     with pytest.raises(SystemExit):
-        top_k.build_parser().parse_args(["--help"])
+        arguments.top_k_parser().parse_args(["--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert "whole query" in out and "--epsilon-per-selection" in out
 
@@ -468,7 +468,7 @@ def test_command_line_refuses_a_huge_delta0_at_once(tmp_path, capsys):
     assert rc == 2 and "--max-items-per-user must be at most 1,000,000" in err
     assert len(err.strip().splitlines()) == 1 and time.time() - start < 30
     with pytest.raises(SystemExit):
-        select_partitions.build_parser().parse_args(["--help"])
+        arguments.select_parser().parse_args(["--help"])
     help_text = " ".join(capsys.readouterr().out.split())
     assert "1,000,000" in help_text and "warning above 10" in help_text
     assert "warning above 0.001" in help_text

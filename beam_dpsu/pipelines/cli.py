@@ -298,6 +298,13 @@ def run_command(command: str, argv: Sequence[str], prog: Optional[str] = None) -
     configure_logging(verbose)
     token = _PROG.set("beam-dpsu " + command if prog is None else (prog or None))
     try:
+        # A mistake in a flag is reported before the command's pipeline (and with it
+        # Apache Beam, which takes seconds) is imported.
+        from beam_dpsu.pipelines import arguments
+        status = run_main(COMMANDS[command][0].rpartition(".")[2],
+                          lambda: arguments.check(command, argv))
+        if status:
+            return status
         module = importlib.import_module(COMMANDS[command][0])
         return module.main(argv)
     finally:

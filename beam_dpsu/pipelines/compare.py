@@ -80,10 +80,11 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from beam_dpsu.dp import utility
 from beam_dpsu.dp.mechanisms.base import run_local
-from beam_dpsu.transforms import textio
 from beam_dpsu.dp import params
 from beam_dpsu.dp.registry import REGISTRY, MechanismParams, make_mechanism
-from beam_dpsu.pipelines import compare_ranked, run_budget, flags, outputs, runs, cli
+from beam_dpsu.pipelines import compare_ranked, run_budget, flags, cli
+# textio, outputs and runs (which import Apache Beam) are imported by the functions that
+# read, run and write: parse_args checks the flags without Beam (arguments.check).
 from beam_dpsu.pipelines.cli import UsageError
 
 __all__ = ["PROG", "RESULTS_MD", "RESULTS_JSON", "RELEASED_PNG", "COVERAGE_PNG", "BY_USERS_PNG",
@@ -183,7 +184,13 @@ def mechanism_params(name: str, own: Dict[str, Any], args, epsilon: float) -> Me
 
 
 def parse_args(argv):
-    args, beam_args = flags.parse_known(build_parser(), argv)
+    """``beam-dpsu compare``'s flags, parsed and validated: (args, Beam's arguments, the
+    listed mechanisms, the ε values, every mechanism built); raises UsageError for
+    any user mistake, before any data is read."""
+    return flags.parse(build_parser(), argv, _validate)
+
+
+def _validate(args, beam_args):
     if args.engine == "core" and beam_args:
         raise UsageError(f"Beam options need --engine beam: {' '.join(beam_args)}")
     if args.trials < 1:
@@ -241,6 +248,7 @@ def privacy_cost(args, specs, epsilons, built, label=None) -> Dict[str, Any]:
 
 def load_per_user(pattern: str) -> Dict[Any, Dict[Any, int]]:
     """All users in memory, each user's items in record order (``textio.read_per_user``)."""
+    from beam_dpsu.transforms import textio
     return textio.read_per_user(pattern)
 
 
@@ -264,6 +272,7 @@ def user_bins(max_users: int) -> List[Tuple[int, int]]:
 
 def occurrences_of_files(pattern: str) -> Dict[Any, int]:
     """``{item: occurrences}`` of the input files, streamed (no per-user data kept)."""
+    from beam_dpsu.transforms import textio
     out: Dict[Any, int] = {}
     get = out.get
     for path in textio.match_files(pattern):
@@ -276,6 +285,7 @@ def occurrences_of_files(pattern: str) -> Dict[Any, int]:
 
 def _released_items(prefix: str) -> set:
     """The items of a release file written by select_partitions (one per line)."""
+    from beam_dpsu.pipelines import outputs
     path = prefix + outputs.ITEMS_SUFFIX
     if not os.path.exists(path):
         return set()
@@ -291,6 +301,7 @@ def run_trials(args, beam_args, specs, epsilons, built, per_user, tmp, progress,
     trial's occurrence coverage (the share of input lines whose item was
     released) to the rows.
     """
+    from beam_dpsu.pipelines import runs
     results = []
     total = len(specs) * len(epsilons) * args.trials
     step = 0
@@ -543,6 +554,7 @@ def plot(results, epsilons, out_dir) -> List[str]:
 
 
 def run(argv: Optional[Sequence[str]] = None, progress=None) -> Dict[str, Any]:
+    from beam_dpsu.pipelines import outputs, runs
     argv = list(sys.argv[1:] if argv is None else argv)
     args, beam_args, specs, epsilons, built = parse_args(argv)
     outputs.check_locations(args.input)
@@ -619,6 +631,7 @@ def _run_ranked(args, argv, specs, epsilons, built, per_user, progress, start):
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    from beam_dpsu.pipelines import runs
     return runs.main_wrapper(PROG, run, argv, ("input", "epsilons", "trials", "plots",
                                                  "seconds", "privacy_cost"))
 

@@ -21,7 +21,6 @@ from beam_dpsu.dp import params, utility
 from beam_dpsu.dp.mechanisms.base import released_items
 from beam_dpsu.dp.mechanisms.peeling import DiscoverPeelHittingSet, DiscoverPeelTopK
 from beam_dpsu.dp.mechanisms.topk import TopKMechanism
-from beam_dpsu.pipelines import runs
 from beam_dpsu.pipelines.cli import UsageError
 
 __all__ = ["TASKS", "METHODS", "parse_methods", "build", "run_trials", "markdown_rows"]
@@ -96,6 +95,7 @@ def run_trials(task: str, specs, k: int, epsilons, built, per_user, trials: int,
                progress, seed: Optional[int] = None) -> List[Dict[str, Any]]:
     """Runs every mechanism ``trials`` times per ε; the results. Each trial's key is
     ``runs.trial_key(seed, step)``: fresh OS randomness unless ``seed`` (tests only)."""
+    from beam_dpsu.pipelines import runs  # imports Beam: not when compare's flags are parsed
     holders = utility.users_per_item(per_user)
     pairs = utility.user_item_pairs(per_user)
     results = []

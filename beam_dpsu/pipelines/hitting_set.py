@@ -29,45 +29,14 @@ data is read; other failures exit with status 1 and a one-line message.
 from __future__ import annotations
 
 import sys
-from typing import List, Optional, Sequence, Tuple
+from typing import Optional, Sequence
 
-from beam_dpsu.dp import params
-from beam_dpsu.dp.mechanisms.peeling import DiscoverPeelHittingSet, DiscoverThenPeel
-from beam_dpsu.pipelines import flags, run_budget, runs, top_k
-from beam_dpsu.pipelines.cli import UsageError
+from beam_dpsu.dp.mechanisms.peeling import DiscoverThenPeel
+from beam_dpsu.pipelines import arguments, run_budget, runs, top_k
 
-__all__ = ["PROG", "build_parser", "parse_args", "public_fields", "run", "main"]
+__all__ = ["PROG", "public_fields", "run", "main"]
 
 PROG = "hitting_set"
-
-
-def build_parser():
-    p = flags.ArgumentParser(PROG, __doc__.split("\n")[0])
-    flags.add_io_arguments(p)
-    params.add_arguments(p, ["k", "epsilon", "delta", "max_items", "discovery_share"],
-                         required=("k", "epsilon", "delta"), help={
-        "k": "the number of items to choose (integer >= 1): k peeling rounds, each the "
-             "item that hits the most users not hit yet (always k items when the discovered "
-             "domain has k). Privacy: none; the peeling's ε is split over the k rounds",
-        "epsilon": "ε > 0 of the whole release's (ε, δ)-DP guarantee (discovery and "
-                   "peeling). Privacy: the stated ε",
-        "delta": "δ in (0, 1) of the whole release. Privacy: the stated δ",
-        "max_items": f"Δ0 of the discovery stage: distinct items each user contributes to "
-                     f"it (integer >= 1; default {params.DEFAULT_MAX_ITEMS}); the peeling "
-                     f"stage counts every item. Privacy: none"})
-    flags.add_dead_letter_argument(p)
-    return p
-
-
-def parse_args(argv: Optional[Sequence[str]]) -> Tuple[object, DiscoverThenPeel, List[str]]:
-    """Parses and validates everything; raises UsageError for any user mistake."""
-    args, beam_args = flags.parse_known(build_parser(), argv)
-    try:
-        mechanism = top_k.discover_peel(DiscoverPeelHittingSet, args, args.epsilon,
-                                        args.delta)
-    except ValueError as e:
-        raise UsageError(params.as_flags(str(e))) from None
-    return args, mechanism, beam_args
 
 
 def public_fields(mechanism: DiscoverThenPeel, released: int) -> dict:
@@ -82,7 +51,7 @@ def public_fields(mechanism: DiscoverThenPeel, released: int) -> dict:
 def run(argv: Optional[Sequence[str]] = None) -> dict:
     """Runs the pipeline; returns the public summary (also written to PREFIX.json) with
     the owner-only details under "PRIVATE_run_details"."""
-    args, mechanism, beam_args = parse_args(argv)
+    args, mechanism, beam_args = arguments.parse_hitting_set(argv)
     run_budget.warn_guarantee(mechanism.epsilon, mechanism.delta)
     # The same read -> count -> release -> write graph as top-k's discover-peel method.
     return runs.run_release(

@@ -60,138 +60,29 @@ any data is read; other failures exit with status 1 and a one-line message.
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
-from typing import List, Optional, Sequence, Tuple
+from typing import Optional, Sequence
 
 import apache_beam as beam
 
-from beam_dpsu.dp.accounting import PayWhatYouGetAccountant
-from beam_dpsu.dp.budget import PrivacyBudget
-from beam_dpsu.dp import params
 from beam_dpsu.dp.mechanisms import Mechanism
 from beam_dpsu.dp.mechanisms.policy import release_scale
 from beam_dpsu.dp.columnar import item_shards_for, runs_columnar, user_groups_for
 from beam_dpsu.transforms.columnar import SelectFromText, UsersFromText
 from beam_dpsu.transforms.select import SelectPartitions
 from beam_dpsu.dp.noise import RunKey
-from beam_dpsu.dp.registry import REGISTRY, MechanismParams, make_mechanism
 from beam_dpsu.transforms.textio import ReadUserItems, match_sized, split_one_file
 from beam_dpsu.transforms.topk import TopK
 from beam_dpsu.transforms import runners
 from beam_dpsu.transforms.write import ranked_lines
 from beam_dpsu.dp.mechanisms.topk import TopKMechanism
-from beam_dpsu.pipelines.cli import UsageError
-from beam_dpsu.pipelines import run_budget, top_k as top_k_pipeline, flags, outputs, runs
+from beam_dpsu.pipelines import arguments, run_budget, top_k as top_k_pipeline, outputs, runs
 
-__all__ = ["PROG", "build_parser", "RELEASES", "Plan", "parse_args", "parse_plan",
-           "build_pipeline", "public_fields", "budget_fields", "run", "main"]
+__all__ = ["PROG", "build_pipeline", "public_fields", "budget_fields", "run", "main"]
 
 
 PROG = "select_partitions"
-
-
-def build_parser() -> flags.ArgumentParser:
-    p = flags.ArgumentParser(PROG, __doc__.split("\n")[0])
-    flags.add_io_arguments(p)
-    p.add_argument("--mechanism", required=True,
-                   help="one of: " + ", ".join(sorted(REGISTRY)))
-    params.add_arguments(p, list(params.MECHANISM_PARAMS))
-    flags.add_dead_letter_argument(p)
-    run_budget.add_arguments(p, RELEASES)
-    g = p.add_argument_group("a top-k release in the same run (needs the budget flags)")
-    g.add_argument("--top-k", dest="top_k", type=int, metavar="K",
-                   help="also release the differentially private top K items (at most K: "
-                        "the query stops at the first candidate below its noisy threshold) "
-                        "to PREFIX-top-k-00000-of-00001. Privacy: paid from --share top-k "
-                        "(the whole query's guarantee)")
-    g.add_argument("--top-k-bar", dest="top_k_bar", type=int, metavar="KBAR",
-                   help="top-k candidates k̄ >= K (default K). Privacy: none (the threshold "
-                        "grows with log(k̄/δ)/ε)")
-    g.add_argument("--top-k-max-items", dest="top_k_max_items", type=int, metavar="N",
-                   help="top-k: Δ, distinct items kept per user (default unrestricted). "
-                        "Privacy: none")
-    return p
-
-
-#: the releases a run can make, as ``--share`` names them
-RELEASES = ("select", "top-k")
-
-
-@dataclasses.dataclass
-class Plan:
-    """What one run releases: the key set's mechanism and, optionally, a top-k query
-    and the budget both were calibrated from."""
-    mechanism: Mechanism
-    top_k: Optional[TopKMechanism] = None
-    budget: Optional[PrivacyBudget] = None
-    #: the top-k query's pay-what-you-get pool (k selections, one query)
-    pool: Optional[PayWhatYouGetAccountant] = None
-
-
-def parse_args(argv: Optional[Sequence[str]]) -> Tuple[object, Mechanism, List[str]]:
-    """Parses and validates everything; returns (args, the key set's mechanism, Beam's
-    arguments). Raises UsageError for any user mistake."""
-    args, plan, beam_args = parse_plan(argv)
-    return args, plan.mechanism, beam_args
-
-
-def parse_plan(argv: Optional[Sequence[str]]) -> Tuple[object, Plan, List[str]]:
-    """Parses and validates everything; returns (args, what the run releases, Beam's
-    arguments). Raises UsageError for any user mistake."""
-    args, beam_args = flags.parse_known(build_parser(), argv)
-    if args.top_k is None:
-        for name in ("top_k_bar", "top_k_max_items"):
-            if getattr(args, name) is not None:
-                raise UsageError(f"--{name.replace('_', '-')} needs --top-k")
-        if any(str(t).partition("=")[0].strip() == "top-k" for t in args.share or ()):
-            raise UsageError("--share top-k=F needs --top-k K (the top-k release)")
-    releases = ["select"] + (["top-k"] if args.top_k is not None else [])
-    planned = run_budget.plan(args, releases)
-    if planned is None:
-        if args.top_k is not None:
-            raise UsageError("--top-k makes a second release in this run: state the run's "
-                             "total with --budget-epsilon and --budget-delta (and optionally "
-                             "--share select=F --share top-k=F)")
-        try:
-            mechanism = make_mechanism(args.mechanism, MechanismParams.from_namespace(args))
-        except ValueError as e:
-            raise UsageError(params.as_flags(str(e))) from None
-        return args, Plan(mechanism), beam_args
-    budget, fractions = planned
-    values = {k: v for k, v in
-              dataclasses.asdict(MechanismParams.from_namespace(args)).items()
-              if k not in ("epsilon", "delta", "rho")}
-    try:
-        mechanism = budget.mechanism("select", args.mechanism, fraction=fractions["select"],
-                                     **values)
-    except ValueError as e:
-        raise UsageError(params.as_flags(str(e))) from None
-    topk = pool = None
-    if args.top_k is not None:
-        if args.top_k < 1 or (args.top_k_bar is not None and args.top_k_bar < args.top_k):
-            raise UsageError("--top-k must be an integer >= 1 and --top-k-bar >= --top-k")
-        try:
-            pool = budget.pay_what_you_get("top-k", max_selections=args.top_k, max_queries=1,
-                                           fraction=fractions["top-k"])
-            # The pool (k selections, one query) is the whole query's calibration, as
-            # beam-dpsu top-k --epsilon E --delta D: its per-selection ε is given here.
-            topk = TopKMechanism(k=args.top_k, k_bar=args.top_k_bar,
-                                 epsilon_per_selection=pool.epsilon, delta=pool.delta,
-                                 max_items=args.top_k_max_items)
-        except ValueError as e:
-            raise UsageError("--top-k: " + _top_k_flags(str(e))) from None
-    return args, Plan(mechanism, topk, budget, pool), beam_args
-
-
-def _top_k_flags(message: str) -> str:
-    """A top-k validation message with select's own top-k flags (``--top-k-max-items``,
-    not the key set's ``--max-items-per-user``)."""
-    for name, flag in (("max_items_per_user", "--top-k-max-items"), ("max_items", "--top-k-max-items"),
-                       ("k_bar", "--top-k-bar")):
-        message = message.replace(name, flag)
-    return message
 
 
 def _to_line(item) -> str:
@@ -284,7 +175,7 @@ def public_fields(mechanism: Mechanism, result, released: int) -> dict:
     return fields
 
 
-def budget_fields(plan: Plan, fields: dict, output_prefix: str) -> dict:
+def budget_fields(plan: arguments.Plan, fields: dict, output_prefix: str) -> dict:
     """``fields`` of the key set, restated for a run with a budget: ``epsilon``/``delta``
     become the run's total, the key set's own move to ``release_*``, the budget's
     statement goes under ``budget`` and the top-k release under ``top_k``."""
@@ -343,7 +234,7 @@ def budget_fields(plan: Plan, fields: dict, output_prefix: str) -> dict:
 def run(argv: Optional[Sequence[str]] = None) -> dict:
     """Runs the pipeline; returns the public summary (also written to PREFIX.json) with
     the owner-only details (PREFIX.PRIVATE-run-details.json) under "PRIVATE_run_details"."""
-    args, plan, beam_args = parse_plan(argv)
+    args, plan, beam_args = arguments.parse_select(argv)
     stated = plan.mechanism.guarantee if plan.budget is None else plan.budget
     run_budget.warn_guarantee(stated.epsilon, stated.delta)
 

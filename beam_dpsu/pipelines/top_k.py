@@ -64,145 +64,23 @@ read; other failures exit with status 1 and a one-line message.
 from __future__ import annotations
 
 import sys
-from typing import List, Optional, Sequence, Tuple
+from typing import Optional, Sequence
 
 import apache_beam as beam
 
-from beam_dpsu.dp import params
 from beam_dpsu.dp.noise import RunKey
 from beam_dpsu.transforms.textio import ReadUserItems, match_sized, split_one_file
 from beam_dpsu.transforms.peeling import DiscoverThenPeelTransform
 from beam_dpsu.transforms.topk import TopK
-from beam_dpsu.dp.mechanisms.peeling import DiscoverPeelTopK, DiscoverThenPeel
+from beam_dpsu.dp.mechanisms.peeling import DiscoverThenPeel
 from beam_dpsu.dp.mechanisms.topk import TopKMechanism
 from beam_dpsu.transforms.write import ranked_lines
-from beam_dpsu.pipelines.cli import UsageError
-from beam_dpsu.pipelines import run_budget, flags, outputs, runs
+from beam_dpsu.pipelines import arguments, run_budget, outputs, runs
 
-__all__ = ["PROG", "build_parser", "parse_args", "discover_peel", "build_pipeline", "public_fields",
-           "run", "main"]
+__all__ = ["PROG", "build_pipeline", "public_fields", "run", "main"]
 
 
 PROG = "top_k"
-
-
-def build_parser():
-    p = flags.ArgumentParser(PROG, __doc__.split("\n")[0])
-    flags.add_io_arguments(p)
-    params.add_arguments(p, ["k", "method", "k_bar", "epsilon", "epsilon_per_selection",
-                             "delta", "max_items", "discovery_share"],
-                         required=("k",), help={
-        "epsilon": f"ε > 0 of the whole query's (ε, δ)-DP guarantee, with or without "
-                   f"--with-counts; Algorithm 2's per-selection ε is calibrated from it (a "
-                   f"warning above {params.WARN_EPSILON_ABOVE:g}). Privacy: the stated ε",
-        "delta": f"δ in (0, 1) of the whole query (with --epsilon-per-selection: the "
-                 f"query's threshold δ; a warning above {params.WARN_DELTA_ABOVE:g}). "
-                 f"Privacy: the stated δ",
-        "method": "'limited-domain' (default: Durfee and Rogers, the true top k̄ ranked, "
-                  "pay what you get) or 'discover-peel' (Weighted Gaussian discovers a "
-                  "domain, then the peeling exponential mechanism ranks it). Privacy: none: "
-                  "--epsilon and --delta are the whole query's with either",
-        "max_items": f"Δ, distinct items kept per user (integer in [1, "
-                     f"{params.MAX_MAX_ITEMS:,}]); limited-domain: required by "
-                     f"--with-counts, default unrestricted (Gumbel only); discover-peel: "
-                     f"the discovery's Δ0 (default {params.DEFAULT_MAX_ITEMS}). "
-                     f"Privacy: none"})
-    flags.add_dead_letter_argument(p)
-    params.add_arguments(p, ["with_counts"])
-    run_budget.add_arguments(p, ("top-k",))
-    return p
-
-
-def parse_args(argv: Optional[Sequence[str]]) -> Tuple[object, TopKMechanism, List[str]]:
-    """Parses and validates everything; raises UsageError for any user mistake.
-
-    With the budget flags, ``args.budget`` is the ``PrivacyBudget`` the query
-    was calibrated from (else None).
-    """
-    args, beam_args = flags.parse_known(build_parser(), argv)
-    method = args.method or params.DEFAULT_TOPK_METHOD
-    if method not in params.TOPK_METHODS:
-        raise UsageError(f"--method must be one of {', '.join(params.TOPK_METHODS)}, "
-                         f"got {method!r}")
-    if method == "discover-peel":
-        return _parse_discover_peel(args, beam_args)
-    if args.discovery_share is not None:
-        raise UsageError("--discovery-share applies to --method discover-peel only")
-    planned = run_budget.plan(args, ("top-k",),
-                              replaced=("epsilon", "epsilon_per_selection", "delta"))
-    args.budget = args.pool = None
-    if args.epsilon is not None and args.epsilon_per_selection is not None:
-        raise UsageError("--epsilon (the whole query's guarantee) cannot be given with "
-                         "--epsilon-per-selection: give one")
-    if args.epsilon_per_selection is not None and args.with_counts:
-        raise UsageError("--epsilon-per-selection applies to Algorithm 2 only (without "
-                         "--with-counts): Algorithm 1's --epsilon is the whole query's")
-    try:
-        kwargs = {}
-        if planned is None:
-            if (args.epsilon is None and args.epsilon_per_selection is None) \
-                    or args.delta is None:
-                raise UsageError("give --epsilon and --delta (the whole query's guarantee), "
-                                 "or the query's total with --budget-epsilon and "
-                                 "--budget-delta")
-            if args.epsilon_per_selection is not None:
-                kwargs["epsilon_per_selection"] = args.epsilon_per_selection
-            else:
-                kwargs["epsilon"] = args.epsilon
-            delta = args.delta
-        else:
-            args.budget, fractions = planned
-            if args.with_counts:
-                share = args.budget.take("top-k", fraction=fractions["top-k"])
-                kwargs["epsilon"], delta = share.epsilon, share.delta
-            else:
-                # The pool of k selections and one query is exactly the calibration of
-                # --epsilon E --delta D (pay_what_you_get_epsilon(E, D, k, 1)).
-                args.pool = args.budget.pay_what_you_get(
-                    "top-k", max_selections=args.k, max_queries=1, fraction=fractions["top-k"])
-                kwargs["epsilon_per_selection"], delta = args.pool.epsilon, args.pool.delta
-        mechanism = TopKMechanism(k=args.k, k_bar=args.k_bar, delta=delta,
-                                  max_items=args.max_items, with_counts=bool(args.with_counts),
-                                  **kwargs)
-    except ValueError as e:
-        raise UsageError(params.as_flags(str(e))) from None
-    return args, mechanism, beam_args
-
-
-def _parse_discover_peel(args, beam_args):
-    """``--method discover-peel``: its flags, its mechanism (the whole query's ε, δ)."""
-    given = [f for f, v in (("--k-bar", args.k_bar), ("--with-counts", args.with_counts),
-                            ("--epsilon-per-selection", args.epsilon_per_selection)) if v]
-    if given:
-        raise UsageError(f"{', '.join(given)} does not apply to --method discover-peel (it "
-                         f"ranks the discovered domain; --epsilon and --delta are the whole "
-                         f"query's)")
-    planned = run_budget.plan(args, ("top-k",), replaced=("epsilon", "delta"))
-    args.budget = args.pool = None
-    try:
-        if planned is None:
-            if args.epsilon is None or args.delta is None:
-                raise UsageError("give --epsilon and --delta (the whole query's guarantee), "
-                                 "or the query's total with --budget-epsilon and "
-                                 "--budget-delta")
-            epsilon, delta = args.epsilon, args.delta
-        else:
-            args.budget, fractions = planned
-            share = args.budget.take("top-k", fraction=fractions["top-k"])
-            epsilon, delta = share.epsilon, share.delta
-        mechanism = discover_peel(DiscoverPeelTopK, args, epsilon, delta)
-    except ValueError as e:
-        raise UsageError(params.as_flags(str(e))) from None
-    return args, mechanism, beam_args
-
-
-def discover_peel(cls, args, epsilon: float, delta: float) -> DiscoverThenPeel:
-    """A discovery-then-peel mechanism from the command line's ``--k``,
-    ``--max-items-per-user`` and ``--discovery-share`` (their defaults when absent)."""
-    return cls(args.k, epsilon, delta,
-               params.DEFAULT_MAX_ITEMS if args.max_items is None else args.max_items,
-               params.DEFAULT_DISCOVERY_SHARE if args.discovery_share is None
-               else args.discovery_share)
 
 
 def build_pipeline(p: beam.Pipeline, input_pattern: str, output_prefix: str,
@@ -250,7 +128,7 @@ def public_fields(mechanism: TopKMechanism, released: int) -> dict:
 def run(argv: Optional[Sequence[str]] = None) -> dict:
     """Runs the pipeline; returns the public summary (also written to PREFIX.json) with
     the owner-only details (PREFIX.PRIVATE-run-details.json) under "PRIVATE_run_details"."""
-    args, mechanism, beam_args = parse_args(argv)
+    args, mechanism, beam_args = arguments.parse_top_k(argv)
     if args.budget is not None:
         run_budget.warn_guarantee(args.budget.epsilon, args.budget.delta)
     else:
