@@ -1,4 +1,4 @@
-"""Wall time, CPU time and peak memory of select_partitions at scale, alternated.
+"""Wall time, CPU time and peak memory of the command line at scale, alternated.
 
 Generates N synthetic users (Synthetic_80M recipe, ``beam-dpsu generate``) once
 (or reuses ``--keep PATH``), then runs, alternating round by round, each
@@ -12,6 +12,9 @@ run's alone) on the DirectRunner:
   in plain in-memory Python + numpy (the dict path's floor);
 * ``columnar:<mechanism>``: ``plain_inmemory.py --columnar``, the columnar
   functions the command line runs, in one process without Beam (its floor);
+* ``top-k:<method>``: ``beam-dpsu top-k --k 100 --method METHOD`` (``limited-domain``
+  or ``discover-peel``), one worker;
+* ``hitting-set:k``: ``beam-dpsu hitting-set --k 100``, one worker;
 * ``zcat``: ``zcat FILES | wc -l`` (``cat`` for files not ending in .gz):
   decompression alone, the physical floor of any reader;
 
@@ -50,6 +53,9 @@ FLAGS = {
     "sips": ["--rho", "0.1", "--delta", "1e-5"],
 }
 DEFAULT_FLAGS = ["--epsilon", "3", "--delta", "1e-5"]
+#: the ranked commands (``KIND:NAME``), each with these flags (and Δ0 where it has one)
+RANKED = ("top-k", "hitting-set")
+RANKED_FLAGS = ["--k", "100", "--epsilon", "3", "--delta", "1e-5"]
 TWO_WORKERS = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
 
 #: The command line as a user runs it (``beam-dpsu select``, i.e.
@@ -60,7 +66,8 @@ import json, resource, sys, time
 start = time.time()
 from beam_dpsu.pipelines import cli
 argv = sys.argv[1:] + ["--quiet"]
-status = cli.run_command("select", argv, prog="")
+command, argv = argv[0], argv[1:]
+status = cli.run_command(command, argv, prog="")
 if status:
     sys.exit(status)
 prefix = argv[argv.index("--output") + 1]
@@ -114,8 +121,13 @@ def run_config(config, data, tmp, max_items):
         return {"released": s["released"], "users": s["users"], "inner_s": s["wall_seconds"],
                 "peak_rss_mib": s["peak_rss_mib"]}, wall, cpu
     out = os.path.join(tmp, f"{name}-{time.time_ns()}")
-    cmd = [sys.executable, "-c", CHILD, "--input", data, "--output", out,
-           "--mechanism", name] + flags + (TWO_WORKERS if kind == "cli2" else [])
+    if kind in RANKED:
+        flags = RANKED_FLAGS + ["--max-items-per-user", str(max_items)] * (
+            name != "limited-domain") + (["--method", name] if kind == "top-k" else [])
+        cmd = [sys.executable, "-c", CHILD, kind, "--input", data, "--output", out] + flags
+    else:
+        cmd = [sys.executable, "-c", CHILD, "select", "--input", data, "--output", out,
+               "--mechanism", name] + flags + (TWO_WORKERS if kind == "cli2" else [])
     s, wall, cpu = run_child(cmd)
     details = s["PRIVATE_run_details"]  # exact counts and timings: owner-only
     return {"released": s["num_released"], "users": details["num_users"],
@@ -131,7 +143,8 @@ def main(argv=None) -> int:
     p.add_argument("--keep", help="reuse/keep the generated data at this path")
     p.add_argument("--configs", nargs="+",
                    default=["plain:weighted-gaussian", "cli:weighted-gaussian"],
-                   help="KIND:MECHANISM with KIND in cli, cli2, plain, columnar; or zcat")
+                   help="KIND:MECHANISM with KIND in cli, cli2, plain, columnar; "
+                        "top-k:METHOD; hitting-set:k; or zcat")
     p.add_argument("--baseline", help="the configuration ratios are taken against "
                    "(default: the first)")
     p.add_argument("--repeats", type=int, default=3)
@@ -139,7 +152,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     for c in args.configs:
         if c != "zcat" and (c.split(":", 1)[0] not in ("cli", "cli2", "plain", "columnar")
-                            or ":" not in c):
+                            + RANKED or ":" not in c):
             p.error(f"bad configuration {c!r}")
     baseline = args.baseline or args.configs[0]
     runs = {c: [] for c in args.configs}

@@ -74,7 +74,8 @@ __all__ = ["COLUMNAR_USER_GROUPS", "COLUMNAR_ITEM_SHARDS", "BYTES_PER_USER_GROUP
            "encode_spans", "gather_spans", "mixed_fnv", "string_spans", "string_groups",
            "PairBlock", "pair_blocks", "presample", "FLUSH_PAIRS", "merge_pair_blocks",
            "PairBuffer", "FILE_SHIFT", "MAX_FILES", "line_position",
-           "counted_pair_blocks", "GroupPairs", "group_pairs", "without_items", "pairs_histogram",
+           "counted_pair_blocks", "GroupPairs", "group_pairs", "without_items", "only_items",
+           "users_per_item", "held_pairs", "read_held_pairs", "top_candidates", "pairs_histogram",
            "sampled_pairs", "GroupHistogram", "bounded_histogram", "sum_histograms",
            "presample_plan", "runs_columnar", "columnar_rounds", "split_by_shard",
            "release_shard", "IPC_COMPRESSION", "release_from_files"]
@@ -945,10 +946,67 @@ def without_items(pairs: GroupPairs, removed: pa.Array) -> GroupPairs:
     gone = pc.is_in(pairs.items, value_set=removed).to_numpy(zero_copy_only=False)
     if not gone.any():
         return pairs
-    keep = ~gone[pairs.i]
+    return _pairs_where(pairs, ~gone[pairs.i])
+
+
+def only_items(pairs: GroupPairs, kept: pa.Array) -> GroupPairs:
+    """``pairs`` with only the pairs whose item is in ``kept`` (a string array; exact
+    string equality): a discovered domain's pairs. A user left without pairs no
+    longer appears in any pair."""
+    if len(pairs) == 0:
+        return pairs
+    inside = pc.is_in(pairs.items, value_set=kept).to_numpy(zero_copy_only=False)
+    return _pairs_where(pairs, inside[pairs.i])
+
+
+def _pairs_where(pairs: GroupPairs, keep: np.ndarray) -> GroupPairs:
     return GroupPairs(pairs.users, pairs.items, pairs.u[keep], pairs.i[keep],
                       None if pairs.counts is None else pairs.counts[keep],
                       None if pairs.first is None else pairs.first[keep])
+
+
+def users_per_item(pairs: GroupPairs) -> Tuple[List[str], List[int]]:
+    """``(items, numbers of users)`` of a group's distinct pairs: each item some pair
+    holds, with the number of the group's users who hold it."""
+    counts = np.bincount(pairs.i, minlength=len(pairs.items))
+    present = np.flatnonzero(counts)
+    return pairs.items.take(pa.array(present)).to_pylist(), counts[present].tolist()
+
+
+def held_pairs(pairs: GroupPairs) -> bytes:
+    """A group's distinct pairs as one Arrow IPC message for the user peeling's one
+    worker (``read_held_pairs``): each pair's user numbered 0, 1, ... in the group
+    (int32) and its item, dictionary-encoded over the items some pair holds."""
+    _, user_of = np.unique(pairs.u, return_inverse=True)
+    present, item_of = np.unique(pairs.i, return_inverse=True)
+    return _to_ipc(pa.RecordBatch.from_arrays(
+        [pa.array(user_of.astype(np.int32).reshape(-1)),
+         pa.DictionaryArray.from_arrays(pa.array(item_of.astype(np.int32).reshape(-1)),
+                                        pairs.items.take(pa.array(present)))],
+        names=["user", "item"]))
+
+
+def read_held_pairs(blob: bytes) -> Tuple[List[str], np.ndarray, np.ndarray]:
+    """``held_pairs``'s message → ``(items, user_of, item_of)``: pair j is (user
+    ``user_of[j]``, ``items[item_of[j]]``), int32 arrays."""
+    batch = _from_ipc(blob)
+    user, item = batch.column(0), batch.column(1)
+    return (item.dictionary.to_pylist(), user.to_numpy(zero_copy_only=False),
+            item.indices.to_numpy(zero_copy_only=False))
+
+
+def top_candidates(items: pa.Array, weights: np.ndarray, n: int) -> List[Tuple[str, float]]:
+    """The ``(item, weight)`` pairs of a summed shard that can be among its ``n``
+    largest whatever the tie-break: every item whose weight is at least the n-th
+    largest weight (all of them when there are at most n)."""
+    if len(weights) > n:
+        cut = np.partition(weights, len(weights) - n)[len(weights) - n]
+        chosen = np.flatnonzero(weights >= cut)
+    else:
+        chosen = np.arange(len(weights))
+    if not len(chosen):
+        return []
+    return list(zip(items.take(pa.array(chosen)).to_pylist(), weights[chosen].tolist()))
 
 
 def pairs_histogram(pairs: GroupPairs, max_items: Optional[int], weighting: str,

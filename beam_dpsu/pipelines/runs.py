@@ -53,7 +53,7 @@ from beam_dpsu.dp.accounting import readable_up
 from beam_dpsu.dp.noise import RunKey
 
 
-__all__ = ["INSECURE_SEED_WARNING", "NoWellFormedInput", "make_run_key", "trial_key",
+__all__ = ["columnar_layout", "tally_users", "INSECURE_SEED_WARNING", "NoWellFormedInput", "make_run_key", "trial_key",
            "progress_seconds",
            "UserProgress", "CountUsers", "runner_name", "run_pipeline", "counter",
            "run_release", "main_wrapper", "staging_for"]
@@ -238,6 +238,29 @@ def staging_for(p: beam.Pipeline, output_prefix: str) -> Optional[str]:
     if path is not None:
         made.append(path)
     return path
+
+
+def columnar_layout(p: beam.Pipeline, input_pattern: str, output_prefix: str) -> Dict[str, Any]:
+    """The columnar transforms' layout for the input ``input_pattern`` matches now:
+    ``user_groups`` for its size (``dp.columnar.user_groups_for``; the default when a
+    file's size is unknown), ``item_shards`` for those groups and ``staging_dir``
+    (``staging_for``). None of them affects a release."""
+    from beam_dpsu.dp.columnar import item_shards_for, user_groups_for
+    from beam_dpsu.transforms.textio import match_sized
+    sizes = [size for _, size in match_sized(input_pattern)]
+    groups = user_groups_for(None if None in sizes else sum(sizes))
+    return {"user_groups": groups, "item_shards": item_shards_for(groups),
+            "staging_dir": staging_for(p, output_prefix)}
+
+
+def tally_users(users: beam.PCollection) -> None:
+    """The ``users`` count of a run from a columnar transform's users per group."""
+    outputs.tally(users | "UsersPerGroup" >> beam.Map(_group_count), "users",
+                  counts_second=True)
+
+
+def _group_count(n: int):
+    return None, n
 
 
 class _uninterrupted:

@@ -68,7 +68,7 @@ import apache_beam as beam
 
 from beam_dpsu.dp.mechanisms import Mechanism
 from beam_dpsu.dp.mechanisms.policy import release_scale
-from beam_dpsu.dp.columnar import item_shards_for, runs_columnar, user_groups_for
+from beam_dpsu.dp.columnar import runs_columnar
 from beam_dpsu.transforms.columnar import SelectFromText, UsersFromText
 from beam_dpsu.transforms.select import SelectPartitions
 from beam_dpsu.dp.noise import RunKey
@@ -87,10 +87,6 @@ PROG = "select_partitions"
 
 def _to_line(item) -> str:
     return item if isinstance(item, str) else str(item)
-
-
-def _counted(n: int):
-    return None, n
 
 
 def build_pipeline(p: beam.Pipeline, input_pattern: str, output_prefix: str,
@@ -132,13 +128,10 @@ def build_pipeline(p: beam.Pipeline, input_pattern: str, output_prefix: str,
     needs.
     """
     if runs_columnar(mechanism) and top_k is None:
-        sizes = [size for _, size in match_sized(input_pattern)]
-        groups = user_groups_for(None if None in sizes else sum(sizes))
         items, malformed, users = p | "SelectFromText" >> SelectFromText(
-            input_pattern, mechanism, run_key, user_groups=groups,
-            item_shards=item_shards_for(groups),
-            staging_dir=runs.staging_for(p, output_prefix))
-        outputs.tally(users | "UsersPerGroup" >> beam.Map(_counted), "users", counts_second=True)
+            input_pattern, mechanism, run_key,
+            **runs.columnar_layout(p, input_pattern, output_prefix))
+        runs.tally_users(users)
         outputs.write_dead_letter(malformed, dead_letter)
         outputs.write_items(items, output_prefix)
         return

@@ -69,9 +69,7 @@ from typing import Optional, Sequence
 import apache_beam as beam
 
 from beam_dpsu.dp.noise import RunKey
-from beam_dpsu.transforms.textio import ReadUserItems, match_sized, split_one_file
-from beam_dpsu.transforms.peeling import DiscoverThenPeelTransform
-from beam_dpsu.transforms.topk import TopK
+from beam_dpsu.transforms.columnar import RankFromText
 from beam_dpsu.dp.mechanisms.peeling import DiscoverThenPeel
 from beam_dpsu.dp.mechanisms.topk import TopKMechanism
 from beam_dpsu.transforms.write import ranked_lines
@@ -84,23 +82,17 @@ PROG = "top_k"
 
 
 def build_pipeline(p: beam.Pipeline, input_pattern: str, output_prefix: str,
-                   mechanism: TopKMechanism, run_key: RunKey,
-                   dead_letter: Optional[str] = None) -> None:
-    """Adds the read → top-k → write graph to ``p`` (one output file, rank order).
-
-    One input file on the DirectRunner's several workers is read with
-    ``split_files=True`` (``textio.split_one_file``); the users are the same."""
-    per_user, malformed = p | "ReadUserItems" >> ReadUserItems(
-        input_pattern, with_malformed=True,
-        split_files=split_one_file(p, match_sized(input_pattern)))
+                   mechanism, run_key: RunKey, dead_letter: Optional[str] = None) -> None:
+    """Adds the read → rank → write graph to ``p`` (one output file, rank order): the
+    columnar path (``transforms.columnar.RankFromText``) for a ``TopKMechanism`` and
+    for discovery then peeling (top-k or hitting set), laid out for the input's size
+    (``runs.columnar_layout``)."""
+    rows, malformed, users = p | "RankFromText" >> RankFromText(
+        input_pattern, mechanism, run_key,
+        **runs.columnar_layout(p, input_pattern, output_prefix))
+    runs.tally_users(users)
     outputs.write_dead_letter(malformed, dead_letter)
-    counted = per_user | "CountUsers" >> runs.CountUsers()
-    if isinstance(mechanism, DiscoverThenPeel):
-        ranked = counted | "DiscoverThenPeel" >> DiscoverThenPeelTransform(
-            mechanism, run_key, per_user=True)
-    else:
-        ranked = counted | "TopK" >> TopK(mechanism, run_key, per_user=True)
-    outputs.write_items(ranked, output_prefix, arrange=ranked_lines)
+    outputs.write_items(rows, output_prefix, arrange=ranked_lines)
 
 
 def public_fields(mechanism: TopKMechanism, released: int) -> dict:

@@ -53,15 +53,17 @@ import pyarrow as pa
 from beam_dpsu.dp import buffers, columnar, columnar_policy
 from beam_dpsu.dp.columnar import COLUMNAR_ITEM_SHARDS, COLUMNAR_USER_GROUPS
 from beam_dpsu.dp.lines import BLOCK_BYTES, block_buffers, read_blocks
+from beam_dpsu.dp.mechanisms.peeling import DiscoverPeelHittingSet, DiscoverThenPeel
 from beam_dpsu.dp.mechanisms.policy import PolicyMechanism
 from beam_dpsu.dp.mechanisms.sips import Sips
+from beam_dpsu.dp.mechanisms.topk import DEFAULT_PURPOSE as TOPK_PURPOSE, TopKMechanism
 from beam_dpsu.dp.noise import RunKey
 from beam_dpsu.transforms import run_key as keys
 from beam_dpsu.transforms import ordered, runners, staging
 from beam_dpsu.transforms.release import ApplyReleaseRule
 from beam_dpsu.transforms.textio import input_files, open_binary
 
-__all__ = ["SelectFromText", "UsersFromText"]
+__all__ = ["SelectFromText", "RankFromText", "UsersFromText"]
 
 _MALFORMED, _USERS, _IDS = "malformed", "users", "ids"
 
@@ -461,6 +463,198 @@ class SelectFromText(beam.PTransform):
         return shards | f"Release{suffix}" >> beam.ParDo(
             _ReleaseDoFn(_RoundRule(self._mechanism, index), metric, self._staging),
             keys.key_side_input(shards, self._run_key))
+
+
+def _same_key(run_key: RunKey) -> RunKey:
+    return run_key
+
+
+class _ShardTopDoFn(beam.DoFn):
+    """``(shard, [partial histogram bytes])`` → ``(None, candidates)``: the shard's
+    items that can be among the ``n`` largest user counts (``columnar.top_candidates``;
+    the item shards partition the items, so the true top n is among the shards')."""
+
+    def __init__(self, n: int, stage=None):
+        self._n, self._staging = n, stage
+
+    def process(self, element):
+        items, counts = columnar.sum_histograms(staging.unstaged(self._staging, element[1]))
+        top = columnar.top_candidates(items, counts, self._n)
+        if top:
+            yield None, top
+
+
+class _TopKReleaseDoFn(beam.DoFn):
+    """``(None, [candidates, ...])`` → ``TopKMechanism.release``'s ranked rows (the
+    true top k̄ + 1 re-ranked there with the query's keyed tie-break)."""
+
+    def __init__(self, mechanism, purpose: str):
+        self._mechanism, self._purpose = mechanism, purpose
+        self._run_key = keys.KeyedCache(_same_key)
+        self._released = beam.metrics.Metrics.counter("beam_dpsu", "released")
+
+    def process(self, element, key_bytes):
+        top = [pair for part in element[1] for pair in part]
+        rows = self._mechanism.release(top, self._run_key(key_bytes), self._purpose)
+        self._released.inc(len(rows))
+        yield from rows
+
+
+class _InDomain:
+    """``(group, GroupPairs bytes)`` and the discovered domain → ``(None, part)`` for the
+    peeling stage's one worker: ``('counts', (items, users per item))`` for top-k,
+    ``('pairs', (number of pairs, columnar.held_pairs message or its staged
+    reference))`` for the hitting set, of the group's pairs whose item is in the
+    domain (picklable, for ``runners.WithList``)."""
+
+    def __init__(self, hitting: bool, stage=None):
+        self._hitting, self._staging = hitting, stage
+
+    def __call__(self, group: int, blob, domain):
+        if not domain:
+            return
+        pairs = columnar.GroupPairs.from_bytes(staging.unstaged(self._staging, [blob])[0])
+        inside = columnar.only_items(pairs, pa.array(domain, pa.string()))
+        if not len(inside):
+            return
+        if self._hitting:
+            for _, blob in staging.staged(self._staging, [(None, columnar.held_pairs(inside))]):
+                yield None, ("pairs", (len(inside), blob))
+        else:
+            yield None, ("counts", columnar.users_per_item(inside))
+
+
+class _PeelDoFn(beam.DoFn):
+    """``(None, [("domain", item) or part, ...])`` → the peeling stage's ranked rows: top-k
+    on the summed user counts (``DiscoverPeelTopK.peel``), the hitting set on the
+    groups' pairs (``DiscoverPeelHittingSet.peel_pairs``)."""
+
+    def __init__(self, mechanism, stage=None):
+        self._mechanism, self._staging = mechanism, stage
+        self._run_key = keys.KeyedCache(_same_key)
+        self._released = beam.metrics.Metrics.counter("beam_dpsu", "released")
+
+    def process(self, element, key_bytes):
+        run_key = self._run_key(key_bytes)
+        domain = [value for kind, value in element[1] if kind == "domain"]
+        parts = [value for kind, value in element[1] if kind != "domain"]
+        if isinstance(self._mechanism, DiscoverPeelHittingSet):
+            # one group's pairs read at a time, into arrays of the total's size
+            rows = self._mechanism.peel_pairs(
+                (columnar.read_held_pairs(staging.unstaged(self._staging, [blob])[0])
+                 for _, blob in parts), domain, run_key, total_pairs=sum(n for n, _ in parts))
+        else:
+            counts = {}
+            for items, users in parts:
+                for item, n in zip(items, users):
+                    counts[item] = counts.get(item, 0) + n
+            rows = self._mechanism.peel(counts, run_key)
+        self._released.inc(len(rows))
+        yield from rows
+
+
+class RankFromText(beam.PTransform):
+    """Text files of ``user_id<TAB>item`` lines → a ranked release: the rows of a
+    top-k query (``TopKMechanism``) or of discovery then peeling (top-k over an
+    unknown domain, ``DiscoverPeelTopK``, or the k-hitting set,
+    ``DiscoverPeelHittingSet``), on blocks of arrays as ``SelectFromText``.
+
+    ``p | RankFromText(pattern, mechanism, key)`` releases what ``p |
+    ReadUserItems(pattern) | TopK(mechanism, key, per_user=True)`` (or
+    ``DiscoverThenPeelTransform``) releases under the same key: the same users'
+    distinct items, the same Δ sample (``TopK``'s purpose), the same true top k̄ + 1
+    (each item shard's candidates, re-ranked on one worker), the same discovered
+    domain (Weighted Gaussian's columnar release) and the same peeling on each
+    user's items within it (one worker, over arrays of (user, item) indices).
+    Returns ``(rows, malformed, users)``: the ranked rows (``(rank, item)`` or
+    ``(rank, item, noisy_count)``, in no order: write them with
+    ``write.ranked_lines``), the malformed lines as ``(raw line bytes,
+    occurrences)`` (private) and one ``int`` per user group, its number of users
+    (private).
+
+    Args:
+      file_pattern, run_key, user_groups, item_shards, block_bytes, staging_dir,
+        label: as for ``SelectFromText`` (none affects the release).
+      mechanism: a ``TopKMechanism``, ``DiscoverPeelTopK`` or
+        ``DiscoverPeelHittingSet``; its guarantee is the release's.
+      purpose: a top-k query's key purpose (default ``'topk/0'``, ``TopK``'s);
+        two queries under one key need distinct purposes.
+
+    Memory: top-k holds one candidate list per item shard on one worker; the
+    hitting set holds the (user, discovered item) pairs on one worker, two int32
+    per pair in the messages and int64 indices in the rounds.
+
+    Privacy: the mechanism's ``guarantee`` under add/remove-one-user neighbours,
+    provided each user id identifies one person and the run key is secret and used
+    for one release only.
+    """
+
+    def __init__(self, file_pattern: str, mechanism, run_key: Optional[RunKey] = None,
+                 user_groups: int = COLUMNAR_USER_GROUPS,
+                 item_shards: int = COLUMNAR_ITEM_SHARDS, block_bytes: int = BLOCK_BYTES,
+                 staging_dir: Optional[str] = None, purpose: str = TOPK_PURPOSE,
+                 label: Optional[str] = None):
+        super().__init__(label)
+        if not isinstance(file_pattern, str) or not file_pattern:
+            raise ValueError(f"file_pattern must be a non-empty string, got {file_pattern!r}")
+        if not isinstance(mechanism, (TopKMechanism, DiscoverThenPeel)):
+            raise ValueError(f"RankFromText runs a TopKMechanism, DiscoverPeelTopK or "
+                             f"DiscoverPeelHittingSet; got {mechanism!r}")
+        if not isinstance(purpose, str) or not purpose:
+            raise ValueError(f"purpose must be a non-empty string, got {purpose!r}")
+        self._pattern, self._mechanism, self._purpose = file_pattern, mechanism, purpose
+        self._run_key = keys.for_pipeline(run_key)
+        self._groups = _check_count(user_groups, "user_groups")
+        self._shards = _check_count(item_shards, "item_shards")
+        self._block_bytes = _check_count(block_bytes, "block_bytes")
+        self._staging = None if staging_dir is None else staging.Staging(staging_dir)
+
+    def expand(self, pbegin):
+        envelope = not runners.capabilities(pbegin.pipeline).tagged_outputs
+        files = input_files(pbegin, self._pattern)
+        # no presampling: peeling counts every item of a user, and top-k samples later
+        pairs, malformed = _apply(files, "ReadPairs", _ReadPairsDoFn(
+            self._groups, self._block_bytes, envelope, stage=self._staging), envelope,
+            _MALFORMED, _NO_KEY)
+        grouped = pairs | "GroupUsers" >> beam.GroupByKey()
+        m = self._mechanism
+        if isinstance(m, TopKMechanism):
+            partials, users = _apply(grouped, "UsersPerItem", _BoundHistogramDoFn(
+                m.max_items, "count", self._purpose + "/sample", self._shards, envelope,
+                self._staging), envelope, _USERS, keys.key_side_input(grouped, self._run_key))
+            rows = (partials
+                    | "GroupShards" >> beam.GroupByKey()
+                    | "ShardTop" >> beam.ParDo(_ShardTopDoFn(m.k_bar + 1, self._staging))
+                    | "Collect" >> beam.GroupByKey()
+                    | "Release" >> beam.ParDo(_TopKReleaseDoFn(m, self._purpose),
+                                              keys.key_side_input(grouped, self._run_key)))
+            return rows, malformed, users
+        groups, users = _apply(grouped, "GroupPairs", _GroupPairsDoFn(envelope, self._staging),
+                               envelope, _USERS)
+        r = m.discovery.rounds[0]
+        partials = groups | "Discover" >> beam.ParDo(
+            _RoundHistogramDoFn(r.max_items, r.weighting, "sample/0", self._shards,
+                                self._staging),
+            keys.key_side_input(groups, self._run_key))
+        shards = partials | "DiscoveryShards" >> beam.GroupByKey()
+        domain = shards | "Domain" >> beam.ParDo(
+            _ReleaseDoFn(_RoundRule(m.discovery, 0), None, self._staging),
+            keys.key_side_input(shards, self._run_key))
+        parts = groups | "InDomain" >> runners.WithList(
+            domain, self._groups, _InDomain(isinstance(m, DiscoverPeelHittingSet),
+                                            self._staging))
+        # the domain travels with the parts (no side input: some runners evaluate one
+        # again in every task)
+        rows = ((domain | "TagDomain" >> beam.Map(_tag_domain), parts)
+                | "Together" >> beam.Flatten()
+                | "Collect" >> beam.GroupByKey()
+                | "Peel" >> beam.ParDo(_PeelDoFn(m, self._staging),
+                                       keys.key_side_input(groups, self._run_key)))
+        return rows, malformed, users
+
+
+def _tag_domain(item: str):
+    return None, ("domain", item)
 
 
 #: What ``UsersFromText``'s read stage gets instead of a run key (it samples nothing).

@@ -32,7 +32,8 @@ from __future__ import annotations
 import fractions
 import heapq
 import math
-from typing import Any, Dict, Hashable, Iterable, Iterator, List, Mapping, Sequence, Tuple
+from typing import (Any, Dict, Hashable, Iterable, Iterator, List, Mapping, Optional, Sequence,
+                    Tuple)
 
 import numpy as np
 
@@ -46,7 +47,7 @@ from beam_dpsu.dp.noise import RunKey, encode_value, keyed_gumbel_many
 from beam_dpsu.dp.params import DEFAULT_DISCOVERY_SHARE, DEFAULT_MAX_ITEMS
 
 __all__ = ["split_budget", "check_share", "peeling_epsilon0", "item_users", "peel_top_k",
-           "hitting_scores", "peeling_rounds", "user_peeling",
+           "hitting_scores", "peeling_rounds", "pair_rounds", "user_peeling",
            "DiscoverThenPeel", "DiscoverPeelTopK", "DiscoverPeelHittingSet"]
 
 #: Key purposes of the peeling stage (the discovery uses 'sample/0' and 'noise/0').
@@ -206,13 +207,30 @@ def peeling_rounds(user_sets: Iterable[Iterable[Hashable]], domain: Iterable[Has
             user_of.extend([users] * len(ids))
             item_of.extend(ids)
             users += 1
-    user_of_arr = np.asarray(user_of, dtype=np.int64)
-    item_of_arr = np.asarray(item_of, dtype=np.int64)
+    yield from pair_rounds(np.asarray(user_of, dtype=np.int64),
+                           np.asarray(item_of, dtype=np.int64), items, k, scale, run_key,
+                           purpose)
+
+
+def pair_rounds(user_of: np.ndarray, item_of: np.ndarray, items: Sequence[Hashable], k: int,
+                scale: float, run_key: RunKey, purpose: str = HITTING_PURPOSE
+                ) -> Iterator[Tuple[np.ndarray, Hashable]]:
+    """``peeling_rounds`` on arrays: the (user, item) pairs held, as ``user_of[j]``,
+    ``item_of[j]`` (item indices into ``items``, which must be the domain in
+    ``_domain_order``; each pair once; users numbered from 0, any order). The same
+    rounds as ``peeling_rounds`` on the same users, whatever their numbering.
+
+    Memory: the two index arrays (sorted by user here unless they already are; int32
+    when the numbers allow) and one score per item; each round finds the chosen
+    item's holders by one pass over the pairs instead of an index by item."""
+    k = cal.check_positive_int(k, "k")
     m = len(items)
-    scores = np.bincount(item_of_arr, minlength=m).astype(float)
-    by_item = np.argsort(item_of_arr, kind="stable")  # users holding each item, by item
-    item_start = np.searchsorted(item_of_arr[by_item], np.arange(m + 1))
-    user_start = np.searchsorted(user_of_arr, np.arange(users + 1))  # user_of is sorted
+    if not m:
+        return
+    user_of, item_of = _by_user(np.asarray(user_of), np.asarray(item_of))
+    users = int(user_of[-1]) + 1 if len(user_of) else 0
+    scores = np.bincount(item_of, minlength=m).astype(float)
+    user_start = np.searchsorted(user_of, np.arange(users + 1))
     hit = np.zeros(users, dtype=bool)
     ties = _tie_order(items).astype(float)
     key = run_key.subkey(purpose)
@@ -223,10 +241,30 @@ def peeling_rounds(user_sets: Iterable[Iterable[Hashable]], domain: Iterable[Has
         pick = int(best[np.argmax(ties[best])])
         yield scores.copy(), items[pick]
         scores[pick] = -np.inf
-        for u in user_of_arr[by_item[item_start[pick]:item_start[pick + 1]]]:
-            if not hit[u]:
-                hit[u] = True
-                np.subtract.at(scores, item_of_arr[user_start[u]:user_start[u + 1]], 1.0)
+        holders = user_of[item_of == pick]  # each holder once: every pair is distinct
+        new = holders[~hit[holders]]
+        if len(new):
+            hit[new] = True
+            # every item of each newly hit user loses that user (an integer count, so
+            # the subtraction is exact; chosen items stay at -inf)
+            starts = user_start[new]
+            lengths = user_start[new + 1] - starts
+            offsets = np.repeat(starts - np.concatenate(([0], np.cumsum(lengths)[:-1])),
+                                lengths)
+            scores -= np.bincount(item_of[np.arange(int(lengths.sum())) + offsets],
+                                  minlength=m)
+
+
+def _by_user(user_of: np.ndarray, item_of: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """The pairs sorted by user (as given when they already are), in the smallest of
+    int32 and int64 that holds them."""
+    small = np.int32 if max(len(user_of), len(item_of)) and max(
+        int(user_of.max(initial=0)), int(item_of.max(initial=0))) < 2 ** 31 else np.int64
+    user_of, item_of = user_of.astype(small, copy=False), item_of.astype(small, copy=False)
+    if len(user_of) > 1 and not bool(np.all(user_of[1:] >= user_of[:-1])):
+        order = np.argsort(user_of, kind="stable")
+        user_of, item_of = user_of[order], item_of[order]
+    return user_of, item_of
 
 
 def user_peeling(user_sets: Iterable[Iterable[Hashable]], domain: Iterable[Hashable], k: int,
@@ -347,6 +385,50 @@ class DiscoverPeelHittingSet(DiscoverThenPeel):
              ) -> List[Tuple[int, Any]]:
         """Stage 2 on each user's items within the discovered domain."""
         return user_peeling(user_sets, domain, self.k, self.noise_scale, run_key)
+
+    def peel_pairs(self, parts: Iterable[Tuple[Sequence[Hashable], np.ndarray, np.ndarray]],
+                   domain, run_key: RunKey, total_pairs: Optional[int] = None
+                   ) -> List[Tuple[int, Any]]:
+        """Stage 2 on users given as pairs, in parts of distinct users (a user in one
+        part only): each part ``(items, user_of, item_of)``, pair j being (the part's
+        user number ``user_of[j]``, ``items[item_of[j]]``), every item in ``domain``
+        (``dp.columnar.held_pairs`` of a user group's pairs within the domain). The
+        same rows as ``peel`` on the same users' item sets.
+
+        ``total_pairs``: the number of pairs of all parts, when known: the pairs are
+        then copied into arrays of that size as the parts come (``parts`` may be a
+        generator reading one part at a time), not gathered and joined."""
+        items = _domain_order(set(domain))
+        index = {x: i for i, x in enumerate(items)}
+        users, filled = 0, 0
+        user_of = item_of = None
+        pieces: List[Tuple[np.ndarray, np.ndarray]] = []
+        if total_pairs is not None:
+            kind = np.int32 if total_pairs < 2 ** 31 else np.int64  # users <= pairs
+            user_of, item_of = np.empty(total_pairs, kind), np.empty(total_pairs, kind)
+        for part_items, part_users, part_item_of in parts:
+            if not len(part_users):
+                continue
+            to_domain = np.fromiter((index[x] for x in part_items), dtype=np.int64,
+                                    count=len(part_items))
+            mapped = to_domain[np.asarray(part_item_of, dtype=np.int64)]
+            numbered = np.asarray(part_users, dtype=np.int64) + users
+            users = int(numbered.max()) + 1
+            if user_of is None:
+                pieces.append((numbered, mapped))
+                continue
+            if filled + len(mapped) > total_pairs:
+                raise ValueError(f"the parts hold more than total_pairs={total_pairs} pairs")
+            user_of[filled:filled + len(mapped)] = numbered
+            item_of[filled:filled + len(mapped)] = mapped
+            filled += len(mapped)
+        if user_of is None:
+            user_of = np.concatenate([u for u, _ in pieces]) if pieces else np.zeros(0, np.int64)
+            item_of = np.concatenate([x for _, x in pieces]) if pieces else np.zeros(0, np.int64)
+        elif filled != total_pairs:
+            raise ValueError(f"the parts hold {filled} pairs, not total_pairs={total_pairs}")
+        return [(rank, item) for rank, (_, item) in enumerate(
+            pair_rounds(user_of, item_of, items, self.k, self.noise_scale, run_key), 1)]
 
     def peel_local(self, per_user, domain, run_key):
         return self.peel((items for items in per_user.values()), domain, run_key)
