@@ -642,7 +642,8 @@ def _drop_repeats(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
 
 
 def pair_blocks(parsed: ParsedBlock, groups: int, sample: Optional[Tuple[int, bytes]] = None,
-                scratch: Optional[Scratch] = None) -> Dict[int, PairBlock]:
+                scratch: Optional[Scratch] = None, within: Optional[pa.Array] = None
+                ) -> Dict[int, PairBlock]:
     """The block's ``(user, item)`` pairs by user group (``string_groups`` of the user
     id, in [0, groups)): ``{group: PairBlock}`` for the non-empty groups; a group's
     users are held once (``PairBlock.users``), and, once the process uses the
@@ -650,7 +651,8 @@ def pair_blocks(parsed: ParsedBlock, groups: int, sample: Optional[Tuple[int, by
     (``_drop_repeats``; ``bounded_histogram`` removes every other repeat).
     ``sample``: ``(Δ0, sampling key)`` to ``presample`` the block (None: all pairs).
     ``scratch``: the arrays of the work are ``scratch``'s (the blocks returned hold
-    none of them)."""
+    none of them). ``within``: only the pairs whose item is in it (a string array;
+    exact string equality), e.g. a discovered domain; None: every item."""
     if len(parsed) == 0:
         return {}
     users, group, line_code = _users_by_group(parsed, groups, scratch)
@@ -673,6 +675,10 @@ def pair_blocks(parsed: ParsedBlock, groups: int, sample: Optional[Tuple[int, by
                     (starts, "sampled_starts"), (lengths, "sampled_lengths"),
                     (line_code, "sampled_codes")))
     block = PairBlock(users, gather_spans(parsed.buf, starts, lengths), line_code)
+    if within is not None:
+        inside = pc.is_in(block.items, value_set=within).to_numpy(zero_copy_only=False)
+        block = PairBlock(users, block.items.filter(pa.array(inside)),
+                          np.compress(inside, block.user_index))
     return _split_groups(block, group)
 
 

@@ -77,11 +77,14 @@ class _ReadPairsDoFn(beam.DoFn):
     of ``columnar.counted_pair_blocks`` (with each pair's first line position when
     ``positions``), else ``columnar.pair_blocks``. ``mechanism``: the mechanism
     whose ``columnar.presample_plan`` (under the run key, a side input) presamples
-    every block; None: no presampling."""
+    every block; None: no presampling. ``within``: the element is ``(file, items)``
+    and only the pairs of those items are sent (no malformed lines: a second read
+    of files read before)."""
 
     def __init__(self, groups: int, block_bytes: int, envelope: bool, counted: bool = False,
-                 positions: bool = False, mechanism=None, stage=None):
+                 positions: bool = False, mechanism=None, stage=None, within: bool = False):
         self._groups, self._block_bytes, self._envelope = groups, block_bytes, envelope
+        self._within = within
         self._staging = stage
         self._counted, self._positions = counted, positions
         # (Δ0, key) of columnar.presample_plan, built on the worker from the run key
@@ -108,6 +111,10 @@ class _ReadPairsDoFn(beam.DoFn):
         """The file's malformed lines (tagged) and its pair blocks: emitted, or added
         to ``sink`` (a ``staging.StagedWriter``) when given."""
         plan = self._plan(key_bytes)
+        domain = None
+        if self._within:  # (path, items): only the pairs of those items; the malformed
+            element, items = element  # lines were reported by the first read
+            domain = pa.array(list(items), pa.string())
         file_index, path = element if self._positions else (None, element)
         offset = 0  # of the block in the file's text
         # one block's arrays and read buffers, reused by the next block and file: taken
@@ -125,7 +132,7 @@ class _ReadPairsDoFn(beam.DoFn):
                 f, self._block_bytes, buffers=read_buffers)) as blocks:
             for block in blocks:
                 parsed = columnar.parse_block(block, scratch)
-                for line, n in parsed.malformed.items():
+                for line, n in ({} if self._within else parsed.malformed).items():
                     self._malformed.inc(n)
                     yield runners.tag((line, n), _MALFORMED, self._envelope)
                 if self._counted:
@@ -133,7 +140,8 @@ class _ReadPairsDoFn(beam.DoFn):
                             else columnar.line_position(file_index, offset, len(block)))
                     by_group = columnar.counted_pair_blocks(parsed, self._groups, base, plan)
                 else:
-                    by_group = columnar.pair_blocks(parsed, self._groups, plan, scratch)
+                    by_group = columnar.pair_blocks(parsed, self._groups, plan, scratch,
+                                                    within=domain)
                 offset += len(block) + 1
                 yield from self._send(held.add(by_group), sink)
         yield from self._send(held.flush(), sink)
@@ -500,28 +508,25 @@ class _TopKReleaseDoFn(beam.DoFn):
         yield from rows
 
 
-class _InDomain:
-    """``(group, GroupPairs bytes)`` and the discovered domain → ``(None, part)`` for the
-    peeling stage's one worker: ``('counts', (items, users per item))`` for top-k,
-    ``('pairs', (number of pairs, columnar.held_pairs message or its staged
-    reference))`` for the hitting set, of the group's pairs whose item is in the
-    domain (picklable, for ``runners.WithList``)."""
+class _InDomainDoFn(beam.DoFn):
+    """``(group, [PairBlock bytes])`` of the discovered domain's pairs → ``(None, part)``
+    for the peeling stage's one worker: ``('counts', (items, users per item))`` for
+    top-k, ``('pairs', (number of pairs, columnar.held_pairs message or its staged
+    reference))`` for the hitting set."""
 
     def __init__(self, hitting: bool, stage=None):
         self._hitting, self._staging = hitting, stage
 
-    def __call__(self, group: int, blob, domain):
-        if not domain:
-            return
-        pairs = columnar.GroupPairs.from_bytes(staging.unstaged(self._staging, [blob])[0])
-        inside = columnar.only_items(pairs, pa.array(domain, pa.string()))
-        if not len(inside):
+    def process(self, element):
+        pairs = columnar.group_pairs(columnar.PairBlock.from_bytes(b)
+                                     for b in staging.unstaged(self._staging, element[1]))
+        if not len(pairs):
             return
         if self._hitting:
-            for _, blob in staging.staged(self._staging, [(None, columnar.held_pairs(inside))]):
-                yield None, ("pairs", (len(inside), blob))
+            for _, blob in staging.staged(self._staging, [(None, columnar.held_pairs(pairs))]):
+                yield None, ("pairs", (len(pairs), blob))
         else:
-            yield None, ("counts", columnar.users_per_item(inside))
+            yield None, ("counts", columnar.users_per_item(pairs))
 
 
 class _PeelDoFn(beam.DoFn):
@@ -610,47 +615,71 @@ class RankFromText(beam.PTransform):
         self._staging = None if staging_dir is None else staging.Staging(staging_dir)
 
     def expand(self, pbegin):
+        m = self._mechanism
+        if not isinstance(m, TopKMechanism):
+            return self._discover_then_peel(pbegin)
         envelope = not runners.capabilities(pbegin.pipeline).tagged_outputs
         files = input_files(pbegin, self._pattern)
-        # no presampling: peeling counts every item of a user, and top-k samples later
+        # no presampling: without Δ every distinct item of a user counts
         pairs, malformed = _apply(files, "ReadPairs", _ReadPairsDoFn(
             self._groups, self._block_bytes, envelope, stage=self._staging), envelope,
             _MALFORMED, _NO_KEY)
         grouped = pairs | "GroupUsers" >> beam.GroupByKey()
+        partials, users = _apply(grouped, "UsersPerItem", _BoundHistogramDoFn(
+            m.max_items, "count", self._purpose + "/sample", self._shards, envelope,
+            self._staging), envelope, _USERS, keys.key_side_input(grouped, self._run_key))
+        rows = (partials
+                | "GroupShards" >> beam.GroupByKey()
+                | "ShardTop" >> beam.ParDo(_ShardTopDoFn(m.k_bar + 1, self._staging))
+                | "Collect" >> beam.GroupByKey()
+                | "Release" >> beam.ParDo(_TopKReleaseDoFn(m, self._purpose),
+                                          keys.key_side_input(grouped, self._run_key)))
+        return rows, malformed, users
+
+    def _discover_then_peel(self, pbegin):
+        """Discovery as ``SelectFromText`` releases Weighted Gaussian (its Δ0 sample
+        presampled as the files are read), then the files read again keeping only
+        the discovered items' pairs (a user's pairs outside the domain are never
+        held), each group's within-domain pairs to the one worker of the peeling."""
         m = self._mechanism
-        if isinstance(m, TopKMechanism):
-            partials, users = _apply(grouped, "UsersPerItem", _BoundHistogramDoFn(
-                m.max_items, "count", self._purpose + "/sample", self._shards, envelope,
-                self._staging), envelope, _USERS, keys.key_side_input(grouped, self._run_key))
-            rows = (partials
-                    | "GroupShards" >> beam.GroupByKey()
-                    | "ShardTop" >> beam.ParDo(_ShardTopDoFn(m.k_bar + 1, self._staging))
-                    | "Collect" >> beam.GroupByKey()
-                    | "Release" >> beam.ParDo(_TopKReleaseDoFn(m, self._purpose),
-                                              keys.key_side_input(grouped, self._run_key)))
-            return rows, malformed, users
-        groups, users = _apply(grouped, "GroupPairs", _GroupPairsDoFn(envelope, self._staging),
-                               envelope, _USERS)
-        r = m.discovery.rounds[0]
-        partials = groups | "Discover" >> beam.ParDo(
-            _RoundHistogramDoFn(r.max_items, r.weighting, "sample/0", self._shards,
-                                self._staging),
-            keys.key_side_input(groups, self._run_key))
-        shards = partials | "DiscoveryShards" >> beam.GroupByKey()
-        domain = shards | "Domain" >> beam.ParDo(
-            _ReleaseDoFn(_RoundRule(m.discovery, 0), None, self._staging),
-            keys.key_side_input(shards, self._run_key))
-        parts = groups | "InDomain" >> runners.WithList(
-            domain, self._groups, _InDomain(isinstance(m, DiscoverPeelHittingSet),
-                                            self._staging))
+        envelope = not runners.capabilities(pbegin.pipeline).tagged_outputs
+        layout = {"user_groups": self._groups, "item_shards": self._shards,
+                  "block_bytes": self._block_bytes,
+                  "staging_dir": None if self._staging is None else self._staging.directory}
+        domain, malformed, users = pbegin | "Discover" >> SelectFromText(
+            self._pattern, m.discovery, self._run_key, **layout)
+        files = (input_files(pbegin, self._pattern, label="FilesAgain", ordered=True)
+                 | "ByIndex" >> beam.Map(_file_key))
+        with_domain = files | "WithDomain" >> runners.WithList(domain, _FILE_KEYS, _with_items)
+        pairs, _ = _apply(with_domain, "ReadDomainPairs", _ReadPairsDoFn(
+            self._groups, self._block_bytes, envelope, stage=self._staging, within=True),
+            envelope, _MALFORMED, _NO_KEY)
+        parts = (pairs
+                 | "GroupDomainPairs" >> beam.GroupByKey()
+                 | "InDomain" >> beam.ParDo(_InDomainDoFn(
+                     isinstance(m, DiscoverPeelHittingSet), self._staging)))
         # the domain travels with the parts (no side input: some runners evaluate one
         # again in every task)
         rows = ((domain | "TagDomain" >> beam.Map(_tag_domain), parts)
                 | "Together" >> beam.Flatten()
                 | "Collect" >> beam.GroupByKey()
                 | "Peel" >> beam.ParDo(_PeelDoFn(m, self._staging),
-                                       keys.key_side_input(groups, self._run_key)))
+                                       keys.key_side_input(parts, self._run_key)))
         return rows, malformed, users
+
+
+#: the keys the files of the second read are spread over to meet the domain
+#: (``runners.WithList``: one per file up to this many)
+_FILE_KEYS = 16
+
+
+def _file_key(element):
+    index, path = element
+    return index % _FILE_KEYS, path
+
+
+def _with_items(key: int, path: str, items):
+    yield path, items
 
 
 def _tag_domain(item: str):

@@ -47,7 +47,7 @@ from beam_dpsu.dp.noise import RunKey, encode_value, keyed_gumbel_many
 from beam_dpsu.dp.params import DEFAULT_DISCOVERY_SHARE, DEFAULT_MAX_ITEMS
 
 __all__ = ["split_budget", "check_share", "peeling_epsilon0", "item_users", "peel_top_k",
-           "hitting_scores", "peeling_rounds", "pair_rounds", "user_peeling",
+           "hitting_scores", "peeling_rounds", "pair_rounds", "held_rounds", "user_peeling",
            "DiscoverThenPeel", "DiscoverPeelTopK", "DiscoverPeelHittingSet"]
 
 #: Key purposes of the peeling stage (the discovery uses 'sample/0' and 'noise/0').
@@ -218,20 +218,31 @@ def pair_rounds(user_of: np.ndarray, item_of: np.ndarray, items: Sequence[Hashab
     """``peeling_rounds`` on arrays: the (user, item) pairs held, as ``user_of[j]``,
     ``item_of[j]`` (item indices into ``items``, which must be the domain in
     ``_domain_order``; each pair once; users numbered from 0, any order). The same
-    rounds as ``peeling_rounds`` on the same users, whatever their numbering.
+    rounds as ``peeling_rounds`` on the same users, whatever their numbering."""
+    order = np.argsort(np.asarray(user_of), kind="stable")
+    user_of = np.asarray(user_of)[order]
+    users = int(user_of[-1]) + 1 if len(user_of) else 0
+    yield from held_rounds(np.searchsorted(user_of, np.arange(users + 1)),
+                           np.asarray(item_of)[order], items, k, scale, run_key, purpose)
 
-    Memory: the two index arrays (sorted by user here unless they already are; int32
-    when the numbers allow) and one score per item; each round finds the chosen
-    item's holders by one pass over the pairs instead of an index by item."""
+
+def held_rounds(user_start: np.ndarray, held: np.ndarray, items: Sequence[Hashable], k: int,
+                scale: float, run_key: RunKey, purpose: str = HITTING_PURPOSE
+                ) -> Iterator[Tuple[np.ndarray, Hashable]]:
+    """``peeling_rounds`` on the users' items as one array: user u holds the items
+    ``held[user_start[u]:user_start[u + 1]]`` (indices into ``items``, the domain in
+    ``_domain_order``; each of a user's items once).
+
+    Memory: ``held`` and one offset per user, one score per item; each round finds
+    the chosen item's holders by one pass over ``held`` (no index by item)."""
     k = cal.check_positive_int(k, "k")
     m = len(items)
     if not m:
         return
-    user_of, item_of = _by_user(np.asarray(user_of), np.asarray(item_of))
-    users = int(user_of[-1]) + 1 if len(user_of) else 0
-    scores = np.bincount(item_of, minlength=m).astype(float)
-    user_start = np.searchsorted(user_of, np.arange(users + 1))
-    hit = np.zeros(users, dtype=bool)
+    user_start = np.asarray(user_start, dtype=np.int64)
+    scores = np.bincount(held, minlength=m).astype(float)
+    hit = np.zeros(max(len(user_start) - 1, 0), dtype=bool)
+    user_lengths = np.diff(user_start)
     ties = _tie_order(items).astype(float)
     key = run_key.subkey(purpose)
     for j in range(min(k, m)):
@@ -241,7 +252,8 @@ def pair_rounds(user_of: np.ndarray, item_of: np.ndarray, items: Sequence[Hashab
         pick = int(best[np.argmax(ties[best])])
         yield scores.copy(), items[pick]
         scores[pick] = -np.inf
-        holders = user_of[item_of == pick]  # each holder once: every pair is distinct
+        # the holders, each once (a user holds an item once)
+        holders = np.searchsorted(user_start, np.flatnonzero(held == pick), side="right") - 1
         new = holders[~hit[holders]]
         if len(new):
             hit[new] = True
@@ -249,22 +261,16 @@ def pair_rounds(user_of: np.ndarray, item_of: np.ndarray, items: Sequence[Hashab
             # the subtraction is exact; chosen items stay at -inf)
             starts = user_start[new]
             lengths = user_start[new + 1] - starts
-            offsets = np.repeat(starts - np.concatenate(([0], np.cumsum(lengths)[:-1])),
-                                lengths)
-            scores -= np.bincount(item_of[np.arange(int(lengths.sum())) + offsets],
-                                  minlength=m)
-
-
-def _by_user(user_of: np.ndarray, item_of: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-    """The pairs sorted by user (as given when they already are), in the smallest of
-    int32 and int64 that holds them."""
-    small = np.int32 if max(len(user_of), len(item_of)) and max(
-        int(user_of.max(initial=0)), int(item_of.max(initial=0))) < 2 ** 31 else np.int64
-    user_of, item_of = user_of.astype(small, copy=False), item_of.astype(small, copy=False)
-    if len(user_of) > 1 and not bool(np.all(user_of[1:] >= user_of[:-1])):
-        order = np.argsort(user_of, kind="stable")
-        user_of, item_of = user_of[order], item_of[order]
-    return user_of, item_of
+            total = int(lengths.sum())
+            if 8 * total < len(held):  # few pairs: their positions
+                offsets = np.repeat(starts - np.concatenate(([0], np.cumsum(lengths)[:-1])),
+                                    lengths)
+                lost = held[np.arange(total) + offsets]
+            else:  # many: one flag per pair, not eight bytes per position
+                newly = np.zeros(len(hit), dtype=bool)
+                newly[new] = True
+                lost = held[np.repeat(newly, user_lengths)]
+            scores -= np.bincount(lost, minlength=m)
 
 
 def user_peeling(user_sets: Iterable[Iterable[Hashable]], domain: Iterable[Hashable], k: int,
@@ -391,44 +397,46 @@ class DiscoverPeelHittingSet(DiscoverThenPeel):
                    ) -> List[Tuple[int, Any]]:
         """Stage 2 on users given as pairs, in parts of distinct users (a user in one
         part only): each part ``(items, user_of, item_of)``, pair j being (the part's
-        user number ``user_of[j]``, ``items[item_of[j]]``), every item in ``domain``
-        (``dp.columnar.held_pairs`` of a user group's pairs within the domain). The
-        same rows as ``peel`` on the same users' item sets.
+        user number ``user_of[j]``, ``items[item_of[j]]``), each pair once, every item
+        in ``domain`` (``dp.columnar.held_pairs`` of a user group's pairs within the
+        domain). The same rows as ``peel`` on the same users' item sets.
 
-        ``total_pairs``: the number of pairs of all parts, when known: the pairs are
-        then copied into arrays of that size as the parts come (``parts`` may be a
-        generator reading one part at a time), not gathered and joined."""
+        ``total_pairs``: the number of pairs of all parts, when known: the items are
+        then copied into one array of that size as the parts come (``parts`` may be a
+        generator reading one part at a time), not gathered and joined. Memory: one
+        integer per pair and one offset per user (``held_rounds``)."""
         items = _domain_order(set(domain))
         index = {x: i for i, x in enumerate(items)}
-        users, filled = 0, 0
-        user_of = item_of = None
-        pieces: List[Tuple[np.ndarray, np.ndarray]] = []
-        if total_pairs is not None:
-            kind = np.int32 if total_pairs < 2 ** 31 else np.int64  # users <= pairs
-            user_of, item_of = np.empty(total_pairs, kind), np.empty(total_pairs, kind)
+        kind = np.int32 if len(items) < 2 ** 31 else np.int64
+        held = None if total_pairs is None else np.empty(total_pairs, kind)
+        pieces: List[np.ndarray] = []
+        lengths: List[np.ndarray] = []
+        filled = 0
         for part_items, part_users, part_item_of in parts:
             if not len(part_users):
                 continue
-            to_domain = np.fromiter((index[x] for x in part_items), dtype=np.int64,
+            part_users = np.asarray(part_users)
+            order = np.argsort(part_users, kind="stable")
+            to_domain = np.fromiter((index[x] for x in part_items), dtype=kind,
                                     count=len(part_items))
-            mapped = to_domain[np.asarray(part_item_of, dtype=np.int64)]
-            numbered = np.asarray(part_users, dtype=np.int64) + users
-            users = int(numbered.max()) + 1
-            if user_of is None:
-                pieces.append((numbered, mapped))
+            mapped = to_domain[np.asarray(part_item_of)[order]]
+            counts = np.bincount(part_users)
+            lengths.append(counts[counts > 0])
+            if held is None:
+                pieces.append(mapped)
                 continue
             if filled + len(mapped) > total_pairs:
                 raise ValueError(f"the parts hold more than total_pairs={total_pairs} pairs")
-            user_of[filled:filled + len(mapped)] = numbered
-            item_of[filled:filled + len(mapped)] = mapped
+            held[filled:filled + len(mapped)] = mapped
             filled += len(mapped)
-        if user_of is None:
-            user_of = np.concatenate([u for u, _ in pieces]) if pieces else np.zeros(0, np.int64)
-            item_of = np.concatenate([x for _, x in pieces]) if pieces else np.zeros(0, np.int64)
+        if held is None:
+            held = np.concatenate(pieces) if pieces else np.zeros(0, kind)
         elif filled != total_pairs:
             raise ValueError(f"the parts hold {filled} pairs, not total_pairs={total_pairs}")
+        user_start = np.concatenate([[0]] + [np.cumsum(np.concatenate(lengths))]
+                                    if lengths else [[0]]).astype(np.int64)
         return [(rank, item) for rank, (_, item) in enumerate(
-            pair_rounds(user_of, item_of, items, self.k, self.noise_scale, run_key), 1)]
+            held_rounds(user_start, held, items, self.k, self.noise_scale, run_key), 1)]
 
     def peel_local(self, per_user, domain, run_key):
         return self.peel((items for items in per_user.values()), domain, run_key)
