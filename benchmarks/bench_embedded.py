@@ -8,6 +8,9 @@ DirectRunner runs locally, without its Prism attempt):
 * ``read``: that read and split, then a trivial sink (the baseline: no DP);
 * ``read+dp``: the same plus ``SelectPartitions(WeightedGaussian(ε, δ, Δ0))``
   and ``WriteToText`` of the released items;
+* ``read+dp-per-user``: ``read+dp`` with the per-user path (``PerUserItemCounts``
+  then ``SelectPartitions(..., per_user=True)``) instead of the blocks of arrays
+  ``SelectPartitions`` runs on pairs;
 * ``read+dp-bundle-dofn``: ``read+dp`` with the alternative per-user design
   (``PerUserItemCounts(design='bundle-dofn')``: a DoFn aggregating each
   bundle's occurrences in its own dict), to compare the designs;
@@ -68,6 +71,13 @@ def variant_read_dp(p, path, out, epsilon=3.0, delta=1e-5, max_items=100):
      | "Write" >> beam.io.WriteToText(out))
 
 
+def variant_read_dp_per_user(p, path, out, epsilon=3.0, delta=1e-5, max_items=100):
+    (build_read(p, path)
+     | "PerUser" >> PerUserItemCounts()
+     | "DP" >> SelectPartitions(WeightedGaussian(epsilon, delta, max_items), per_user=True)
+     | "Write" >> beam.io.WriteToText(out))
+
+
 def variant_read_dp_bundle_dofn(p, path, out, epsilon=3.0, delta=1e-5, max_items=100):
     (build_read(p, path)
      | "PerUser" >> PerUserItemCounts(design="bundle-dofn")
@@ -93,6 +103,7 @@ def variant_read_pipelinedp(p, path, out, epsilon=3.0, delta=1e-5, max_items=100
 
 
 VARIANTS = {"read": variant_read, "read+dp": variant_read_dp,
+            "read+dp-per-user": variant_read_dp_per_user,
             "read+dp-bundle-dofn": variant_read_dp_bundle_dofn,
             "read+pipelinedp": variant_read_pipelinedp}
 DEFAULT_VARIANTS = ["read", "read+dp", "read+dp-bundle-dofn"]

@@ -42,13 +42,14 @@ weights are summed, which the tests show does not change a release).
 """
 from __future__ import annotations
 
+import ast
 import collections
 import functools
 import os
 import threading
 from contextlib import closing
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -58,13 +59,13 @@ from beam_dpsu.dp import compiled
 from beam_dpsu.dp import sequential as policies
 from beam_dpsu.dp.buffers import Scratch, empty
 from beam_dpsu.dp.calibration import check_positive_int
-from beam_dpsu.dp.contribution import (item_scores, owner_score_order, ranks_in_runs,
+from beam_dpsu.dp.contribution import (canonical_id, item_scores, owner_score_order, ranks_in_runs,
                                        sample_items, sampling_keys, smallest_scores,
                                        user_keys)
 from beam_dpsu.dp.mechanisms.histogram_threshold import HistogramMechanism
 from beam_dpsu.dp.mechanisms.policy import PolicyMechanism
 from beam_dpsu.dp.mechanisms.sips import Sips
-from beam_dpsu.dp.noise import STR_TAG
+from beam_dpsu.dp.noise import STR_TAG, encode_value
 from beam_dpsu.dp.siphash import siphash24_many
 from beam_dpsu.dp.weights import check_weighting
 
@@ -74,6 +75,7 @@ __all__ = ["COLUMNAR_USER_GROUPS", "COLUMNAR_ITEM_SHARDS", "BYTES_PER_USER_GROUP
            "encode_spans", "gather_spans", "mixed_fnv", "string_spans", "string_groups",
            "PairBlock", "pair_blocks", "presample", "FLUSH_PAIRS", "merge_pair_blocks",
            "PairBuffer", "FILE_SHIFT", "MAX_FILES", "line_position",
+           "ID_ESCAPE", "id_strings", "from_id_string", "arrays_block",
            "counted_pair_blocks", "GroupPairs", "group_pairs", "without_items", "only_items",
            "users_per_item", "held_pairs", "read_held_pairs", "top_candidates", "pairs_histogram",
            "sampled_pairs", "GroupHistogram", "bounded_histogram", "sum_histograms",
@@ -680,6 +682,72 @@ def pair_blocks(parsed: ParsedBlock, groups: int, sample: Optional[Tuple[int, by
         block = PairBlock(users, block.items.filter(pa.array(inside)),
                           np.compress(inside, block.user_index))
     return _split_groups(block, group)
+
+
+#: The first character of the string that stands for a user id or item that is not a
+#: plain UTF-8 ``str`` (``id_strings``), followed by the hex of its canonical bytes.
+ID_ESCAPE = "\x00"
+
+
+def id_strings(values: List[Any], what: str = "user id") -> pa.Array:
+    """User ids or items (``dp.contribution.canonical_id``'s types) as an Arrow string
+    array with the same identities: two values get one string exactly when they are
+    one id. ``str`` values are themselves (one pass in Arrow when they all are);
+    any other id (``bytes``, ``int``, tuples, a ``str`` with a lone surrogate or
+    starting with ``ID_ESCAPE``) is ``ID_ESCAPE`` and the hex of its canonical
+    bytes (``noise.encode_value``), read back by ``from_id_string``. A type the
+    library refuses raises ``IdTypeError`` (naming the type, never the value)."""
+    try:
+        array = pa.array(values)
+    except (pa.ArrowException, UnicodeEncodeError):
+        array = None
+    if (array is not None and array.type == pa.string() and not array.null_count
+            and not pc.any(pc.starts_with(array, ID_ESCAPE)).as_py()):
+        return array
+    return pa.array([_id_string(v, what) for v in values], pa.string())
+
+
+def _id_string(value: Any, what: str) -> str:
+    value = canonical_id(value, what)
+    if type(value) is str and not value.startswith(ID_ESCAPE):
+        try:
+            value.encode("utf-8")
+            return value
+        except UnicodeEncodeError:  # a lone surrogate: not a valid Arrow string
+            pass
+    return ID_ESCAPE + encode_value(value).hex()
+
+
+def from_id_string(text: str) -> Any:
+    """The id ``id_strings`` wrote as ``text``."""
+    if not text.startswith(ID_ESCAPE):
+        return text
+    raw = bytes.fromhex(text[len(ID_ESCAPE):])
+    kind, body = raw[:1], raw[1:]
+    if kind == b"s":
+        return body.decode("utf-8", "surrogatepass")
+    if kind == b"b":
+        return body
+    name, _, shown = body.decode("utf-8", "surrogatepass").partition(":")
+    value = ast.literal_eval(shown)
+    if type(value).__name__ != name:
+        raise ValueError(f"not an id string: a {name} that reads back as a "
+                         f"{type(value).__name__}")
+    return value
+
+
+def arrays_block(users: pa.Array, items: pa.Array) -> ParsedBlock:
+    """Pairs given as two string arrays (pair k is ``(users[k], items[k])``) as a
+    ``ParsedBlock`` of well-formed lines, for ``pair_blocks``: the same pairs as a
+    block of the text ``users[k]<TAB>items[k]`` lines would give (the bytes of both
+    arrays copied into one buffer)."""
+    if len(users) != len(items):
+        raise ValueError(f"{len(users)} users for {len(items)} items")
+    udata, ustarts, ulengths = string_spans(users)
+    idata, istarts, ilengths = string_spans(items)
+    buf = np.concatenate([udata, idata])
+    istarts = istarts + len(udata)
+    return ParsedBlock(buf, ustarts, ustarts + ulengths, istarts, istarts + ilengths, {})
 
 
 def _users_by_group(parsed: ParsedBlock, groups: int, scratch: Optional[Scratch] = None):

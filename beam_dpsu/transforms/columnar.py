@@ -47,6 +47,7 @@ from contextlib import closing
 from typing import Any, Iterator, Optional, Tuple
 
 import apache_beam as beam
+from apache_beam.transforms.window import GlobalWindows
 import numpy as np
 import pyarrow as pa
 
@@ -63,7 +64,7 @@ from beam_dpsu.transforms import ordered, runners, staging
 from beam_dpsu.transforms.release import ApplyReleaseRule
 from beam_dpsu.transforms.textio import input_files, open_binary
 
-__all__ = ["SelectFromText", "RankFromText", "UsersFromText"]
+__all__ = ["SelectFromText", "SelectFromPairs", "RankFromText", "UsersFromText"]
 
 _MALFORMED, _USERS, _IDS = "malformed", "users", "ids"
 
@@ -322,7 +323,58 @@ def _check_count(value, name: str) -> int:
     return value
 
 
-class SelectFromText(beam.PTransform):
+class _Rounds(beam.PTransform):
+    """What ``SelectFromText`` and ``SelectFromPairs`` share: the layout, the key and,
+    from the pair blocks by user group, the release of a histogram mechanism's or
+    DP-SIPS's rounds (``_select``)."""
+
+    def __init__(self, mechanism, run_key, user_groups: int, item_shards: int,
+                 staging_dir: Optional[str], label: Optional[str]):
+        super().__init__(label)
+        self._rounds = (None if isinstance(mechanism, PolicyMechanism)
+                        else columnar.columnar_rounds(mechanism))
+        self._mechanism = mechanism
+        self._run_key = keys.for_pipeline(run_key)
+        self._groups = _check_count(user_groups, "user_groups")
+        self._shards = _check_count(item_shards, "item_shards")
+        self._staging = None if staging_dir is None else staging.Staging(staging_dir)
+
+    def _select(self, pairs, envelope: bool):
+        """The rounds' release from the ``(group, PairBlock bytes)`` messages:
+        ``(released, users per group)``."""
+        grouped = pairs | "GroupUsers" >> beam.GroupByKey()
+        if len(self._rounds) == 1:
+            r = self._rounds[0]
+            partials, users = _apply(grouped, "BoundHistogram", _BoundHistogramDoFn(
+                r.max_items, r.weighting, "sample/0", self._shards, envelope, self._staging),
+                envelope,
+                _USERS, keys.key_side_input(grouped, self._run_key))
+            return self._release(partials, 0, ""), users
+        groups, users = _apply(grouped, "GroupPairs", _GroupPairsDoFn(envelope, self._staging),
+                               envelope, _USERS)
+        released = []
+        for i, r in enumerate(self._rounds):
+            partials = groups | f"Histogram{i}" >> beam.ParDo(
+                _RoundHistogramDoFn(r.max_items, r.weighting, f"sample/{i}", self._shards,
+                                    self._staging),
+                keys.key_side_input(groups, self._run_key))
+            released.append(self._release(partials, i, str(i)))
+            if i + 1 < len(self._rounds):
+                groups = groups | f"Remove{i}" >> WithoutReleased(released[-1], self._groups,
+                                                                  self._staging)
+        return tuple(released) | "Union" >> beam.Flatten(), users
+
+    def _release(self, partials, index: int, suffix: str):
+        """Round ``index``'s released items from its partial histograms by shard."""
+        shards = partials | f"GroupShards{suffix}" >> beam.GroupByKey()
+        # DP-SIPS's summary reports every round's count, one round included
+        metric = f"released_round_{index}" if isinstance(self._mechanism, Sips) else None
+        return shards | f"Release{suffix}" >> beam.ParDo(
+            _ReleaseDoFn(_RoundRule(self._mechanism, index), metric, self._staging),
+            keys.key_side_input(shards, self._run_key))
+
+
+class SelectFromText(_Rounds):
     """Text files of ``user_id<TAB>item`` lines → the items a histogram mechanism,
     DP-SIPS or a sequential policy mechanism releases.
 
@@ -386,7 +438,6 @@ class SelectFromText(beam.PTransform):
                  run_key: Optional[RunKey] = None, user_groups: int = COLUMNAR_USER_GROUPS,
                  item_shards: int = COLUMNAR_ITEM_SHARDS, block_bytes: int = BLOCK_BYTES,
                  staging_dir: Optional[str] = None, label: Optional[str] = None):
-        super().__init__(label)
         if not isinstance(file_pattern, str) or not file_pattern:
             raise ValueError(f"file_pattern must be a non-empty string, got {file_pattern!r}")
         if not columnar.runs_columnar(mechanism):
@@ -394,42 +445,17 @@ class SelectFromText(beam.PTransform):
                 f"SelectFromText runs the histogram mechanisms, DP-SIPS with "
                 f"removal='side-input' and the sequential policy mechanisms; got "
                 f"{mechanism!r}: use textio.ReadUserItems and SelectPartitions for it")
-        self._rounds = (None if isinstance(mechanism, PolicyMechanism)
-                        else columnar.columnar_rounds(mechanism))
+        super().__init__(mechanism, run_key, user_groups, item_shards, staging_dir, label)
         self._pattern = file_pattern
-        self._mechanism = mechanism
-        self._run_key = keys.for_pipeline(run_key)
-        self._groups = _check_count(user_groups, "user_groups")
-        self._shards = _check_count(item_shards, "item_shards")
         self._block_bytes = _check_count(block_bytes, "block_bytes")
-        self._staging = None if staging_dir is None else staging.Staging(staging_dir)
 
     def expand(self, pbegin):
         envelope = not runners.capabilities(pbegin.pipeline).tagged_outputs
         if self._rounds is None:
             return self._expand_policy(pbegin, envelope)
         pairs, malformed = self._read_pairs(pbegin, envelope)
-        grouped = pairs | "GroupUsers" >> beam.GroupByKey()
-        if len(self._rounds) == 1:
-            r = self._rounds[0]
-            partials, users = _apply(grouped, "BoundHistogram", _BoundHistogramDoFn(
-                r.max_items, r.weighting, "sample/0", self._shards, envelope, self._staging),
-                envelope,
-                _USERS, keys.key_side_input(grouped, self._run_key))
-            return self._release(partials, 0, ""), malformed, users
-        groups, users = _apply(grouped, "GroupPairs", _GroupPairsDoFn(envelope, self._staging),
-                               envelope, _USERS)
-        released = []
-        for i, r in enumerate(self._rounds):
-            partials = groups | f"Histogram{i}" >> beam.ParDo(
-                _RoundHistogramDoFn(r.max_items, r.weighting, f"sample/{i}", self._shards,
-                                    self._staging),
-                keys.key_side_input(groups, self._run_key))
-            released.append(self._release(partials, i, str(i)))
-            if i + 1 < len(self._rounds):
-                groups = groups | f"Remove{i}" >> WithoutReleased(released[-1], self._groups,
-                                                                  self._staging)
-        return tuple(released) | "Union" >> beam.Flatten(), malformed, users
+        released, users = self._select(pairs, envelope)
+        return released, malformed, users
 
     def _read_pairs(self, pbegin, envelope: bool, counted: bool = False,
                     positions: bool = False):
@@ -463,14 +489,118 @@ class SelectFromText(beam.PTransform):
                                                         sharded=True)
         return released, malformed, users
 
-    def _release(self, partials, index: int, suffix: str):
-        """Round ``index``'s released items from its partial histograms by shard."""
-        shards = partials | f"GroupShards{suffix}" >> beam.GroupByKey()
-        # DP-SIPS's summary reports every round's count, one round included
-        metric = f"released_round_{index}" if isinstance(self._mechanism, Sips) else None
-        return shards | f"Release{suffix}" >> beam.ParDo(
-            _ReleaseDoFn(_RoundRule(self._mechanism, index), metric, self._staging),
-            keys.key_side_input(shards, self._run_key))
+class _GatherPairsDoFn(beam.DoFn):
+    """``(user, item)`` pairs → ``(users, items)``: two lists of ``batch`` of a bundle's
+    pairs (fewer in the bundle's last), so that the per-pair work is two appends."""
+
+    def __init__(self, batch: int):
+        self._batch = batch
+
+    def start_bundle(self):
+        self._new_batch()
+
+    def _new_batch(self):
+        self._users, self._items = [], []
+        self._add_user, self._add_item = self._users.append, self._items.append
+        self._left = self._batch
+
+    def process(self, pair):
+        # (not a generator: a call per pair is the cost that matters here)
+        user, item = pair
+        self._add_user(user)
+        self._add_item(item)
+        self._left -= 1
+        if self._left:
+            return None
+        full = [(self._users, self._items)]
+        self._new_batch()
+        return full
+
+    def finish_bundle(self):
+        if self._users:
+            yield GlobalWindows.windowed_value((self._users, self._items))
+            self._new_batch()
+
+
+class _PairsToBlocksDoFn(beam.DoFn):
+    """``(users, items)`` lists → ``(group, PairBlock bytes)``, the messages
+    ``_ReadPairsDoFn`` makes of text: the ids as strings (``columnar.id_strings``),
+    the pairs split by user group and presampled under the mechanism's plan where
+    it has one, a group's blocks held (``columnar.PairBuffer``) and sent a few times
+    per bundle, the rest when the bundle ends."""
+
+    def __init__(self, groups: int, mechanism=None, stage=None):
+        self._groups, self._staging = groups, stage
+        self._plan = keys.KeyedCache(_PresamplePlan(mechanism))
+
+    def start_bundle(self):
+        self._held = columnar.PairBuffer()
+
+    def process(self, lists, key_bytes):
+        users, items = lists
+        parsed = columnar.arrays_block(columnar.id_strings(users, "user id"),
+                                       columnar.id_strings(items, "item"))
+        yield from self._send(self._held.add(columnar.pair_blocks(
+            parsed, self._groups, self._plan(key_bytes))))
+
+    def finish_bundle(self):
+        for message in self._send(self._held.flush()):
+            yield GlobalWindows.windowed_value(message)
+
+    def _send(self, by_group):
+        parts = [(g, block.to_bytes()) for g, block in by_group.items()]
+        return staging.staged(self._staging, parts) if parts else []
+
+
+def _from_id_string(text: str):
+    return columnar.from_id_string(text)
+
+
+class SelectFromPairs(_Rounds):
+    """A PCollection of ``(user_id, item)`` pairs → the items a histogram mechanism or
+    DP-SIPS releases, on the columnar path: ``SelectPartitions`` runs it for those
+    mechanisms on pairs (on runners that keep what a DoFn emits when a bundle
+    ends).
+
+    The pairs are gathered in batches, each batch turned into the pair blocks ``SelectFromText`` makes of text (user ids and items as strings,
+    ``dp.columnar.id_strings``: a ``str`` as itself, another id as an escaped
+    string read back on output), and released by the same stages. For ``str``
+    ids the release is ``SelectPartitions``'s per-user one under the same key;
+    other ids are hashed through their escaped strings (another draw of the same
+    mechanism). Returns the released items (no order; the ids as given).
+
+    Args:
+      mechanism, run_key, user_groups, item_shards, staging_dir, label: as for
+        ``SelectFromText``, except that the sequential policy mechanisms are not
+        run here (their per-user counts come from ``PerUserItemCounts``).
+      batch_size: the pairs gathered before they are turned into blocks (default
+        2**16; no effect on the release).
+
+    Privacy: the mechanism's ``guarantee`` under add/remove-one-user neighbours,
+    provided each user id identifies one person and the run key is secret and
+    used for one release only.
+    """
+
+    def __init__(self, mechanism, run_key: Optional[RunKey] = None,
+                 user_groups: int = COLUMNAR_USER_GROUPS,
+                 item_shards: int = COLUMNAR_ITEM_SHARDS, staging_dir: Optional[str] = None,
+                 batch_size: int = 1 << 16, label: Optional[str] = None):
+        if isinstance(mechanism, PolicyMechanism) or not columnar.runs_columnar(mechanism):
+            raise ValueError(f"SelectFromPairs runs the histogram mechanisms and DP-SIPS with "
+                             f"removal='side-input'; got {mechanism!r}: use SelectPartitions")
+        super().__init__(mechanism, run_key, user_groups, item_shards, staging_dir, label)
+        self._batch = _check_count(batch_size, "batch_size")
+
+    def expand(self, pcoll):
+        envelope = not runners.capabilities(pcoll.pipeline).tagged_outputs
+        pairs = (pcoll
+                 | "Gather" >> beam.ParDo(_GatherPairsDoFn(self._batch))
+                 | "ToBlocks" >> beam.ParDo(
+                     _PairsToBlocksDoFn(self._groups, _presampled(self._mechanism),
+                                        self._staging),
+                     keys.key_side_input(pcoll, self._run_key)))
+        released, _ = self._select(pairs, envelope)
+        return released | "Ids" >> beam.Map(_from_id_string)
 
 
 def _same_key(run_key: RunKey) -> RunKey:

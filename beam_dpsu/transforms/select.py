@@ -10,7 +10,9 @@ from typing import Optional
 
 import apache_beam as beam
 
+from beam_dpsu.dp.columnar import runs_columnar
 from beam_dpsu.dp.mechanisms.base import Mechanism
+from beam_dpsu.dp.mechanisms.policy import PolicyMechanism
 from beam_dpsu.dp.calibration import check_flag
 from beam_dpsu.dp.noise import RunKey
 from beam_dpsu.transforms import budget as _budget  # noqa: F401  (registers its family)
@@ -19,7 +21,9 @@ from beam_dpsu.transforms import peeling as _peeling  # noqa: F401  (registers i
 from beam_dpsu.transforms import sips as _sips  # noqa: F401  (registers its family)
 from beam_dpsu.transforms import topk as _topk  # noqa: F401  (registers its family)
 from beam_dpsu.transforms import run_key as keys
-from beam_dpsu.transforms.bounding import CanonicalPerUser, PerUserItemCounts, has_canonical_ids
+from beam_dpsu.transforms.bounding import (CanonicalPerUser, PerUserItemCounts, check_global_window,
+                                           has_canonical_ids)
+from beam_dpsu.transforms.columnar import SelectFromPairs
 from beam_dpsu.transforms.expansion import expand_mechanism, expand_mechanism_parts
 
 __all__ = ["SelectPartitions"]
@@ -28,7 +32,12 @@ __all__ = ["SelectPartitions"]
 class SelectPartitions(beam.PTransform):
     """Differentially private set union of a PCollection of ``(user_id, item)``.
 
-    Runs ``PerUserItemCounts`` and then the mechanism. The output is a
+    On ``(user_id, item)`` pairs a histogram mechanism or DP-SIPS runs on blocks of
+    arrays (``columnar.SelectFromPairs``: the pairs batched, the core ``beam-dpsu
+    select`` runs), where the runner keeps what a DoFn emits when a bundle ends (not
+    Beam's Dask runner); every other mechanism, and every input with
+    ``per_user=True``, runs ``PerUserItemCounts`` and then the mechanism. The
+    release is the same either way for ``str`` ids. The output is a
     PCollection of released items that carries no order: only the SET is
     covered by the guarantee. The order in which a runner produces the
     elements (and so the order of lines that ``WriteToText`` writes, and which
@@ -96,6 +105,9 @@ class SelectPartitions(beam.PTransform):
                           else part | f"CanonicalPerUser{k}" >> CanonicalPerUser()
                           for k, part in enumerate(pcoll))
             return expand_mechanism_parts(self._mechanism, parts, self._run_key)
+        if not self._per_user and _on_blocks(self._mechanism, pcoll.pipeline):
+            check_global_window(pcoll, "SelectPartitions")
+            return pcoll | "SelectFromPairs" >> SelectFromPairs(self._mechanism, self._run_key)
         if not self._per_user:
             per_user = pcoll | "PerUserItemCounts" >> PerUserItemCounts()
         elif has_canonical_ids(pcoll):
@@ -103,3 +115,13 @@ class SelectPartitions(beam.PTransform):
         else:
             per_user = pcoll | "CanonicalPerUser" >> CanonicalPerUser()
         return expand_mechanism(self._mechanism, per_user, self._run_key)
+
+
+def _on_blocks(mechanism: Mechanism, pipeline) -> bool:
+    """Whether ``SelectPartitions`` on pairs runs ``mechanism`` on blocks of arrays
+    (``columnar.SelectFromPairs``): a histogram mechanism or DP-SIPS with
+    ``removal='side-input'``, on a runner that keeps what a DoFn emits when a bundle
+    ends (``beam.BatchElements`` emits its last batch then)."""
+    from beam_dpsu.transforms import runners
+    return (runs_columnar(mechanism) and not isinstance(mechanism, PolicyMechanism)
+            and runners.capabilities(pipeline).bundle_outputs)
