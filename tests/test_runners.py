@@ -153,36 +153,6 @@ def test_several_files_with_top_k_release_what_one_file_releases(data, tmp_path)
     assert len(outputs[0]) == 2 and all(outputs[0]) and outputs[0] == outputs[1]
 
 
-@pytest.mark.parametrize("workers, limit, want", [
-    (["--direct_num_workers=2", "--direct_running_mode=multi_processing"], None, "split"),
-    (["--direct_num_workers=2", "--direct_running_mode=multi_processing"], 0, "whole"),
-    ([], None, "whole"),
-    (["--direct_num_workers=2"], None, "whole"),  # in_memory: the parts run in turn
-])
-def test_one_file_is_split_only_on_several_direct_workers_and_below_the_size_limit(
-        data, monkeypatch, workers, limit, want):
-    import apache_beam as beam
-    from apache_beam.options.pipeline_options import PipelineOptions
-    from beam_dpsu.transforms import textio
-    from beam_dpsu.dp.noise import RunKey
-    if limit is not None:
-        monkeypatch.setattr(textio, "SPLIT_ONE_FILE_MAX_BYTES", limit)
-    from beam_dpsu.dp.mechanisms.topk import TopKMechanism
-    # with a top-k release beside it, a mechanism reads per-user counts (alone, it
-    # reads columns)
-    args, plan, _ = arguments.parse_select(
-        ["--input", data[0], "--output", "/nonexistent/out", "--mechanism",
-         "policy-gaussian"] + FLAGS["policy-gaussian"])
-    p = beam.Pipeline(options=PipelineOptions(["--runner=DirectRunner"] + workers))
-    select_partitions.build_pipeline(p, data[0], "/nonexistent/out", plan.mechanism,
-                                     RunKey.from_test_seed(1), top_k=TopKMechanism(
-                                         k=3, k_bar=5, epsilon=1.0, delta=1e-6))
-    labels = transform_labels(p)
-    split = any(label.endswith("ReadBlocks") for label in labels)
-    whole = any(label.endswith("CountCompleteUsers") for label in labels)
-    assert (split, whole) == ((True, False) if want == "split" else (False, True))
-
-
 @pytest.mark.parametrize("name", ["weighted-gaussian", "count-laplace", "sips", "gw",
                                   "policy-gaussian"])
 def test_every_mechanism_reads_columns(data, name, tmp_path):
@@ -200,21 +170,40 @@ def test_every_mechanism_reads_columns(data, name, tmp_path):
     assert not any(label.startswith("ReadUserItems") for label in labels)
 
 
-@pytest.mark.parametrize("workers, want_split", [
-    (["--direct_num_workers=2", "--direct_running_mode=multi_processing"], True),
-    ([], False),
-])
-def test_top_k_splits_one_file_only_on_several_direct_workers(data, workers, want_split):
+def test_a_top_k_release_beside_the_key_set_reads_columns_too(data, tmp_path):
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from beam_dpsu.dp.mechanisms.topk import TopKMechanism
+    from beam_dpsu.dp.noise import RunKey
+    out = str(tmp_path / "out")
+    _, plan, _ = arguments.parse_select(
+        ["--input", data[0], "--output", out, "--mechanism", "policy-gaussian"]
+        + FLAGS["policy-gaussian"])
+    p = beam.Pipeline(options=PipelineOptions(["--runner=DirectRunner"]))
+    select_partitions.build_pipeline(p, data[0], out, plan.mechanism, RunKey.from_test_seed(1),
+                                     top_k=TopKMechanism(k=3, k_bar=5, epsilon=1.0,
+                                                         delta=1e-6))
+    labels = transform_labels(p)
+    assert any(label.startswith("SelectFromText") for label in labels)
+    assert any(label.startswith("TopK/ReadPairs") for label in labels)
+    assert not any("ReadUserItems" in label or "PerUser" in label for label in labels)
+
+
+@pytest.mark.parametrize("method", ["limited-domain", "discover-peel"])
+def test_top_k_reads_columns(data, method):
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
     from beam_dpsu.dp.noise import RunKey
+    from beam_dpsu.dp.mechanisms.peeling import DiscoverPeelTopK
     from beam_dpsu.dp.mechanisms.topk import TopKMechanism
     from beam_dpsu.pipelines import top_k
-    p = beam.Pipeline(options=PipelineOptions(["--runner=DirectRunner"] + workers))
-    top_k.build_pipeline(p, data[0], "/nonexistent/out",
-                         TopKMechanism(k=3, k_bar=5, epsilon=1.0, delta=1e-6),
-                         RunKey.from_test_seed(1))
-    assert any(l.endswith("ReadBlocks") for l in transform_labels(p)) == want_split
+    p = beam.Pipeline(options=PipelineOptions(["--runner=DirectRunner"]))
+    mechanism = (TopKMechanism(k=3, k_bar=5, epsilon=1.0, delta=1e-6)
+                 if method == "limited-domain" else DiscoverPeelTopK(3, 1.0, 1e-6))
+    top_k.build_pipeline(p, data[0], "/nonexistent/out", mechanism, RunKey.from_test_seed(1))
+    labels = transform_labels(p)
+    assert any(label.startswith("RankFromText") for label in labels)
+    assert not any("ReadUserItems" in label or "PerUser" in label for label in labels)
 
 
 @pytest.mark.parametrize("flags, pinned", [

@@ -69,11 +69,8 @@ import apache_beam as beam
 from beam_dpsu.dp.mechanisms import Mechanism
 from beam_dpsu.dp.mechanisms.policy import release_scale
 from beam_dpsu.dp.columnar import runs_columnar
-from beam_dpsu.transforms.columnar import SelectFromText, UsersFromText
-from beam_dpsu.transforms.select import SelectPartitions
+from beam_dpsu.transforms.columnar import RankFromText, SelectFromText, UsersFromText
 from beam_dpsu.dp.noise import RunKey
-from beam_dpsu.transforms.textio import ReadUserItems, match_sized, split_one_file
-from beam_dpsu.transforms.topk import TopK
 from beam_dpsu.transforms import runners
 from beam_dpsu.transforms.write import ranked_lines
 from beam_dpsu.dp.mechanisms.topk import TopKMechanism
@@ -85,76 +82,35 @@ __all__ = ["PROG", "build_pipeline", "public_fields", "budget_fields", "run", "m
 PROG = "select_partitions"
 
 
-def _to_line(item) -> str:
-    return item if isinstance(item, str) else str(item)
-
-
 def build_pipeline(p: beam.Pipeline, input_pattern: str, output_prefix: str,
                    mechanism: Mechanism, run_key: RunKey,
                    dead_letter: Optional[str] = None,
                    top_k: Optional[TopKMechanism] = None) -> None:
     """Adds the read → select → write graph to ``p`` (one sorted items file).
 
-    Without ``top_k``, every mechanism of the command line (``dp.columnar.runs_columnar``:
-    the histogram mechanisms, DP-SIPS, the sequential policies) runs on the columnar path
-    (``transforms.columnar.SelectFromText``: blocks of arrays from the files
-    to the release), with ``dp.columnar.user_groups_for`` the input's size user
-    groups and ``item_shards_for`` item shards, its shuffles staged through files
-    where the runner holds a shuffle in memory and ``runs.run_pipeline`` runs the
-    build (``runs.staging_for``, which gives None otherwise). With ``top_k``, the
-    mechanism reads per-user counts (which top-k reads too); how the input is then
-    read depends on what ``input_pattern`` matches now, while the graph is built, and
-    on the runner; whatever it matches when the run reads it, the mechanism sees the
-    same per-user counts:
-
-    * one file of at most ``textio.SPLIT_ONE_FILE_MAX_BYTES`` (as stored) on the
-      DirectRunner with several worker processes or threads
-      (``textio.split_one_file``): ``split_files=True``, so that the worker that
-      decompresses the file is not the only one to count and parse it
-      (whole-file users would keep the rest of the work on that worker too);
-      the launcher then holds the decompressed text between two stages;
-    * one file otherwise (any other runner, one worker, a larger file): the
-      users that file holds whole (``ReadUserItems(..., complete_users=True)``)
-      go to the mechanism without the per-user merge; the others are merged
-      first, and each user is in exactly one of the two parts;
-    * several files: no user can be known whole from one file, so every user
-      goes through the merge, and the graph has no second part (whose partial
-      histograms would cost a ``Flatten`` stage of their own).
-
-    With ``top_k``, the same per-user data (both parts) also feeds ``TopK``,
-    written in rank order to ``PREFIX-top-k-00000-of-00001``. Both releases use
-    the one ``run_key`` under distinct purposes (the set-union mechanisms' and
-    top-k's subkeys differ), so their randomness is independent, as composition
-    needs.
+    Every mechanism of the command line (``dp.columnar.runs_columnar``: the histogram
+    mechanisms, DP-SIPS, the sequential policies) runs on the columnar path
+    (``transforms.columnar.SelectFromText``: blocks of arrays from the files to the
+    release), laid out for the input's size (``runs.columnar_layout``: user groups,
+    item shards, and its shuffles staged through files where the runner holds a
+    shuffle in memory). With ``top_k``, ``transforms.columnar.RankFromText`` reads
+    the files too and releases the top-k query to ``PREFIX-top-k-00000-of-00001``
+    in rank order; both releases use the one ``run_key`` under distinct purposes
+    (the set-union mechanisms' and top-k's subkeys differ), so their randomness is
+    independent, as composition needs. Raises ValueError for a mechanism the
+    columnar path does not run (use ``SelectPartitions`` in a pipeline of your own).
     """
-    if runs_columnar(mechanism) and top_k is None:
-        items, malformed, users = p | "SelectFromText" >> SelectFromText(
-            input_pattern, mechanism, run_key,
-            **runs.columnar_layout(p, input_pattern, output_prefix))
-        runs.tally_users(users)
-        outputs.write_dead_letter(malformed, dead_letter)
-        outputs.write_items(items, output_prefix)
-        return
-    order = mechanism.needs_record_order
-    sized = match_sized(input_pattern)
-    split = split_one_file(p, sized)
-    if len(sized) > 1 or split:
-        users, malformed = p | "ReadUserItems" >> ReadUserItems(
-            input_pattern, keep_order=order, with_malformed=True, split_files=split)
-        parts = everyone = users | "CountUsers" >> runs.CountUsers()
-    else:
-        users, complete, malformed = p | "ReadUserItems" >> ReadUserItems(
-            input_pattern, keep_order=order, with_malformed=True, complete_users=True)
-        parts = (users | "CountUsers" >> runs.CountUsers(),
-                 complete | "CountCompleteUsers" >> runs.CountUsers())
-        everyone = None
+    if not runs_columnar(mechanism):
+        raise ValueError(f"the command line's pipeline runs the columnar path's mechanisms; "
+                         f"got {mechanism!r}: use SelectPartitions")
+    layout = runs.columnar_layout(p, input_pattern, output_prefix)
+    items, malformed, users = p | "SelectFromText" >> SelectFromText(
+        input_pattern, mechanism, run_key, **layout)
+    runs.tally_users(users)
     outputs.write_dead_letter(malformed, dead_letter)
-    items = parts | "SelectPartitions" >> SelectPartitions(mechanism, run_key, per_user=True)
-    outputs.write_items(items | "ToLine" >> beam.Map(_to_line), output_prefix)
-    if top_k is not None:
-        if everyone is None:
-            everyone = parts | "AllUsersForTopK" >> beam.Flatten()
-        ranked = everyone | "TopK" >> TopK(top_k, run_key, per_user=True)
+    outputs.write_items(items, output_prefix)
+    if top_k is not None:  # the same files again; their users and malformed lines once
+        ranked, _, _ = p | "TopK" >> RankFromText(input_pattern, top_k, run_key, **layout)
         outputs.write_items(ranked, output_prefix, arrange=ranked_lines,
                            label="TopK", kind=outputs.TOPK_KIND)
 

@@ -699,8 +699,9 @@ class RankFromText(beam.PTransform):
     ``DiscoverThenPeelTransform``) releases under the same key: the same users'
     distinct items, the same Δ sample (``TopK``'s purpose), the same true top k̄ + 1
     (each item shard's candidates, re-ranked on one worker), the same discovered
-    domain (Weighted Gaussian's columnar release) and the same peeling on each
-    user's items within it (one worker, over arrays of (user, item) indices).
+    domain (Weighted Gaussian's columnar release, ``SelectFromText``) and the same
+    peeling on each user's items within it (the files read a second time for the
+    domain's pairs only; one worker, over arrays of item indices).
     Returns ``(rows, malformed, users)``: the ranked rows (``(rank, item)`` or
     ``(rank, item, noisy_count)``, in no order: write them with
     ``write.ranked_lines``), the malformed lines as ``(raw line bytes,
@@ -715,9 +716,11 @@ class RankFromText(beam.PTransform):
       purpose: a top-k query's key purpose (default ``'topk/0'``, ``TopK``'s);
         two queries under one key need distinct purposes.
 
-    Memory: top-k holds one candidate list per item shard on one worker; the
-    hitting set holds the (user, discovered item) pairs on one worker, two int32
-    per pair in the messages and int64 indices in the rounds.
+    Memory: top-k holds one candidate list per item shard on one worker, and a
+    worker one user group's distinct pairs (all of them without Δ); discovery then
+    peeling holds what ``SelectFromText`` holds, then one group's pairs within the
+    domain, and the hitting set one int32 per (user, discovered item) pair and one
+    offset per user on the peeling's worker.
 
     Privacy: the mechanism's ``guarantee`` under add/remove-one-user neighbours,
     provided each user id identifies one person and the run key is secret and used
