@@ -511,7 +511,7 @@ class _GatherPairsDoFn(beam.DoFn):
         self._add_item(item)
         self._left -= 1
         if self._left:
-            return None
+            return ()  # (None would make Beam log a warning)
         full = [(self._users, self._items)]
         self._new_batch()
         return full
