@@ -181,7 +181,6 @@ def test_an_interrupt_inside_the_pipeline_is_one_line_130_and_leaves_nothing(
         raise KeyboardInterrupt()
 
     from beam_dpsu.dp import columnar
-    monkeypatch.setattr(runs.UserProgress, "process", interrupt)
     monkeypatch.setattr(columnar, "bounded_histogram", interrupt_group)  # the columnar path
     data = small_input(tmp_path, junk=2)
     for main, flags in ((select_partitions.main, SELECT),
@@ -254,25 +253,6 @@ def test_an_output_that_cannot_be_created_exits_2_before_reading(tmp_path, capsy
 
 
 # -- progress lines ----------------------------------------------------------------
-
-def test_a_worker_prints_its_first_line_after_one_interval(monkeypatch):
-    lines = []
-    monkeypatch.setattr(cli, "write_line", lines.append)
-    monkeypatch.setattr(runs, "_WORKER_PROGRESS", {"users": 0, "last": 0.0, "run": None})
-    now = [1000.0]
-    monkeypatch.setattr(runs.time, "time", lambda: now[0])
-    fn = runs.UserProgress(("beam-dpsu select", 990.0, 10.0))
-    for _ in range(5):  # the first users: no line (a short run prints none)
-        list(fn.process(("u", {"a": 1})))
-        now[0] += 1.0
-    assert lines == []
-    now[0] = 1010.0  # one interval after the first user
-    list(fn.process(("u", {"a": 1})))
-    assert lines == ["beam-dpsu select: [20.0 s] 6 users processed so far by this worker"]
-    now[0] = 1015.0
-    list(fn.process(("u", {"a": 1})))
-    assert len(lines) == 1  # at most one line per interval
-
 
 def test_stage_lines_and_quiet_without_exact_counts(tmp_path, capsys):
     data = small_input(tmp_path, users=300, junk=4)
@@ -496,15 +476,3 @@ def test_a_successful_dask_run_logs_no_error(dask_cluster, tmp_path, capsys):
     assert {w: errors for w, errors in workers.items() if errors} == {}
 
 
-def test_a_worker_serving_a_second_run_counts_it_from_zero(monkeypatch):
-    # A Dask worker lives across runs: the second run's count does not add to the first's
-    lines = []
-    monkeypatch.setattr(cli, "write_line", lines.append)
-    monkeypatch.setattr(runs, "_WORKER_PROGRESS", {"users": 0, "last": 0.0, "run": None})
-    monkeypatch.setattr(runs.time, "time", lambda: 1000.0)
-    for start in (900.0, 950.0):
-        fn = runs.UserProgress(("beam-dpsu select", start, 0.0))
-        for _ in range(3):
-            list(fn.process(("u", {"a": 1})))
-    assert [ln.split("] ")[1] for ln in lines] == [
-        f"{k} users processed so far by this worker" for k in (1, 2, 3, 1, 2, 3)]

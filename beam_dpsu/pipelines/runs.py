@@ -45,7 +45,6 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_dpsu import __version__
 from beam_dpsu.transforms import runners, staging
-from beam_dpsu.transforms.bounding import has_canonical_ids, mark_canonical_ids
 from beam_dpsu.pipelines import cli, outputs
 from beam_dpsu.pipelines.cli import run_main
 from beam_dpsu.dp import compiled
@@ -53,9 +52,8 @@ from beam_dpsu.dp.accounting import readable_up
 from beam_dpsu.dp.noise import RunKey
 
 
-__all__ = ["columnar_layout", "tally_users", "INSECURE_SEED_WARNING", "NoWellFormedInput", "make_run_key", "trial_key",
-           "progress_seconds",
-           "UserProgress", "CountUsers", "runner_name", "run_pipeline", "counter",
+__all__ = ["INSECURE_SEED_WARNING", "NoWellFormedInput", "make_run_key", "trial_key",
+           "runner_name", "run_pipeline", "counter", "columnar_layout", "tally_users",
            "run_release", "main_wrapper", "staging_for"]
 
 
@@ -86,85 +84,6 @@ def trial_key(seed: Optional[int], step: int) -> RunKey:
     with ``--insecure-test-seed N`` (tests only), the key of seed N + step, so that a
     seeded comparison is reproducible and its trials still differ from one another."""
     return RunKey.fresh() if seed is None else RunKey.from_test_seed(seed + step)
-
-
-#: (prog, start time, seconds between lines) of the release being built by
-#: ``run_release``, or None (no progress lines: quiet, or built by a library user).
-_RUN_PROGRESS: contextvars.ContextVar = contextvars.ContextVar("beam_dpsu_run_progress",
-                                                               default=None)
-#: users counted by this worker process in the run started at ``run`` (a worker that
-#: serves several runs, e.g. a Dask worker, counts each from 0), when it last printed a
-#: line (or saw its first user: 0.0 before).
-_WORKER_PROGRESS = {"users": 0, "last": 0.0, "run": None}
-_WORKER_LOCK = threading.Lock()
-
-
-def progress_seconds() -> float:
-    """Seconds between two progress lines of one worker: ``BEAM_DPSU_PROGRESS_SECONDS``
-    (default 10; 0 prints one line per bundle)."""
-    try:
-        return max(0.0, float(os.environ.get("BEAM_DPSU_PROGRESS_SECONDS", "10")))
-    except ValueError:
-        return 10.0
-
-
-class UserProgress(beam.DoFn):
-    """Passes per-user elements through; each worker process prints a progress line.
-
-    Args:
-      progress: ``(prog, start time, seconds between lines)``, or None (no lines:
-        ``--quiet``, or a pipeline not built by ``run_release``).
-
-    A worker process prints its first line one interval (``progress_seconds()``)
-    after its first user, then at most one line per interval, to its stderr:
-    ``PROG: [elapsed] N users processed so far by this worker`` (on the DirectRunner
-    that is the command's stderr; on other runners the worker logs). A short run
-    prints none: the launcher's stage lines say what it did. With an interval of
-    0, every user prints a line. A task a runner executes again (Dask recomputes
-    some) counts its users again: the count is of work done, not of distinct users.
-    """
-
-    def __init__(self, progress=None):
-        self._progress = progress
-
-    def process(self, element):
-        if self._progress is not None:
-            self._report()
-        yield element
-
-    def _report(self) -> None:
-        prog, start, every = self._progress
-        now = time.time()
-        with _WORKER_LOCK:
-            if _WORKER_PROGRESS["run"] != start:  # this worker's first user of this run
-                _WORKER_PROGRESS.update(users=0, last=0.0, run=start)
-            _WORKER_PROGRESS["users"] += 1
-            if not _WORKER_PROGRESS["last"]:
-                _WORKER_PROGRESS["last"] = now  # this worker's first user starts its interval
-            if every and now - _WORKER_PROGRESS["last"] < every:
-                return
-            _WORKER_PROGRESS["last"] = now
-            users = _WORKER_PROGRESS["users"]
-        cli.write_line(f"{prog}: [{now - start:.1f} s] {users} users processed so far by "
-                       f"this worker")  # one write: other workers print too
-
-
-class CountUsers(beam.PTransform):
-    """Counts the per-user elements of a PCollection for the run's counts files and passes
-    them through.
-
-    The count is the pipeline's own output (``outputs.tally`` under ``users``), so
-    every runner reports it, also one without metrics (Dask). Built inside
-    ``run_release`` without ``--quiet``, the workers also print progress lines
-    (``UserProgress``). Apply it once to each part of the users: each user must be
-    in exactly one part.
-    """
-
-    def expand(self, users):
-        outputs.tally(users, "users")
-        out = users | "Progress" >> beam.ParDo(UserProgress(_RUN_PROGRESS.get()))
-        # The same elements: ids the reader made canonical stay so (no second check).
-        return mark_canonical_ids(out) if has_canonical_ids(users) else out
 
 
 # -- the release file -----------------------------------------------------------
@@ -373,20 +292,13 @@ def _run_and_summarise(args, beam_args, build, public_fields, sub_releases, run_
     if size >= _COMPILE_NOTE_BYTES and compiled.first_compilation_ahead():
         progress("numba compiles the fast kernels on this installation's first large input: "
                  "about 40 s more, once")
-    _WORKER_PROGRESS.update(users=0, last=0.0, run=None)  # this process's count starts anew
-    token = _RUN_PROGRESS.set(None if progress.quiet else
-                              (progress.prog, progress.start, progress_seconds()))
-
     counted = []
 
     def build_all(p):
         build(p, run_key)
         counted[:] = outputs.write_counts(p, args.output)  # from the pipeline's own output
 
-    try:
-        result, wall, runner = run_pipeline(beam_args, build_all, (args.output, dead_letter))
-    finally:
-        _RUN_PROGRESS.reset(token)
+    result, wall, runner = run_pipeline(beam_args, build_all, (args.output, dead_letter))
     counts = outputs.read_counts(args.output, counted)
     users, malformed = counts.get("users", 0), counts.get("malformed_lines", 0)
     if users == 0:
