@@ -166,8 +166,11 @@ from beam_dpsu.dp.mechanisms.sips import Sips  # noqa: E402
 from beam_dpsu.transforms.columnar import SelectFromPairs  # noqa: E402
 from beam_dpsu.transforms.select import SelectPartitions  # noqa: E402
 
+from beam_dpsu.dp.mechanisms.policy import GW, PolicyGaussian  # noqa: E402
+
 PAIR_MECHANISMS = [WeightedGaussian(2.0, 1e-6, 5), CountLaplace(2.0, 1e-6, 3),
-                   Sips(1.0, 1e-6, rounds=3)]
+                   Sips(1.0, 1e-6, rounds=3), PolicyGaussian(2.0, 1e-6, 5),
+                   GW(2.0, 1e-6)]  # (GW's constructor: the item-hash tie-break)
 
 
 def _labels(pipeline):
@@ -229,9 +232,10 @@ def test_pairs_of_refused_types_or_shapes_fail_the_run_with_the_reason():
 
 
 def test_select_from_pairs_refuses_what_it_does_not_run():
-    from beam_dpsu.dp.mechanisms.policy import PolicyGaussian
     with pytest.raises(ValueError, match="SelectFromPairs runs"):
-        SelectFromPairs(PolicyGaussian(1.0, 1e-6))
+        SelectFromPairs(GW(1.0, 1e-6, tie_break="first-occurrence"))
+    with pytest.raises(ValueError, match="SelectFromPairs runs"):
+        SelectFromPairs(Sips(1.0, 1e-6, removal="join"))
     with pytest.raises(ValueError, match="batch_size"):
         SelectFromPairs(WeightedGaussian(1.0, 1e-6), batch_size=0)
 

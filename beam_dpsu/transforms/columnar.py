@@ -326,7 +326,7 @@ def _check_count(value, name: str) -> int:
 class _Rounds(beam.PTransform):
     """What ``SelectFromText`` and ``SelectFromPairs`` share: the layout, the key and,
     from the pair blocks by user group, the release of a histogram mechanism's or
-    DP-SIPS's rounds (``_select``)."""
+    DP-SIPS's rounds (``_select``) or of a sequential policy (``_policy``)."""
 
     def __init__(self, mechanism, run_key, user_groups: int, item_shards: int,
                  staging_dir: Optional[str], label: Optional[str]):
@@ -372,6 +372,27 @@ class _Rounds(beam.PTransform):
         return shards | f"Release{suffix}" >> beam.ParDo(
             _ReleaseDoFn(_RoundRule(self._mechanism, index), metric, self._staging),
             keys.key_side_input(shards, self._run_key))
+
+    def _policy(self, pairs, envelope: bool):
+        """A sequential policy mechanism's release from the counted ``(group, PairBlock
+        bytes)`` messages: each group's users prepared (``columnar_policy.prepare_pairs``),
+        then ``ordered.RunPrepared`` and the release, as ``SelectPartitions`` runs it
+        after its preparation; ``(released, users per group)``."""
+        m = self._mechanism
+        grouped = pairs | "GroupUsers" >> beam.GroupByKey()
+        args = [keys.key_side_input(grouped, self._run_key)]
+        public = ordered.public_counts_side_input(pairs.pipeline, m.public_counts)
+        if public is not None:
+            args.append(public)
+        buckets, ids, users = _apply(grouped, "Prepare", _PreparePoliciesDoFn(
+            m.policy, ordered.DEFAULT_BUCKET_BITS, envelope, self._staging), envelope,
+            (_IDS, _USERS), *args)
+        update = m.policy(ordered.UPDATE_ONLY_KEY)
+        hist = (buckets, ids) | "Ordered" >> ordered.RunPrepared(
+            update, ordered.resolve_state(m.state, pairs.pipeline), sharded=True)
+        released = hist | "Release" >> ApplyReleaseRule(m.release_rule, self._run_key,
+                                                        sharded=True)
+        return released, users
 
 
 class SelectFromText(_Rounds):
@@ -468,26 +489,12 @@ class SelectFromText(_Rounds):
             keys.key_side_input(files, self._run_key))
 
     def _expand_policy(self, pbegin, envelope: bool):
-        """A sequential policy mechanism: counted pairs by group, each group's users
-        prepared (``columnar_policy.prepare_pairs``), then ``ordered.RunPrepared``
-        and the release, as ``SelectPartitions`` runs it after its preparation."""
-        m = self._mechanism
+        """A sequential policy mechanism: counted pairs by group, then ``_policy``."""
         pairs, malformed = self._read_pairs(pbegin, envelope, counted=True,
-                                            positions=bool(m.needs_record_order))
-        grouped = pairs | "GroupUsers" >> beam.GroupByKey()
-        args = [keys.key_side_input(grouped, self._run_key)]
-        public = ordered.public_counts_side_input(pbegin.pipeline, m.public_counts)
-        if public is not None:
-            args.append(public)
-        buckets, ids, users = _apply(grouped, "Prepare", _PreparePoliciesDoFn(
-            m.policy, ordered.DEFAULT_BUCKET_BITS, envelope, self._staging), envelope,
-            (_IDS, _USERS), *args)
-        update = m.policy(ordered.UPDATE_ONLY_KEY)
-        hist = (buckets, ids) | "Ordered" >> ordered.RunPrepared(
-            update, ordered.resolve_state(m.state, pbegin.pipeline), sharded=True)
-        released = hist | "Release" >> ApplyReleaseRule(m.release_rule, self._run_key,
-                                                        sharded=True)
+                                            positions=bool(self._mechanism.needs_record_order))
+        released, users = self._policy(pairs, envelope)
         return released, malformed, users
+
 
 class _GatherPairsDoFn(beam.DoFn):
     """``(user, item)`` pairs → ``(users, items)``: two lists of ``batch`` of a bundle's
@@ -526,11 +533,12 @@ class _PairsToBlocksDoFn(beam.DoFn):
     """``(users, items)`` lists → ``(group, PairBlock bytes)``, the messages
     ``_ReadPairsDoFn`` makes of text: the ids as strings (``columnar.id_strings``),
     the pairs split by user group and presampled under the mechanism's plan where
-    it has one, a group's blocks held (``columnar.PairBuffer``) and sent a few times
+    it has one (``counted``: with each pair's number of lines, for the sequential
+    policies), a group's blocks held (``columnar.PairBuffer``) and sent a few times
     per bundle, the rest when the bundle ends."""
 
-    def __init__(self, groups: int, mechanism=None, stage=None):
-        self._groups, self._staging = groups, stage
+    def __init__(self, groups: int, mechanism=None, stage=None, counted: bool = False):
+        self._groups, self._staging, self._counted = groups, stage, counted
         self._plan = keys.KeyedCache(_PresamplePlan(mechanism))
 
     def start_bundle(self):
@@ -540,8 +548,10 @@ class _PairsToBlocksDoFn(beam.DoFn):
         users, items = lists
         parsed = columnar.arrays_block(columnar.id_strings(users, "user id"),
                                        columnar.id_strings(items, "item"))
-        yield from self._send(self._held.add(columnar.pair_blocks(
-            parsed, self._groups, self._plan(key_bytes))))
+        plan = self._plan(key_bytes)
+        yield from self._send(self._held.add(
+            columnar.counted_pair_blocks(parsed, self._groups, None, plan) if self._counted
+            else columnar.pair_blocks(parsed, self._groups, plan)))
 
     def finish_bundle(self):
         for message in self._send(self._held.flush()):
@@ -557,12 +567,13 @@ def _from_id_string(text: str):
 
 
 class SelectFromPairs(_Rounds):
-    """A PCollection of ``(user_id, item)`` pairs → the items a histogram mechanism or
-    DP-SIPS releases, on the columnar path: ``SelectPartitions`` runs it for those
-    mechanisms on pairs (on runners that keep what a DoFn emits when a bundle
-    ends).
+    """A PCollection of ``(user_id, item)`` pairs → the items a set-union mechanism
+    releases, on the columnar path: ``SelectPartitions`` runs it on pairs (on runners
+    that keep what a DoFn emits when a bundle ends).
 
-    The pairs are gathered in batches, each batch turned into the pair blocks ``SelectFromText`` makes of text (user ids and items as strings,
+    The pairs are gathered in batches, each batch turned into the pair blocks
+    ``SelectFromText`` makes of text (counted pairs for a sequential policy; user
+    ids and items as strings,
     ``dp.columnar.id_strings``: a ``str`` as itself, another id as an escaped
     string read back on output), and released by the same stages. For ``str``
     ids the release is ``SelectPartitions``'s per-user one under the same key;
@@ -571,8 +582,9 @@ class SelectFromPairs(_Rounds):
 
     Args:
       mechanism, run_key, user_groups, item_shards, staging_dir, label: as for
-        ``SelectFromText``, except that the sequential policy mechanisms are not
-        run here (their per-user counts come from ``PerUserItemCounts``).
+        ``SelectFromText``; a GW or GW-KT with the first-occurrence tie-break is
+        refused (pairs carry no record order: ``SelectPartitions`` gives it the
+        item-hash tie-break, ``GW.without_record_order``).
       batch_size: the pairs gathered before they are turned into blocks (default
         2**16; no effect on the release).
 
@@ -585,21 +597,24 @@ class SelectFromPairs(_Rounds):
                  user_groups: int = COLUMNAR_USER_GROUPS,
                  item_shards: int = COLUMNAR_ITEM_SHARDS, staging_dir: Optional[str] = None,
                  batch_size: int = 1 << 16, label: Optional[str] = None):
-        if isinstance(mechanism, PolicyMechanism) or not columnar.runs_columnar(mechanism):
-            raise ValueError(f"SelectFromPairs runs the histogram mechanisms and DP-SIPS with "
-                             f"removal='side-input'; got {mechanism!r}: use SelectPartitions")
+        if not columnar.runs_columnar(mechanism) or getattr(mechanism, "needs_record_order",
+                                                             False):
+            raise ValueError(f"SelectFromPairs runs the histogram mechanisms, DP-SIPS with "
+                             f"removal='side-input' and the sequential policies without the "
+                             f"record order; got {mechanism!r}: use SelectPartitions")
         super().__init__(mechanism, run_key, user_groups, item_shards, staging_dir, label)
         self._batch = _check_count(batch_size, "batch_size")
 
     def expand(self, pcoll):
         envelope = not runners.capabilities(pcoll.pipeline).tagged_outputs
+        policy = self._rounds is None
         pairs = (pcoll
                  | "Gather" >> beam.ParDo(_GatherPairsDoFn(self._batch))
                  | "ToBlocks" >> beam.ParDo(
                      _PairsToBlocksDoFn(self._groups, _presampled(self._mechanism),
-                                        self._staging),
+                                        self._staging, counted=policy),
                      keys.key_side_input(pcoll, self._run_key)))
-        released, _ = self._select(pairs, envelope)
+        released, _ = (self._policy if policy else self._select)(pairs, envelope)
         return released | "Ids" >> beam.Map(_from_id_string)
 
 

@@ -12,7 +12,6 @@ import apache_beam as beam
 
 from beam_dpsu.dp.columnar import runs_columnar
 from beam_dpsu.dp.mechanisms.base import Mechanism
-from beam_dpsu.dp.mechanisms.policy import PolicyMechanism
 from beam_dpsu.dp.calibration import check_flag
 from beam_dpsu.dp.noise import RunKey
 from beam_dpsu.transforms import budget as _budget  # noqa: F401  (registers its family)
@@ -32,11 +31,11 @@ __all__ = ["SelectPartitions"]
 class SelectPartitions(beam.PTransform):
     """Differentially private set union of a PCollection of ``(user_id, item)``.
 
-    On ``(user_id, item)`` pairs a histogram mechanism or DP-SIPS runs on blocks of
-    arrays (``columnar.SelectFromPairs``: the pairs batched, the core ``beam-dpsu
-    select`` runs), where the runner keeps what a DoFn emits when a bundle ends (not
-    Beam's Dask runner); every other mechanism, and every input with
-    ``per_user=True``, runs ``PerUserItemCounts`` and then the mechanism. The
+    On ``(user_id, item)`` pairs every mechanism of ``beam-dpsu select`` runs on
+    blocks of arrays (``columnar.SelectFromPairs``: the pairs batched, the core the
+    command line runs), where the runner keeps what a DoFn emits when a bundle ends
+    (not Beam's Dask runner); elsewhere, for other mechanisms and for input with
+    ``per_user=True`` it runs ``PerUserItemCounts`` and then the mechanism. The
     release is the same either way for ``str`` ids. The output is a
     PCollection of released items that carries no order: only the SET is
     covered by the guarantee. The order in which a runner produces the
@@ -119,9 +118,9 @@ class SelectPartitions(beam.PTransform):
 
 def _on_blocks(mechanism: Mechanism, pipeline) -> bool:
     """Whether ``SelectPartitions`` on pairs runs ``mechanism`` on blocks of arrays
-    (``columnar.SelectFromPairs``): a histogram mechanism or DP-SIPS with
-    ``removal='side-input'``, on a runner that keeps what a DoFn emits when a bundle
-    ends (``beam.BatchElements`` emits its last batch then)."""
+    (``columnar.SelectFromPairs``): every mechanism the columnar path runs (without
+    the record order, which pairs do not have), on a runner that keeps what a DoFn
+    emits when a bundle ends (the pairs' last batch is sent then)."""
     from beam_dpsu.transforms import runners
-    return (runs_columnar(mechanism) and not isinstance(mechanism, PolicyMechanism)
+    return (runs_columnar(mechanism) and not mechanism.needs_record_order
             and runners.capabilities(pipeline).bundle_outputs)
