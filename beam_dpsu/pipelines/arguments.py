@@ -22,7 +22,8 @@ from beam_dpsu.dp import params
 from beam_dpsu.dp.accounting import PayWhatYouGetAccountant
 from beam_dpsu.dp.budget import PrivacyBudget
 from beam_dpsu.dp.mechanisms import Mechanism
-from beam_dpsu.dp.mechanisms.peeling import DiscoverPeelHittingSet, DiscoverPeelTopK, DiscoverThenPeel
+from beam_dpsu.dp.mechanisms.peeling import (DiscoverPeelHittingSet, DiscoverPeelTopK,
+                                             DiscoverThenPeel)
 from beam_dpsu.dp.mechanisms.topk import TopKMechanism
 from beam_dpsu.dp.registry import REGISTRY, MechanismParams, make_mechanism
 from beam_dpsu.pipelines import cli, flags, run_budget
