@@ -78,18 +78,20 @@ class _ReadPairsDoFn(beam.DoFn):
     of ``columnar.counted_pair_blocks`` (with each pair's first line position when
     ``positions``), else ``columnar.pair_blocks``. ``mechanism``: the mechanism
     whose ``columnar.presample_plan`` (under the run key, a side input) presamples
-    every block; None: no presampling. ``within``: the element is ``(file, items)``
+    every block; None: no presampling (``plan``: a picklable ``run_key → (Δ0, key)``
+    instead of the mechanism's). ``within``: the element is ``(file, items)``
     and only the pairs of those items are sent (no malformed lines: a second read
     of files read before)."""
 
     def __init__(self, groups: int, block_bytes: int, envelope: bool, counted: bool = False,
-                 positions: bool = False, mechanism=None, stage=None, within: bool = False):
+                 positions: bool = False, mechanism=None, stage=None, within: bool = False,
+                 plan=None):
         self._groups, self._block_bytes, self._envelope = groups, block_bytes, envelope
         self._within = within
         self._staging = stage
         self._counted, self._positions = counted, positions
         # (Δ0, key) of columnar.presample_plan, built on the worker from the run key
-        self._plan = keys.KeyedCache(_PresamplePlan(mechanism))
+        self._plan = keys.KeyedCache(_PresamplePlan(mechanism) if plan is None else plan)
         self._malformed = beam.metrics.Metrics.counter("beam_dpsu", "malformed_lines")
         self._files = beam.metrics.Metrics.counter("beam_dpsu", "input_files")
         self._memory = None  # (Scratch, read buffers): made on the worker, kept file to file
@@ -176,6 +178,17 @@ class _PresamplePlan:
         if self._mechanism is None:
             return None
         return columnar.presample_plan(self._mechanism, run_key)
+
+
+class _TopKSample:
+    """``run_key → (Δ, key)`` of a top-k query's Δ sample (``TopK``'s: the key of
+    ``purpose + '/sample'``), the read stage's presample plan (picklable)."""
+
+    def __init__(self, max_items: int, purpose: str):
+        self._max_items, self._purpose = max_items, purpose
+
+    def __call__(self, run_key: RunKey):
+        return self._max_items, run_key.subkey(self._purpose + "/sample")
 
 
 class _BoundHistogramDoFn(beam.DoFn):
@@ -732,7 +745,8 @@ class RankFromText(beam.PTransform):
         two queries under one key need distinct purposes.
 
     Memory: top-k holds one candidate list per item shard on one worker, and a
-    worker one user group's distinct pairs (all of them without Δ); discovery then
+    worker one user group's distinct pairs (all of them without Δ; with Δ, read
+    presampled as ``SelectFromText`` reads them); discovery then
     peeling holds what ``SelectFromText`` holds, then one group's pairs within the
     domain, and the hitting set one int32 per (user, discovered item) pair and one
     offset per user on the peeling's worker.
@@ -768,10 +782,13 @@ class RankFromText(beam.PTransform):
             return self._discover_then_peel(pbegin)
         envelope = not runners.capabilities(pbegin.pipeline).tagged_outputs
         files = input_files(pbegin, self._pattern)
-        # no presampling: without Δ every distinct item of a user counts
+        # with Δ, the blocks presampled under the query's own sampling key; without,
+        # every distinct item of a user counts
+        plan = None if m.max_items is None else _TopKSample(m.max_items, self._purpose)
         pairs, malformed = _apply(files, "ReadPairs", _ReadPairsDoFn(
-            self._groups, self._block_bytes, envelope, stage=self._staging), envelope,
-            _MALFORMED, _NO_KEY)
+            self._groups, self._block_bytes, envelope, stage=self._staging, plan=plan),
+            envelope, _MALFORMED,
+            _NO_KEY if plan is None else keys.key_side_input(files, self._run_key))
         grouped = pairs | "GroupUsers" >> beam.GroupByKey()
         partials, users = _apply(grouped, "UsersPerItem", _BoundHistogramDoFn(
             m.max_items, "count", self._purpose + "/sample", self._shards, envelope,
