@@ -137,7 +137,7 @@ def test_a_groups_pairs_within_the_domain_are_exact():
     held = {(inside.users[u].as_py(), inside.items[i].as_py())
             for u, i in zip(inside.u, inside.i)}
     assert held == {("u1", "a"), ("u2", "a"), ("u3", "e\u0301")}
-    assert dict(zip(*columnar.users_per_item(inside))) == {"a": 2, "e\u0301": 1}
+    assert dict(zip(*columnar.item_users_of_pairs(inside))) == {"a": 2, "e\u0301": 1}
     items, user_of, item_of = columnar.read_held_pairs(columnar.held_pairs(inside))
     assert user_of.dtype == np.int32 and sorted(set(user_of.tolist())) == [0, 1, 2]
     assert sorted(items[j] for j in item_of.tolist()) == ["a", "a", "e\u0301"]

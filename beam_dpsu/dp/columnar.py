@@ -77,7 +77,7 @@ __all__ = ["COLUMNAR_USER_GROUPS", "COLUMNAR_ITEM_SHARDS", "BYTES_PER_USER_GROUP
            "PairBuffer", "FILE_SHIFT", "MAX_FILES", "line_position",
            "ID_ESCAPE", "id_strings", "from_id_string", "arrays_block",
            "counted_pair_blocks", "GroupPairs", "group_pairs", "without_items", "only_items",
-           "users_per_item", "held_pairs", "read_held_pairs", "top_candidates", "pairs_histogram",
+           "item_users_of_pairs", "held_pairs", "read_held_pairs", "top_candidates", "pairs_histogram",
            "sampled_pairs", "GroupHistogram", "bounded_histogram", "sum_histograms",
            "presample_plan", "runs_columnar", "columnar_rounds", "split_by_shard",
            "release_shard", "IPC_COMPRESSION", "release_from_files"]
@@ -1039,7 +1039,7 @@ def _pairs_where(pairs: GroupPairs, keep: np.ndarray) -> GroupPairs:
                       None if pairs.first is None else pairs.first[keep])
 
 
-def users_per_item(pairs: GroupPairs) -> Tuple[List[str], List[int]]:
+def item_users_of_pairs(pairs: GroupPairs) -> Tuple[List[str], List[int]]:
     """``(items, numbers of users)`` of a group's distinct pairs: each item some pair
     holds, with the number of the group's users who hold it."""
     counts = np.bincount(pairs.i, minlength=len(pairs.items))

@@ -684,7 +684,7 @@ class _InDomainDoFn(beam.DoFn):
             for _, blob in staging.staged(self._staging, [(None, columnar.held_pairs(pairs))]):
                 yield None, ("pairs", (len(pairs), blob))
         else:
-            yield None, ("counts", columnar.users_per_item(pairs))
+            yield None, ("counts", columnar.item_users_of_pairs(pairs))
 
 
 class _PeelDoFn(beam.DoFn):
