@@ -128,12 +128,15 @@ def test_top_candidates_hold_every_item_tied_at_the_cut():
     assert columnar.top_candidates(pa.array([], pa.string()), np.zeros(0), 3) == []
 
 
-def test_a_groups_pairs_within_the_domain_are_exact():
+def test_a_blocks_pairs_within_the_domain_are_exact():
     per_user = {"u1": {"a": 1, "b": 1, "A": 1}, "u2": {"a": 1}, "u3": {"é": 1, "e\u0301": 1}}
-    block = columnar.parse_block(b"".join(f"{u}\t{x}\n".encode() for u, c in per_user.items()
-                                          for x in c))
-    pairs = columnar.group_pairs(columnar.pair_blocks(block, 1).values())
-    inside = columnar.only_items(pairs, pa.array(["a", "e\u0301", "zz"]))
+    text = b"".join(f"{u}\t{x}\n".encode() for u, c in per_user.items() for x in c)
+
+    def within(domain):
+        blocks = columnar.pair_blocks(columnar.parse_block(text), 2,
+                                      within=pa.array(domain, pa.string())).values()
+        return columnar.group_pairs(blocks)
+    inside = within(["a", "e\u0301", "zz"])
     held = {(inside.users[u].as_py(), inside.items[i].as_py())
             for u, i in zip(inside.u, inside.i)}
     assert held == {("u1", "a"), ("u2", "a"), ("u3", "e\u0301")}
@@ -141,7 +144,7 @@ def test_a_groups_pairs_within_the_domain_are_exact():
     items, user_of, item_of = columnar.read_held_pairs(columnar.held_pairs(inside))
     assert user_of.dtype == np.int32 and sorted(set(user_of.tolist())) == [0, 1, 2]
     assert sorted(items[j] for j in item_of.tolist()) == ["a", "a", "e\u0301"]
-    assert len(columnar.only_items(pairs, pa.array([], pa.string()))) == 0
+    assert len(within([])) == 0
 
 
 @pytest.mark.parametrize("mechanism", [MECHANISMS[1], MECHANISMS[4]], ids=repr)
@@ -250,3 +253,62 @@ def test_id_strings_read_back_and_tell_ids_apart(values):
     assert len(set(strings)) == len(set(map(repr, values)))
     plain = [v for v, s in zip(values, strings) if s == v]
     assert all(type(v) is str for v in plain)
+
+
+def test_ids_too_large_for_arrow_integers_take_the_escaped_path():
+    ids = [2 ** 64 + 1, 1, -(2 ** 70)]
+    assert [columnar.from_id_string(t) for t in columnar.id_strings(ids).to_pylist()] == ids
+    pairs = [(2 ** 64 + u, "x") for u in range(60)]
+    m = WeightedLaplace(8.0, 1e-6, 10)
+    assert m.run_local(per_user_counts(pairs), RK) == {"x"}
+    import typing
+    with local_pipeline() as p:  # (Beam's own int coder stops at 2**63: made in a step)
+        got = (p | beam.Create(range(60))
+               | beam.Map(lambda u: (2 ** 64 + u, "x")).with_output_types(typing.Any)
+               | SelectPartitions(m, RK))
+        assert_that(got, equal_to(["x"]))
+
+
+def test_select_from_pairs_refuses_input_outside_the_global_window():
+    from apache_beam.transforms import window
+    with pytest.raises(ValueError, match="global window"):
+        p = local_pipeline()
+        (p | beam.Create([("u", "a")]) | beam.WindowInto(window.FixedWindows(10))
+         | SelectFromPairs(WeightedGaussian(1.0, 1e-6)))
+
+
+def test_a_shard_sends_at_most_its_true_top_whatever_the_ties(tmp_path):
+    # 3000 items held by one user each and a few held by many: a shard's candidates
+    # tied at the cut are cut to the query's true top k̄ + 1 before they leave it
+    pairs = [(f"u{u}", f"rare{u}") for u in range(3000)]
+    pairs += [(f"u{u}", f"top{j}") for j in range(4) for u in range(50 + 10 * j)]
+    m = TopKMechanism(3, 4.0, 1e-6, k_bar=5)
+    expected = m.run_local(per_user_counts(pairs), RK)
+    sent = []
+    from beam_dpsu.transforms import columnar as transforms_columnar
+    original = transforms_columnar._ShardTopDoFn.process
+
+    def counting(self, element, key_bytes):
+        for out in original(self, element, key_bytes):
+            sent.append(len(out[1]))
+            yield out
+    import unittest.mock
+    with unittest.mock.patch.object(transforms_columnar._ShardTopDoFn, "process", counting):
+        with local_pipeline() as p:
+            rows, _, _ = p | RankFromText(_files(tmp_path, pairs), m, RK, item_shards=2)
+            assert_that(rows, equal_to(expected))
+    assert sent and max(sent) <= m.k_bar + 1
+
+
+def test_the_peeled_top_k_keeps_every_discovered_item_a_candidate():
+    # (the files are read twice: an item the second read does not find stays in the
+    # exponential mechanism's domain, with 0 users, as item_users gives it)
+    from beam_dpsu.dp.noise import test_seed_material
+    from beam_dpsu.transforms.columnar import _PeelDoFn
+    m = DiscoverPeelTopK(4, 2.0, 1e-6)
+    domain = ["a", "b", "c", "held-by-none"]
+    parts = [("counts", (["a", "b"], [5, 2])), ("counts", (["c", "a"], [1, 1]))]
+    element = (None, [("domain", x) for x in domain] + parts)
+    rows = list(_PeelDoFn(m).process(element, test_seed_material(77)))
+    assert rows == m.peel({"a": 6, "b": 2, "c": 1, "held-by-none": 0}, RK)
+    assert len(rows) == 4

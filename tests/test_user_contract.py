@@ -7,8 +7,7 @@ progress that says something true, and nothing private left readable.
 * Ctrl-C exits 130 with one line, ``PROG: interrupted``, and leaves nothing behind;
 * an output location that cannot be created exits 2 before any data is read;
 * a successful Dask run logs no error on the scheduler or the workers;
-* progress lines: stage lines at every size, a worker's line only after its first
-  interval; ``--quiet`` puts no exact count on stderr;
+* progress lines: stage lines at every size; ``--quiet`` puts no exact count on stderr;
 * the README's quickstart can be run twice in a row;
 * every file holding private data says PRIVATE in its name and is owner-only (the
   dead-letter file, the counts files; ``compare``'s outputs: ``test_compare.py``).

@@ -76,7 +76,7 @@ __all__ = ["COLUMNAR_USER_GROUPS", "COLUMNAR_ITEM_SHARDS", "BYTES_PER_USER_GROUP
            "PairBlock", "pair_blocks", "presample", "FLUSH_PAIRS", "merge_pair_blocks",
            "PairBuffer", "FILE_SHIFT", "MAX_FILES", "line_position",
            "ID_ESCAPE", "id_strings", "from_id_string", "arrays_block",
-           "counted_pair_blocks", "GroupPairs", "group_pairs", "without_items", "only_items",
+           "counted_pair_blocks", "GroupPairs", "group_pairs", "without_items",
            "item_users_of_pairs", "held_pairs", "read_held_pairs", "top_candidates", "pairs_histogram",
            "sampled_pairs", "GroupHistogram", "bounded_histogram", "sum_histograms",
            "presample_plan", "runs_columnar", "columnar_rounds", "split_by_shard",
@@ -699,7 +699,7 @@ def id_strings(values: List[Any], what: str = "user id") -> pa.Array:
     library refuses raises ``IdTypeError`` (naming the type, never the value)."""
     try:
         array = pa.array(values)
-    except (pa.ArrowException, UnicodeEncodeError):
+    except Exception:  # not all str (an int of 2**64, a lone surrogate, ...): one by one
         array = None
     if (array is not None and array.type == pa.string() and not array.null_count
             and not pc.any(pc.starts_with(array, ID_ESCAPE)).as_py()):
@@ -1021,16 +1021,6 @@ def without_items(pairs: GroupPairs, removed: pa.Array) -> GroupPairs:
     if not gone.any():
         return pairs
     return _pairs_where(pairs, ~gone[pairs.i])
-
-
-def only_items(pairs: GroupPairs, kept: pa.Array) -> GroupPairs:
-    """``pairs`` with only the pairs whose item is in ``kept`` (a string array; exact
-    string equality): a discovered domain's pairs. A user left without pairs no
-    longer appears in any pair."""
-    if len(pairs) == 0:
-        return pairs
-    inside = pc.is_in(pairs.items, value_set=kept).to_numpy(zero_copy_only=False)
-    return _pairs_where(pairs, inside[pairs.i])
 
 
 def _pairs_where(pairs: GroupPairs, keep: np.ndarray) -> GroupPairs:

@@ -133,7 +133,8 @@ def parse(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]],
     Beam's registered options (``check_beam_args``, which imports Beam). When
     ``validate`` refuses a parameter and ``rest`` is not empty, ``rest`` is checked
     first, so a misspelt flag (``--epsilonn 1``, leaving ``--epsilon`` missing) is
-    reported as the unrecognized argument it is.
+    reported as the unrecognized argument it is (argparse's own check of a flag the
+    parser declares required still comes first).
     """
     args, rest = parser.parse_known_args(list(sys.argv[1:] if argv is None else argv))
     try:

@@ -218,8 +218,9 @@ def run_release(args, beam_args: Sequence[str],
     """The whole life of a release, shared by every release pipeline.
 
     ``args`` has ``input``, ``output``, ``overwrite``, ``insecure_test_seed``
-    and ``dead_letter``; ``build(p, run_key)`` adds the graph (it must pass
-    every part of the users through ``CountUsers`` exactly once, write the
+    and ``dead_letter``; ``build(p, run_key)`` adds the graph (it must count the
+    users once, e.g. a columnar transform's users per group through
+    ``tally_users``, write the
     release with ``outputs.write_items`` and the malformed lines with
     ``outputs.write_dead_letter``); ``public_fields(result,
     num_released)`` gives the mechanism's publishable fields. Checks every

@@ -57,11 +57,12 @@ from beam_dpsu.dp.lines import BLOCK_BYTES, block_buffers, read_blocks
 from beam_dpsu.dp.mechanisms.peeling import DiscoverPeelHittingSet, DiscoverThenPeel
 from beam_dpsu.dp.mechanisms.policy import PolicyMechanism
 from beam_dpsu.dp.mechanisms.sips import Sips
-from beam_dpsu.dp.mechanisms.topk import DEFAULT_PURPOSE as TOPK_PURPOSE, TopKMechanism
+from beam_dpsu.dp.mechanisms.topk import DEFAULT_PURPOSE as TOPK_PURPOSE, TopKMechanism, true_top
 from beam_dpsu.dp.noise import RunKey
 from beam_dpsu.transforms import run_key as keys
 from beam_dpsu.transforms import ordered, runners, staging
 from beam_dpsu.transforms.release import ApplyReleaseRule
+from beam_dpsu.transforms.bounding import check_global_window
 from beam_dpsu.transforms.textio import input_files, open_binary
 
 __all__ = ["SelectFromText", "SelectFromPairs", "RankFromText", "UsersFromText"]
@@ -575,10 +576,6 @@ class _PairsToBlocksDoFn(beam.DoFn):
         return staging.staged(self._staging, parts) if parts else []
 
 
-def _from_id_string(text: str):
-    return columnar.from_id_string(text)
-
-
 class SelectFromPairs(_Rounds):
     """A PCollection of ``(user_id, item)`` pairs → the items a set-union mechanism
     releases, on the columnar path: ``SelectPartitions`` runs it on pairs (on runners
@@ -619,6 +616,7 @@ class SelectFromPairs(_Rounds):
         self._batch = _check_count(batch_size, "batch_size")
 
     def expand(self, pcoll):
+        check_global_window(pcoll, "SelectFromPairs")
         envelope = not runners.capabilities(pcoll.pipeline).tagged_outputs
         policy = self._rounds is None
         pairs = (pcoll
@@ -628,7 +626,7 @@ class SelectFromPairs(_Rounds):
                                         self._staging, counted=policy),
                      keys.key_side_input(pcoll, self._run_key)))
         released, _ = (self._policy if policy else self._select)(pairs, envelope)
-        return released | "Ids" >> beam.Map(_from_id_string)
+        return released | "Ids" >> beam.Map(columnar.from_id_string)
 
 
 def _same_key(run_key: RunKey) -> RunKey:
@@ -636,16 +634,21 @@ def _same_key(run_key: RunKey) -> RunKey:
 
 
 class _ShardTopDoFn(beam.DoFn):
-    """``(shard, [partial histogram bytes])`` → ``(None, candidates)``: the shard's
-    items that can be among the ``n`` largest user counts (``columnar.top_candidates``;
-    the item shards partition the items, so the true top n is among the shards')."""
+    """``(shard, [partial histogram bytes])`` → ``(None, top)``: the shard's true top
+    ``n`` ``(item, users)`` by the query's ``RankKey`` (count, then the keyed tie
+    hash: a total order), from the items that can be among them
+    (``columnar.top_candidates``). The item shards partition the items, so the true
+    top n is among the shards' top n."""
 
-    def __init__(self, n: int, stage=None):
+    def __init__(self, n: int, purpose: str, stage=None):
         self._n, self._staging = n, stage
+        self._purpose = purpose
+        self._run_key = keys.KeyedCache(_same_key)
 
-    def process(self, element):
+    def process(self, element, key_bytes):
         items, counts = columnar.sum_histograms(staging.unstaged(self._staging, element[1]))
-        top = columnar.top_candidates(items, counts, self._n)
+        top = true_top(columnar.top_candidates(items, counts, self._n), self._n,
+                       self._run_key(key_bytes), self._purpose)
         if top:
             yield None, top
 
@@ -706,8 +709,8 @@ class _PeelDoFn(beam.DoFn):
             rows = self._mechanism.peel_pairs(
                 (columnar.read_held_pairs(staging.unstaged(self._staging, [blob])[0])
                  for _, blob in parts), domain, run_key, total_pairs=sum(n for n, _ in parts))
-        else:
-            counts = {}
+        else:  # every discovered item is a candidate, held or not (as item_users)
+            counts = dict.fromkeys(domain, 0)
             for items, users in parts:
                 for item, n in zip(items, users):
                     counts[item] = counts.get(item, 0) + n
@@ -753,7 +756,9 @@ class RankFromText(beam.PTransform):
 
     Privacy: the mechanism's ``guarantee`` under add/remove-one-user neighbours,
     provided each user id identifies one person and the run key is secret and used
-    for one release only.
+    for one release only. Discovery then peeling reads the files twice: they must
+    not change during the run (every discovered item stays a candidate of the
+    peeling whatever the second read finds).
     """
 
     def __init__(self, file_pattern: str, mechanism, run_key: Optional[RunKey] = None,
@@ -795,7 +800,9 @@ class RankFromText(beam.PTransform):
             self._staging), envelope, _USERS, keys.key_side_input(grouped, self._run_key))
         rows = (partials
                 | "GroupShards" >> beam.GroupByKey()
-                | "ShardTop" >> beam.ParDo(_ShardTopDoFn(m.k_bar + 1, self._staging))
+                | "ShardTop" >> beam.ParDo(
+                    _ShardTopDoFn(m.k_bar + 1, self._purpose, self._staging),
+                    keys.key_side_input(grouped, self._run_key))
                 | "Collect" >> beam.GroupByKey()
                 | "Release" >> beam.ParDo(_TopKReleaseDoFn(m, self._purpose),
                                           keys.key_side_input(grouped, self._run_key)))

@@ -36,7 +36,7 @@ from beam_dpsu.transforms.bounding import MergeItemCountsFn, mark_canonical_ids
 
 __all__ = ["DEFAULT_COMPLETE_MAX_PAIRS", "MAX_FILE_PARTITIONS", "DEFAULT_READ_GROUPS",
            "open_binary", "MergeUserGroups", "MergeOrderedItemCountsFn", "read_per_user",
-           "match_files", "match_sized", "SPLIT_ONE_FILE_MAX_BYTES", "split_one_file",
+           "match_files", "match_sized",
            "balanced_bins", "input_files", "dealt_files", "ReadUserItems"]
 
 
@@ -324,26 +324,6 @@ def match_sized(pattern: str) -> List[Tuple[str, Optional[int]]]:
     result = FileSystems.match([pattern])[0]
     return sorted((m.path, m.size_in_bytes if isinstance(m.size_in_bytes, int)
                    and m.size_in_bytes >= 0 else None) for m in result.metadata_list)
-
-
-#: ``split_one_file``: the largest single input file (bytes as stored) worth reading
-#: with ``split_files=True`` on the multi-worker DirectRunner, whose launcher then
-#: holds the file's decompressed text (several times this for gzip) in memory
-#: between two stages.
-SPLIT_ONE_FILE_MAX_BYTES = 256 << 20
-
-
-def split_one_file(pipeline: beam.Pipeline, sized: List[Tuple[str, Optional[int]]]) -> bool:
-    """Whether to read ``sized`` (``match_sized`` of the input) with ``split_files=True``
-    in ``pipeline``: it is ONE file of at most ``SPLIT_ONE_FILE_MAX_BYTES`` (size
-    known) and the runner deals work to several workers (``runners.dealt_workers``:
-    the DirectRunner with several worker processes or threads). Otherwise the
-    worker that decompresses the file would also count and parse all of it. With
-    several files, each file is one worker's task anyway; on other runners, their
-    own splitting applies. Only the time and memory of a run depend on it."""
-    return (len(sized) == 1 and sized[0][1] is not None
-            and sized[0][1] <= SPLIT_ONE_FILE_MAX_BYTES
-            and runners.dealt_workers(pipeline) > 1)
 
 
 def balanced_bins(sizes: Sequence[int], bins: int) -> List[int]:
