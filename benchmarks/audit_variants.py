@@ -9,7 +9,9 @@ catches it:
 * ``zero-weight-keys``: items of a user that received weight 0 are kept as
   keys and noised;
 * ``closest-to-cutoff-greedy``: GW whose users fill the items closest to Γ
-  first, the non-private policy of Gopi et al.
+  first, the non-private policy of Gopi et al.;
+* ``exact-weight-buckets``: adaptive weighting whose heavy items are read from the
+  exact weights (the rerouting whose indirect change is not bounded).
 
 ``standard_configs`` and ``BROKEN_CONFIGS`` are the configurations the CI
 tests and ``benchmarks/audit_all.py`` audit. The auditor's command line
@@ -128,10 +130,32 @@ def closest_to_cutoff_greedy(mechanism: Mechanism) -> Mechanism:
     return broken
 
 
+def exact_weight_buckets(mechanism: Mechanism) -> Mechanism:
+    """BROKEN ON PURPOSE: adaptive weighting whose buckets come from the exact basic
+    weights, not from the noisy estimate (the rerouting of ``docs/mechanisms.md`` section
+    11.1). Everything else, the noisy estimate in the release statistic included, is the
+    real mechanism's."""
+    if not hasattr(mechanism, "estimate_levels"):
+        raise ValueError("exact-weight-buckets applies to adaptive weighting")
+    broken = copy.copy(mechanism)
+    levels = np.asarray(mechanism.levels)
+
+    def estimate(items, weights, run_key):
+        noisy, _, first = mechanism.estimate(items, weights, run_key)
+        weights = np.asarray(weights, np.float64)
+        # THE BUG: the buckets read the exact weights
+        return noisy, (weights[:, None] > levels[None, :]).sum(axis=1), first
+
+    broken.estimate = estimate
+    broken.name = mechanism.name + "+exact-weight-buckets"
+    return broken
+
+
 BROKEN: Dict[str, Callable[[Mechanism], Mechanism]] = {
     "threshold-delta-x100": threshold_delta_x100,
     "zero-weight-keys": ZeroWeightKeys,
     "closest-to-cutoff-greedy": closest_to_cutoff_greedy,
+    "exact-weight-buckets": exact_weight_buckets,
 }
 
 
@@ -192,6 +216,8 @@ BROKEN_CONFIGS = [
                                 "allow_unproven": True}, [("unique", "first")], 2000),
     ("closest-to-cutoff-greedy", "gw", {"epsilon": 1.0, "delta": 1e-2, "variant": "published",
                                         "allow_unproven": True}, [("pile", "first")], 1000),
+    ("exact-weight-buckets", "adaptive", {"epsilon": 1.0, "delta": 1e-3, "max_items": 8},
+     [("indirect", "first")], 1000),
 ]
 
 

@@ -19,6 +19,7 @@ from beam_dpsu.dp.noise import RunKey
 from beam_dpsu.dp.mechanisms.peeling import DiscoverPeelHittingSet, DiscoverPeelTopK
 from beam_dpsu.dp.mechanisms.policy import GW, GWKT, PolicyGaussian, PolicyLaplace
 from beam_dpsu.dp.mechanisms.sips import Sips
+from beam_dpsu.dp.mechanisms.adaptive import Adaptive
 from beam_dpsu.transforms.topk import TopK
 from beam_dpsu.dp.mechanisms.topk import TopKMechanism, top_k_local
 
@@ -42,6 +43,8 @@ def mechanisms():
         "weighted-gaussian-zcdp": WeightedGaussianZcdp(0.2, DELTA, 5),
         "sips": Sips(0.2, DELTA, 5, rounds=3),
         "sips-from-dp": Sips.from_dp(EPS, DELTA, 5, rounds=2, ratio=0.5),
+        "adaptive": Adaptive(EPS, DELTA, 5),
+        "adaptive-2r": Adaptive(EPS, DELTA, 5, release_rounds=2),
         "policy-laplace": PolicyLaplace(EPS, DELTA, 5),
         "policy-gaussian": PolicyGaussian(EPS, DELTA, 5),
         "gw": GW(EPS, DELTA),
@@ -83,6 +86,8 @@ EXPECTED = {
     "weighted-gaussian-zcdp": "6247941d77705024",
     "sips": "693bd86b5dcfa1b1",
     "sips-from-dp": "712237886fc7e725",
+    "adaptive": "59408e0d43c7a0f2",
+    "adaptive-2r": "2ff8dac9a7696c24",
     "policy-laplace": "e7422863e073234c",
     "policy-gaussian": "dc9ed4eb9f789878",
     "gw": "4fc5fb4764eaac39",

@@ -34,6 +34,8 @@ FLAGS = {
     "weighted-gaussian": ["--epsilon", "2", "--delta", "1e-5", "--max-items-per-user", "5"],
     "weighted-gaussian-zcdp": ["--rho", "0.5", "--delta", "1e-5", "--max-items-per-user", "5"],
     "sips": ["--rho", "0.5", "--delta", "1e-5", "--max-items-per-user", "5"],
+    "adaptive": ["--epsilon", "2", "--delta", "1e-5", "--max-items-per-user", "5"],
+    "adaptive-2r": ["--epsilon", "2", "--delta", "1e-5", "--max-items-per-user", "5"],
     "policy-laplace": ["--epsilon", "2", "--delta", "1e-5", "--max-items-per-user", "5"],
     "policy-gaussian": ["--epsilon", "2", "--delta", "1e-5", "--max-items-per-user", "5"],
     "gw": ["--epsilon", "2", "--delta", "1e-5"],

@@ -78,6 +78,11 @@ it is not private:
   ``write_cascade_public_counts``, GW-KT) the same cutoff so all are audited
   on the same pair: the published variants fail, the cascade-free ones pass.
 
+* ``indirect`` (adaptive weighting; in its default plan): the canary pushes items over
+  the estimate's heavy level, and other users would move their weight onto one item j
+  were the heavy items read from the exact weights (``indirect_scenario``,
+  ``docs/mechanisms.md`` section 11.1); the ``exact-weight-buckets`` variant fails it.
+
 Deliberately broken variants (``benchmarks/audit_variants.py``, for the tests
 of the auditor's power; never use them for anything else) each differ from a
 real mechanism in one bug only; ``main(argv, broken=...)`` accepts
@@ -104,6 +109,7 @@ from beam_dpsu.dp import calibration as cal
 from beam_dpsu.dp.contribution import canonical_counts, canonical_id, canonical_per_user
 from beam_dpsu.dp.mechanisms.base import released_items, run_local
 from beam_dpsu.dp.mechanisms import Mechanism
+from beam_dpsu.dp.mechanisms.adaptive import HEAVY_BUCKET
 from beam_dpsu.dp.noise import RunKey, encode_value, keyed_hash64
 
 __all__ = ["DEFAULT_CONFIDENCE", "CI_CONFIDENCE", "FAST_TRIALS", "THOROUGH_TRIALS", "SCENARIOS",
@@ -111,7 +117,7 @@ __all__ = ["DEFAULT_CONFIDENCE", "CI_CONFIDENCE", "FAST_TRIALS", "THOROUGH_TRIAL
            "clopper_pearson", "epsilon_from_bounds", "Event", "best_bound", "PinnedOrderKey",
            "PlacementError", "PLACEMENT_TRIES_PER_USER", "PLACEMENT_KEYS", "place_canary",
            "Scenario", "Profile", "profile", "build_scenario", "MAX_CASCADE_CONVERTERS",
-           "cascade_scenario", "CASCADE_CUTOFF", "CASCADE_TRIALS", "cascade_configs",
+           "cascade_scenario", "indirect_scenario", "CASCADE_CUTOFF", "CASCADE_TRIALS", "cascade_configs",
            "cascade_public_counts", "write_cascade_public_counts", "default_plan", "count_events",
            "audit"]
 
@@ -124,7 +130,7 @@ SCENARIOS = ("unique", "near-cutoff", "pile")
 #: Every scenario ``build_scenario`` knows; ``cascade`` (sequential policies only)
 #: is not in the default plan: it needs a cutoff with a suitable fractional part,
 #: which ``cascade_configs`` arranges.
-ALL_SCENARIOS = SCENARIOS + ("cascade",)
+ALL_SCENARIOS = SCENARIOS + ("cascade", "indirect")
 POSITIONS = ("first", "middle", "last")
 MAX_BACKGROUND_PER_ITEM = 200  # caps the users a scenario builds (tiny ε, huge Δ0)
 UNIQUE_ITEMS_WITHOUT_MAX = 64  # canary-only items for mechanisms without Δ0
@@ -318,6 +324,8 @@ class Profile:
     cutoff: Optional[float]  # Γ of a sequential policy, else None
     max_items: Optional[int]
     sequential: bool
+    heavy_level: Optional[float] = None  # adaptive weighting: the estimate's heavy level
+    estimate_share: Optional[float] = None
 
 
 def profile(mechanism: Mechanism) -> Profile:
@@ -331,8 +339,12 @@ def profile(mechanism: Mechanism) -> Profile:
             n += 1
         level = float(n)
     cutoff = getattr(mechanism, "cutoff", None)
-    return Profile(float(level), None if cutoff is None else float(cutoff),
-                   mechanism.max_items, hasattr(mechanism, "policy"))
+    sequential = hasattr(mechanism, "policy")
+    levels = getattr(mechanism, "levels", None)
+    heavy = None if levels is None else float(levels[HEAVY_BUCKET - 1])
+    return Profile(float(level), None if cutoff is None or not sequential else float(cutoff),
+                   mechanism.max_items, sequential, heavy,
+                   getattr(mechanism, "estimate_share", None))
 
 
 def _count(x: float) -> int:
@@ -349,6 +361,12 @@ def build_scenario(mechanism: Mechanism, name: str, position: str = "first",
     prof = profile(mechanism)
     if name == "cascade":
         return cascade_scenario(prof, order_key)
+    if name == "indirect":
+        background, canary, events = indirect_scenario(prof)
+        if order_key is None:
+            order_key = secrets.token_bytes(32)
+        return Scenario(name, position, background, "indirect-canary", canary, events,
+                        order_key)
     background: Dict[Any, Dict[Any, int]] = {}
     if name == "unique":
         k = prof.max_items if prof.max_items else UNIQUE_ITEMS_WITHOUT_MAX
@@ -396,6 +414,51 @@ def build_scenario(mechanism: Mechanism, name: str, position: str = "first",
                 if attempt == PLACEMENT_KEYS - 1:  # pragma: no cover (prob. < 1e-116)
                     raise
     return Scenario(name, position, background, canary_id, canary, events, order_key)
+
+
+def indirect_scenario(prof: Profile):
+    """Section 11.1 of ``docs/mechanisms.md`` as a neighbouring pair for adaptive weighting:
+    ``(background, canary, events)``.
+
+    The canary holds k = Δ0 − 1 items x-i. Each x-i's basic weight sits half the canary's
+    weight 1/√k below the estimate's heavy level (``makers`` users hold x-i alone, a
+    ``tuner`` user with fillers adds the fraction), so the canary pushes every x-i over it.
+    ``sharers`` users hold all the x-i and one item j, their only other item: were the
+    buckets read from the *exact* weights, the canary would make every x-i heavy and the
+    sharers would move their weight onto j, whose statistic would cross T only with the
+    canary (the ``exact-weight-buckets`` variant of ``benchmarks/audit_variants.py``).
+    With the DP estimate the x-i's buckets are about as likely heavy without the canary.
+
+    Events: "j is released", "x-0 is released", "every x-i is released".
+    """
+    if prof.heavy_level is None or not prof.max_items or prof.max_items < 2:
+        raise ValueError("the indirect scenario applies to adaptive weighting with Δ0 >= 2")
+    k = prof.max_items - 1
+    b_sharer, b_canary = 1.0 / math.sqrt(k + 1), 1.0 / math.sqrt(k)
+    s = prof.estimate_share
+    ell = math.sqrt(1.0 - k * (b_sharer / 2) ** 2)   # a sharer's weight on j, x-i heavy
+    sharers = _count(prof.level / ((b_sharer + s * b_sharer + (1 - s) * ell) / 2))
+    target = prof.heavy_level - b_canary / 2 - sharers * b_sharer
+    if target < 0:
+        raise ValueError("the indirect scenario needs the heavy level above the sharers' weight")
+    makers = int(math.floor(target))
+    rest = target - makers
+    fillers = int(round(1.0 / rest ** 2 - 1)) if rest > 0.05 else 0
+    background: Dict[Any, Dict[Any, int]] = {}
+    for h in range(sharers):
+        background[f"sharer-{h}"] = dict({f"x-{i}": 1 for i in range(k)}, j=1)
+    for i in range(k):
+        for h in range(_count(makers) if makers else 0):
+            background[f"maker-{i}-{h}"] = {f"x-{i}": 1}
+        if 0 < fillers < prof.max_items:
+            background[f"tuner-{i}"] = dict({f"filler-{i}-{f}": 1 for f in range(fillers)},
+                                            **{f"x-{i}": 1})
+    canary = {f"x-{i}": 1 for i in range(k)}
+    xs = frozenset(canary)
+    events = [Event("j is released", frozenset({"j"})),
+              Event("x-0 is released", frozenset({"x-0"})),
+              Event("every x-i is released", xs, len(xs))]
+    return background, canary, events
 
 
 #: The cascade scenario builds at most this many converter users.
@@ -520,8 +583,11 @@ def write_cascade_public_counts(path: str) -> str:
 def default_plan(mechanism: Mechanism, scenarios: Sequence[str] = SCENARIOS,
                  positions: Optional[Sequence[str]] = None) -> List[Tuple[str, str]]:
     """(scenario, position) pairs: all positions for sequential policies, 'first' otherwise."""
+    prof = profile(mechanism)
     if positions is None:
-        positions = POSITIONS if profile(mechanism).sequential else ("first",)
+        positions = POSITIONS if prof.sequential else ("first",)
+    if prof.heavy_level is not None and tuple(scenarios) == SCENARIOS:
+        scenarios = tuple(scenarios) + ("indirect",)  # adaptive weighting's adversary
     return [(s, p) for s in scenarios
             for p in (("middle",) if s == "cascade" else positions)]  # cascade: order built in
 

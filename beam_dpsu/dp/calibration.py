@@ -432,6 +432,69 @@ def zcdp_weighted_gaussian_threshold(rho: float, delta: float, max_items: int) -
         max_items, lambda k: 1.0 / np.sqrt(k) + sigma * normal_isf(per_item_delta(delta, k)))
 
 
+def adaptive_sigmas(epsilon: float, delta: float, shares) -> list:
+    """The Gaussian σ of each stage of adaptive weighting, from (ε, δ) and the stages'
+    shares (positive, summing to at most 1).
+
+    The stages together are one Gaussian mechanism of σ = AGM(ε, δ/2, 1) (adaptive
+    composition of Gaussian mechanisms adds their precisions 1/σ_i², Dong, Roth and Su
+    2019): stage i gets the precision share_i/σ², i.e. σ_i = σ/√share_i, raised by a
+    relative 10^-12 so that Σ 1/σ_i² ≤ 1/σ² holds in spite of rounding
+    (docs/mechanisms.md section 11).
+    """
+    shares = [float(x) for x in shares]
+    if not shares or any(not (x > 0 and math.isfinite(x)) for x in shares) or \
+            sum(shares) > 1.0 + 1e-12:
+        raise ValueError(f"stage shares must be positive and sum to at most 1, got {shares!r}")
+    sigma = weighted_gaussian_sigma(epsilon, delta)
+    return [sigma / math.sqrt(x) * (1.0 + 1e-12) for x in shares]
+
+
+def adaptive_heavy_delta(level: float, sigma: float, max_items: int) -> float:
+    """δ_h ≥ the probability that one of an added user's at most Δ0 new items has an
+    estimate above ``level`` (an item only that user holds has weight ≤ 1 before noise):
+    ``1 − (1 − q)^Δ0`` with q = P(N(0, σ²) > level − 1), rounded up
+    (docs/mechanisms.md section 11)."""
+    from beam_dpsu.dp.release_rules import noise_tail
+    sigma = check_sensitivity(sigma, "sigma")
+    max_items = check_max_items(max_items)
+    q = float(noise_tail("gaussian", sigma, [max(level - 1.0, 0.0)], upward=True)[0]) / 2.0
+    q = min(1.0, q * (1.0 + 1e-12))
+    return min(1.0, -math.expm1(max_items * math.log1p(-q)) * (1.0 + 1e-12)) if q < 1 else 1.0
+
+
+def adaptive_threshold(sigma: float, delta: float, heavy_delta: float, max_items: int) -> float:
+    """The threshold of adaptive weighting's release: T = max_t [1/√t + σ·Φ⁻¹(1 − δ′_t)],
+    δ′ the per-item δ (``per_item_delta``) of max(δ/2 − δ_h, δ/4): an added user's new
+    items are released with probability at most δ/2 (docs/mechanisms.md section 11).
+
+    Args:
+      sigma: σ of the combined release statistic (AGM(ε, δ/2, 1)).
+      delta: the guarantee's δ.
+      heavy_delta: δ_h of ``adaptive_heavy_delta``.
+      max_items: Δ0.
+    """
+    sigma = check_sensitivity(sigma, "sigma")
+    max_items = check_max_items(max_items)
+    delta = check_delta(delta)
+    if not 0.0 <= heavy_delta <= 1.0:
+        raise ValueError(f"heavy_delta must be a probability, got {heavy_delta!r}")
+    budget = max(delta / 2.0 - heavy_delta, delta / 4.0)
+    check_resolvable_delta(budget, max_items)
+    return _max_over_t(
+        max_items, lambda t: 1.0 / np.sqrt(t) + sigma * normal_isf(per_item_delta(budget, t)))
+
+
+def adaptive_levels(cutoff: float, count: int, ratio: float = 2.0) -> list:
+    """The estimate's levels ``[C·r^j for j = 0..count−1]`` (C > 0, count ≥ 1, r > 1)."""
+    if not (math.isfinite(cutoff) and cutoff > 0):
+        raise ValueError(f"cutoff must be finite and > 0, got {cutoff!r}")
+    count = check_positive_int(count, "levels")
+    if not (math.isfinite(ratio) and ratio > 1):
+        raise ValueError(f"level ratio must be > 1, got {ratio!r}")
+    return [cutoff * ratio ** j for j in range(count)]
+
+
 def gw_threshold(epsilon: float, delta: float) -> float:
     """GW threshold T = 1 − λ·log(2δ), λ = 1/ε; requires δ < 1/2 so that T ≥ 1."""
     epsilon = check_epsilon(epsilon)

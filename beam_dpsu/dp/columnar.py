@@ -1220,16 +1220,20 @@ def presample_plan(mechanism, run_key) -> Optional[Tuple[int, bytes]]:
     if isinstance(mechanism, HistogramMechanism) and len(rounds) == 1 \
             and rounds[0].max_items is not None:
         return rounds[0].max_items, run_key.subkey("sample/0")
+    from beam_dpsu.dp.mechanisms.adaptive import Adaptive
+    if isinstance(mechanism, Adaptive):  # both stages read the one sample/0 sample
+        return mechanism.max_items, run_key.subkey("sample/0")
     return None
 
 
 def runs_columnar(mechanism) -> bool:
     """Whether the columnar path runs ``mechanism``: a histogram mechanism (one
     round), DP-SIPS with ``removal='side-input'`` (its rounds, each on the items
-    earlier rounds did not release, the released items held per group) or a
-    sequential policy mechanism (its users prepared on counted pairs,
-    ``dp.columnar_policy``)."""
-    return (isinstance(mechanism, (HistogramMechanism, PolicyMechanism))
+    earlier rounds did not release, the released items held per group), adaptive
+    weighting (``transforms.columnar``'s own stages) or a sequential policy
+    mechanism (its users prepared on counted pairs, ``dp.columnar_policy``)."""
+    from beam_dpsu.dp.mechanisms.adaptive import Adaptive
+    return (isinstance(mechanism, (HistogramMechanism, PolicyMechanism, Adaptive))
             or (isinstance(mechanism, Sips) and mechanism.removal == "side-input"))
 
 
@@ -1237,7 +1241,8 @@ def columnar_rounds(mechanism) -> list:
     """The rounds of a histogram mechanism or DP-SIPS on the columnar path; raises
     ValueError for any other mechanism (a policy mechanism has no rounds here:
     ``dp.columnar_policy`` prepares its users)."""
-    if runs_columnar(mechanism) and not isinstance(mechanism, PolicyMechanism):
+    from beam_dpsu.dp.mechanisms.adaptive import Adaptive
+    if runs_columnar(mechanism) and not isinstance(mechanism, (PolicyMechanism, Adaptive)):
         return list(mechanism.rounds)
     raise ValueError(
         f"the columnar path runs the histogram mechanisms and DP-SIPS with "

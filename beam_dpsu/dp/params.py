@@ -25,7 +25,7 @@ __all__ = ["DEFAULT_MAX_ITEMS", "DEFAULT_GW_MAX_ITEMS_PER_EPSILON", "gw_default_
            "DEFAULT_FRONT_MARGIN", "DEFAULT_GWKT_CALIBRATION_SHARE",
            "FRONT_SCALE_FACTOR", "CALIBRATED_FRONT_MARGIN",
            "DEFAULT_VARIANT", "DEFAULT_ROUNDS", "DEFAULT_RATIO",
-           "DEFAULT_DISCOVERY_SHARE", "TOPK_METHODS", "DEFAULT_TOPK_METHOD", "MAX_MAX_ITEMS", "MIN_PER_ITEM_DELTA", "MIN_ETA", "WARN_EPSILON_ABOVE",
+           "DEFAULT_DISCOVERY_SHARE", "DEFAULT_ESTIMATE_SHARE", "TOPK_METHODS", "DEFAULT_TOPK_METHOD", "MAX_MAX_ITEMS", "MIN_PER_ITEM_DELTA", "MIN_ETA", "WARN_EPSILON_ABOVE",
            "WARN_DELTA_ABOVE", "Param", "MECHANISM_PARAMS", "TOPK_PARAMS", "ALL_PARAMS",
            "flag", "flags",
            "add_arguments", "as_flags", "spec_types", "canonical", "canonical_keywords",
@@ -169,6 +169,10 @@ WARN_EPSILON_ABOVE = 10.0
 WARN_DELTA_ABOVE = 1e-3
 #: Discovery-then-peel (top-k, hitting set): the discovery's share of ε and of δ.
 DEFAULT_DISCOVERY_SHARE = 0.5
+
+#: Adaptive weighting: the share of ρ spent on the estimate of the items' weights
+#: (docs/mechanisms.md section 11).
+DEFAULT_ESTIMATE_SHARE = {1: 0.1, 2: 0.25}
 #: The top-k command's default method, and the methods it offers.
 TOPK_METHODS = ("limited-domain", "discover-peel")
 DEFAULT_TOPK_METHOD = "limited-domain"
@@ -241,12 +245,16 @@ MECHANISM_PARAMS: Dict[str, Param] = {p.name: p for p in [
           # PipelineDP calls it max_partitions_contributed
           aliases=("max_items_per_user", "max_partitions_contributed")),
     Param("alpha", float, "cutoff multiplier α >= 0 of the sequential policies "
-          "(Γ = T + α·noise scale)", _text(DEFAULT_ALPHA), _NO_EFFECT),
+          "(Γ = T + α·noise scale) and of adaptive weighting (heavy above 2Γ + 2σ_E)", _text(DEFAULT_ALPHA), _NO_EFFECT),
     Param("rounds", int, "number of DP-SIPS rounds I (integer >= 1)", _text(DEFAULT_ROUNDS),
           "none: the budget is split over the rounds"),
     Param("ratio", float, "DP-SIPS budget ratio r > 0 (round i gets r^(I−1−i) of the last "
           "round's share)", "1/3" if DEFAULT_RATIO == 1.0 / 3.0 else _text(DEFAULT_RATIO),
           "none: the shares sum to the budget"),
+    Param("estimate_share", float, "adaptive, adaptive-2r: the estimate's share s in (0, 1) "
+          "of the Gaussian precision (the adaptive round's release statistic combines both "
+          "stages)", f"{DEFAULT_ESTIMATE_SHARE[1]:g}; adaptive-2r {DEFAULT_ESTIMATE_SHARE[2]:g}",
+          "none: the stages' precisions sum to that of --epsilon --delta"),
     Param("public_counts", str, "gw-kt: file of item<TAB>count lines (public data, not the "
           "private input)", None, "none, provided the counts do not come from the private "
           "input"),

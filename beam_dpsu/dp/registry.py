@@ -155,6 +155,24 @@ register("sips", _sips, {"epsilon", "delta", "rho", "max_items", "rounds", "rati
          "DP-SIPS: I rounds of zCDP Weighted Gaussian on what is not yet released")
 
 
+def _adaptive_builder(name: str, release_rounds: int):
+    def build(params: MechanismParams) -> Mechanism:
+        from beam_dpsu.dp.mechanisms.adaptive import Adaptive
+        _require(params, name, "epsilon", "delta")
+        alpha = DEFAULT_ALPHA if params.alpha is None else params.alpha
+        return Adaptive(params.epsilon, params.delta, _max_items(params), release_rounds,
+                        params.estimate_share, alpha)
+    return build
+
+
+register("adaptive", _adaptive_builder("adaptive", 1),
+         {"epsilon", "delta", "max_items", "estimate_share", "alpha"},
+         "adaptive weighting: a DP estimate moves weight off heavy items; one release")
+register("adaptive-2r", _adaptive_builder("adaptive-2r", 2),
+         {"epsilon", "delta", "max_items", "estimate_share", "alpha"},
+         "adaptive weighting in two rounds: the estimate releases, then the adaptive round")
+
+
 # Sequential policy mechanisms (beam_dpsu.dp.mechanisms.policy, docs/mechanisms.md section 4).
 
 

@@ -25,7 +25,7 @@ from beam_dpsu.dp.noise import ItemBits, RunKey, gaussian_many, laplace_many, un
 
 
 __all__ = ["NOISE_KINDS", "TAIL_MARGIN", "check_noisy_threshold", "noise_tail",
-           "NoisyThresholdRule", "TruncatedGeometricRule"]
+           "NoisyThresholdRule", "GaussianLevels", "TruncatedGeometricRule"]
 
 
 NOISE_KINDS = ("laplace", "gaussian")
@@ -103,13 +103,18 @@ class _KeyedRule:
     def decide_spans(self, data, starts, lengths, weights) -> np.ndarray:
         """The decisions on the UTF-8 strings ``data[starts[i]:starts[i] + lengths[i]]``
         (Arrow's layout; ``ItemBits.many_str``): the same as ``decide`` on the strings."""
+        bits, more = self._spans(data, starts, lengths)
+        return self.decide_bits(bits, weights, more)
+
+    def _spans(self, data, starts, lengths):
+        """``(bits, more)`` of the UTF-8 strings at ``starts``/``lengths`` of ``data``."""
         starts = np.asarray(starts, dtype=np.int64)
         lengths = np.asarray(lengths, dtype=np.int64)
 
         def more(indices, j):
             return self.bits.block(j).many_str(data, starts[indices], lengths[indices])
 
-        return self.decide_bits(self.bits.many_str(data, starts, lengths), weights, more)
+        return self.bits.many_str(data, starts, lengths), more
 
 
 class NoisyThresholdRule(_KeyedRule):
@@ -150,8 +155,17 @@ class NoisyThresholdRule(_KeyedRule):
         """The decisions on items whose keyed bits (``self.bits``) are ``bits``,
         ``more(indices, j)`` their further blocks (see the class docstring)."""
         weights = np.asarray(weights, dtype=np.float64)
+        return self.exceeds_bits(bits, weights, more, weights > 0)  # False for NaN
+
+    def exceeds_bits(self, bits: np.ndarray, weights, more, positive=None) -> np.ndarray:
+        """``weight + Z > T`` for every item (``positive``: only where True, default
+        everywhere), decided on probabilities as the class docstring says. Without
+        ``positive`` a weight of 0 is decided too: that is the Gaussian mechanism's
+        noisy value compared with T, not a release (``GaussianLevels``)."""
+        weights = np.asarray(weights, dtype=np.float64)
         bits = np.asarray(bits, dtype=np.uint64)
-        positive = weights > 0  # False for NaN
+        if positive is None:
+            positive = np.ones(weights.shape, bool)
         negative = (bits >> np.uint64(63)).astype(bool)
         low = weights <= self.threshold
         out = positive & ~low & ~negative  # above T with Z > 0: always released
@@ -167,6 +181,17 @@ class NoisyThresholdRule(_KeyedRule):
             out[fall] = ~uniform_below(bits[fall], 63, q, lambda i, j: more(fall[i], j))
         return out
 
+    def exceeds_spans(self, data, starts, lengths, weights) -> np.ndarray:
+        """``exceeds_bits`` (every weight decided) on UTF-8 strings, as ``decide_spans``."""
+        bits, more = self._spans(data, starts, lengths)
+        return self.exceeds_bits(bits, weights, more)
+
+    def noise_spans(self, data, starts, lengths) -> np.ndarray:
+        """``noise_values`` of UTF-8 strings, as ``decide_spans`` reads them."""
+        bits, more = self._spans(data, starts, lengths)
+        sampler = gaussian_many if self.noise == "gaussian" else laplace_many
+        return sampler(bits, more, self.scale)
+
     def noise_values(self, items: Sequence[Any]) -> np.ndarray:
         """The noise of each item, by inverse CDF of the uniform the decisions use:
         ``weight + noise > T`` agrees with the decision but for the float rounding
@@ -175,6 +200,47 @@ class NoisyThresholdRule(_KeyedRule):
         items = list(items)
         sampler = gaussian_many if self.noise == "gaussian" else laplace_many
         return sampler(self.bits.many(items), self._blocks_of(items), self.scale)
+
+
+class GaussianLevels(_KeyedRule):
+    """How many of the increasing levels ``L_0 < … < L_{m−1}`` an item's noisy value
+    ``weight + Z`` exceeds, Z ~ N(0, σ²) keyed per item under ``purpose``: a
+    post-processing of the Gaussian mechanism's noisy value, not a release.
+
+    Each comparison is ``NoisyThresholdRule``'s exact decision at that level on the
+    item's one uniform U (the same bits for every level), so the answers are nested
+    (exceeding a level implies exceeding every lower one) and their count is the
+    index of the noisy value's interval. Unlike a release rule, a weight of 0 is
+    decided too (its noisy value is Z alone): which items have weight is not
+    something a post-processing may read. ``decide`` returns int64 counts in
+    ``[0, m]``. Used by the adaptive-weighting estimate (``docs/mechanisms.md``
+    section 11).
+
+    Args:
+      sigma: σ > 0 of the Gaussian noise.
+      levels: the increasing finite levels.
+      run_key: the run's ``RunKey``.
+      purpose: the key purpose of the noise (distinct from every release round's).
+    """
+
+    def __init__(self, sigma: float, levels: Sequence[float], run_key: RunKey,
+                 purpose: str):
+        levels = [float(x) for x in levels]
+        if not levels or any(b <= a for a, b in zip(levels, levels[1:])):
+            raise ValueError(f"levels must be non-empty and increasing, got {levels!r}")
+        self.rules = [NoisyThresholdRule("gaussian", sigma, level, run_key, purpose)
+                      for level in levels]
+        self.bits = ItemBits(run_key, purpose)
+
+    def __call__(self, item: Any, weight: float) -> int:
+        return int(self.decide([item], np.array([weight], np.float64))[0])
+
+    def decide_bits(self, bits: np.ndarray, weights, more) -> np.ndarray:
+        weights = np.asarray(weights, dtype=np.float64)
+        counts = np.zeros(weights.shape, np.int64)
+        for rule in self.rules:
+            counts += rule.exceeds_bits(bits, weights, more)
+        return counts
 
 
 class TruncatedGeometricRule(_KeyedRule):

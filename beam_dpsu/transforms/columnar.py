@@ -16,6 +16,11 @@ user, a line or an item:
 3. ``GroupByKey`` on the shard, then ``Release``: the shard's weights summed
    per item and decided by the mechanism's release rule, vectorised.
 
+Adaptive weighting keeps each group's sampled distinct pairs (``GroupPairs``) for its
+two histograms: the basic one's estimate, per shard, gives the heavy items (one list to
+every group) and the noisy values the adaptive histogram meets in its shard
+(``_Rounds._adaptive``).
+
 DP-SIPS runs its rounds on the groups' distinct pairs (``GroupPairs``, one
 Arrow message per group): each round samples, weighs and releases as above
 under its own keys and rule, and the next round's groups lose the items it
@@ -50,10 +55,13 @@ import apache_beam as beam
 from apache_beam.transforms.window import GlobalWindows
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from beam_dpsu.dp import buffers, columnar, columnar_policy
 from beam_dpsu.dp.columnar import COLUMNAR_ITEM_SHARDS, COLUMNAR_USER_GROUPS
 from beam_dpsu.dp.lines import BLOCK_BYTES, block_buffers, read_blocks
+from beam_dpsu.dp.mechanisms.adaptive import (HEAVY_BUCKET, RELEASED, Adaptive,
+                                              adaptive_pairs_histogram, released_first)
 from beam_dpsu.dp.mechanisms.peeling import DiscoverPeelHittingSet, DiscoverThenPeel
 from beam_dpsu.dp.mechanisms.policy import PolicyMechanism
 from beam_dpsu.dp.mechanisms.sips import Sips
@@ -68,6 +76,7 @@ from beam_dpsu.transforms.textio import input_files, open_binary
 __all__ = ["SelectFromText", "SelectFromPairs", "RankFromText", "UsersFromText"]
 
 _MALFORMED, _USERS, _IDS = "malformed", "users", "ids"
+_MARKS, _FIRST = "marks", "first"
 
 
 class _ReadPairsDoFn(beam.DoFn):
@@ -331,6 +340,116 @@ class WithoutReleased(beam.PTransform):
                                                     _Without(self._staging))
 
 
+class _KeptPairsDoFn(beam.DoFn):
+    """``(group, [PairBlock bytes])`` → ``(group, GroupPairs bytes)`` of the pairs the
+    adaptive mechanism's Δ0 sample keeps (``sample/0``); the group's number of users
+    on ``_USERS``."""
+
+    def __init__(self, mechanism, envelope: bool, stage=None):
+        self._max_items = mechanism.max_items
+        self._key = keys.KeyedCache(keys.Subkey("sample/0"))
+        self._envelope, self._staging = envelope, stage
+
+    def process(self, element, key_bytes):
+        pairs = columnar.group_pairs(columnar.PairBlock.from_bytes(b)
+                                     for b in staging.unstaged(self._staging, element[1]))
+        yield runners.tag(len(pairs.users), _USERS, self._envelope)
+        keep = columnar.sampled_pairs(pairs, self._max_items, self._key(key_bytes))
+        if not keep.all():
+            pairs = columnar.GroupPairs(pairs.users, pairs.items, pairs.u[keep], pairs.i[keep])
+        if len(pairs):
+            for part in staging.staged(self._staging, [(element[0], pairs.to_bytes())]):
+                yield runners.main_output(part, self._envelope)
+
+
+def _kept_pairs(stage, blob):
+    return columnar.GroupPairs.from_bytes(staging.unstaged(stage, [blob])[0])
+
+
+def _basic_pairs(element, shards: int, stage=None):
+    """``(group, kept GroupPairs)`` → its basic histogram (1/√k) by shard."""
+    hist = columnar.pairs_histogram(_kept_pairs(stage, element[1]), None, "l2", None)
+    return staging.staged(stage, columnar.split_by_shard(hist, shards).items())
+
+
+class _EstimateShardDoFn(beam.DoFn):
+    """``(shard, [partial basic histograms])`` → ``(shard, ("estimate", message of the
+    items' noisy values Ŵ))``; ``(item, bucket)`` of the heavy items on ``_MARKS``;
+    the first round's releases (``adaptive-2r``) on ``_FIRST``."""
+
+    def __init__(self, mechanism, envelope: bool, stage=None):
+        self._mechanism, self._envelope, self._staging = mechanism, envelope, stage
+        self._key = keys.KeyedCache(_same_key)
+
+    def process(self, element, key_bytes):
+        items, weights = columnar.sum_histograms(staging.unstaged(self._staging, element[1]))
+        if len(items) == 0:
+            return
+        noisy, buckets, first = self._mechanism.estimate_shard(items, weights,
+                                                               self._key(key_bytes))
+        message = columnar.split_by_shard(
+            columnar.GroupHistogram(items, noisy, 0), 1)[0]
+        for part in staging.staged(self._staging, [(element[0], message)]):
+            yield runners.main_output((part[0], ("estimate", part[1])), self._envelope)
+        heavy = np.flatnonzero(buckets >= HEAVY_BUCKET)
+        if heavy.size:
+            names = items.take(pa.array(heavy)).to_pylist()
+            for name, b in zip(names, buckets[heavy].tolist()):
+                yield runners.tag((name, int(b)), _MARKS, self._envelope)
+        chosen = np.flatnonzero(first)
+        if chosen.size:
+            for name in items.take(pa.array(chosen)).to_pylist():
+                yield runners.tag(name, _FIRST, self._envelope)
+
+
+def _released_mark(item):
+    return item, RELEASED
+
+
+class _AdaptPairs:
+    """``(group, kept GroupPairs, marks)`` → ``(shard, ("adaptive", partial))``: the group's
+    adaptive histogram by shard (``adaptive_pairs_histogram``; picklable, for
+    ``runners.WithList``)."""
+
+    def __init__(self, shards: int, stage=None):
+        self._shards, self._staging = shards, stage
+
+    def __call__(self, group, blob, marks):
+        hist = adaptive_pairs_histogram(_kept_pairs(self._staging, blob), None, None,
+                                        released_first(marks))
+        parts = staging.staged(self._staging, columnar.split_by_shard(hist, self._shards).items())
+        return [(shard, ("adaptive", part)) for shard, part in parts]
+
+
+class _DecideShardDoFn(beam.DoFn):
+    """``(shard, [("estimate", Ŵ message), ("adaptive", A partial), ...])`` → the items
+    the adaptive round releases in the shard."""
+
+    def __init__(self, mechanism, stage=None):
+        self._mechanism, self._staging = mechanism, stage
+        self._key = keys.KeyedCache(_same_key)
+        self._released = beam.metrics.Metrics.counter("beam_dpsu", "released")
+
+    def process(self, element, key_bytes):
+        estimate, partials = None, []
+        for kind, part in element[1]:
+            if kind == "estimate":
+                estimate = part
+            else:
+                partials.append(part)
+        items, weights = columnar.sum_histograms(staging.unstaged(self._staging, partials))
+        if len(items) == 0:
+            return
+        known, noisy = columnar.sum_histograms(staging.unstaged(self._staging, [estimate]))
+        where = pc.index_in(items, value_set=known).to_numpy(zero_copy_only=False)
+        out = self._mechanism.decide_shard(items, weights, noisy[where.astype(np.int64)],
+                                           self._key(key_bytes))
+        chosen = np.flatnonzero(out)
+        if chosen.size:
+            self._released.inc(int(chosen.size))
+            yield from items.take(pa.array(chosen)).to_pylist()
+
+
 def _check_count(value, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
@@ -346,6 +465,7 @@ class _Rounds(beam.PTransform):
                  staging_dir: Optional[str], label: Optional[str]):
         super().__init__(label)
         self._rounds = (None if isinstance(mechanism, PolicyMechanism)
+                        else list(mechanism.rounds) if isinstance(mechanism, Adaptive)
                         else columnar.columnar_rounds(mechanism))
         self._mechanism = mechanism
         self._run_key = keys.for_pipeline(run_key)
@@ -357,6 +477,8 @@ class _Rounds(beam.PTransform):
         """The rounds' release from the ``(group, PairBlock bytes)`` messages:
         ``(released, users per group)``."""
         grouped = pairs | "GroupUsers" >> beam.GroupByKey()
+        if isinstance(self._mechanism, Adaptive):
+            return self._adaptive(grouped, envelope)
         if len(self._rounds) == 1:
             r = self._rounds[0]
             partials, users = _apply(grouped, "BoundHistogram", _BoundHistogramDoFn(
@@ -377,6 +499,34 @@ class _Rounds(beam.PTransform):
                 groups = groups | f"Remove{i}" >> WithoutReleased(released[-1], self._groups,
                                                                   self._staging)
         return tuple(released) | "Union" >> beam.Flatten(), users
+
+    def _adaptive(self, grouped, envelope: bool):
+        """Adaptive weighting from the grouped pair blocks (``dp.mechanisms.adaptive``):
+        each group's Δ0 sample (``_KeptPairsDoFn``), the basic histogram per shard and its
+        estimate (``_EstimateShardDoFn``: the noisy values stay per shard, the heavy
+        items' buckets and, for ``adaptive-2r``, the first round's releases reach every
+        group as one list, ``runners.WithList``), each group's adaptive histogram
+        (``_AdaptPairs``), which meets its shard's noisy values in one ``GroupByKey``
+        (``_DecideShardDoFn``). ``(released, users per group)``."""
+        m = self._mechanism
+        kept, users = _apply(grouped, "Keep", _KeptPairsDoFn(m, envelope, self._staging),
+                             envelope, _USERS, keys.key_side_input(grouped, self._run_key))
+        basic = (kept
+                 | "Basic" >> beam.FlatMap(_basic_pairs, self._shards, self._staging)
+                 | "GroupBasic" >> beam.GroupByKey())
+        estimates, marks, first = _apply(
+            basic, "Estimate", _EstimateShardDoFn(m, envelope, self._staging), envelope,
+            (_MARKS, _FIRST), keys.key_side_input(basic, self._run_key))
+        listed = ((marks, first | "MarkReleased" >> beam.Map(_released_mark))
+                  | "Marks" >> beam.Flatten())
+        adaptive = kept | "Adapt" >> runners.WithList(
+            listed, self._groups, _AdaptPairs(self._shards, self._staging))
+        released = ((estimates, adaptive)
+                    | "Together" >> beam.Flatten()
+                    | "PerShard" >> beam.GroupByKey()
+                    | "Decide" >> beam.ParDo(_DecideShardDoFn(m, self._staging),
+                                             keys.key_side_input(basic, self._run_key)))
+        return (first, released) | "Union" >> beam.Flatten(), users
 
     def _release(self, partials, index: int, suffix: str):
         """Round ``index``'s released items from its partial histograms by shard."""
@@ -435,7 +585,7 @@ class SelectFromText(_Rounds):
         ``CountLaplace``, ``CountGaussian``, ``WeightedLaplace``,
         ``WeightedGaussian``, ``WeightedGaussianZcdp``) or ``Sips`` with
         ``removal='side-input'`` (its default; ``dp.columnar.columnar_rounds``),
-        or a sequential policy mechanism (``PolicyLaplace``, ``PolicyGaussian``,
+        ``Adaptive`` (``adaptive``, ``adaptive-2r``), or a sequential policy mechanism (``PolicyLaplace``, ``PolicyGaussian``,
         ``GW``, ``GWKT``; its ``state`` as in ``ordered.OrderedUserPolicy``; GW's
         ``'first-occurrence'`` tie-break reads the record order: files sorted by
         path, lines in file order). Its guarantee is the release's. DP-SIPS's released items carry no round
@@ -478,7 +628,8 @@ class SelectFromText(_Rounds):
         if not columnar.runs_columnar(mechanism):
             raise ValueError(
                 f"SelectFromText runs the histogram mechanisms, DP-SIPS with "
-                f"removal='side-input' and the sequential policy mechanisms; got "
+                f"removal='side-input', adaptive weighting and the sequential policy "
+                f"mechanisms; got "
                 f"{mechanism!r}: use textio.ReadUserItems and SelectPartitions for it")
         super().__init__(mechanism, run_key, user_groups, item_shards, staging_dir, label)
         self._pattern = file_pattern

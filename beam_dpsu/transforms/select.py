@@ -14,6 +14,7 @@ from beam_dpsu.dp.columnar import runs_columnar
 from beam_dpsu.dp.mechanisms.base import Mechanism
 from beam_dpsu.dp.calibration import check_flag
 from beam_dpsu.dp.noise import RunKey
+from beam_dpsu.transforms import adaptive as _adaptive  # noqa: F401  (registers its family)
 from beam_dpsu.transforms import budget as _budget  # noqa: F401  (registers its family)
 from beam_dpsu.transforms import ordered as _ordered  # noqa: F401  (registers its family)
 from beam_dpsu.transforms import peeling as _peeling  # noqa: F401  (registers its family)

@@ -6,6 +6,7 @@
   release rule (TruncatedGeometric, CountLaplace, CountGaussian,
   WeightedLaplace, WeightedGaussian, WeightedGaussianZcdp);
 * ``sips``: DP-SIPS (``Sips``);
+* ``adaptive``: adaptive weighting, one or two release rounds (``Adaptive``);
 * ``policy``: the sequential policies (PolicyLaplace, PolicyGaussian, GW, GWKT);
 * ``topk``: top-k over an unknown domain, limited domain (``TopKMechanism``);
 * ``peeling``: discovery, then peeling: top-k (``DiscoverPeelTopK``) and
@@ -16,6 +17,7 @@ Nothing here imports Beam: each family's Beam expansion is registered in
 ``beam_dpsu.transforms`` and applied by ``transforms.select.SelectPartitions``.
 The guarantees and their arguments are in ``docs/mechanisms.md``.
 """
+from beam_dpsu.dp.mechanisms.adaptive import Adaptive
 from beam_dpsu.dp.mechanisms.base import Mechanism, RoundCalibration, ThresholdMechanism, run_local
 from beam_dpsu.dp.mechanisms.histogram_threshold import (CountGaussian, CountLaplace,
                                                          HistogramMechanism, TruncatedGeometric,
@@ -31,5 +33,5 @@ __all__ = [
     "HistogramMechanism", "TruncatedGeometric", "CountLaplace", "CountGaussian",
     "WeightedLaplace", "WeightedGaussian", "WeightedGaussianZcdp",
     "PolicyMechanism", "PolicyLaplace", "PolicyGaussian", "GW", "GWKT",
-    "Sips", "TopKMechanism", "DiscoverPeelTopK", "DiscoverPeelHittingSet",
+    "Sips", "Adaptive", "TopKMechanism", "DiscoverPeelTopK", "DiscoverPeelHittingSet",
 ]
