@@ -150,7 +150,9 @@ class Adaptive(Mechanism):
         # levels: T is first computed without δ_h (its largest value: δ_h only lowers
         # the budget's first term below δ/4 when δ_h > δ/4, and then the budget is δ/4),
         # then the levels from the T of the worst budget, then T from δ_h.
-        rest = delta - 2.0 * first  # the thresholds' δ/2 left, doubled (δ argument)
+        # the thresholds' δ/2 left, doubled (the δ argument), scaled down by 10^-12 with two
+        # rounds so that first + rest/2 ≤ δ/2 holds in spite of rounding
+        rest = (delta - 2.0 * first) * (1.0 - 1e-12 if release_rounds == 2 else 1.0)
         worst = cal.adaptive_threshold(self.sigma, rest, rest / 4.0, max_items)
         self.cutoff = cal.policy_cutoff(worst, self.sigma, alpha)
         self.levels = [x + ESTIMATE_MARGIN * self.estimate_sigma
@@ -181,9 +183,9 @@ class Adaptive(Mechanism):
             "estimate_share": "the estimate's share of the Gaussian precision 1/σ² (the "
                               "adaptive round has the rest; its release statistic "
                               "combines both)",
-            "estimate": "the estimate: its Gaussian σ, the cutoff C = T + α·σ, the levels "
-                        "[C + 2σ, ratio, count] an item's noisy value is compared with "
-                        "(C·ratio^j + 2σ), the bound δ_h on an added user's new item "
+            "estimate": "the estimate: its Gaussian σ_E, the cutoff C = T + α·σ, the "
+                        "levels [C + 2σ_E, ratio, count] an item's noisy value is compared "
+                        "with (C·ratio^j + 2σ_E), the bound δ_h on an added user's new item "
                         "looking heavy, and whether its items above its own threshold are "
                         "released (adaptive-2r)",
             "alpha": "α: the cutoff multiplier (dimensionless)"})
