@@ -11,8 +11,10 @@ import pytest
 from scipy import stats
 
 from beam_dpsu.dp import calibration as cal
-from beam_dpsu.dp.mechanisms.adaptive import (HEAVY_BUCKET, Adaptive, adaptive_histogram,
-                                              adaptive_weights, basic_histogram)
+from beam_dpsu.dp.mechanisms.adaptive import (HEAVY_BUCKET, LOW_BUCKET, LOW_FACTOR, MAX_BOOST,
+                                              Adaptive,
+                                              adaptive_histogram, adaptive_weights,
+                                              basic_histogram)
 from beam_dpsu.dp.mechanisms import WeightedGaussian
 from beam_dpsu.dp.noise import RunKey
 from beam_dpsu.dp.registry import make_mechanism
@@ -32,33 +34,45 @@ def test_adaptive_weights_norm_positivity_and_shape():
     rng = random.Random(3)
     for _ in range(3000):
         k = rng.choice([1, 2, 3, 7, 50, 100, 1000])
-        buckets = [rng.choice([0, 0, 0, 1, 2, 3, 5, 24]) for _ in range(k)]
+        buckets = np.array([rng.choice([0, 0, 1, 1, 2, 3, 4, 6, 25]) for _ in range(k)])
         w = adaptive_weights(buckets)
         b = 1.0 / math.sqrt(k)
-        heavy = np.array(buckets) >= HEAVY_BUCKET
-        if heavy.any():
-            assert _norm2(w) <= 1                              # exactly, in rationals
-        else:
+        heavy, low = buckets >= HEAVY_BUCKET, buckets == LOW_BUCKET
+        light = ~(heavy | low)
+        assert np.all(w > 0) and np.all(w <= 1)
+        if light.all():
             assert np.all(w == b)                              # Weighted Gaussian's
-        assert np.all(w > 0)
-        assert np.array_equal(w[heavy], b * 2.0 ** -(np.array(buckets)[heavy] - 1.0))
-        if (~heavy).any():
-            light = w[~heavy]
-            assert np.all(light == light[0]) and light[0] >= b * (1 - 1e-14)
-            assert float(_norm2(w)) == pytest.approx(1.0, rel=1e-12)
+            continue
+        assert _norm2(w) <= 1                                  # exactly, in rationals
+        assert np.array_equal(w[heavy], b * 2.0 ** -(buckets[heavy] - 2.0))
+        assert np.array_equal(w[low], np.full(low.sum(), b * LOW_FACTOR))
+        assert np.all(w[heavy | low] <= b)
+        if light.any():
+            assert np.all(w[light] == w[light][0]) and w[light][0] >= b * (1 - 1e-14)
+            assert w[light][0] <= MAX_BOOST * b
+            if w[light][0] < MAX_BOOST * b:                    # not capped: all the budget
+                assert float(_norm2(w)) == pytest.approx(1.0, rel=1e-12)
     assert adaptive_weights([]).size == 0
-    assert np.allclose(adaptive_weights([0, 1, 0, 1]), 0.5)   # no heavy item: 1/√k
+    assert np.array_equal(adaptive_weights([1, 2, 1, 2]), np.full(4, 0.5))  # all light
+    # three low items give their weight to the light one (up to γ·b)
+    w = adaptive_weights([0, 0, 0, 1])
+    assert w[3] == pytest.approx(min(math.sqrt(1 - 3 * (0.5 * LOW_FACTOR) ** 2),
+                                     MAX_BOOST * 0.5))
 
 
 def test_new_items_are_light_and_equal():
-    # An added user whose t′ new items all look light gives each the same ℓ ≤ 1/√t′,
-    # however its other items look (condition (e)).
+    # An added user's t′ new items that look light get the same ℓ ≤ 1/√t′, however
+    # its other items look; the others at most b = 1/√k (condition (e)).
     rng = random.Random(11)
     for _ in range(2000):
         new = rng.randint(1, 40)
         old = [rng.choice([0, 1, 2, 3, 9]) for _ in range(rng.randint(0, 60))]
-        w = adaptive_weights([rng.choice([0, 1]) for _ in range(new)] + old)
+        w = adaptive_weights([rng.choice([1, 2]) for _ in range(new)] + old)
         assert np.all(w[:new] == w[0]) and w[0] <= 1 / math.sqrt(new)
+        # and new items that are not light get at most b each, however many
+        k = new + len(old)
+        w = adaptive_weights([rng.choice([0, 3, 7]) for _ in range(new)] + old)
+        assert np.all(w[:new] <= 1 / math.sqrt(k))
 
 
 # ---- (a), (b): neighbouring datasets ---------------------------------------------------
@@ -108,8 +122,9 @@ def _adversarial(k=25, sharers=260, makers=10):
 
 @pytest.mark.parametrize("dataset", ["fuzzed", "adversarial"])
 def test_adaptive_change_is_the_added_users_vector(dataset):
-    # Given the estimate (any buckets, here those of D′'s estimate and random ones), the
-    # others' adaptive weights do not move: A′ − A is v's own vector, of norm ≤ 1.
+    # Given the estimate (any buckets, here those of D′'s estimate and random ones, and
+    # any released set, adaptive-2r's removal), the others' adaptive weights do not move:
+    # A′ − A is v's own vector, of norm ≤ 1.
     rng = random.Random(7)
     m = Adaptive(3.0, DELTA, max_items=30)
     cases = ([_random_dataset(rng, 50, 70) for _ in range(20)] if dataset == "fuzzed"
@@ -122,11 +137,14 @@ def test_adaptive_change_is_the_added_users_vector(dataset):
         items = list(basic_histogram(kept2))
         weights = np.array([basic_histogram(kept2)[x] for x in items])
         _, estimated, _ = m.estimate(items, weights, key)
-        for buckets in (dict(zip(items, estimated.tolist())),
-                        {x: rng.choice([0, 1, 2, 3, 6]) for x in items}):
-            change = _sparse(_difference(adaptive_histogram(kept2, buckets),
-                                         adaptive_histogram(kept, buckets)))
-            own = dict(zip(kept2["v"], adaptive_weights([buckets[x] for x in kept2["v"]])))
+        released = {x for x in items if rng.random() < 0.2}   # adaptive-2r's first round
+        for buckets, gone in ((dict(zip(items, estimated.tolist())), set()),
+                              ({x: rng.choice([0, 1, 2, 3, 4, 7]) for x in items}, set()),
+                              ({x: rng.choice([0, 1, 2, 3, 4, 7]) for x in items}, released)):
+            change = _sparse(_difference(adaptive_histogram(kept2, buckets, gone),
+                                         adaptive_histogram(kept, buckets, gone)))
+            mine = [x for x in kept2["v"] if x not in gone]
+            own = dict(zip(mine, adaptive_weights([buckets[x] for x in mine])))
             assert set(change) <= set(own)
             for item, d in change.items():
                 assert d == pytest.approx(own[item], abs=1e-12)
@@ -189,57 +207,78 @@ def test_stage_shares_are_checked():
 
 # ---- (e) thresholds, δ_h and new items ----------------------------------------------
 
-def _independent_threshold(sigma, delta, heavy_delta, dmax):
-    budget = max(mpmath.mpf(delta) / 2 - mpmath.mpf(heavy_delta), mpmath.mpf(delta) / 4)
+def _independent_threshold(sigma, delta, dmax, share=0, boost=1):
+    budget, s = mpmath.mpf(delta), mpmath.mpf(share)
     best = -mpmath.inf
     for t in range(1, dmax + 1):
         per_item = 1 - (1 - budget) ** (mpmath.mpf(1) / t)
-        best = max(best, 1 / mpmath.sqrt(t) + sigma * mpmath.sqrt(2) * mpmath.erfinv(1 - 2 * per_item))
+        mean = s / mpmath.sqrt(t) + (1 - s) * min(1, boost / mpmath.sqrt(t))
+        best = max(best, mean + sigma * mpmath.sqrt(2) * mpmath.erfinv(1 - 2 * per_item))
     return float(best)
 
 
-@pytest.mark.parametrize("sigma,delta,heavy,dmax", [(1.33, DELTA, 0.0, 100), (3.5, 1e-5, 1e-7, 50),
-                                                    (0.2, 1e-9, 4e-10, 10), (5.0, 1e-3, 1e-3, 7)])
-def test_threshold_against_an_independent_computation(sigma, delta, heavy, dmax):
+@pytest.mark.parametrize("sigma,delta,dmax,share,boost", [
+    (1.33, DELTA / 2, 100, 0.2, 3.0), (3.5, 1e-5, 50, 0, 1), (0.2, 1e-9, 10, 0.5, 2.0),
+    (5.0, 1e-3, 7, 0.9, 3.0), (1.0, 1e-6, 100, 0.2, 1000.0)])
+def test_threshold_against_an_independent_computation(sigma, delta, dmax, share, boost):
     with mpmath.workdps(40):
-        expected = _independent_threshold(sigma, delta, heavy, dmax)
-    assert cal.adaptive_threshold(sigma, delta, heavy, dmax) == pytest.approx(expected, rel=1e-9)
-
-
-@pytest.mark.parametrize("level,sigma,dmax", [(30.0, 4.2, 100), (9.0, 3.0, 1), (200.0, 11.0, 10 ** 6),
-                                              (1.5, 2.0, 100)])
-def test_heavy_delta_is_an_upper_bound_and_close(level, sigma, dmax):
-    with mpmath.workdps(50):
-        q = mpmath.ncdf(-(mpmath.mpf(level) - 1) / sigma)
-        exact = -mpmath.expm1(dmax * mpmath.log1p(-q))
-    got = cal.adaptive_heavy_delta(level, sigma, dmax)
-    assert got >= exact and got <= exact * (1 + 1e-9) + 1e-300
+        expected = _independent_threshold(sigma, delta, dmax, share, boost)
+    got = cal.adaptive_threshold(sigma, delta, dmax, share, boost)
+    assert got == pytest.approx(expected, rel=1e-9) and got >= expected
+    for bad in (dict(share=1.0), dict(share=-0.1), dict(boost=0.5), dict(boost=float("inf"))):
+        with pytest.raises(ValueError):
+            cal.adaptive_threshold(sigma, delta, dmax, **dict(dict(share=share, boost=boost),
+                                                             **bad))
 
 
 @pytest.mark.parametrize("eps,delta,dmax,rounds", [(1.0, DELTA, 100, 1), (3.0, DELTA, 100, 2),
                                                    (0.1, 1e-12, 30, 1), (8.0, 1e-6, 1000, 2),
                                                    (0.5, 1e-3, 1, 2)])
 def test_new_item_release_probability_within_delta(eps, delta, dmax, rounds):
-    # The adaptive round's statistic of t′ new items has mean ≤ 1/√t′ and noise σ; the
-    # estimate's (adaptive-2r) mean 1/√t′ and noise σ_E: per round, all t′ of them are
-    # released with probability at most its share, in 40-digit arithmetic.
+    # Section 11.2 (e): t new items of an added user have statistics at most m(t) plus
+    # independent noise of the statistic's σ (the estimate's 1/√t and σ_E in
+    # adaptive-2r's first round), whatever their kinds; all of them stay below T but with
+    # probability at most the round's share. The shares sum to at most δ/2 in exact
+    # arithmetic; the probabilities in 40 digits, without any tolerance.
     m = Adaptive(eps, delta, dmax, release_rounds=rounds)
-    from fractions import Fraction as F
-    if rounds == 2:   # the shares of δ/2 never sum above it, in exact arithmetic
-        assert F(m.rounds[0].delta) + F(m.rounds[-1].delta) <= F(delta) / 2
-    budgets = []
+    s, boost = mpmath.mpf(m.estimate_share), MAX_BOOST
+    rounds_ = [(m.rounds[-1], lambda t: s / mpmath.sqrt(t)
+                + (1 - s) * min(1, boost / mpmath.sqrt(t)))]
     if rounds == 2:
-        budgets.append((m.rounds[0], m.rounds[0].delta))
-    last = m.rounds[-1]
-    budgets.append((last, max(last.delta - m.heavy_delta, last.delta / 2)))
-    assert sum(d for _, d in budgets) + (m.heavy_delta if budgets[-1][1] > last.delta / 2
-                                         else 0.0) <= delta / 2 * (1 + 1e-12)
+        rounds_.append((m.rounds[0], lambda t: 1 / mpmath.sqrt(t)))
+    assert sum(Fraction(r.delta) for r, _ in rounds_) <= Fraction(delta) / 2
+    assert sum(r.delta for r, _ in rounds_) >= delta / 2 * (1 - 1e-9)   # nearly all of it
+    assert m.rounds[-1].noise_scale == m.statistic_sigma >= m.sigma
     with mpmath.workdps(40):
-        for r, budget in budgets:
+        exact = mpmath.sqrt((s * mpmath.mpf(m.estimate_sigma)) ** 2
+                            + ((1 - s) * mpmath.mpf(m.adaptive_sigma)) ** 2)
+        assert mpmath.mpf(m.statistic_sigma) >= exact        # the statistic's σ, rounded up
+        for r, mean in rounds_:
             ts = range(1, dmax + 1) if dmax <= 100 else sorted({1, 2, 3, 10, 100, dmax})
             for t in ts:
-                p = mpmath.ncdf(-(mpmath.mpf(r.threshold) - 1 / mpmath.sqrt(t)) / r.noise_scale)
-                assert 1 - (1 - p) ** t <= mpmath.mpf(budget) * (1 + mpmath.mpf(10) ** -9), (t, r)
+                p = mpmath.ncdf(-(mpmath.mpf(r.threshold) - mean(t)) / r.noise_scale)
+                assert -mpmath.expm1(t * mpmath.log1p(-p)) <= mpmath.mpf(r.delta), (t, r)
+
+
+def test_a_new_items_weight_is_at_most_the_bound_of_the_threshold():
+    # Whatever the kinds of a user's k items, each weight is at most min(1, γ/√k): what
+    # m(t) assumes (k ≥ t, the number of new items).
+    rng = random.Random(13)
+    for _ in range(3000):
+        k = rng.choice([1, 2, 3, 5, 9, 40, 100])
+        w = adaptive_weights([rng.choice([0, 0, 0, 1, 2, 3, 8]) for _ in range(k)])
+        assert np.all(w <= min(1.0, MAX_BOOST / math.sqrt(k)) * (1 + 1e-15))
+
+
+def test_the_gaussian_epsilon_leaves_room_for_the_new_items_event():
+    # σ = AGM(ε_G, δ/2, 1) with ε_G = ε + log(1 − δ/2) < ε (section 11.2, both directions)
+    for eps, delta in ((1.0, 1e-5), (3.0, DELTA), (0.5, 0.3)):
+        m = Adaptive(eps, delta)
+        assert m.gaussian_epsilon < eps
+        assert m.gaussian_epsilon == pytest.approx(eps + math.log1p(-delta / 2), abs=1e-15)
+        assert m.sigma == cal.weighted_gaussian_sigma(m.gaussian_epsilon, delta)
+    with pytest.raises(ValueError, match="too small"):
+        Adaptive(0.1, 0.3)
 
 
 def test_the_estimate_levels_are_nested_and_match_the_noise():
@@ -261,28 +300,30 @@ def test_the_estimate_levels_are_nested_and_match_the_noise():
 
 # ---- the mechanism ----------------------------------------------------------------------
 
-def test_light_items_see_weighted_gaussians_noise_and_threshold():
-    # With no heavy item the statistic is s·W + (1 − s)·A ≥ W with noise σ: the same σ
-    # and (but for δ_h, below 10^-9 here) the same T as Weighted Gaussian.
+def test_the_statistic_has_weighted_gaussians_noise():
+    # s·Ŵ + (1 − s)·(A + Z′): the noise of Weighted Gaussian at ε_G (up to the stages'
+    # 10^-12), against the threshold of means m(t).
     for eps in (0.5, 1.0, 3.0):
         m, wg = Adaptive(eps, DELTA, 100), WeightedGaussian(eps, DELTA, 100)
-        assert m.rounds[-1].noise_scale == wg.calibration.noise_scale
-        assert m.rounds[-1].threshold == pytest.approx(wg.calibration.threshold, rel=1e-6)
-        assert m.rounds[-1].threshold >= wg.calibration.threshold
-        assert m.heavy_delta < 1e-9
+        sigma = cal.weighted_gaussian_sigma(m.gaussian_epsilon, DELTA)
+        assert wg.calibration.noise_scale <= sigma <= m.statistic_sigma <= sigma * (1 + 1e-11)
+        assert m.rounds[-1].threshold > wg.calibration.threshold
+        assert m.rounds[-1].threshold == cal.adaptive_threshold(
+            m.statistic_sigma, DELTA / 2 * (1 - 1e-12), 100, m.estimate_share, MAX_BOOST)
         s = m.estimate_share
-        # the rule's statistic: (A + s/(1 − s)·Ŵ) + Z′ > T/(1 − s), Z′ of variance σ²/(1 − s)
         assert (1 - s) ** 2 * m.adaptive_sigma ** 2 + s ** 2 * m.estimate_sigma ** 2 == \
-            pytest.approx(m.sigma ** 2, rel=1e-10)
+            pytest.approx(sigma ** 2, rel=1e-10)
+        assert m.levels[0] == m.rounds[-1].threshold - m.estimate_sigma   # the low level
+        assert all(a < b for a, b in zip(m.levels, m.levels[1:]))
 
 
 def test_a_heavy_items_users_still_give_it_more_than_the_cutoff():
-    # Bucket β means an estimate above C·2^(β−1) + 2σ_E; the users' reduced weights sum to
-    # W·2^-(β−1), above C whenever the estimate's noise was below 2σ_E.
+    # Bucket β ≥ 3 means an estimate above C·2^(β−2) + 2σ_E; the users' reduced weights
+    # sum to W·2^-(β−2), above C whenever the estimate's noise was below 2σ_E.
     m = Adaptive(3.0, DELTA, 100)
     for beta in range(HEAVY_BUCKET, len(m.levels) + 1):
         lowest_w = m.levels[beta - 1] - 2 * m.estimate_sigma
-        assert lowest_w * 2.0 ** -(beta - 1) >= m.cutoff * (1 - 1e-12)
+        assert lowest_w * 2.0 ** -(beta - 2) >= m.cutoff * (1 - 1e-12)
 
 
 def test_release_is_reproducible_and_statistical_release_rate_of_a_crowd():
@@ -312,7 +353,7 @@ def test_bad_parameters_fail_at_construction(bad):
 def test_registry_names_and_parameters():
     one = make_mechanism("adaptive", epsilon=1.0, delta=1e-5)
     two = make_mechanism("adaptive-2r", epsilon=1.0, delta=1e-5, estimate_share=0.3)
-    assert one.name == "adaptive" and len(one.rounds) == 1 and one.estimate_share == 0.1
+    assert one.name == "adaptive" and len(one.rounds) == 1 and one.estimate_share == 0.2
     assert two.name == "adaptive-2r" and len(two.rounds) == 2 and two.estimate_share == 0.3
     with pytest.raises(ValueError, match="does not apply"):
         make_mechanism("adaptive", epsilon=1.0, delta=1e-5, rounds=2)
@@ -320,5 +361,6 @@ def test_registry_names_and_parameters():
         make_mechanism("adaptive", rho=0.1, delta=1e-5)
     d = two.describe()
     assert d["estimate_share"] == 0.3 and d["estimate"]["released"] is True
+    assert d["estimate"]["low_level"] == two.levels[0]
     assert set(d) >= {"threshold", "noise_scale", "units", "estimate", "alpha"}
     assert "cutoff" not in d["units"]

@@ -40,9 +40,10 @@ SEQUENTIAL = ("policy-laplace", "policy-gaussian", "gw", "gw-kt")
 # count-gaussian 601 − 36.3 = 79 σ; weighted-laplace 601/12 − 6.7 = 86 scales
 # (0.5); weighted-gaussian 601/√12 − 10.5 = 79 σ; sips round 0 173.5 − 43.6 =
 # 16 σ; truncated-geometric keeps a count of 601 with probability exactly 1;
-# adaptive: each item's estimate is in bucket 3 or 4 (unless its noise exceeds 14σ_E),
-# so its users give it W/8 or more and its statistic 0.1·173.5 + 0.9·21.7 = 36.9 is
-# 12.8 σ above T = 10.5; adaptive-2r's first round releases it (173.5 − T₀ = 37 σ_E).
+# adaptive: each item's estimate is in bucket 4 or 5 (unless its noise exceeds 28σ_E, when
+# it would be light), so its users give it W/8 or more and its statistic
+# 0.2·173.5 + 0.8·21.7 = 52.0 is 19.9 σ above T = 10.9; adaptive-2r's first round
+# releases it (173.5 − T₀ = 32 σ_E).
 # The sequential policies fill each item exactly to the cutoff Γ = T + α·scale
 # (the users' budgets, 601 in ℓ1 and 601·√12 in ℓ2, exceed 12·Γ = 201, 197 and
 # 622), so the margin is α = 20 scales: an item is missed with probability

@@ -450,39 +450,42 @@ def adaptive_sigmas(epsilon: float, delta: float, shares) -> list:
     return [sigma / math.sqrt(x) * (1.0 + 1e-12) for x in shares]
 
 
-def adaptive_heavy_delta(level: float, sigma: float, max_items: int) -> float:
-    """δ_h ≥ the probability that one of an added user's at most Δ0 new items has an
-    estimate above ``level`` (an item only that user holds has weight ≤ 1 before noise):
-    ``1 − (1 − q)^Δ0`` with q = P(N(0, σ²) > level − 1), rounded up
-    (docs/mechanisms.md section 11)."""
-    from beam_dpsu.dp.release_rules import noise_tail
-    sigma = check_sensitivity(sigma, "sigma")
-    max_items = check_max_items(max_items)
-    q = float(noise_tail("gaussian", sigma, [max(level - 1.0, 0.0)], upward=True)[0]) / 2.0
-    q = min(1.0, q * (1.0 + 1e-12))
-    return min(1.0, -math.expm1(max_items * math.log1p(-q)) * (1.0 + 1e-12)) if q < 1 else 1.0
-
-
-def adaptive_threshold(sigma: float, delta: float, heavy_delta: float, max_items: int) -> float:
-    """The threshold of adaptive weighting's release: T = max_t [1/√t + σ·Φ⁻¹(1 − δ′_t)],
-    δ′ the per-item δ (``per_item_delta``) of max(δ/2 − δ_h, δ/4): an added user's new
-    items are released with probability at most δ/2 (docs/mechanisms.md section 11).
+def adaptive_threshold(sigma: float, delta: float, max_items: int,
+                       share: float = 0.0, boost: float = 1.0) -> float:
+    """T = max_t [m(t) + σ·Φ⁻¹(1 − δ′_t)], δ′ the per-item δ of ``delta``
+    (``per_item_delta``) and m(t) = s/√t + (1 − s)·min(1, γ/√t) (s = ``share``, γ =
+    ``boost``; s = 0, γ = 1: Weighted Gaussian's 1/√t): t values of means at most m(t)
+    plus independent N(0, σ²) noise are all below T but with probability at most
+    ``delta``. Adaptive weighting's release statistic of an added user's t new items has
+    means at most m(t) (docs/mechanisms.md section 11).
 
     Args:
-      sigma: σ of the combined release statistic (AGM(ε, δ/2, 1)).
-      delta: the guarantee's δ.
-      heavy_delta: δ_h of ``adaptive_heavy_delta``.
+      sigma: σ > 0 of the statistic's noise.
+      delta: the probability allowed, 0 < delta < 1.
       max_items: Δ0.
+      share: s in [0, 1), the estimate's weight in the statistic.
+      boost: γ ≥ 1, the most a user's weight on an item exceeds its 1/√k.
     """
     sigma = check_sensitivity(sigma, "sigma")
     max_items = check_max_items(max_items)
-    delta = check_delta(delta)
-    if not 0.0 <= heavy_delta <= 1.0:
-        raise ValueError(f"heavy_delta must be a probability, got {heavy_delta!r}")
-    budget = max(delta / 2.0 - heavy_delta, delta / 4.0)
-    check_resolvable_delta(budget, max_items)
-    return _max_over_t(
-        max_items, lambda t: 1.0 / np.sqrt(t) + sigma * normal_isf(per_item_delta(budget, t)))
+    delta = check_resolvable_delta(delta, max_items)
+    share, boost = float(share), float(boost)
+    if not (0.0 <= share < 1.0 and boost >= 1.0 and math.isfinite(boost)):
+        raise ValueError(f"need 0 <= share < 1 and a finite boost >= 1, got {share!r}, {boost!r}")
+
+    def term(t):
+        root = np.sqrt(t)
+        return (share / root + (1.0 - share) * np.minimum(1.0, boost / root)
+                + sigma * normal_isf(per_item_delta(delta, t)))
+
+    # raised by a relative 10^-12: the float evaluation of Φ⁻¹ errs by about 10^-15, which
+    # put the exact release probability at the maximising t that much above ``delta``
+    return _max_over_t(max_items, term) * (1.0 + _ADAPTIVE_MARGIN)
+
+
+#: ``adaptive_threshold``'s relative margin (tests/test_adaptive.py checks the exact
+#: release probabilities against each share without any tolerance).
+_ADAPTIVE_MARGIN = 1e-12
 
 
 def adaptive_levels(cutoff: float, count: int, ratio: float = 2.0) -> list:

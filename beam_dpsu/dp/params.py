@@ -170,9 +170,10 @@ WARN_DELTA_ABOVE = 1e-3
 #: Discovery-then-peel (top-k, hitting set): the discovery's share of ε and of δ.
 DEFAULT_DISCOVERY_SHARE = 0.5
 
-#: Adaptive weighting: the share of ρ spent on the estimate of the items' weights
+#: Adaptive weighting: the estimate's share of the Gaussian precision 1/σ²
 #: (docs/mechanisms.md section 11).
-DEFAULT_ESTIMATE_SHARE = {1: 0.1, 2: 0.25}
+DEFAULT_ESTIMATE_SHARE = 0.2
+
 #: The top-k command's default method, and the methods it offers.
 TOPK_METHODS = ("limited-domain", "discover-peel")
 DEFAULT_TOPK_METHOD = "limited-domain"
@@ -253,7 +254,7 @@ MECHANISM_PARAMS: Dict[str, Param] = {p.name: p for p in [
           "none: the shares sum to the budget"),
     Param("estimate_share", float, "adaptive, adaptive-2r: the estimate's share s in (0, 1) "
           "of the Gaussian precision (the adaptive round's release statistic combines both "
-          "stages)", f"{DEFAULT_ESTIMATE_SHARE[1]:g}; adaptive-2r {DEFAULT_ESTIMATE_SHARE[2]:g}",
+          "stages)", _text(DEFAULT_ESTIMATE_SHARE),
           "none: the stages' precisions sum to that of --epsilon --delta"),
     Param("public_counts", str, "gw-kt: file of item<TAB>count lines (public data, not the "
           "private input)", None, "none, provided the counts do not come from the private "

@@ -159,13 +159,13 @@ class NoisyThresholdRule(_KeyedRule):
 
     def exceeds_bits(self, bits: np.ndarray, weights, more, positive=None) -> np.ndarray:
         """``weight + Z > T`` for every item (``positive``: only where True, default
-        everywhere), decided on probabilities as the class docstring says. Without
+        wherever the weight is a number), decided on probabilities as the class docstring says. Without
         ``positive`` a weight of 0 is decided too: that is the Gaussian mechanism's
         noisy value compared with T, not a release (``GaussianLevels``)."""
         weights = np.asarray(weights, dtype=np.float64)
         bits = np.asarray(bits, dtype=np.uint64)
         if positive is None:
-            positive = np.ones(weights.shape, bool)
+            positive = ~np.isnan(weights)  # a NaN weight is never decided
         negative = (bits >> np.uint64(63)).astype(bool)
         low = weights <= self.threshold
         out = positive & ~low & ~negative  # above T with Z > 0: always released

@@ -4,11 +4,11 @@ blocks of arrays, ``transforms.columnar``).
 
 The stages, each a function of the core module (``dp.mechanisms.adaptive``): users in
 groups (``bounding.GroupUsers``) keep their Δ0 sample; the basic histogram W is summed per
-shard; each shard's estimate gives the noisy values Ŵ (kept per shard), the heavy items'
-buckets and, for ``adaptive-2r``, the first round's releases, which reach every group as
+shard; each shard's estimate gives the noisy values Ŵ (kept per shard), the buckets of the
+items that are not low and, for ``adaptive-2r``, the first round's releases, which reach every group as
 one list (``runners.WithList``); each group's adaptive histogram A is summed per shard and
 meets the shard's Ŵ in one ``GroupByKey``, where the adaptive round decides. Only groups,
-packed shards, the heavy items and the released items cross the shuffles, and no stage
+packed shards, the items that are not low and the released items cross the shuffles, and no stage
 needs state or a ``finish_bundle`` output: the same graph on every runner.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ import apache_beam as beam
 import numpy as np
 
 from beam_dpsu.dp.contribution import DEFAULT_USER_GROUPS
-from beam_dpsu.dp.mechanisms.adaptive import (HEAVY_BUCKET, RELEASED, Adaptive,
+from beam_dpsu.dp.mechanisms.adaptive import (LOW_BUCKET, RELEASED, Adaptive,
                                               adaptive_histogram, basic_histogram,
                                               released_first)
 from beam_dpsu.dp.weights import DEFAULT_NUM_SHARDS, packed_shards
@@ -58,8 +58,8 @@ def _basic_partials(element, shards: int):
 
 
 class _EstimateDoFn(beam.DoFn):
-    """``(shard, {item: W})`` → ``(shard, {item: Ŵ})``; ``(item, bucket)`` of the heavy
-    items on ``marks``; the first round's releases (``adaptive-2r``) on ``first``."""
+    """``(shard, {item: W})`` → ``(shard, {item: Ŵ})``; ``(item, bucket)`` of the items
+    that are not low on ``marks`` (an item missing from it is low); the first round's releases (``adaptive-2r``) on ``first``."""
 
     def __init__(self, mechanism: Adaptive, envelope: bool):
         self._mechanism, self._envelope = mechanism, envelope
@@ -72,7 +72,7 @@ class _EstimateDoFn(beam.DoFn):
             items, np.fromiter(hist.values(), np.float64, len(items)), self._key(key_bytes))
         yield runners.main_output((shard, ("estimate", dict(zip(items, noisy.tolist())))),
                                   self._envelope)
-        for k in np.flatnonzero(buckets >= HEAVY_BUCKET).tolist():
+        for k in np.flatnonzero(buckets != LOW_BUCKET).tolist():
             yield runners.tag((items[k], int(buckets[k])), _MARKS, self._envelope)
         for k in np.flatnonzero(first).tolist():
             yield runners.tag(items[k], _FIRST, self._envelope)

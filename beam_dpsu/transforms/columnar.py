@@ -17,7 +17,8 @@ user, a line or an item:
    per item and decided by the mechanism's release rule, vectorised.
 
 Adaptive weighting keeps each group's sampled distinct pairs (``GroupPairs``) for its
-two histograms: the basic one's estimate, per shard, gives the heavy items (one list to
+two histograms: the basic one's estimate, per shard, gives the items that are not low
+(with their buckets; one list to
 every group) and the noisy values the adaptive histogram meets in its shard
 (``_Rounds._adaptive``).
 
@@ -60,8 +61,8 @@ import pyarrow.compute as pc
 from beam_dpsu.dp import buffers, columnar, columnar_policy
 from beam_dpsu.dp.columnar import COLUMNAR_ITEM_SHARDS, COLUMNAR_USER_GROUPS
 from beam_dpsu.dp.lines import BLOCK_BYTES, block_buffers, read_blocks
-from beam_dpsu.dp.mechanisms.adaptive import (HEAVY_BUCKET, RELEASED, Adaptive,
-                                              adaptive_pairs_histogram, released_first)
+from beam_dpsu.dp.mechanisms.adaptive import (LOW_BUCKET, RELEASED, Adaptive,
+                                              adaptive_pairs_histogram, marks_arrays)
 from beam_dpsu.dp.mechanisms.peeling import DiscoverPeelHittingSet, DiscoverThenPeel
 from beam_dpsu.dp.mechanisms.policy import PolicyMechanism
 from beam_dpsu.dp.mechanisms.sips import Sips
@@ -374,7 +375,8 @@ def _basic_pairs(element, shards: int, stage=None):
 
 class _EstimateShardDoFn(beam.DoFn):
     """``(shard, [partial basic histograms])`` → ``(shard, ("estimate", message of the
-    items' noisy values Ŵ))``; ``(item, bucket)`` of the heavy items on ``_MARKS``;
+    items' noisy values Ŵ))``; ``(item, bucket)`` of the items that are not low on
+    ``_MARKS`` (an item missing from the list is low);
     the first round's releases (``adaptive-2r``) on ``_FIRST``."""
 
     def __init__(self, mechanism, envelope: bool, stage=None):
@@ -391,10 +393,10 @@ class _EstimateShardDoFn(beam.DoFn):
             columnar.GroupHistogram(items, noisy, 0), 1)[0]
         for part in staging.staged(self._staging, [(element[0], message)]):
             yield runners.main_output((part[0], ("estimate", part[1])), self._envelope)
-        heavy = np.flatnonzero(buckets >= HEAVY_BUCKET)
-        if heavy.size:
-            names = items.take(pa.array(heavy)).to_pylist()
-            for name, b in zip(names, buckets[heavy].tolist()):
+        listed = np.flatnonzero(buckets != LOW_BUCKET)
+        if listed.size:
+            names = items.take(pa.array(listed)).to_pylist()
+            for name, b in zip(names, buckets[listed].tolist()):
                 yield runners.tag((name, int(b)), _MARKS, self._envelope)
         chosen = np.flatnonzero(first)
         if chosen.size:
@@ -413,10 +415,16 @@ class _AdaptPairs:
 
     def __init__(self, shards: int, stage=None):
         self._shards, self._staging = shards, stage
+        self._cache = None   # (the list, its arrays): one conversion per list, not per group
+
+    def __getstate__(self):
+        return {"_shards": self._shards, "_staging": self._staging, "_cache": None}
 
     def __call__(self, group, blob, marks):
+        if self._cache is None or self._cache[0] is not marks:
+            self._cache = (marks, marks_arrays(marks))
         hist = adaptive_pairs_histogram(_kept_pairs(self._staging, blob), None, None,
-                                        released_first(marks))
+                                        self._cache[1])
         parts = staging.staged(self._staging, columnar.split_by_shard(hist, self._shards).items())
         return [(shard, ("adaptive", part)) for shard, part in parts]
 
@@ -503,8 +511,8 @@ class _Rounds(beam.PTransform):
     def _adaptive(self, grouped, envelope: bool):
         """Adaptive weighting from the grouped pair blocks (``dp.mechanisms.adaptive``):
         each group's Δ0 sample (``_KeptPairsDoFn``), the basic histogram per shard and its
-        estimate (``_EstimateShardDoFn``: the noisy values stay per shard, the heavy
-        items' buckets and, for ``adaptive-2r``, the first round's releases reach every
+        estimate (``_EstimateShardDoFn``: the noisy values stay per shard, the buckets of
+        the items that are not low and, for ``adaptive-2r``, the first round's releases reach every
         group as one list, ``runners.WithList``), each group's adaptive histogram
         (``_AdaptPairs``), which meets its shard's noisy values in one ``GroupByKey``
         (``_DecideShardDoFn``). ``(released, users per group)``."""

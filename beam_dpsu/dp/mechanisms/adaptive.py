@@ -1,31 +1,37 @@
-"""Adaptive weighting: weight moved off items a DP estimate shows far above the cutoff
-(``docs/mechanisms.md`` section 11).
+"""Adaptive weighting: weight moved by a DP estimate, off the items far above the cutoff and
+off the items far below the threshold, onto the rest (``docs/mechanisms.md`` section 11).
 
 In the spirit of MaxAdaptiveDegree (Chen, Cohen-Addad, Epasto, Zadimoghaddam, ICML 2025),
-designed and proven here. The weighted Gaussian wastes most of a popular item's weight:
-an item thousands of users hold needs only enough to clear the threshold. Moving that
-excess to the users' other items by the items' *exact* weights would let one added user
+designed and proven here. Weighted Gaussian wastes weight twice: an item thousands of users
+hold needs only enough to clear the threshold, and an item a few users hold will not clear
+it whatever they give. Moving weight by the items' *exact* weights would let one added user
 change which items are over-full, and so every other user's weights (docs section 11.1
-builds a dataset on which that indirect change is √Δ0 times the direct one). Here the
+builds a dataset on which that indirect change is √k times the direct one). Here the
 weights move by a *DP estimate* instead:
 
-1. **Estimate** (share ``s`` of the precision, nothing released). Every user keeps at most Δ0
-   distinct items (the sample of round 0) and adds 1/√k to each, as the weighted
-   Gaussian does; each item's value gets Gaussian noise N(0, σ_E²), and
-   is compared with the levels ``C·2^j`` (j = 0..m−1, C the last round's cutoff
-   T + α·σ): the item's *bucket* β is the number of levels its noisy value exceeds
-   (``release_rules.GaussianLevels``, exact decisions).
-2. **Release rounds** (the rest; one round for ``adaptive``, two for
-   ``adaptive-2r``, split as DP-SIPS splits its rounds). Each user keeps at most Δ0 of
-   its items not yet released and weighs them by their buckets
-   (``adaptive_weights``): an item of bucket β ≥ 2 (noisy value above 2C) is *heavy*
-   and gets 2^-(β−1)/√k, so its users together still give it about C or more; the
-   user's other (*light*) items share the rest of the ℓ2 budget 1 equally. Gaussian
-   noise, and a threshold for half of the round's δ (``calibration.adaptive_threshold``).
+1. **Estimate** (share ``s`` of the Gaussian precision). Every user keeps at most Δ0
+   distinct items (the keyed sample ``sample/0``) and adds 1/√k to each, as Weighted
+   Gaussian does; each item's value gets Gaussian noise N(0, σ_E²) and is compared with
+   the levels ``[T − σ_E] + [C·2^j + 2σ_E for j = 0..23]`` (T the adaptive round's
+   threshold, C = T + α·σ): the item's *bucket* β is the number of levels its noisy value
+   exceeds (``release_rules.GaussianLevels``, exact decisions). β = 0: *low*; β ≥ 3
+   (noisy value above 2C + 2σ_E): *heavy*; otherwise *light*.
+2. **Adaptive round** (the rest of the precision). Each user weighs its kept items by their
+   buckets (``adaptive_weights``): a low item gets b/10, a heavy one b·2^-(β−2) (so its
+   users still give it more than C), the light ones share the rest of the ℓ2 budget 1
+   equally, up to 3b each (b = 1/√k). The released statistic is the precision-weighted
+   mean of the estimate and the adaptive histogram's noisy value, whose noise is that of
+   Weighted Gaussian; its threshold keeps an added user's new items, whose statistics are
+   at most m(t) = s/√t + (1 − s)·min(1, 3/√t) plus noise, within δ/2
+   (``calibration.adaptive_threshold``).
 
-Guarantee: (ε, δ)-DP. The estimate and the rounds are Gaussian mechanisms whose
-precisions 1/σ² sum to that of σ = AGM(ε, δ/2, 1); the thresholds keep an added user's
-new items within the other δ/2.
+``adaptive-2r`` also releases, from the estimate, the items above its own threshold T₀;
+every user drops them before the adaptive round (so the heavy items, above T₀ too, are in
+practice released in the first round and the second round's gain is the low items').
+
+Guarantee: (ε, δ)-DP. The two stages are Gaussian mechanisms whose precisions 1/σ² sum to
+that of σ = AGM(ε + log(1 − δ/2), δ/2, 1); the thresholds keep an added user's new items
+within the other δ/2.
 """
 from __future__ import annotations
 
@@ -43,20 +49,30 @@ from beam_dpsu.dp.params import (DEFAULT_ALPHA, DEFAULT_ESTIMATE_SHARE, DEFAULT_
                                  DEFAULT_RATIO)
 from beam_dpsu.dp.release_rules import GaussianLevels, NoisyThresholdRule
 
-__all__ = ["LEVELS", "ESTIMATE_MARGIN", "LEVEL_RATIO", "HEAVY_BUCKET", "adaptive_weights",
-           "basic_histogram", "adaptive_histogram", "RELEASED", "released_first", "adaptive_pairs_histogram",
+__all__ = ["LEVELS", "ESTIMATE_MARGIN", "LEVEL_RATIO", "LOW_MARGIN", "LOW_FACTOR", "LOW_BUCKET",
+           "HEAVY_BUCKET", "MAX_BOOST", "adaptive_weights",
+           "basic_histogram", "adaptive_histogram", "RELEASED", "released_first", "marks_arrays", "adaptive_pairs_histogram",
            "Adaptive"]
 
 
-#: m, the number of levels C·2^j: items up to 2^(m−1)·C (about 8·10^6·C) are told apart.
+#: The number of heavy levels C·2^j + 2σ_E: items up to 2^23·C (about 8·10^6·C) are told apart.
 LEVELS = 24
-#: The levels' ratio (2: a heavy item's users give it between C and 2C, before noise).
+#: The heavy levels' ratio (2: a heavy item's users give it between C and 2C, before noise).
 LEVEL_RATIO = 2.0
-#: The levels are C·2^j + μ·σ_E: an item whose noisy value exceeds one is above C·2^j
+#: The heavy levels are C·2^j + μ·σ_E: an item whose noisy value exceeds one is above C·2^j
 #: unless its noise exceeded μ standard deviations.
 ESTIMATE_MARGIN = 2.0
-#: Items of this bucket or above (noisy value above 2C) are heavy.
-HEAVY_BUCKET = 2
+#: The low level is T − LOW_MARGIN·σ_E: an item below it is low.
+LOW_MARGIN = 1.0
+#: A low item's weight, as a fraction of the user's basic weight b = 1/√k.
+LOW_FACTOR = 0.1
+#: γ: a user's weight on a light item is at most γ·b (so an added user's new items, of
+#: whatever kind, each get at most min(1, γ/√k): section 11.2 (e)).
+MAX_BOOST = 3.0
+#: The bucket of a low item (below every level).
+LOW_BUCKET = 0
+#: Items of this bucket or above (noisy value above 2C + 2σ_E) are heavy.
+HEAVY_BUCKET = 3
 
 #: ℓ = √(rest/L)·(1 − 2^-50): the float rounding of the light items' weight never puts a
 #: user's ℓ2 norm above 1.
@@ -66,12 +82,12 @@ _DOWN = 1.0 - 2.0 ** -50
 def adaptive_weights(buckets) -> np.ndarray:
     """One user's weights on its k kept items, from their estimate buckets.
 
-    b = 1/√k. An item of bucket β ≥ ``HEAVY_BUCKET`` gets ``b·2^-(β−1)`` (at most b/2);
-    every other item gets the same ℓ = √((1 − Σ heavy²)/L), L their number (ℓ ≥ b; with
-    no heavy item ℓ = b, Weighted Gaussian's weight). The ℓ2 norm is at most 1 (1 but for
-    rounding when L ≥ 1; Weighted Gaussian's k·b² when nothing is heavy), every weight > 0,
-    and the light items' weights are equal: the two facts the proof uses
-    (``docs/mechanisms.md`` section 11).
+    b = 1/√k. A low item (bucket ``LOW_BUCKET``) gets ``LOW_FACTOR·b``; a heavy one
+    (bucket β ≥ ``HEAVY_BUCKET``) ``b·2^-(β−2)`` (at most b/2); the L light items the same
+    ℓ = min(√((1 − Σ others²)/L), γ·b) ≥ b, γ = ``MAX_BOOST`` (with neither low nor heavy
+    items, ℓ = b: Weighted Gaussian's weights to the bit). Every weight is > 0 and at most
+    min(1, γ·b), and the ℓ2 norm is at most 1 (Weighted Gaussian's k·b² with only light
+    items): what the proof uses (``docs/mechanisms.md`` section 11).
     """
     buckets = np.asarray(buckets, dtype=np.int64)
     k = buckets.size
@@ -79,38 +95,43 @@ def adaptive_weights(buckets) -> np.ndarray:
         return np.zeros(0)
     b = 1.0 / math.sqrt(k)
     heavy = buckets >= HEAVY_BUCKET
-    w = np.empty(k)
-    w[heavy] = b * np.power(LEVEL_RATIO, -(buckets[heavy] - 1).astype(np.float64))
-    light = int(k - heavy.sum())
-    if light == k:  # nothing heavy: Weighted Gaussian's weights, to the bit
-        w[:] = b
-    elif light:
-        rest = max(0.0, 1.0 - float(np.sum(w[heavy] ** 2)))
-        w[~heavy] = math.sqrt(rest / light) * _DOWN
+    low = buckets == LOW_BUCKET
+    light = ~(heavy | low)
+    w = np.full(k, b)
+    if light.all():  # Weighted Gaussian's weights, to the bit
+        return w
+    w[heavy] = b * np.power(LEVEL_RATIO, -(buckets[heavy] - 2).astype(np.float64))
+    w[low] = b * LOW_FACTOR
+    count = int(light.sum())
+    if count:
+        rest = max(0.0, 1.0 - float(np.sum(w[~light] ** 2)))
+        w[light] = min(math.sqrt(rest / count) * _DOWN, MAX_BOOST * b)
     return w
 
 
 class Adaptive(Mechanism):
-    """Adaptive weighting: heavy items, by a DP estimate, give their users' budget to the
-    users' other items (``docs/mechanisms.md`` section 11).
+    """Adaptive weighting: by a DP estimate, items far above the cutoff (heavy) and far
+    below the threshold (low) give their users' budget to the users' other items
+    (``docs/mechanisms.md`` section 11).
 
     Args:
       epsilon: ε > 0 of the (ε, δ)-DP guarantee of the whole release (both stages).
       delta: 0 < δ < 1: half for the two Gaussian stages together, half for the
-        thresholds.
+        thresholds (ε must exceed −log(1 − δ/2)).
       max_items: Δ0 ≥ 1 (default 100), distinct items kept per user. No effect on the
         guarantee (the thresholds account for it).
       release_rounds: 1 (``adaptive``, default: the estimate is not released) or 2
         (``adaptive-2r``: the estimate releases the items above its own threshold, and
         the second stage works on the others). No effect on the guarantee.
-      estimate_share: s in (0, 1) (default 0.1; 0.25 with two rounds), the estimate's
-        share of the Gaussian precision 1/σ²; the second stage has the rest, and its
-        release statistic combines both, so it has the whole precision. No effect on
-        the guarantee; a larger s tells heavy items apart better (and, with two rounds,
-        releases more in the first) but moves the release statistic towards the
-        unadapted weights.
+      estimate_share: s in (0, 1) (default 0.2), the
+        estimate's share of the Gaussian precision 1/σ²; the adaptive round has the rest,
+        and its release statistic combines both, so it has the whole precision. No effect
+        on the guarantee; a larger s tells heavy and low items apart better (and, with
+        two rounds, releases more in the first) but moves the release statistic towards
+        the unadapted weights.
       alpha: α ≥ 0 (default 3): the cutoff C = T + α·σ; an item whose estimate is above
-        2C + 2σ_E is heavy. No effect on the guarantee.
+        2C + 2σ_E is heavy, and its users still give it more than C. No effect on the
+        guarantee.
     """
 
     _policy_weights = True  # a user's weights are not 1/√k each (units' wording)
@@ -120,10 +141,11 @@ class Adaptive(Mechanism):
                  alpha: float = DEFAULT_ALPHA):
         epsilon, delta = cal.check_epsilon(epsilon), cal.check_delta(delta)
         max_items = cal.check_max_items(max_items)
-        if isinstance(release_rounds, bool) or release_rounds not in (1, 2):
+        if isinstance(release_rounds, bool) or not isinstance(release_rounds, int) or \
+                release_rounds not in (1, 2):
             raise ValueError(f"release_rounds must be 1 or 2, got {release_rounds!r}")
         if estimate_share is None:
-            estimate_share = DEFAULT_ESTIMATE_SHARE[release_rounds]
+            estimate_share = DEFAULT_ESTIMATE_SHARE
         if isinstance(estimate_share, bool) or \
                 not isinstance(estimate_share, (int, float, np.integer, np.floating)) or \
                 not 0.0 < float(estimate_share) < 1.0:
@@ -134,39 +156,48 @@ class Adaptive(Mechanism):
         self.epsilon, self.delta = epsilon, delta
         s = self.estimate_share = float(estimate_share)
         self.alpha = float(alpha)
-        # The two Gaussian stages: precisions s/σ² and (1 − s)/σ² (section 11).
-        self.sigma = cal.weighted_gaussian_sigma(epsilon, delta)
+        # The thresholds' δ/2: adaptive-2r's first round takes s of it (its statistic is the
+        # estimate: means 1/√t); the adaptive round the rest (means at most m(t),
+        # calibration.adaptive_threshold). Scaled down by 10^-12 so they never sum above δ/2.
+        down = 1.0 - 1e-12
+        first = delta / 2.0 * s * down if release_rounds == 2 else 0.0
+        last = (delta / 2.0 - first) * down
+        # The Gaussian stages: precisions s/σ² and (1 − s)/σ², σ = AGM(ε_G, δ/2, 1) with
+        # ε_G = ε + log(1 − δ/2) (slightly below ε): the new items' release event, which
+        # has probability at most δ/2, then costs no δ in either direction (section 11.2).
+        self.gaussian_epsilon = math.nextafter(epsilon + math.log1p(-delta / 2.0), 0.0)
+        if self.gaussian_epsilon <= 0:
+            raise ValueError(f"epsilon = {epsilon:g} is too small for delta = {delta:g}: "
+                             f"adaptive weighting needs epsilon > -log(1 - delta/2) = "
+                             f"{-math.log1p(-delta / 2.0):.3g}")
+        self.sigma = cal.weighted_gaussian_sigma(self.gaussian_epsilon, delta)
         self.estimate_sigma, self.adaptive_sigma = cal.adaptive_sigmas(
-            epsilon, delta, [s, 1.0 - s])
-        # The thresholds' δ/2: the released estimate's rounds take s of it (two rounds);
-        # the adaptive round what is left, less δ_h (calibration.adaptive_threshold).
-        first = delta / 2.0 * s if release_rounds == 2 else 0.0
+            self.gaussian_epsilon, delta, [s, 1.0 - s])
+        # The released statistic s·Ŵ + (1 − s)·(A + Z′): its noise's σ, as the stages'
+        # (raised) σs give it, rounded up; the thresholds use it.
+        sigma_x = math.sqrt((s * self.estimate_sigma) ** 2
+                            + ((1.0 - s) * self.adaptive_sigma) ** 2)
+        self.statistic_sigma = math.nextafter(math.nextafter(sigma_x, math.inf), math.inf)
         self.rounds = []
         if release_rounds == 2:
             self.rounds.append(RoundCalibration(
-                cal.adaptive_threshold(self.estimate_sigma, 2.0 * first, 0.0, max_items),
+                cal.adaptive_threshold(self.estimate_sigma, first, max_items),
                 "gaussian", self.estimate_sigma, max_items, "l2", delta=first))
-        # The cutoff and levels need T of the adaptive round, T needs δ_h, δ_h the
-        # levels: T is first computed without δ_h (its largest value: δ_h only lowers
-        # the budget's first term below δ/4 when δ_h > δ/4, and then the budget is δ/4),
-        # then the levels from the T of the worst budget, then T from δ_h.
-        # the thresholds' δ/2 left, doubled (the δ argument), scaled down by 10^-12 with two
-        # rounds so that first + rest/2 ≤ δ/2 holds in spite of rounding
-        rest = (delta - 2.0 * first) * (1.0 - 1e-12 if release_rounds == 2 else 1.0)
-        worst = cal.adaptive_threshold(self.sigma, rest, rest / 4.0, max_items)
-        self.cutoff = cal.policy_cutoff(worst, self.sigma, alpha)
-        self.levels = [x + ESTIMATE_MARGIN * self.estimate_sigma
-                       for x in cal.adaptive_levels(self.cutoff, LEVELS, LEVEL_RATIO)]
-        self.heavy_delta = cal.adaptive_heavy_delta(self.levels[HEAVY_BUCKET - 1],
-                                                    self.estimate_sigma, max_items)
-        threshold = cal.adaptive_threshold(self.sigma, rest, self.heavy_delta, max_items)
-        self.rounds.append(RoundCalibration(threshold, "gaussian", self.sigma, max_items,
-                                            "l2", delta=rest / 2.0))
+        threshold = cal.adaptive_threshold(self.statistic_sigma, last, max_items, s, MAX_BOOST)
+        self.rounds.append(RoundCalibration(threshold, "gaussian", self.statistic_sigma,
+                                            max_items, "l2", delta=last))
+        self.cutoff = cal.policy_cutoff(threshold, self.statistic_sigma, alpha)
+        self.low_level = threshold - LOW_MARGIN * self.estimate_sigma
+        self.levels = [self.low_level] + [
+            x + ESTIMATE_MARGIN * self.estimate_sigma
+            for x in cal.adaptive_levels(self.cutoff, LEVELS, LEVEL_RATIO)]
         self.guarantee = PrivacyGuarantee(
             epsilon, delta,
             note=f"(ε, δ)-DP: the estimate and the adaptive round are Gaussian mechanisms "
-                 f"whose precisions sum to that of σ = AGM(ε, δ/2, 1) = {self.sigma:.6g}; "
-                 f"an added user's new items are released with probability at most δ/2")
+                 f"whose precisions sum to that of σ = AGM(ε + log(1 − δ/2), δ/2, 1) = "
+                 f"{self.sigma:.6g}; an added user's new items are released with probability "
+                 f"at most δ/2")
+
     def describe(self) -> Dict[str, Any]:
         d = super().describe()
         d["units"].pop("cutoff", None)
@@ -174,8 +205,8 @@ class Adaptive(Mechanism):
         d.update({
             "estimate_share": self.estimate_share,
             "estimate": {"sigma": self.estimate_sigma, "cutoff": self.cutoff,
-                         "levels": [self.levels[0], LEVEL_RATIO, len(self.levels)],
-                         "heavy_delta": self.heavy_delta,
+                         "low_level": self.low_level,
+                         "heavy_levels": [self.levels[1], LEVEL_RATIO, len(self.levels) - 1],
                          "released": len(self.rounds) == 2},
             "alpha": self.alpha,
         })
@@ -183,11 +214,11 @@ class Adaptive(Mechanism):
             "estimate_share": "the estimate's share of the Gaussian precision 1/σ² (the "
                               "adaptive round has the rest; its release statistic "
                               "combines both)",
-            "estimate": "the estimate: its Gaussian σ_E, the cutoff C = T + α·σ, the "
-                        "levels [C + 2σ_E, ratio, count] an item's noisy value is compared "
-                        "with (C·ratio^j + 2σ_E), the bound δ_h on an added user's new item "
-                        "looking heavy, and whether its items above its own threshold are "
-                        "released (adaptive-2r)",
+            "estimate": "the estimate: its Gaussian σ_E, the cutoff C = T + α·σ, the low "
+                        "level T − σ_E (an item whose noisy value is below it is low), the "
+                        "heavy levels [C + 2σ_E, ratio, count] (C·ratio^j + 2σ_E; an item "
+                        "above the second is heavy), and whether its items above its own "
+                        "threshold are released (adaptive-2r)",
             "alpha": "α: the cutoff multiplier (dimensionless)"})
         return d
 
@@ -202,6 +233,7 @@ class Adaptive(Mechanism):
     def estimate_rule(self, run_key: RunKey) -> NoisyThresholdRule:
         """The estimate's noise (``noise/0``) and, with two rounds, its release rule."""
         threshold = self.rounds[0].threshold if len(self.rounds) == 2 else self.cutoff
+        # (adaptive: a placeholder threshold, never decided; the noise is what is read)
         return NoisyThresholdRule("gaussian", self.estimate_sigma, threshold, run_key,
                                   noise_purpose(0))
 
@@ -305,13 +337,13 @@ def basic_histogram(kept: Mapping[Any, list]) -> Dict[Any, float]:
 def adaptive_histogram(kept: Mapping[Any, list], buckets: Mapping[Any, int],
                        released=()) -> Dict[Any, float]:
     """A: every user weighs its kept items not in ``released`` by ``adaptive_weights``
-    of their buckets (an item missing from ``buckets`` is light)."""
+    of their buckets (an item missing from ``buckets`` is low)."""
     hist: Dict[Any, float] = {}
     for items in kept.values():
         mine = [item for item in items if item not in released]
         if not mine:
             continue
-        weights = adaptive_weights([buckets.get(item, 0) for item in mine])
+        weights = adaptive_weights([buckets.get(item, LOW_BUCKET) for item in mine])
         for item, w in zip(mine, weights.tolist()):
             hist[item] = hist.get(item, 0.0) + w
     return hist
@@ -332,25 +364,46 @@ def released_first(marks) -> Dict[Any, int]:
     return out
 
 
-def adaptive_pairs_histogram(pairs, max_items: int, sample_key: bytes,
-                             marks: Mapping[str, int]):
+def marks_arrays(marks):
+    """``(items, marks)`` arrays (an Arrow string array, an int64 array) of
+    ``(item, bucket or RELEASED)`` pairs in any order, each item once, a released item
+    ``RELEASED`` whatever else it is marked (``released_first`` on arrays: ``RELEASED``
+    is the smallest mark)."""
+    import pyarrow as pa
+    marks = list(marks)
+    if not marks:
+        return pa.array([], pa.string()), np.zeros(0, np.int64)
+    table = pa.table({"item": pa.array([m[0] for m in marks], pa.string()),
+                      "mark": pa.array([m[1] for m in marks], pa.int64())})
+    table = table.group_by("item").aggregate([("mark", "min")])
+    return (table.column("item").combine_chunks(),
+            table.column("mark_min").to_numpy().astype(np.int64))
+
+
+def adaptive_pairs_histogram(pairs, max_items: Optional[int], sample_key: Optional[bytes],
+                             marks):
     """A user group's partial adaptive histogram on its distinct pairs
     (``columnar.GroupPairs``): each user keeps the Δ0 items ``sample_items`` keeps under
-    ``sample_key``, drops those ``marks`` maps to ``RELEASED`` and weighs the rest by
-    ``adaptive_weights`` of their buckets (``marks``' value, 0 for an item it lacks), as
-    ``adaptive_histogram`` does with dicts. Returns a ``columnar.GroupHistogram``."""
+    ``sample_key`` (all with ``max_items`` None), drops those marked ``RELEASED`` and
+    weighs the rest by ``adaptive_weights`` of their buckets, as ``adaptive_histogram``
+    does with dicts. ``marks``: ``(items, marks)`` arrays (``marks_arrays``) or a
+    ``{item: mark}`` mapping; an item they lack is low. Returns a
+    ``columnar.GroupHistogram``."""
     import pyarrow as pa
     import pyarrow.compute as pc
     from beam_dpsu.dp import columnar
-    keep = columnar.sampled_pairs(pairs, max_items, sample_key)
+    if isinstance(marks, Mapping):
+        marks = (pa.array(list(marks), pa.string()),
+                 np.fromiter(marks.values(), np.int64, len(marks)))
+    listed, values = marks
     bucket = np.zeros(len(pairs.items), np.int64)
-    if marks and len(pairs.items):
-        listed = pa.array(list(marks), pa.string())
-        where = pc.index_in(pairs.items, value_set=listed).to_numpy(zero_copy_only=False)
-        found = np.flatnonzero(~np.isnan(where.astype(np.float64)))
+    if len(listed) and len(pairs.items):
+        where = pc.index_in(pairs.items, value_set=listed)
+        found = np.flatnonzero(where.is_valid().to_numpy(zero_copy_only=False))
         if found.size:
-            values = np.fromiter(marks.values(), np.int64, len(marks))
-            bucket[found] = values[where[found].astype(np.int64)]
+            at = where.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+            bucket[found] = values[at[found]]
+    keep = columnar.sampled_pairs(pairs, max_items, sample_key)
     u, i = pairs.u[keep], pairs.i[keep]
     beta = bucket[i]
     live = beta != RELEASED
@@ -359,16 +412,19 @@ def adaptive_pairs_histogram(pairs, max_items: int, sample_key: bytes,
     k = np.bincount(u, minlength=users)
     b = 1.0 / np.sqrt(np.maximum(k, 1).astype(np.float64))
     heavy = beta >= HEAVY_BUCKET
-    w = b[u]                                                   # no heavy item: b itself
-    w[heavy] = w[heavy] * np.power(LEVEL_RATIO, -(beta[heavy] - 1).astype(np.float64))
-    heavy_users = np.zeros(users, bool)
-    heavy_users[u[heavy]] = True
-    if heavy_users.any():
-        squares = np.bincount(u[heavy], weights=w[heavy] ** 2, minlength=users)
-        light = k - np.bincount(u[heavy], minlength=users)
-        rest = np.maximum(0.0, 1.0 - squares)
-        ell = np.sqrt(rest / np.maximum(light, 1)) * _DOWN
-        mixed = heavy_users[u] & ~heavy
+    low = beta == LOW_BUCKET
+    other = heavy | low
+    w = b[u]                                              # all light: b itself
+    w[heavy] = w[heavy] * np.power(LEVEL_RATIO, -(beta[heavy] - 2).astype(np.float64))
+    w[low] = w[low] * LOW_FACTOR
+    mixed_users = np.zeros(users, bool)
+    mixed_users[u[other]] = True
+    if mixed_users.any():
+        squares = np.bincount(u[other], weights=w[other] ** 2, minlength=users)
+        light = k - np.bincount(u[other], minlength=users)
+        ell = np.minimum(np.sqrt(np.maximum(0.0, 1.0 - squares) / np.maximum(light, 1))
+                         * _DOWN, MAX_BOOST * b)
+        mixed = mixed_users[u] & ~other
         w[mixed] = ell[u[mixed]]
     hist = np.bincount(i, weights=w, minlength=len(pairs.items))
     present = np.flatnonzero(hist > 0)
