@@ -237,9 +237,16 @@ class GaussianLevels(_KeyedRule):
 
     def decide_bits(self, bits: np.ndarray, weights, more) -> np.ndarray:
         weights = np.asarray(weights, dtype=np.float64)
+        bits = np.asarray(bits, dtype=np.uint64)
         counts = np.zeros(weights.shape, np.int64)
-        for rule in self.rules:
-            counts += rule.exceeds_bits(bits, weights, more)
+        live = np.flatnonzero(~np.isnan(weights))
+        for rule in self.rules:  # nested: only the items above a level meet the next one
+            if not live.size:
+                break
+            above = rule.exceeds_bits(bits[live], weights[live],
+                                      lambda i, j, live=live: more(live[i], j))
+            live = live[above]
+            counts[live] += 1
         return counts
 
 
