@@ -8,7 +8,6 @@ from fractions import Fraction
 import mpmath
 import numpy as np
 import pytest
-from scipy import stats
 
 from beam_dpsu.dp import calibration as cal
 from beam_dpsu.dp.mechanisms.adaptive import (HEAVY_BUCKET, LOW_BUCKET, LOW_FACTOR, MAX_BOOST,

@@ -42,11 +42,10 @@ import numpy as np
 
 from beam_dpsu.dp import calibration as cal
 from beam_dpsu.dp.accounting import PrivacyGuarantee
-from beam_dpsu.dp.contribution import ItemCounts, sample_items
-from beam_dpsu.dp.mechanisms.base import Mechanism, RoundCalibration, decided, noise_purpose
+from beam_dpsu.dp.contribution import sample_items
+from beam_dpsu.dp.mechanisms.base import Mechanism, RoundCalibration, noise_purpose
 from beam_dpsu.dp.noise import RunKey
-from beam_dpsu.dp.params import (DEFAULT_ALPHA, DEFAULT_ESTIMATE_SHARE, DEFAULT_MAX_ITEMS,
-                                 DEFAULT_RATIO)
+from beam_dpsu.dp.params import DEFAULT_ALPHA, DEFAULT_ESTIMATE_SHARE, DEFAULT_MAX_ITEMS
 from beam_dpsu.dp.release_rules import GaussianLevels, NoisyThresholdRule
 
 __all__ = ["LEVELS", "ESTIMATE_MARGIN", "LEVEL_RATIO", "LOW_MARGIN", "LOW_FACTOR", "LOW_BUCKET",
