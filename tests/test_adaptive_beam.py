@@ -14,7 +14,7 @@ from beam_dpsu.dp import columnar
 from beam_dpsu.dp.contribution import per_user_counts, sample_items
 from beam_dpsu.dp.mechanisms.adaptive import (RELEASED, Adaptive, adaptive_histogram,
                                               adaptive_pairs_histogram, marks_arrays,
-                                              released_first)
+                                              marks_message, released_first)
 from beam_dpsu.dp.noise import RunKey
 from beam_dpsu.transforms import staging
 from beam_dpsu.transforms.adaptive import AdaptiveRounds
@@ -123,3 +123,8 @@ def test_released_first_and_marks_arrays():
     assert dict(zip(items.to_pylist(), values.tolist())) == released_first(marks)
     items, values = marks_arrays([])
     assert len(items) == 0 and values.size == 0
+    # messages and pairs mixed, a released pair overriding a message's bucket
+    message = marks_message(pa.array(["a", "e", "f"]), np.array([2, 5, 1]))
+    items, values = marks_arrays([message, ("a", RELEASED), ("g", 3)])
+    assert dict(zip(items.to_pylist(), values.tolist())) == {"a": RELEASED, "e": 5, "f": 1,
+                                                             "g": 3}

@@ -62,7 +62,8 @@ from beam_dpsu.dp import buffers, columnar, columnar_policy
 from beam_dpsu.dp.columnar import COLUMNAR_ITEM_SHARDS, COLUMNAR_USER_GROUPS
 from beam_dpsu.dp.lines import BLOCK_BYTES, block_buffers, read_blocks
 from beam_dpsu.dp.mechanisms.adaptive import (LOW_BUCKET, RELEASED, Adaptive,
-                                              adaptive_pairs_histogram, marks_arrays)
+                                              adaptive_pairs_histogram, marks_arrays,
+                                              marks_message)
 from beam_dpsu.dp.mechanisms.peeling import DiscoverPeelHittingSet, DiscoverThenPeel
 from beam_dpsu.dp.mechanisms.policy import PolicyMechanism
 from beam_dpsu.dp.mechanisms.sips import Sips
@@ -375,8 +376,8 @@ def _basic_pairs(element, shards: int, stage=None):
 
 class _EstimateShardDoFn(beam.DoFn):
     """``(shard, [partial basic histograms])`` → ``(shard, ("estimate", message of the
-    items' noisy values Ŵ))``; ``(item, bucket)`` of the items that are not low on
-    ``_MARKS`` (an item missing from the list is low);
+    items' noisy values Ŵ))``; the buckets of the items that are not low on ``_MARKS``,
+    one ``marks_message`` per shard (an item missing from them is low);
     the first round's releases (``adaptive-2r``) on ``_FIRST``."""
 
     def __init__(self, mechanism, envelope: bool, stage=None):
@@ -394,10 +395,9 @@ class _EstimateShardDoFn(beam.DoFn):
         for part in staging.staged(self._staging, [(element[0], message)]):
             yield runners.main_output((part[0], ("estimate", part[1])), self._envelope)
         listed = np.flatnonzero(buckets != LOW_BUCKET)
-        if listed.size:
-            names = items.take(pa.array(listed)).to_pylist()
-            for name, b in zip(names, buckets[listed].tolist()):
-                yield runners.tag((name, int(b)), _MARKS, self._envelope)
+        if listed.size:  # one message per shard, not one element per item
+            yield runners.tag(marks_message(items.take(pa.array(listed)), buckets[listed]),
+                              _MARKS, self._envelope)
         chosen = np.flatnonzero(first)
         if chosen.size:
             for name in items.take(pa.array(chosen)).to_pylist():

@@ -50,7 +50,7 @@ from beam_dpsu.dp.release_rules import GaussianLevels, NoisyThresholdRule
 
 __all__ = ["LEVELS", "ESTIMATE_MARGIN", "LEVEL_RATIO", "LOW_MARGIN", "LOW_FACTOR", "LOW_BUCKET",
            "HEAVY_BUCKET", "MAX_BOOST", "adaptive_weights",
-           "basic_histogram", "adaptive_histogram", "RELEASED", "released_first", "marks_arrays", "adaptive_pairs_histogram",
+           "basic_histogram", "adaptive_histogram", "RELEASED", "released_first", "marks_message", "marks_arrays", "adaptive_pairs_histogram",
            "Adaptive"]
 
 
@@ -363,17 +363,36 @@ def released_first(marks) -> Dict[Any, int]:
     return out
 
 
-def marks_arrays(marks):
-    """``(items, marks)`` arrays (an Arrow string array, an int64 array) of
-    ``(item, bucket or RELEASED)`` pairs in any order, each item once, a released item
-    ``RELEASED`` whatever else it is marked (``released_first`` on arrays: ``RELEASED``
-    is the smallest mark)."""
+def marks_message(items, marks) -> bytes:
+    """One Arrow IPC message of ``(item, mark)`` rows: a string array and int marks (a
+    shard's buckets of the items that are not low), for ``marks_arrays``."""
     import pyarrow as pa
-    marks = list(marks)
-    if not marks:
+    batch = pa.RecordBatch.from_arrays([items, pa.array(np.asarray(marks, np.int64))],
+                                       names=["item", "mark"])
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return sink.getvalue().to_pybytes()
+
+
+def marks_arrays(marks):
+    """``(items, marks)`` arrays (an Arrow string array, an int64 array) of marks in any
+    order and form, each item once, a released item ``RELEASED`` whatever else it is
+    marked (``released_first`` on arrays: ``RELEASED`` is the smallest mark). ``marks``:
+    ``(item, bucket or RELEASED)`` pairs and ``marks_message`` messages, mixed."""
+    import pyarrow as pa
+    parts, pairs = [], []
+    for m in marks:
+        if isinstance(m, (bytes, bytearray, memoryview)):
+            parts.append(pa.ipc.open_stream(pa.py_buffer(m)).read_all())
+        else:
+            pairs.append(m)
+    if pairs:
+        parts.append(pa.table({"item": pa.array([m[0] for m in pairs], pa.string()),
+                               "mark": pa.array([m[1] for m in pairs], pa.int64())}))
+    if not parts:
         return pa.array([], pa.string()), np.zeros(0, np.int64)
-    table = pa.table({"item": pa.array([m[0] for m in marks], pa.string()),
-                      "mark": pa.array([m[1] for m in marks], pa.int64())})
+    table = pa.concat_tables([t.cast(parts[0].schema) for t in parts])
     table = table.group_by("item").aggregate([("mark", "min")])
     return (table.column("item").combine_chunks(),
             table.column("mark_min").to_numpy().astype(np.int64))
