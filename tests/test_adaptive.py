@@ -204,7 +204,7 @@ def test_stage_shares_are_checked():
             cal.adaptive_sigmas(1.0, 1e-5, bad)
 
 
-# ---- (e) thresholds, δ_h and new items ----------------------------------------------
+# ---- (d) thresholds and new items ---------------------------------------------------
 
 def _independent_threshold(sigma, delta, dmax, share=0, boost=1):
     budget, s = mpmath.mpf(delta), mpmath.mpf(share)
