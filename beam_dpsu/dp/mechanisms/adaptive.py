@@ -43,6 +43,7 @@ import numpy as np
 from beam_dpsu.dp import calibration as cal
 from beam_dpsu.dp.accounting import PrivacyGuarantee
 from beam_dpsu.dp.contribution import sample_items
+from beam_dpsu.dp.weights import add_user_to_histogram
 from beam_dpsu.dp.mechanisms.base import Mechanism, RoundCalibration, noise_purpose
 from beam_dpsu.dp.noise import RunKey
 from beam_dpsu.dp.params import DEFAULT_ALPHA, DEFAULT_ESTIMATE_SHARE, DEFAULT_MAX_ITEMS
@@ -327,9 +328,7 @@ def basic_histogram(kept: Mapping[Any, list]) -> Dict[Any, float]:
     """W: every user adds 1/√k to each of its k kept items (``{user: [items]}``)."""
     hist: Dict[Any, float] = {}
     for items in kept.values():
-        b = 1.0 / math.sqrt(len(items))
-        for item in items:
-            hist[item] = hist.get(item, 0.0) + b
+        add_user_to_histogram(hist, items, "l2")
     return hist
 
 
