@@ -41,15 +41,20 @@ half), 'X high->low' (the reverse) and 'X 10%' (public: a hash-chosen 10% of the
 private: the other 90%).
 
 Scale rules (``--kt-rules``, the product of the ``--rule-*`` lists; ``ScaleRule``): κ, M
-and Δ0 as functions of the private scale — N (users) and P = Σ_i min(n_i, 100) — and of the
-public counts: κ = κ0·R^a·(m/m_ref)^b, m = P/N, with R = P_pub/P (``--rule-stat pairs``) or
-R = S/N (``rank-mean``, ``rank-geo``, ``rank-at<q>``: S a statistic of k·c_(k), c_(k) the
-k-th largest public count, over the ranks k ≤ N/Γ; ``FoldStats.rank_scale``). The exact N
-and P are an oracle; ``--est-share s`` replaces them by Laplace-noised ones (ε_est = s·ε,
-``--est-split`` of it on P with scale C/ε_P, the rest on N with scale 1/ε_N; ``--est-split
-0``: N only) and runs the mechanism at (1 − s)·ε (``Estimate``, ``noisy_stats``); the
-published greedy keeps the full ε. Such a κ is proof-compatible only when N and P are
-DP-released (docs/gw.md section 1.3); the exact values are for measurement.
+and Δ0 as functions of the private scale and of the public counts: κ = κ0·R^a·(m/m_ref)^b
+with R = P_pub/P (``--rule-stat pairs``; P = Σ_i min(n_i, 100), m = P/N) or R = S/N
+(``rank-mean``, ``rank-geo``, ``rank-at<q>``: S a statistic of k·c_(k), c_(k) the k-th
+largest public count, over the ranks k ≤ N/Γ; ``FoldStats.rank_scale``); Δ0 = gw's rule +
+``--rule-extra`` or (``--rule-width D:LOW:HIGH``) the library's ``max_items_from_estimate``;
+M = ``--rule-margin`` or (``--rule-margin-fraction F``) ``front_margin_for(Δ0, F)``. The
+exact statistics are an oracle; ``--est-share s`` reads them from the library's DP
+estimate instead (``release_scale`` of the users' activity histogram at ε_est = s·ε,
+``--est-draws`` per seed; N then comes from it and P is not released) and runs the
+mechanism at the rest of ε (``noisy_stats``); the published greedy keeps the full ε.
+Such a rule is proof-compatible only when it reads DP output (docs/gw.md section 3, "Δ0,
+M and κ from a DP estimate"); the exact values are for measurement. The command line's
+gw-kt (``default_kt``: the library's constants, its default share) is the first table of
+every gw-kt run; ``--fixed-baseline`` adds the fixed front (κ = 10, M = 8).
 
 Runs are seeded (``RunKey.from_test_seed``): reproducible, NOT private; for
 measurement only.
@@ -59,8 +64,8 @@ measurement only.
     PYTHONPATH=. python benchmarks/gw_generalise.py --data ../shared/data --defaults-only
     PYTHONPATH=. python benchmarks/gw_generalise.py --data ../shared/data --only gw-kt \
         --kt-folds all --kt-tie-breaks first-occurrence --kt-rules --rule-stat rank-mean \
-        --rule-kappa0 1.4 1.5 1.6 1.7 1.8 2 --rule-margin 2 3 4 5 6 --rule-extra 0 4 8 \
-        [--est-share 0.02 --est-split 0]
+        --rule-kappa0 1.28 1.44 1.6 --rule-width 1.25:0.25:2 1.5:0.25:2 2:0.25:2 \
+        --rule-margin-fraction 0.4 0.5 0.6 [--est-share 0.01]
 
 Without the datasets it prints which files are missing and exits with status 2.
 """
@@ -89,7 +94,10 @@ from beam_dpsu.dp import calibration as cal  # noqa: E402
 from beam_dpsu.dp import kernels  # noqa: E402
 from beam_dpsu.dp import params  # noqa: E402
 from beam_dpsu.dp import sequential as seq  # noqa: E402
-from beam_dpsu.dp.mechanisms.policy import GW, GWKT  # noqa: E402
+from beam_dpsu.dp.mechanisms.policy import (FRONT_SCALE_RANGE, GW, GWKT,  # noqa: E402
+                                            ScaleEstimate,
+                                            front_margin_for, max_items_from_estimate,
+                                            release_scale, scale_statistics)
 from beam_dpsu.dp.noise import RunKey  # noqa: E402
 
 DATASETS = ["commits-ansible", "commits-rails", "movielens-small", "paths-ansible",
@@ -365,6 +373,17 @@ class FoldStats:
     pub_items: float    # public items
     pub_max: float      # largest public count
     pub_desc: np.ndarray = dataclasses.field(default=None, compare=False, repr=False)
+    #: the exact activity histogram (``policy.scale_statistics``), private
+    histogram: np.ndarray = dataclasses.field(default=None, compare=False, repr=False)
+    #: what the rules read: the released estimate, or (None) the exact histogram
+    scale: "ScaleEstimate | None" = dataclasses.field(default=None, compare=False, repr=False)
+
+    def scale_estimate(self) -> ScaleEstimate:
+        """The estimate the rules read: the released one, or the exact histogram as an
+        estimate of ε = ``EXACT_EPSILON`` (no bucket read as empty: the oracle)."""
+        if self.scale is not None:
+            return self.scale
+        return ScaleEstimate(tuple(float(x) for x in self.histogram), EXACT_EPSILON)
 
     @property
     def m(self) -> float:
@@ -388,29 +407,20 @@ class FoldStats:
         return v / self.users
 
 
-@dataclasses.dataclass(frozen=True)
-class Estimate:
-    """The DP estimate of N and P: ε_est = share·ε, the share ``split`` of it for P
-    (Lap(C/(split·ε_est))), the rest for N (Lap(1/((1 − split)·ε_est))); the mechanism
-    runs at (1 − share)·ε (basic composition: the total stays ε). ``draws`` noise draws
-    per test seed, the ratio averaged over them. ``split`` 0: N only (all of ε_est on
-    N; P is not released, for rules that read N alone)."""
-    share: float = 0.02
-    split: float = 0.5
-    draws: int = 4
+#: The oracle's stand-in ε: the exact histogram read as an estimate (nothing dropped).
+EXACT_EPSILON = 1e12
 
 
-def noisy_stats(st: FoldStats, est: Estimate, epsilon: float, name: str, seed: int,
+def noisy_stats(st: FoldStats, share: float, epsilon: float, name: str, seed: int,
                 draw: int) -> FoldStats:
+    """``st`` with the library's DP estimate in place of the exact numbers:
+    ``release_scale`` of the exact histogram at the calibration's ε (``split_epsilon``'s
+    first part, as ``GWKT`` splits it), under a test key per (fold, seed, draw); N is the
+    estimate's, P is not released (a rule reading it is refused)."""
     h = hashlib.sha256(f"est|{name}|{seed}|{draw}".encode()).digest()
-    rng = np.random.default_rng(int.from_bytes(h[:8], "big"))
-    e = est.share * epsilon
-    n = max(1.0, st.users + rng.laplace(0.0, 1.0 / ((1.0 - est.split) * e)))
-    if est.split <= 0.0:                             # P not released: rules may not read it
-        return dataclasses.replace(st, users=n, pairs=math.nan)
-    p = st.pairs + rng.laplace(0.0, PAIR_CLIP / (est.split * e))
-    p = min(max(p, n), PAIR_CLIP * n)                # post-processing: 1 ≤ m ≤ C
-    return dataclasses.replace(st, users=n, pairs=p)
+    est = release_scale(st.histogram, cal.split_epsilon(epsilon, share)[0],
+                        RunKey.from_test_seed(int.from_bytes(h[:6], "big")))
+    return dataclasses.replace(st, users=est.users, pairs=math.nan, scale=est)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -419,7 +429,13 @@ class ScaleRule:
 
     κ = κ0 · R^a · (m/m_ref)^b,  m = P/N, with R = P_pub/P (stat 'pairs') or
     R = S/N (stat 'rank-mean', 'rank-geo', 'rank-at<q>': ``FoldStats.rank_scale``);
-    M = round(M0 · (m/m_ref)^mb);  Δ0 = round((gw's Δ0 + extra) · (m/m_ref)^db), ≥ 1.
+    Δ0 = round((gw's Δ0 + extra) · (m/m_ref)^db), ≥ 1, or with ``width`` = (divisor,
+    low, high) the library's ``max_items_from_estimate`` (the estimated median activity
+    over divisor, within [low, high] × gw's Δ0); M = round(M0 · (m/m_ref)^mb), or with
+    ``margin_fraction`` the library's ``front_margin_for(Δ0, fraction)``.
+    ``share`` > 0: N and the activity come from the library's DP estimate at that share
+    of ε (``draws`` noise draws per seed, the mechanism at the rest of ε); 0: the exact
+    values (an oracle, not private).
     """
     kappa0: float
     a: float = 1.0
@@ -431,16 +447,33 @@ class ScaleRule:
     db: float = 0.0
     tie_break: str = params.DEFAULT_TIE_BREAK
     stat: str = "pairs"
+    width: "Tuple[float, float, float] | None" = None
+    margin_fraction: "float | None" = None
+    share: float = 0.0
+    draws: int = 4
 
     def candidate(self, st: FoldStats, epsilon: float, delta: float = math.exp(-10),
-                  alpha: float = params.DEFAULT_ALPHA) -> Candidate:
+                  alpha: float = params.DEFAULT_ALPHA, total_epsilon: "float | None" = None
+                  ) -> Candidate:
+        """The candidate at the release's ``epsilon`` (``total_epsilon``: the whole
+        budget, which the width rule reads; default ``epsilon``)."""
+        total = epsilon if total_epsilon is None else total_epsilon
+        if st.scale is not None and not st.scale.informative:
+            # the library's fallback (GWKT.calibrated): too few users for the noise
+            return dataclasses.replace(fixed_kt(total), tie_break=self.tie_break)
         if math.isnan(st.pairs) and (self.stat == "pairs" or self.b or self.mb or self.db):
-            raise ValueError(f"{self.label()} reads P, which the estimate does not release "
-                             "(--est-split 0)")
+            raise ValueError(f"{self.label()} reads P, which the estimate does not release")
         r = 1.0 if math.isnan(st.pairs) else st.m / self.m_ref
-        margin = max(0, int(round(self.margin * r ** self.mb)))
-        d0 = (params.gw_default_max_items(epsilon) + self.extra) * r ** self.db
-        d0 = min(params.MAX_MAX_ITEMS, max(1, int(round(d0))))
+        if self.width is not None:
+            d0 = max_items_from_estimate(st.scale_estimate(), total, self.width[0],
+                                         self.width[1:])
+        else:
+            d0 = (params.gw_default_max_items(epsilon) + self.extra) * r ** self.db
+            d0 = min(params.MAX_MAX_ITEMS, max(1, int(round(d0))))
+        if self.margin_fraction is not None:
+            margin = front_margin_for(d0, self.margin_fraction)
+        else:
+            margin = max(0, int(round(self.margin * r ** self.mb)))
         if self.stat == "pairs":
             ratio = st.pub_pairs / st.pairs
         else:
@@ -448,14 +481,22 @@ class ScaleRule:
                                        1.0 / epsilon, alpha)
             ratio = st.rank_scale(cutoff, self.stat[5:])
         kappa = self.kappa0 * ratio ** self.a * r ** self.b
+        kappa = min(max(kappa, FRONT_SCALE_RANGE[0]), FRONT_SCALE_RANGE[1])
         return Candidate(d0, tie_break=self.tie_break, selection="front", scale=kappa,
                          margin=margin)
 
     def label(self) -> str:
         s = f"rule κ0={self.kappa0:g} a={self.a:g} b={self.b:g}"
-        s += f" M0={self.margin:g}" + (f" mb={self.mb:g}" if self.mb else "")
-        s += f" +{self.extra}" + (f" db={self.db:g}" if self.db else "")
-        return s + f" m_ref={self.m_ref:g} {self.stat} {self.tie_break}"
+        if self.margin_fraction is not None:
+            s += f" M={self.margin_fraction:g}·Δ0"
+        else:
+            s += f" M0={self.margin:g}" + (f" mb={self.mb:g}" if self.mb else "")
+        if self.width is not None:
+            s += " Δ0=med/{:g} in [{:g}, {:g}]·gw".format(*self.width)
+        else:
+            s += f" +{self.extra}" + (f" db={self.db:g}" if self.db else "")
+        s += f" m_ref={self.m_ref:g} {self.stat} {self.tie_break}"
+        return s + (f" est {self.share:g}×{self.draws}" if self.share else " exact")
 
 
 class Fold:
@@ -469,7 +510,6 @@ class Fold:
         self._published: Dict[str, List[float]] = {}
         self._one: Dict[tuple, float] = {}
         self._rules: Dict[ScaleRule, List[float]] = {}
-        self.estimate: "Estimate | None" = None   # rules: None = exact N, P (oracle)
         self._stats = None
 
     def stats(self) -> FoldStats:
@@ -479,7 +519,8 @@ class Fold:
                 float(len(self.per_user)),
                 float(sum(min(len(c), PAIR_CLIP) for c in self.per_user.values())),
                 float(sum(pub.values())), float(len(pub)), float(max(pub.values(), default=0)),
-                np.sort(np.array(list(pub.values()) or [1], dtype=float))[::-1])
+                np.sort(np.array(list(pub.values()) or [1], dtype=float))[::-1],
+                scale_statistics(self.per_user.values()))
         return self._stats
 
     def walks(self, seed, tie_break) -> Walks:
@@ -510,24 +551,24 @@ class Fold:
         return self._one[key]
 
     def rule_released(self, r: ScaleRule) -> List[float]:
-        """A scale rule's expected released per seed: with the exact N, P, or (estimate
-        set) the mean over ``draws`` noised N, P, the mechanism at (1 − share)·ε."""
-        key = (r, self.estimate)
-        if key not in self._rules:
+        """A scale rule's expected released per seed: with the exact statistics
+        (``r.share`` 0), or the mean over ``r.draws`` DP estimates with the mechanism at
+        the rest of ε (``split_epsilon``, as ``GWKT`` splits it)."""
+        if r not in self._rules:
             st, out = self.stats(), []
             for s in self.seeds:
-                if self.estimate is None:
+                if not r.share:
                     out.append(self.released_one(
                         r.candidate(st, self.eps, self.delta, self.alpha), s, self.eps))
                     continue
-                e = self.eps * (1.0 - self.estimate.share)
+                e = cal.split_epsilon(self.eps, r.share)[1]
                 out.append(statistics.mean(
-                    self.released_one(r.candidate(noisy_stats(st, self.estimate, self.eps,
+                    self.released_one(r.candidate(noisy_stats(st, r.share, self.eps,
                                                               self.name, s, d), e, self.delta,
-                                                  self.alpha), s, e)
-                    for d in range(self.estimate.draws)))
-            self._rules[key] = out
-        return self._rules[key]
+                                                  self.alpha, self.eps), s, e)
+                    for d in range(r.draws)))
+            self._rules[r] = out
+        return self._rules[r]
 
     def released(self, c) -> List[float]:
         if isinstance(c, ScaleRule):
@@ -584,12 +625,22 @@ def default_gw(eps: float) -> Candidate:
                      params.DEFAULT_TIE_BREAK)
 
 
-def default_kt(eps: float) -> Candidate:
-    """The command line's gw-kt defaults at this ε."""
+def fixed_kt(eps: float) -> Candidate:
+    """gw-kt with its fixed front (``--calibration-share 0``: κ = 10, M = 8, Δ0 = gw's
+    rule + 4) at this ε."""
     return Candidate(params.gwkt_default_max_items(eps, params.DEFAULT_GWKT_SELECTION),
                      params.DEFAULT_GW_ETA, params.DEFAULT_TIE_BREAK,
                      params.DEFAULT_GWKT_SELECTION, params.DEFAULT_FRONT_SCALE,
                      params.DEFAULT_FRONT_MARGIN)
+
+
+def default_kt(draws: int = 4) -> ScaleRule:
+    """The command line's gw-kt: calibrated by the DP estimate at the default share,
+    with the library's rules and constants (``draws`` estimates per seed)."""
+    return ScaleRule(params.FRONT_SCALE_FACTOR, stat="rank-mean",
+                     width=(params.CALIBRATED_WIDTH_DIVISOR, *params.CALIBRATED_WIDTH_RANGE),
+                     margin_fraction=params.CALIBRATED_MARGIN_FRACTION,
+                     share=params.DEFAULT_GWKT_CALIBRATION_SHARE, draws=draws)
 
 
 # -- protocol --------------------------------------------------------------------------
@@ -668,15 +719,47 @@ def check_against_library(data: Data, eps, delta, alpha, log) -> None:
                 ids, np.concatenate(ref)):
             raise SystemExit(f"kept_flat differs from kept_items for {cand.label()}")
     log("  check: kept_flat = kept_items")
+    # the command line's calibrated gw-kt: the rule here reads the same estimate as the
+    # library and gives the same Δ0, M and κ, and the same expected count
+    mech = GWKT(eps, delta, public, alpha, tie_break="first-occurrence",
+                calibration_share=params.DEFAULT_GWKT_CALIBRATION_SHARE)
+    c = mech.calibrated_on(per_user, RunKey.from_test_seed(7))
+    fold = Fold("check", per_user, public, [7], eps, delta, alpha)
+    st = dataclasses.replace(fold.stats(), users=c.scale_estimate.users, pairs=math.nan,
+                             scale=c.scale_estimate)
+    release_eps = cal.split_epsilon(eps, params.DEFAULT_GWKT_CALIBRATION_SHARE)[1]
+    cand = default_kt().candidate(st, release_eps, delta, alpha, eps)
+    if (cand.max_items, cand.margin) != (c.max_items, c.front_margin) or not math.isclose(
+            cand.scale, c.front_scale, rel_tol=1e-12):
+        raise SystemExit(f"the calibrated rule differs from the library: {cand.label()} "
+                         f"!= Δ0 {c.max_items}, M {c.front_margin}, κ {c.front_scale}")
+    ref = c.histogram_local(per_user, RunKey.from_test_seed(7))
+    want = expected_released(np.array(list(ref.values())), c.calibration.threshold,
+                             release_eps)
+    got = fold.released_one(cand, 7, release_eps)
+    if abs(want - got) > 1e-9 * max(1.0, want):
+        raise SystemExit(f"calibrated fast path differs from the library: {got} != {want}")
+    log(f"  check calibrated gw-kt: rule = library (Δ0 {c.max_items}, M {c.front_margin}, "
+        f"κ {c.front_scale:.4g}; {got:.6f})")
+
+
+def _width(text: str):
+    return None if text == "none" else tuple(float(x) for x in text.split(":"))
+
+
+def _fraction(text: str):
+    return None if text == "none" else float(text)
 
 
 def rule_grid(args) -> List[ScaleRule]:
     """``--kt-rules``: the product of the ``--rule-*`` lists."""
-    return [ScaleRule(k0, a, b, mref, m0, mb, ex, db, tb, st)
-            for st, k0, a, b, mref, m0, mb, ex, db, tb
+    return [ScaleRule(k0, a, b, mref, m0, mb, ex, db, tb, st, _width(w), _fraction(mf),
+                      args.est_share, args.est_draws)
+            for st, k0, a, b, mref, m0, mb, ex, db, tb, w, mf
             in itertools.product(args.rule_stat, args.rule_kappa0, args.rule_a, args.rule_b,
                                  args.rule_m_ref, args.rule_margin, args.rule_mb,
-                                 args.rule_extra, args.rule_db, args.kt_tie_breaks)]
+                                 args.rule_extra, args.rule_db, args.kt_tie_breaks,
+                                 args.rule_width, args.rule_margin_fraction)]
 
 
 def print_stats(folds: List[Fold], eps: float) -> None:
@@ -749,13 +832,21 @@ def main(argv=None) -> int:
     p.add_argument("--rule-mb", type=float, nargs="*", default=(0.0,))
     p.add_argument("--rule-extra", type=int, nargs="*", default=(4,))
     p.add_argument("--rule-db", type=float, nargs="*", default=(0.0,))
+    p.add_argument("--rule-width", nargs="*", default=("none",),
+                   help="Δ0 of the rule: 'D:LOW:HIGH' (the library's max_items_from_estimate: "
+                   "the estimated median activity / D within [LOW, HIGH]·gw's Δ0) or 'none' "
+                   "(gw's Δ0 + --rule-extra)")
+    p.add_argument("--rule-margin-fraction", nargs="*", default=("none",),
+                   help="M of the rule: a fraction F of Δ0 (front_margin_for) or 'none' "
+                   "(--rule-margin)")
     p.add_argument("--est-share", type=float, default=0.0,
-                   help="rules: estimate N and P with Laplace noise from this share of ε "
-                   "(the mechanism gets the rest); 0 (default): the exact values (oracle)")
-    p.add_argument("--est-split", type=float, default=0.5,
-                   help="share of the estimate's ε spent on P (the rest on N)")
-    p.add_argument("--est-draws", type=int, default=4, help="noise draws per test seed")
+                   help="rules: read N and the activity from the library's DP estimate at "
+                   "this share of ε (the mechanism gets the rest); 0 (default): the exact "
+                   "values (oracle)")
+    p.add_argument("--est-draws", type=int, default=4, help="estimates per test seed")
     p.add_argument("--stats", action="store_true", help="print the gw-kt folds' statistics")
+    p.add_argument("--fixed-baseline", action="store_true",
+                   help="gw-kt: also the fixed front (κ = 10, M = 8) on every fold")
     p.add_argument("--only", choices=["gw", "gw-kt"], help="one mechanism only")
     p.add_argument("--check", action="store_true",
                    help="first verify the fast path against the library's histogram")
@@ -793,23 +884,24 @@ def main(argv=None) -> int:
     if args.only in (None, "gw-kt"):
         folds = [Fold(name, data.get(priv), users_per_item(data.get(pub)), seeds, eps, delta,
                       alpha) for name, priv, pub in KT_FOLD_SETS[args.kt_folds]]
-        estimate = (Estimate(args.est_share, args.est_split, args.est_draws)
-                    if args.est_share > 0 else None)
-        for f in folds:
-            f.estimate = estimate
         if args.stats or args.kt_rules:
             print_stats(folds, eps)
         if args.kt_rules and not args.defaults_only:
             cands = rule_grid(args)
-            if estimate:
-                print(f"\nrules with noised N, P: {estimate}; mechanism ε = "
-                      f"{eps * (1 - estimate.share):g}")
+            if args.est_share:
+                print(f"\nrules read the DP estimate at {args.est_share:g} of ε "
+                      f"({args.est_draws} per seed); the mechanism gets the rest")
         else:
             cands = (None if args.defaults_only else
                      kt_candidates(eps, args.quick, args.kt_keep, args.kt_head,
                                    args.kt_tie_breaks, args.kt_max_items, args.kt_scales,
                                    args.kt_margins))
-        _sweep("gw-kt", "leave one pairing out", folds, default_kt(eps), cands, out, log)
+        if args.fixed_baseline:
+            rows = fixed_rows(folds, fixed_kt(eps))
+            print_rows("gw-kt with its fixed front (--calibration-share 0)", rows)
+            out["gw-kt fixed"] = rows
+        _sweep("gw-kt", "leave one pairing out", folds, default_kt(args.est_draws), cands,
+               out, log)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(out, f, indent=1, ensure_ascii=False)

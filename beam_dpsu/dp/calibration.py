@@ -810,7 +810,7 @@ def laplace_threshold_offset(epsilon: float, delta: float, max_items: int) -> fl
 
 
 # --------------------------------------------------------------------------
-# GW-KT's DP scale estimate (docs/gw.md section 5, "κ from a DP estimate").
+# GW-KT's DP scale estimate (docs/gw.md section 3, "Δ0, M and κ from a DP estimate").
 # --------------------------------------------------------------------------
 
 def split_epsilon(epsilon: float, share: float):
@@ -834,9 +834,9 @@ def split_epsilon(epsilon: float, share: float):
 
 
 def scale_estimate_noise_scale(epsilon: float) -> float:
-    """The Laplace scale ``1/ε`` of GW-KT's estimate of the number of users, rounded up
-    (never below 1/ε, so the estimate never spends more than ε): one user moves that
-    count by 1, so this scale is ε-DP.
+    """The Laplace scale ``1/ε`` of each count of GW-KT's scale estimate (the users by
+    bucket of activity), rounded up (never below 1/ε, so the estimate never spends more
+    than ε): one user moves one bucket by 1, so this scale is ε-DP.
 
     Args:
       epsilon: the estimate's ε > 0 (its share of the budget).

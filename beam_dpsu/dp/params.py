@@ -23,7 +23,9 @@ __all__ = ["DEFAULT_MAX_ITEMS", "DEFAULT_GW_MAX_ITEMS_PER_EPSILON", "gw_default_
            "DEFAULT_GW_ETA", "DEFAULT_TIE_BREAK", "DEFAULT_EMBEDDED_TIE_BREAK",
            "DEFAULT_GWKT_SELECTION", "DEFAULT_FRONT_SCALE",
            "DEFAULT_FRONT_MARGIN", "DEFAULT_GWKT_CALIBRATION_SHARE",
-           "FRONT_SCALE_FACTOR", "CALIBRATED_FRONT_MARGIN",
+           "FRONT_SCALE_FACTOR", "ACTIVITY_BUCKET_BASE", "ACTIVITY_BUCKETS",
+           "ACTIVITY_EMPTY_BELOW", "CALIBRATED_WIDTH_DIVISOR", "CALIBRATED_WIDTH_RANGE",
+           "CALIBRATED_MARGIN_FRACTION", "CALIBRATED_MIN_SCALES",
            "DEFAULT_VARIANT", "DEFAULT_ROUNDS", "DEFAULT_RATIO",
            "DEFAULT_DISCOVERY_SHARE", "DEFAULT_ESTIMATE_SHARE", "TOPK_METHODS", "DEFAULT_TOPK_METHOD", "MAX_MAX_ITEMS", "MIN_PER_ITEM_DELTA", "MIN_ETA", "WARN_EPSILON_ABOVE",
            "WARN_DELTA_ABOVE", "Param", "MECHANISM_PARAMS", "TOPK_PARAMS", "ALL_PARAMS",
@@ -125,15 +127,29 @@ DEFAULT_GWKT_SELECTION = "front"
 #: GW-KT front window: κ and the margin M (leave-one-pairing-out, docs/gw.md section 5).
 DEFAULT_FRONT_SCALE = 10.0
 DEFAULT_FRONT_MARGIN = 8
-#: GW-KT's κ from a DP estimate of the private users N: κ = factor·S/N, S the mean of
-#: k·c_(k) over the public counts' ranks k ≤ N/Γ (``mechanisms.policy.
-#: front_scale_from_estimate``), and the margin M it goes with (leave-one-out over 20
-#: pairings, docs/gw.md section 5).
-FRONT_SCALE_FACTOR = 1.6
-CALIBRATED_FRONT_MARGIN = 4
-#: GW-KT on the command line: the share of ε spent on the DP estimate of the private
-#: data's scale that sets κ (docs/gw.md section 5); 0 keeps κ fixed.
-DEFAULT_GWKT_CALIBRATION_SHARE = 0.02
+#: GW-KT calibrated by a DP estimate of the private data's scale (docs/gw.md section 5;
+#: ``mechanisms.policy``: ``ScaleEstimate``, ``front_scale_from_estimate``,
+#: ``max_items_from_estimate``). The estimate is a histogram of the users by their number
+#: n of distinct items, in the buckets [1, 4), [4, 16), [16, 64), [64, ∞) (each user in
+#: exactly one), each bucket plus Laplace noise; a noisy bucket below
+#: ``ACTIVITY_EMPTY_BELOW`` noise scales counts as empty (post-processing).
+ACTIVITY_BUCKET_BASE = 4
+ACTIVITY_BUCKETS = 4
+ACTIVITY_EMPTY_BELOW = 2.0
+#: κ = factor·S/N̂, S the mean of k·c_(k) over the public counts' ranks k ≤ N̂/Γ.
+FRONT_SCALE_FACTOR = 1.44
+#: Δ0 = the estimated median n divided by this, kept between the two multiples of GW's
+#: Δ0 rule (``gw_default_max_items``) of ``CALIBRATED_WIDTH_RANGE``.
+CALIBRATED_WIDTH_DIVISOR = 1.5
+CALIBRATED_WIDTH_RANGE = (0.25, 2.0)
+#: M = this fraction of Δ0, rounded.
+CALIBRATED_MARGIN_FRACTION = 0.5
+#: An estimate of fewer users than this many noise scales (1/ε of the estimate) carries
+#: too little to place the window: GW-KT then keeps its fixed front (κ, M, Δ0 defaults).
+CALIBRATED_MIN_SCALES = 5.0
+#: GW-KT on the command line: the share of ε spent on that estimate; 0 keeps κ, M and Δ0
+#: fixed (``DEFAULT_FRONT_SCALE``, ``DEFAULT_FRONT_MARGIN``, ``gwkt_default_max_items``).
+DEFAULT_GWKT_CALIBRATION_SHARE = 0.01
 #: GW and GW-KT variant.
 DEFAULT_VARIANT = "cascade-free"
 #: DP-SIPS rounds I and budget ratio r.
@@ -281,9 +297,10 @@ MECHANISM_PARAMS: Dict[str, Param] = {p.name: p for p in [
     Param("front_margin", int, "gw-kt, kt_selection 'front': M >= 0 walk items kept before "
           "the predicted front", _text(DEFAULT_FRONT_MARGIN), _NO_EFFECT),
     Param("calibration_share", float, "gw-kt, kt_selection 'front': the share of --epsilon "
-          "spent on a DP estimate of the number of private users, from which κ follows "
-          "(docs/gw.md section 5; M is then 4 unless --front-margin); 0: κ = --front-scale "
-          "or its default", _text(DEFAULT_GWKT_CALIBRATION_SHARE),
+          "spent on a DP estimate of the private data's scale (the users counted by their "
+          "number of distinct items), from which Δ0, M and κ follow unless given "
+          "(docs/gw.md section 5); 0: κ = --front-scale, M = --front-margin, Δ0 = "
+          "--max-items-per-user or their defaults", _text(DEFAULT_GWKT_CALIBRATION_SHARE),
           "part of the stated ε: basic composition of the estimate (share·ε) and the "
           "release (the rest)"),
     Param("variant", str, "gw, gw-kt: 'cascade-free' (proven) or 'published' (NOT proven "

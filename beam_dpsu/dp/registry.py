@@ -234,7 +234,7 @@ def _gw_kt(params: MechanismParams) -> Mechanism:
     kt = {f: getattr(params, f) for f in _KT_OPTIONS}
     if (kt["calibration_share"] is None and kt["front_scale"] is None
             and options["variant"] != "published" and params.kt_selection != "prefix"):
-        kt["calibration_share"] = DEFAULT_GWKT_CALIBRATION_SHARE  # κ from a DP estimate
+        kt["calibration_share"] = DEFAULT_GWKT_CALIBRATION_SHARE  # Δ0, M, κ from a DP estimate
     if kt["calibration_share"] and kt["front_scale"] is not None:
         raise ValueError(f"{flag('front_scale')} and {flag('calibration_share')} exclude "
                          f"each other: with a share, κ comes from the DP estimate")

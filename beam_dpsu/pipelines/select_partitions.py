@@ -68,8 +68,9 @@ import apache_beam as beam
 
 from beam_dpsu.dp.mechanisms import Mechanism
 from beam_dpsu.dp.mechanisms.policy import release_scale
+from beam_dpsu.dp.params import ACTIVITY_BUCKETS
 from beam_dpsu.dp.columnar import runs_columnar
-from beam_dpsu.transforms.columnar import RankFromText, SelectFromText, UsersFromText
+from beam_dpsu.transforms.columnar import ActivityFromText, RankFromText, SelectFromText
 from beam_dpsu.dp.noise import RunKey
 from beam_dpsu.transforms import runners
 from beam_dpsu.transforms.write import ranked_lines
@@ -209,16 +210,18 @@ def run(argv: Optional[Sequence[str]] = None) -> dict:
 
 def calibrate(mechanism, args, options):
     """GW-KT with a calibration share: runs the small pipeline that counts the input's
-    users (``columnar.UsersFromText``, on the same runner), releases the count with the
-    mechanism's ``calibration_epsilon`` (``release_scale``: under the test seed's key with
-    ``--insecure-test-seed``, so that the run equals ``run_local``; else under a fresh
-    OS-random key drawn here) and returns the calibrated mechanism. The exact count passes
-    through this process only, in an owner-only file deleted at once, like the run's
-    other counts."""
+    users by their number of distinct items (``columnar.ActivityFromText``, on the same
+    runner), releases that histogram with the mechanism's ``calibration_epsilon``
+    (``release_scale``: under the test seed's key with ``--insecure-test-seed``, so that
+    the run equals ``run_local``; else under a fresh OS-random key drawn here) and
+    returns the calibrated mechanism. The exact counts pass through this process only,
+    in owner-only files deleted at once, like the run's other counts."""
     p = beam.Pipeline(options=options)
-    users = p | "UsersFromText" >> UsersFromText(args.input)
-    outputs.tally(users | "PerGroup" >> beam.Map(lambda n: (None, n)), "scale_users",
-                  counts_second=True)
+    groups = p | "ActivityFromText" >> ActivityFromText(args.input)
+    names = [f"scale_users_{b}" for b in range(ACTIVITY_BUCKETS)]
+    for b, name in enumerate(names):
+        outputs.tally(groups | f"Bucket{b}" >> beam.Map(lambda h, b=b: (None, h[b])), name,
+                      counts_second=True)
     names = outputs.write_counts(p, args.output)
     runners.join_leaves(p)  # a runner computing only the last branch computes every count
     runners.check_pipeline(p)
@@ -226,8 +229,8 @@ def calibrate(mechanism, args, options):
     counts = outputs.read_counts(args.output, names)  # every file it wrote, deleted
     key = (RunKey.from_test_seed(args.insecure_test_seed)
            if args.insecure_test_seed is not None else RunKey.fresh())
-    return mechanism.calibrated(release_scale(counts["scale_users"],
-                                              mechanism.calibration_epsilon, key))
+    histogram = [counts[f"scale_users_{b}"] for b in range(ACTIVITY_BUCKETS)]
+    return mechanism.calibrated(release_scale(histogram, mechanism.calibration_epsilon, key))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

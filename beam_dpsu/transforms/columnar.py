@@ -65,7 +65,7 @@ from beam_dpsu.dp.mechanisms.adaptive import (LOW_BUCKET, RELEASED, Adaptive,
                                               adaptive_pairs_histogram, marks_arrays,
                                               marks_message)
 from beam_dpsu.dp.mechanisms.peeling import DiscoverPeelHittingSet, DiscoverThenPeel
-from beam_dpsu.dp.mechanisms.policy import PolicyMechanism
+from beam_dpsu.dp.mechanisms.policy import PolicyMechanism, activity_histogram
 from beam_dpsu.dp.mechanisms.sips import Sips
 from beam_dpsu.dp.mechanisms.topk import DEFAULT_PURPOSE as TOPK_PURPOSE, TopKMechanism, true_top
 from beam_dpsu.dp.noise import RunKey
@@ -75,7 +75,7 @@ from beam_dpsu.transforms.release import ApplyReleaseRule
 from beam_dpsu.transforms.bounding import check_global_window
 from beam_dpsu.transforms.textio import input_files, open_binary
 
-__all__ = ["SelectFromText", "SelectFromPairs", "RankFromText", "UsersFromText"]
+__all__ = ["SelectFromText", "SelectFromPairs", "RankFromText", "ActivityFromText"]
 
 _MALFORMED, _USERS, _IDS = "malformed", "users", "ids"
 _MARKS, _FIRST = "marks", "first"
@@ -1017,22 +1017,26 @@ def _tag_domain(item: str):
     return None, ("domain", item)
 
 
-#: What ``UsersFromText``'s read stage gets instead of a run key (it samples nothing).
+#: What ``ActivityFromText``'s read stage gets instead of a run key (it samples nothing).
 _NO_KEY = b"beam_dpsu: this stage uses no key"
 
 
-class _GroupUsersDoFn(beam.DoFn):
-    """``(group, [PairBlock bytes])`` → the group's number of users."""
+class _GroupActivityDoFn(beam.DoFn):
+    """``(group, [PairBlock bytes])`` → the group's ``activity_histogram`` (a tuple of
+    ints): its users counted by their number of distinct items."""
 
     def process(self, element):
         pairs = columnar.group_pairs(columnar.PairBlock.from_bytes(b) for b in element[1])
-        yield len(pairs.users)
+        distinct = np.bincount(pairs.u, minlength=len(pairs.users))
+        yield tuple(int(n) for n in activity_histogram(distinct[distinct > 0]))
 
 
-class UsersFromText(beam.PTransform):
-    """Text files of ``user_id<TAB>item`` lines → one number of users per user group
-    (their sum is the number of distinct users), read as ``SelectFromText`` reads: the
-    exact statistic of GW-KT's DP scale estimate (``mechanisms.policy.release_scale``).
+class ActivityFromText(beam.PTransform):
+    """Text files of ``user_id<TAB>item`` lines → one ``activity_histogram`` per user
+    group (a tuple of ``params.ACTIVITY_BUCKETS`` ints; their sum over the groups is
+    the histogram of every user by its number of distinct items), read as
+    ``SelectFromText`` reads: the exact statistic of GW-KT's DP scale estimate
+    (``mechanisms.policy.release_scale``).
 
     Args:
       file_pattern: as for ``SelectFromText``.
@@ -1058,7 +1062,7 @@ class UsersFromText(beam.PTransform):
         pairs, _ = _apply(files, "ReadPairs", _ReadPairsDoFn(
             self._groups, self._block_bytes, envelope), envelope, _MALFORMED, _NO_KEY)
         return (pairs | "GroupUsers" >> beam.GroupByKey()
-                | "Users" >> beam.ParDo(_GroupUsersDoFn()))
+                | "Activity" >> beam.ParDo(_GroupActivityDoFn()))
 
 
 class _RoundRule:

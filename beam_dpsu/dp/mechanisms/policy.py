@@ -29,12 +29,16 @@ from beam_dpsu.dp.params import (DEFAULT_MAX_ITEMS, gw_default_max_items, gwkt_d
                                  DEFAULT_ALPHA, DEFAULT_GW_ETA, DEFAULT_GWKT_SELECTION,
                                  DEFAULT_FRONT_SCALE, DEFAULT_FRONT_MARGIN,
                                  DEFAULT_EMBEDDED_TIE_BREAK, FRONT_SCALE_FACTOR,
-                                 CALIBRATED_FRONT_MARGIN)
+                                 MAX_MAX_ITEMS, ACTIVITY_BUCKET_BASE, ACTIVITY_BUCKETS,
+                                 ACTIVITY_EMPTY_BELOW, CALIBRATED_WIDTH_DIVISOR,
+                                 CALIBRATED_WIDTH_RANGE, CALIBRATED_MARGIN_FRACTION,
+                                 CALIBRATED_MIN_SCALES)
 
 
 __all__ = ["STATES", "PolicyMechanism", "PolicyLaplace", "PolicyGaussian", "VARIANTS",
-           "check_variant", "GW", "GWKT", "ScaleEstimate", "scale_statistics", "release_scale",
-           "FRONT_SCALE_RANGE", "front_scale_from_estimate"]
+           "check_variant", "GW", "GWKT", "ScaleEstimate", "activity_buckets", "activity_histogram",
+           "scale_statistics", "release_scale", "FRONT_SCALE_RANGE", "front_scale_from_estimate",
+           "max_items_from_estimate", "front_margin_for"]
 
 
 
@@ -394,8 +398,8 @@ class GWKT(GW):
         section 5): ``'front'`` with a fixed κ = 10 releases 0.92-0.95× the published
         GW-KT on the five matched public/private pairings of
         ``benchmarks/gw_generalise.py`` but 0.57× where the public users are less
-        active; with κ from the DP count (``calibration_share``) 0.89-0.95× on all
-        twenty pairings; ``'prefix'`` (Δ0 = 100) about 0.85× on commits-rails.
+        active; calibrated by a DP estimate (``calibration_share``) 0.90-0.98× on
+        all twenty pairings; ``'prefix'`` (Δ0 = 100) about 0.85× on commits-rails.
       front_scale: κ > 0 of ``'front'`` (default ``DEFAULT_FRONT_SCALE`` = 10),
         in units of Γ. An item held by c users of a dataset of the public
         data's size was measured to reach Γ after about 10-20·Γ/c of the
@@ -408,24 +412,29 @@ class GWKT(GW):
         private users depends on every user, so adding one user could change
         every other user's K_i, and the proof no longer applies. No privacy
         effect when κ is fixed in advance or public.
-      front_margin: M ≥ 0 of ``'front'`` (default ``DEFAULT_FRONT_MARGIN`` = 8):
-        walk items kept before the predicted front. No privacy effect.
+      front_margin: M ≥ 0 of ``'front'`` (default ``DEFAULT_FRONT_MARGIN`` = 8; with
+        ``calibration_share``, ``front_margin_for(Δ0)``): walk items kept before the
+        predicted front. No privacy effect.
       max_items: Δ0, as for ``GW``; default ``params.gwkt_default_max_items(ε)``:
         with ``'front'`` GW's rule + 4 (1 + 5ε rounded + 4: 20 at ε = 3), 100 with
         ``'prefix'`` (with the first Δ0 items, K_i must be
         long for late users to reach items below Γ; releases rise up to
-        Δ0 ≈ 100 and are flat to 150).
+        Δ0 ≈ 100 and are flat to 150); with ``calibration_share``,
+        ``max_items_from_estimate``. Privacy: none (T follows Δ0).
       eta, variant: as for ``GW`` (defaults 0.001, ``'cascade-free'``).
       calibration_share: with ``'front'`` and no ``front_scale``: the share s of ε
-        spent on a DP estimate of the number of private users (``release_scale``:
-        Laplace noise of scale 1/(s·ε)), from which κ follows
-        (``front_scale_from_estimate``), with M = ``params.CALIBRATED_FRONT_MARGIN``
-        (4) unless ``front_margin`` is given. Default None: 0 here (κ fixed); the command
-        line uses ``params.DEFAULT_GWKT_CALIBRATION_SHARE`` (0.02). Privacy: the
-        release is calibrated to (1 − s)·ε and the estimate is s·ε-DP; the stated
-        guarantee is their basic composition, (ε, δ). κ then depends on DP output and
-        public data only (condition (a′) of ``docs/gw.md``). Run it with ``run_local``
-        (which estimates first) or, in Beam, after ``calibrated(estimate)``.
+        spent on a DP estimate of the private data's scale (``release_scale``: the users
+        counted by their number of distinct items in four buckets, each count plus
+        Laplace noise of scale 1/(s·ε)), from which Δ0 (``max_items_from_estimate``), M
+        (``front_margin_for``) and κ (``front_scale_from_estimate``) follow; a
+        ``max_items`` or ``front_margin`` given here is kept. Default None: 0 here (κ,
+        M, Δ0 fixed); the command line uses ``params.DEFAULT_GWKT_CALIBRATION_SHARE``
+        (0.01). Privacy: the release is calibrated to (1 − s)·ε and the estimate is
+        s·ε-DP; the stated guarantee is their basic composition, (ε, δ). Δ0, M and κ
+        then depend on DP output and public data only (condition (a′) of
+        ``docs/gw.md``). Run it with ``run_local`` (which estimates first) or, in Beam,
+        after ``calibrated(estimate)`` (``transforms.columnar.ActivityFromText`` gives
+        the exact histogram to release).
     """
 
     def __init__(self, epsilon: float, delta: float, public_counts,
@@ -454,22 +463,23 @@ class GWKT(GW):
                 raise ValueError(f"{', '.join(given)} apply to the cascade-free GW-KT only, "
                                  "not to variant='published'")
             self.kt_selection = self.front_scale = self.front_margin = None
+            max_items_given = max_items
         else:
             self.kt_selection = policies.check_kt_selection(
                 DEFAULT_GWKT_SELECTION if kt_selection is None else kt_selection)
             if self.kt_selection == "front":
                 self.front_scale = policies.check_front_scale(
                     DEFAULT_FRONT_SCALE if front_scale is None else front_scale)
-                margin = CALIBRATED_FRONT_MARGIN if share else DEFAULT_FRONT_MARGIN
                 self.front_margin = policies.check_front_margin(
-                    margin if front_margin is None else front_margin)
+                    DEFAULT_FRONT_MARGIN if front_margin is None else front_margin)
             else:
                 given = [n for n, v in (("front_scale", front_scale),
                                         ("front_margin", front_margin)) if v is not None]
                 if given:
                     raise ValueError(f"{', '.join(given)} apply to kt_selection='front' only")
                 self.front_scale = self.front_margin = None
-            if max_items is None:
+            max_items_given = max_items
+            if max_items is None:  # with a share: stands until calibrated() sets Δ0
                 max_items = gwkt_default_max_items(total_epsilon, self.kt_selection)
         super().__init__(epsilon, delta, alpha, state, tie_break, max_items=max_items, eta=eta,
                          variant=variant, _name="gw-kt")
@@ -478,6 +488,9 @@ class GWKT(GW):
         self.calibration_share = share
         self.calibration_epsilon = estimate_epsilon
         self.scale_estimate: Optional[ScaleEstimate] = None
+        self._release_epsilon = epsilon
+        #: with a share: what the caller fixed (None: from the estimate, ``calibrated``)
+        self._fixed = {"max_items": max_items_given, "front_margin": front_margin}
         if share:
             self.front_scale = None  # from the DP estimate: calibrated()
             self.guarantee = PrivacyGuarantee(
@@ -492,8 +505,14 @@ class GWKT(GW):
         return bool(self.calibration_share) and self.front_scale is None
 
     def calibrated(self, estimate: "ScaleEstimate") -> "GWKT":
-        """A copy whose κ is ``front_scale_from_estimate(estimate, public pairs)``; the
-        guarantee is unchanged (it already counts the estimate's share)."""
+        """A copy whose Δ0, M and κ follow from the DP ``estimate`` and the public counts:
+        Δ0 = ``max_items_from_estimate`` and M = ``front_margin_for(Δ0)`` unless given to
+        the constructor, then κ = ``front_scale_from_estimate`` at the cutoff Γ of that
+        Δ0; an estimate that is not ``informative`` (too few users for its noise) gives
+        the fixed front instead (``DEFAULT_FRONT_SCALE``, ``DEFAULT_FRONT_MARGIN``,
+        ``gwkt_default_max_items``). The threshold is the release's own (ε − calibration
+        ε, δ) at that Δ0; the guarantee is unchanged (it already counts the estimate's
+        share)."""
         if not self.calibration_share:
             raise ValueError("this GW-KT has no calibration share: κ is fixed")
         if not isinstance(estimate, ScaleEstimate) or not (
@@ -501,8 +520,28 @@ class GWKT(GW):
             raise ValueError("the estimate must be a ScaleEstimate released with at most the "
                              f"calibration's ε ({self.calibration_epsilon}), got {estimate!r}")
         other = copy.copy(self)
-        other.front_scale = policies.check_front_scale(front_scale_from_estimate(
-            estimate, self._public_counts_local(), self.cutoff))
+        fixed, informative = self._fixed, estimate.informative
+        if fixed["max_items"] is not None:
+            max_items = fixed["max_items"]
+        elif informative:
+            max_items = max_items_from_estimate(estimate, self.guarantee.epsilon)
+        else:
+            max_items = gwkt_default_max_items(self.guarantee.epsilon, "front")
+        max_items = cal.check_max_items(max_items)
+        if max_items != self.max_items:
+            threshold = cal.gw_cascade_free_threshold(self._release_epsilon,
+                                                      self.guarantee.delta, max_items)
+            other.rounds = [dataclasses.replace(self.rounds[0], threshold=threshold,
+                                                max_items=max_items)]
+            other.cutoff = cal.policy_cutoff(threshold, self.rounds[0].noise_scale, self.alpha)
+        if fixed["front_margin"] is not None:
+            other.front_margin = policies.check_front_margin(fixed["front_margin"])
+        else:
+            other.front_margin = (front_margin_for(max_items) if informative
+                                  else DEFAULT_FRONT_MARGIN)
+        other.front_scale = policies.check_front_scale(
+            front_scale_from_estimate(estimate, self._public_counts_local(), other.cutoff)
+            if informative else DEFAULT_FRONT_SCALE)
         other.scale_estimate = estimate
         return other
 
@@ -516,6 +555,15 @@ class GWKT(GW):
         if self.needs_calibration:
             return self.calibrated_on(per_user, run_key).histogram_local(per_user, run_key)
         return super().histogram_local(per_user, run_key)
+
+    def run_local(self, per_user, run_key: RunKey):
+        """As for every threshold mechanism; with a calibration share, the estimate is
+        released first (``calibrated_on``) and the calibrated copy runs, with the
+        threshold of its Δ0."""
+        if self.needs_calibration:
+            run_key = RunKey.resolve(run_key)
+            return self.calibrated_on(per_user, run_key).run_local(per_user, run_key)
+        return super().run_local(per_user, run_key)
 
     def __getstate__(self):
         state = dict(self.__dict__)
@@ -555,7 +603,7 @@ class GWKT(GW):
         if self.needs_calibration:
             raise ValueError("this GW-KT's κ comes from a DP estimate of the data's scale: "
                              "run it with run_local, the command line, or calibrated(estimate) "
-                             "(beam_dpsu.transforms.columnar.UsersFromText counts the users)")
+                             "(beam_dpsu.transforms.columnar.ActivityFromText counts the users)")
         return policies.CascadeFreeGreedyPolicy(
             self.cutoff, run_key.subkey("item-order"), self.max_items, self.eta,
             use_public_counts=True, tie_break=self.tie_break, selection=self.kt_selection,
@@ -574,33 +622,111 @@ class GWKT(GW):
 
 
 # --------------------------------------------------------------------------
-# GW-KT's κ from a DP estimate of the private data's scale (docs/gw.md section 5).
+# GW-KT's Δ0, M and κ from a DP estimate of the private data's scale (docs/gw.md
+# sections 3 and 5).
 # --------------------------------------------------------------------------
+
+def activity_buckets(distinct_items: np.ndarray) -> np.ndarray:
+    """Each user's bucket of the scale estimate's histogram, from its number n ≥ 1 of
+    distinct items: ⌊log_4 n⌋ (n in [4^b, 4^(b+1))), the last bucket open
+    (``params.ACTIVITY_BUCKET_BASE``, ``ACTIVITY_BUCKETS``). Exact in integers."""
+    n = np.asarray(distinct_items, dtype=np.int64)
+    if n.size and int(n.min()) < 1:
+        raise ValueError("every user holds at least one item")
+    b = np.zeros(n.shape, np.int64)
+    edge = ACTIVITY_BUCKET_BASE
+    for k in range(1, ACTIVITY_BUCKETS):
+        b += n >= edge
+        edge *= ACTIVITY_BUCKET_BASE
+    return b
+
+
+def activity_histogram(distinct_items: np.ndarray) -> np.ndarray:
+    """The exact histogram (``ACTIVITY_BUCKETS`` int64 counts) of users by bucket
+    (``activity_buckets``), from each user's number of distinct items. Private:
+    release it only through ``release_scale``."""
+    return np.bincount(activity_buckets(distinct_items), minlength=ACTIVITY_BUCKETS)
+
 
 @dataclasses.dataclass(frozen=True)
 class ScaleEstimate:
-    """A differentially private estimate of the private data's scale, for GW-KT's κ.
+    """A differentially private estimate of the private data's scale, for GW-KT's κ, M
+    and Δ0: the users counted by their number of distinct items.
 
     Attributes:
-      users: the number of users, plus grid Laplace noise of scale 1/epsilon.
-      epsilon: the ε it was released with (pure ε-DP).
+      buckets: the ``ACTIVITY_BUCKETS`` bucket counts of ``activity_histogram``, each
+        plus its own grid Laplace noise of scale ``calibration.
+        scale_estimate_noise_scale(epsilon)``.
+      epsilon: the ε it was released with (pure ε-DP: one user is in one bucket).
     """
-    users: float
+    buckets: tuple
     epsilon: float
 
+    def __post_init__(self):
+        b = tuple(float(x) for x in self.buckets)
+        if len(b) != ACTIVITY_BUCKETS or not all(math.isfinite(x) for x in b):
+            raise ValueError(f"a ScaleEstimate holds {ACTIVITY_BUCKETS} finite bucket "
+                             f"counts, got {self.buckets!r}")
+        object.__setattr__(self, "buckets", b)
+        object.__setattr__(self, "epsilon", cal.check_epsilon(self.epsilon))
 
-def scale_statistics(per_user_items: Iterable[Any]) -> int:
-    """The exact number of users of ``per_user_items`` (one entry per user). Private:
-    release it only through ``release_scale``."""
-    return sum(1 for _ in per_user_items)
+    def kept(self) -> np.ndarray:
+        """The buckets read by the rules: a noisy count below ``ACTIVITY_EMPTY_BELOW``
+        noise scales counts as 0 (post-processing: noise alone rarely reaches it, so
+        empty buckets add little error to the sums)."""
+        b = np.array(self.buckets)
+        floor = ACTIVITY_EMPTY_BELOW * cal.scale_estimate_noise_scale(self.epsilon)
+        return np.where(b < floor, 0.0, b)
+
+    @property
+    def users(self) -> float:
+        """N̂, the estimated number of users: the kept buckets' sum, at least 1."""
+        return max(1.0, float(self.kept().sum()))
+
+    @property
+    def informative(self) -> bool:
+        """Whether N̂ is at least ``CALIBRATED_MIN_SCALES`` noise scales: below, the noise
+        is comparable to the counts and GW-KT keeps its fixed front."""
+        return self.users >= CALIBRATED_MIN_SCALES * cal.scale_estimate_noise_scale(
+            self.epsilon)
+
+    def activity_quantile(self, q: float) -> float:
+        """The q-quantile (0 < q < 1) of the users' number of distinct items, read from
+        the kept buckets: geometric interpolation inside the bucket [B^b, B^(b+1)) where
+        the cumulative count crosses q·N̂ (the last bucket read as [B^(K-1), B^K)); 1
+        when every bucket is empty."""
+        c = self.kept()
+        total = float(c.sum())
+        if total <= 0.0:
+            return 1.0
+        target = q * total
+        cum = np.cumsum(c)
+        b = min(int(np.searchsorted(cum, target, side="left")), ACTIVITY_BUCKETS - 1)
+        before = float(cum[b - 1]) if b else 0.0
+        inside = 0.0 if c[b] <= 0 else min(1.0, max(0.0, (target - before) / float(c[b])))
+        return float(ACTIVITY_BUCKET_BASE) ** (b + inside)
 
 
-def release_scale(users: int, epsilon: float, run_key: RunKey) -> ScaleEstimate:
-    """The number of users released with ε-DP: grid Laplace noise of scale
-    ``calibration.scale_estimate_noise_scale(ε)`` = 1/ε (one user moves it by 1), drawn
-    from ``run_key`` under the purpose ``scale``."""
+def scale_statistics(per_user_items: Iterable[Any]) -> np.ndarray:
+    """The exact ``activity_histogram`` of ``per_user_items`` (one collection of
+    distinct items per user, e.g. ``{item: count}``). Private: release it only through
+    ``release_scale``."""
+    return activity_histogram(np.fromiter((len(items) for items in per_user_items),
+                                          dtype=np.int64))
+
+
+def release_scale(histogram, epsilon: float, run_key: RunKey) -> ScaleEstimate:
+    """``histogram`` (``activity_histogram``'s counts) released with ε-DP: each bucket
+    plus grid Laplace noise of scale ``calibration.scale_estimate_noise_scale(ε)`` = 1/ε,
+    drawn from ``run_key`` under the purpose ``scale``, one independent draw per bucket.
+    Adding or removing one user moves exactly one bucket by 1 (ℓ1 sensitivity 1)."""
+    counts = np.asarray(histogram, dtype=np.int64)
+    if counts.shape != (ACTIVITY_BUCKETS,) or int(counts.min(initial=0)) < 0:
+        raise ValueError(f"the histogram holds {ACTIVITY_BUCKETS} counts >= 0, got "
+                         f"{histogram!r}")
     noise = KeyedGridLaplace(run_key, cal.scale_estimate_noise_scale(epsilon), "scale")
-    return ScaleEstimate(noise(float(users), b"users"), float(epsilon))
+    return ScaleEstimate(tuple(noise(float(n), b"users/%d" % b) for b, n in enumerate(counts)),
+                         float(epsilon))
 
 
 #: The range κ is kept in, whatever the estimate (a noisy or tiny estimate could
@@ -612,17 +738,17 @@ def front_scale_from_estimate(estimate: ScaleEstimate, public_counts: Mapping[An
                               cutoff: float, factor: float = FRONT_SCALE_FACTOR) -> float:
     """κ for the private data at hand: ``factor · S / N̂``, clipped to ``FRONT_SCALE_RANGE``.
 
-    N̂ is the DP estimate of the private users (at least 1); S is the mean of k·c_(k)
-    over the ranks k = 1 … K, c_(k) the k-th largest public count and K = ⌊N̂/Γ⌋ (at
-    least 1, at most the number of public items). Why: if every user spent its whole
-    budget at the front, the items full at position p would be the top N·p/Γ, those of
-    public count ≥ c_(Np/Γ) = (k·c_(k)/N)·Γ/p, which is the front's form κ·Γ/p with
-    κ = k·c_(k)/N; ``factor`` (fitted by leave-one-out, docs/gw.md section 5) corrects
-    for the users that spend their budget elsewhere.
+    N̂ is the estimate's number of users (``ScaleEstimate.users``, at least 1); S is
+    the mean of k·c_(k) over the ranks k = 1 … K, c_(k) the k-th largest public count
+    and K = ⌊N̂/Γ⌋ (at least 1, at most the number of public items). Why: if every user
+    spent its whole budget at the front, the items full at position p would be the top
+    N·p/Γ, those of public count ≥ c_(Np/Γ) = (k·c_(k)/N)·Γ/p, which is the front's
+    form κ·Γ/p with κ = k·c_(k)/N; ``factor`` (fitted by leave-one-out, docs/gw.md
+    section 5) corrects for the users that spend their budget elsewhere.
 
     Privacy: none beyond the estimate's: κ is a function of DP output, public data and
     public constants (Γ), which is what condition (a′) of docs/gw.md allows."""
-    users = max(float(estimate.users), 1.0)
+    users = estimate.users
     counts = np.sort(np.fromiter((float(c) for c in public_counts.values()), np.float64))[::-1]
     if len(counts) == 0:
         return FRONT_SCALE_RANGE[1]
@@ -631,3 +757,30 @@ def front_scale_from_estimate(estimate: ScaleEstimate, public_counts: Mapping[An
     kappa = float(factor) * float(np.mean(k * counts[:ranks])) / users
     low, high = FRONT_SCALE_RANGE
     return min(max(kappa, low), high)
+
+
+def max_items_from_estimate(estimate: ScaleEstimate, epsilon: float,
+                            divisor: float = CALIBRATED_WIDTH_DIVISOR,
+                            width_range=CALIBRATED_WIDTH_RANGE) -> int:
+    """Δ0 for the private data at hand: the estimated median number of distinct items
+    per user over ``divisor``, kept between ``width_range`` times GW's rule
+    ``gw_default_max_items(ε)`` (ε: the whole budget), rounded, in [1, ``MAX_MAX_ITEMS``].
+    The defaults (``params.CALIBRATED_WIDTH_DIVISOR``, ``CALIBRATED_WIDTH_RANGE``) were
+    fitted by leave-one-out (docs/gw.md section 5).
+
+    Why: a window longer than the items a user can fill only raises the threshold (Γ
+    grows with Δ0), a shorter one truncates active users; the best Δ0 measured on twenty
+    public/private pairings follows the private users' median activity, within a band
+    that widens with ε as GW's rule does.
+    Privacy: none beyond the estimate's (DP output and public ε only)."""
+    unit = gw_default_max_items(epsilon)
+    low, high = width_range
+    width = min(high * unit, max(low * unit, estimate.activity_quantile(0.5) / divisor))
+    return int(min(MAX_MAX_ITEMS, max(1, math.floor(width + 0.5))))
+
+
+def front_margin_for(max_items: int, fraction: float = CALIBRATED_MARGIN_FRACTION) -> int:
+    """M of the calibrated GW-KT: ``fraction`` (default ``params.
+    CALIBRATED_MARGIN_FRACTION``, 0.5) of Δ0, rounded: the window starts that far before
+    the predicted front, so a κ somewhat too small or too large still covers it."""
+    return int(math.floor(fraction * cal.check_max_items(max_items) + 0.5))
