@@ -227,3 +227,20 @@ def test_pay_what_you_get_epsilon_rejects_bad_counts():
     for sel, q in ((0, 1), (1, 0), (2.0, 1), (True, 1)):
         with pytest.raises(ValueError):
             bud.pay_what_you_get_epsilon(1.0, 1e-6, sel, q)
+
+
+def test_restate_shows_a_calibrated_copy_with_the_same_guarantee():
+    from beam_dpsu.dp.mechanisms.policy import GWKT, ScaleEstimate
+    public = {f"i{j}": max(1, 3000 // j) for j in range(1, 300)}
+    b = bud.PrivacyBudget(3.0, 1e-6)
+    m = b.mechanism("select", "gw-kt", fraction=1.0, public_counts=public)
+    c = m.calibrated(ScaleEstimate((0.0, 0.0, 5000.0, 0.0), m.calibration_epsilon))
+    assert b.describe()["parts"][0]["detail"]["front_scale"] is None   # before
+    b.restate("select", c)
+    detail = b.describe()["parts"][0]["detail"]
+    assert (detail["front_scale"], detail["max_items_per_user"]) == (c.front_scale,
+                                                                     c.max_items)
+    with pytest.raises(ValueError, match="no .* release named"):
+        b.restate("other", c)
+    with pytest.raises(ValueError, match="states"):
+        b.restate("select", GWKT(2.0, 1e-6, public))

@@ -85,8 +85,9 @@ def test_one_user_moves_one_bucket_by_one(per_user):
 
 def test_the_estimate_is_laplace_of_that_scale_in_every_bucket():
     # 4000 independent keys: |noise|/b is Exp(1), mean 1, sd 1; each bucket's mean of
-    # 4000 is within 6 standard errors (0.095) with false-failure probability below 1e-8;
-    # the buckets' noises are uncorrelated (|r| < 6/√4000 likewise)
+    # 4000 is within 6 standard errors (0.095), each check failing with probability
+    # below 3e-9, the buckets' noises uncorrelated (|r| < 6/√4000 likewise): 14 checks,
+    # false-failure probability below 1e-7 for the whole test
     scale = cal.scale_estimate_noise_scale(0.5)
     counts = np.array([1000, 30, 0, 7])
     draws = np.array([release_scale(counts, 0.5, RunKey.from_test_seed(s)).buckets
@@ -149,25 +150,34 @@ def test_the_rank_rule_against_its_definition():
 
 
 def test_width_margin_kappa_and_every_kept_set_depend_on_the_estimate_and_public_data_only(
-        per_user):
-    # Condition (a′) given the DP output: with the same estimate, GW-KT on D and on
-    # D + x has the same Δ0, M and κ, and every user of D keeps the same items in both.
+        per_user, monkeypatch):
+    # Condition (a′) given the DP output: calibrating on D and on D + x with the same
+    # released estimate gives the same Δ0, M and κ, and every user of D keeps the same
+    # items in both. The estimate is pinned (the same DP output on both sides); the
+    # exact histograms of D and D + x differ.
+    from beam_dpsu.dp.mechanisms import policy
     m = GWKT(3.0, 1e-6, PUBLIC, calibration_share=0.02)
     neighbour = dict(per_user)
     neighbour["x"] = {f"i{j}": 1 for j in range(1, 150)}
+    assert (scale_statistics(neighbour.values()) != scale_statistics(per_user.values())).any()
     for buckets in ((300.5, 1200.0, 400.0, 100.0), (10.0, 0.0, 0.0, 0.0),
                     (0.0, 0.0, 50.0, 900.0), (0.0, 100.0, 0.0, 0.0)):
         estimate = ScaleEstimate(buckets, m.calibration_epsilon)
-        a, b = m.calibrated(estimate), m.calibrated(estimate)
+        seen = []
+        monkeypatch.setattr(policy, "release_scale",
+                            lambda hist, eps, key: seen.append(tuple(hist)) or estimate)
+        key = RunKey.from_test_seed(9)
+        a, b = m.calibrated_on(per_user, key), m.calibrated_on(neighbour, key)
+        assert seen[0] != seen[1]                          # the exact statistics differ
         if estimate.informative:
-            want = (max_items_from_estimate(estimate, 3.0), None,
-                    front_scale_from_estimate(estimate, PUBLIC, a.cutoff))
-            want = (want[0], front_margin_for(want[0]), want[2])
+            d0 = max_items_from_estimate(estimate, 3.0)
+            want = (d0, front_margin_for(d0), front_scale_from_estimate(estimate, PUBLIC,
+                                                                        a.cutoff))
         else:
             want = (gwkt_default_max_items(3.0), DEFAULT_FRONT_MARGIN, DEFAULT_FRONT_SCALE)
         for c in (a, b):
             assert (c.max_items, c.front_margin, c.front_scale) == want
-        key = RunKey.from_test_seed(9)
+        assert a.rounds == b.rounds and a.cutoff == b.cutoff
         pa_, pb = a.policy(key), b.policy(key)
         for user, counts in per_user.items():
             assert pa_.prepare(user, counts, PUBLIC)[0] == pb.prepare(user, neighbour[user],
@@ -206,6 +216,11 @@ def test_an_estimate_of_too_few_users_for_its_noise_keeps_the_fixed_front():
     s = m.calibrated(strong)
     assert (s.max_items, s.front_margin) == (max_items_from_estimate(strong, 3.0),
                                              front_margin_for(s.max_items))
+    # an estimate with nothing kept is never informative, however large its ε
+    # (N̂ is at least 1 for the rules; what is kept decides)
+    for eps in (0.06, 6.0, 600.0):
+        assert not ScaleEstimate((0.0, 0.0, 0.0, 0.0), eps).informative
+        assert not ScaleEstimate((-3.0, 0.0, -0.5, 0.0), eps).informative
 
 
 def test_a_width_or_margin_given_is_kept():
@@ -271,3 +286,29 @@ def test_the_command_line_equals_the_beam_free_run_and_states_the_share(per_user
     for value in (*calibrated.scale_estimate.buckets, calibrated.scale_estimate.users):
         assert repr(value) not in text                       # the estimate itself is not
     assert not [f for f in tmp_path.iterdir() if "PRIVATE-run-counts" in f.name]
+
+
+@pytest.mark.subprocess
+def test_with_a_budget_the_statement_describes_the_calibrated_mechanism(per_user, tmp_path):
+    from beam_dpsu.pipelines import select_partitions
+    data = tmp_path / "d.tsv"
+    data.write_text("".join(f"{u}\t{i}\n" * n for u, c in per_user.items()
+                            for i, n in c.items()))
+    public = tmp_path / "pub.tsv"
+    public.write_text("".join(f"{i}\t{n}\n" for i, n in PUBLIC.items()))
+    out = str(tmp_path / "o")
+    select_partitions.run(["--input", str(data), "--output", out, "--mechanism", "gw-kt",
+                           "--budget-epsilon", "3", "--budget-delta", "1e-6",
+                           "--public-counts", str(public), "--insecure-test-seed", "5",
+                           "--quiet", "--tie-break", "item-hash"])
+    with open(out + ".json", encoding="utf-8") as f:
+        stated = json.load(f)
+    detail = stated["budget"]["parts"][0]["detail"]
+    m = make_mechanism("gw-kt", epsilon=3.0, delta=1e-6, public_counts=PUBLIC,
+                       tie_break="item-hash")
+    c = m.calibrated_on(per_user, RunKey.from_test_seed(5))
+    for key, want in (("front_scale", c.front_scale), ("front_margin", c.front_margin),
+                      ("cutoff", c.cutoff)):
+        assert detail[key] == stated[key] == want
+    assert detail["max_items_per_user"] == stated["max_items_per_user"] == c.max_items
+    assert c.max_items != m.max_items          # the calibration moved Δ0 (and T with it)

@@ -427,6 +427,23 @@ class PrivacyBudget:
     def _add(self, part: _Part) -> None:
         self._parts.append(part)
 
+    def restate(self, name: str, mechanism: Mechanism) -> None:
+        """The part ``name`` (from ``mechanism(...)``) now describes ``mechanism``: a
+        calibrated copy of the one built there (GW-KT after its DP scale estimate sets
+        Δ0, M and κ), with the same guarantee (checked: a ValueError otherwise, and for
+        an unknown name), so the statement shows the parameters that ran."""
+        for part in self._parts:
+            if part.name == name and part.kind == "dp":
+                stated = part.stated()
+                g = mechanism.guarantee
+                if (g.epsilon, g.delta) != (stated.epsilon, stated.delta):
+                    raise ValueError(f"{name!r} was built with ({stated.epsilon:.6g}, "
+                                     f"{stated.delta:.3g})-DP; the restated mechanism states "
+                                     f"({g.epsilon:.6g}, {g.delta:.3g})")
+                part.detail = mechanism.describe
+                return
+        raise ValueError(f"no (ε, δ) release named {name!r} in this budget")
+
     def take(self, name: str, fraction: Optional[float] = None, *,
              epsilon: Optional[float] = None, delta: Optional[float] = None) -> Share:
         """Takes an (ε, δ) share for a release made by other code (e.g. PipelineDP).

@@ -200,6 +200,8 @@ def run(argv: Optional[Sequence[str]] = None) -> dict:
     def build(p, run_key):
         if getattr(plan.mechanism, "needs_calibration", False):
             plan.mechanism = calibrate(plan.mechanism, args, p.options)
+            if plan.budget is not None:  # its statement shows the calibrated parameters
+                plan.budget.restate("select", plan.mechanism)
         build_pipeline(p, args.input, args.output, plan.mechanism, run_key, args.dead_letter,
                        plan.top_k)
 

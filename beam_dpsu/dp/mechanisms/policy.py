@@ -581,8 +581,8 @@ class GWKT(GW):
                   "calibration_epsilon": self.calibration_epsilon})
         d["units"]["calibration_share"] = (
             "the share of epsilon spent on the DP estimate of the private data's scale "
-            "(users, distinct items per user) from which front_scale follows; null: "
-            "front_scale fixed")
+            "(the users counted by their number of distinct items) from which "
+            "max_items_per_user, front_margin and front_scale follow; null: all three fixed")
         d["units"]["calibration_epsilon"] = (
             "the ε of that estimate (pure ε-DP), part of epsilon; the release's own is "
             "epsilon minus it")
@@ -685,10 +685,11 @@ class ScaleEstimate:
 
     @property
     def informative(self) -> bool:
-        """Whether N̂ is at least ``CALIBRATED_MIN_SCALES`` noise scales: below, the noise
-        is comparable to the counts and GW-KT keeps its fixed front."""
-        return self.users >= CALIBRATED_MIN_SCALES * cal.scale_estimate_noise_scale(
-            self.epsilon)
+        """Whether the kept buckets hold at least ``CALIBRATED_MIN_SCALES`` noise scales
+        of users: below, the noise is comparable to the counts and GW-KT keeps its fixed
+        front."""
+        return float(self.kept().sum()) >= CALIBRATED_MIN_SCALES * \
+            cal.scale_estimate_noise_scale(self.epsilon)
 
     def activity_quantile(self, q: float) -> float:
         """The q-quantile (0 < q < 1) of the users' number of distinct items, read from
