@@ -256,14 +256,20 @@ def test_the_command_lines_default_is_calibrated_and_flags_choose():
     assert not off.needs_calibration and off.front_scale == 10.0
 
 
-@pytest.mark.subprocess
-def test_the_command_line_equals_the_beam_free_run_and_states_the_share(per_user, tmp_path):
-    from beam_dpsu.pipelines import select_partitions
+def _cli_files(per_user, tmp_path):
+    """The input (one line per occurrence) and the public counts as files."""
     data = tmp_path / "d.tsv"
     data.write_text("".join(f"{u}\t{i}\n" * n for u, c in per_user.items()
                             for i, n in c.items()))
     public = tmp_path / "pub.tsv"
     public.write_text("".join(f"{i}\t{n}\n" for i, n in PUBLIC.items()))
+    return data, public
+
+
+@pytest.mark.subprocess
+def test_the_command_line_equals_the_beam_free_run_and_states_the_share(per_user, tmp_path):
+    from beam_dpsu.pipelines import select_partitions
+    data, public = _cli_files(per_user, tmp_path)
     out = str(tmp_path / "o")
     summary = select_partitions.run(["--input", str(data), "--output", out, "--mechanism",
                                      "gw-kt", "--epsilon", "3", "--delta", "1e-6",
@@ -291,11 +297,7 @@ def test_the_command_line_equals_the_beam_free_run_and_states_the_share(per_user
 @pytest.mark.subprocess
 def test_with_a_budget_the_statement_describes_the_calibrated_mechanism(per_user, tmp_path):
     from beam_dpsu.pipelines import select_partitions
-    data = tmp_path / "d.tsv"
-    data.write_text("".join(f"{u}\t{i}\n" * n for u, c in per_user.items()
-                            for i, n in c.items()))
-    public = tmp_path / "pub.tsv"
-    public.write_text("".join(f"{i}\t{n}\n" for i, n in PUBLIC.items()))
+    data, public = _cli_files(per_user, tmp_path)
     out = str(tmp_path / "o")
     select_partitions.run(["--input", str(data), "--output", out, "--mechanism", "gw-kt",
                            "--budget-epsilon", "3", "--budget-delta", "1e-6",
