@@ -40,7 +40,7 @@ setup(
         # tests check thresholds and noise scales against 90-digit computations.
         "test": ["pytest>=7", "import-linter>=2.0", "matplotlib>=3.5", "numba>=0.59", "isal>=1.6",
                  "pipeline-dp>=0.3.1,<0.4", "dp-accounting>=0.4", "dask[distributed]>=2024.1",
-                 "mpmath>=1.2", "wheel"],
+                 "mpmath>=1.2", "wheel", "pytest-xdist>=3.5"],
         "dask": ["dask[distributed]>=2024.1"],
         "plots": ["matplotlib>=3.5"],
         # numba: the columnar path's compiled kernels (dp.compiled); isal: python-isal's

@@ -51,6 +51,20 @@ def _session_temp_dir(tmp_path_factory):
         os.environ["TMPDIR"] = saved[1]
 
 
+@pytest.fixture(scope="session")
+def runners_data(tmp_path_factory):
+    """(input file, public counts file) that every runner's test releases from: 600
+    synthetic users, and public counts for GW-KT. Written once per session (per xdist
+    worker)."""
+    from beam_dpsu.dp import synthetic
+    folder = tmp_path_factory.mktemp("runners")
+    path = str(folder / "syn.tsv")
+    synthetic.write_tsv(path, 600, seed=7, max_occurrences=60)
+    public = folder / "public.tsv"
+    public.write_text("".join(f"i{j}\t{1000 - j}\n" for j in range(1, 200)))
+    return path, str(public)
+
+
 @pytest.fixture
 def tmp_prefix(tmp_path):
     return str(tmp_path / "out")
@@ -117,7 +131,8 @@ SLOW = {
 def pytest_collection_modifyitems(config, items):
     """Marks each test by what it starts: ``dask`` (a local Dask cluster: test_dask.py),
     ``subprocess`` (the command line or another Python process) and ``slow`` (``SLOW``),
-    so that ``pytest -m "not slow and not dask and not subprocess"`` runs the fast part."""
+    so that ``pytest -m "not slow and not dask and not subprocess"`` runs the fast part;
+    leaves out the ``exhaustive`` tests unless the -m expression names them."""
     import inspect
     for item in items:
         module = item.module.__name__ if item.module else ""
@@ -132,3 +147,11 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.subprocess)
         if f"{module}::{item.originalname}" in SLOW:
             item.add_marker(pytest.mark.slow)
+    # ``exhaustive`` tests run only when a -m expression names them (``pytest -m
+    # exhaustive``, or ``-m "exhaustive or not exhaustive"`` for everything).
+    if "exhaustive" not in (config.option.markexpr or ""):
+        kept = [item for item in items if item.get_closest_marker("exhaustive") is None]
+        if len(kept) < len(items):
+            config.hook.pytest_deselected(
+                items=[item for item in items if item.get_closest_marker("exhaustive")])
+            items[:] = kept

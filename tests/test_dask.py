@@ -23,7 +23,7 @@ import apache_beam as beam  # noqa: E402
 
 from beam_dpsu.transforms import runners  # noqa: E402
 from beam_dpsu.pipelines import select_partitions, top_k  # noqa: E402
-from tests.test_runners import CASES, data  # noqa: E402,F401
+from tests.test_runners import CASES, data, reference  # noqa: E402,F401  (fixtures)
 from tests.test_runners import run as run_select  # noqa: E402  (one items file, sorted)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -57,8 +57,9 @@ def items_of(prefix):
 
 
 @pytest.mark.parametrize("name", CASES)
-def test_dask_releases_what_the_direct_runner_releases(cluster, data, name, tmp_path):
-    direct, items = run_select(data, name, ["--runner=DirectRunner"], str(tmp_path / "d"))
+def test_dask_releases_what_the_direct_runner_releases(cluster, data, reference, name,
+                                                      tmp_path):
+    direct, items = reference(name)
     assert items and items == sorted(items)
     summary, other = run_select(data, name, dask_flags(cluster), str(tmp_path / "k"))
     assert other == items
@@ -255,8 +256,9 @@ def test_read_partitions(cluster, caplog, tmp_path):
 
 @pytest.mark.parametrize("name", ["weighted-gaussian", "sips", "policy-gaussian", "gw"])
 def test_several_input_files_release_what_the_direct_runner_releases(cluster, three_files,
-                                                                     data, name, tmp_path):
-    _, items = run_select(data, name, ["--runner=DirectRunner"], str(tmp_path / "one"))
+                                                                     reference, name,
+                                                                     tmp_path):
+    _, items = reference(name)
     _, direct = run_select(three_files, name, ["--runner=DirectRunner"], str(tmp_path / "d"))
     assert direct == items  # the same records, in the same order
     _, other = run_select(three_files, name, dask_flags(cluster), str(tmp_path / "k"))

@@ -131,3 +131,21 @@ def test_readme_examples_run_in_a_fresh_venv_with_the_extras_it_names(tmp_path):
                                                     if k != "PYTHONPATH"})
             assert proc.returncode == 0 and proc.stderr == "", proc.stderr[-2000:]
             assert proc.stdout.strip()
+
+
+def test_ci_runs_the_readmes_test_command():
+    # The README's second command is what CI runs: the same install, the same engines (CI
+    # sets them up in two processes at once) and the same pytest invocation.
+    ci = (README.parent / ".ci" / "run").read_text(encoding="utf-8")
+    commands = re.findall(r"```bash\n(.*?)\n```", README.read_text(encoding="utf-8"), re.S)
+    test_command = next(c for c in commands if "pytest" in c)
+    steps = [s.strip() for s in test_command.split("&&")]
+    install, pytest_step = steps[1], steps[-1]
+    assert install in ci
+    assert pytest_step.endswith(" tests")  # CI adds --durations=15 before the folder
+    assert pytest_step[:-len(" tests")] + " --durations=15 tests" in ci
+    engines = [s for s in steps if "setup-engines" in s]
+    assert engines == [".venv/bin/beam-dpsu setup-engines"]  # every engine
+    named = {e for found in re.findall(r"setup-engines ([a-z ]+)", ci) for e in found.split()}
+    from beam_dpsu.pipelines.setup_engines import ENGINES
+    assert named == set(ENGINES)

@@ -15,7 +15,6 @@ import tempfile
 
 import pytest
 
-from beam_dpsu.dp import synthetic
 from beam_dpsu.dp.registry import REGISTRY
 from beam_dpsu.pipelines import arguments, select_partitions
 
@@ -45,13 +44,9 @@ CASES = list(FLAGS)
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("runners")
-    path = str(folder / "syn.tsv")
-    synthetic.write_tsv(path, 600, seed=7, max_occurrences=60)
-    public = folder / "public.tsv"
-    public.write_text("".join(f"i{j}\t{1000 - j}\n" for j in range(1, 200)))
-    return path, str(public)
+def data(runners_data):
+    """(input file, public counts file): 600 users, written once per session."""
+    return runners_data
 
 
 def test_every_registered_mechanism_is_covered():
@@ -74,17 +69,48 @@ def run(data, name, runner_flags, out):
     return summary, items
 
 
-@pytest.mark.parametrize("name", CASES)
-def test_portable_and_multiprocess_release_the_same_set(data, name, tmp_path):
-    direct, items = run(data, name, ["--runner=DirectRunner"], str(tmp_path / "direct"))
+@pytest.fixture(scope="session")
+def reference(runners_data, tmp_path_factory):
+    """``reference(name)``: the DirectRunner's (summary, items) for case ``name``, run once
+    per session; every runner's test compares its own release with it."""
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            out = str(tmp_path_factory.mktemp("direct") / name)
+            cache[name] = run(runners_data, name, ["--runner=DirectRunner"], out)
+        return cache[name]
+    return get
+
+
+def _same_release(reference, data, name, flags, out):
+    direct, items = reference(name)
     assert items, "the test data should release something"
     assert direct["num_released"] == len(items)
     assert direct["PRIVATE_run_details"]["num_users"] == 600
-    for label, flags in (("portable", PORTABLE), ("multi", MULTI)):
-        summary, other = run(data, name, flags, str(tmp_path / label))
-        assert other == items, label
-        assert summary["threshold"] == direct["threshold"]
-        assert summary["epsilon"] == direct["epsilon"] and summary["seeded"] is True
+    summary, other = run(data, name, flags, out)
+    assert other == items
+    assert summary["threshold"] == direct["threshold"]
+    assert summary["epsilon"] == direct["epsilon"] and summary["seeded"] is True
+    return summary
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_multiprocess_releases_the_same_set(reference, data, name, tmp_path):
+    _same_release(reference, data, name, MULTI, str(tmp_path / "multi"))
+
+
+#: The portable job API, in process: one case per family here; every case runs through
+#: the same job API on Prism, Flink and Spark (tests/test_engines.py), so the rest are
+#: ``exhaustive``.
+PORTABLE_CASES = ("weighted-gaussian", "sips", "adaptive-2r", "policy-gaussian", "gw-kt")
+
+
+@pytest.mark.parametrize("name", [n if n in PORTABLE_CASES
+                                  else pytest.param(n, marks=pytest.mark.exhaustive)
+                                  for n in CASES])
+def test_portable_releases_the_same_set(reference, data, name, tmp_path):
+    _same_release(reference, data, name, PORTABLE, str(tmp_path / "portable"))
 
 
 @pytest.mark.parametrize("with_counts", [False, True])
