@@ -422,3 +422,32 @@ def test_a_worker_killed_mid_run_does_not_change_the_release(tmp_path_factory, t
     assert result["items"] == direct
     assert len(seen) > untroubled  # the killed attempt's task ran again
     assert not glob.glob(str(tmp_path / "beam-temp-*"))
+
+
+def test_beams_own_read_is_refused_while_the_pipeline_is_built(tmp_path):
+    # ReadFromText's Impulse is not executed by Beam's Dask runner (an AttributeError
+    # deep inside Beam when it runs): the library's transforms refuse it in one line
+    # naming what to use instead; nothing is run, no cluster is needed
+    from beam_dpsu.dp.mechanisms.adaptive import Adaptive
+    from beam_dpsu.dp.mechanisms.topk import TopKMechanism
+    from beam_dpsu.transforms.select import SelectPartitions
+    from beam_dpsu.transforms.topk import TopK
+    path = tmp_path / "in.tsv"
+    path.write_text("u1\ta\n")
+    for transform in (SelectPartitions(Adaptive(1.0, 1e-6, 5)), TopK(TopKMechanism(2, 1.0, 1e-6))):
+        p = beam.Pipeline(options=runners.pipeline_options(
+            ["--runner=DaskRunner", "--dask_client_address=tcp://127.0.0.1:9"]))
+        pairs = (p | beam.io.ReadFromText(str(path))
+                 | beam.Map(lambda line: tuple(line.split("\t", 1))))
+        with pytest.raises(ValueError) as refused:
+            pairs | transform
+        message = str(refused.value)
+        assert "\n" not in message and "columnar.SelectFromText" in message
+        assert "ReadFromText" in message
+    # the same pipeline from a Create, and ReadFromText on the DirectRunner, are accepted
+    p = beam.Pipeline(options=runners.pipeline_options(
+        ["--runner=DaskRunner", "--dask_client_address=tcp://127.0.0.1:9"]))
+    p | beam.Create([("u1", "a")]) | SelectPartitions(Adaptive(1.0, 1e-6, 5))
+    p = beam.Pipeline(options=runners.pipeline_options(["--runner=DirectRunner"]))
+    (p | beam.io.ReadFromText(str(path)) | beam.Map(lambda line: tuple(line.split("\t", 1)))
+     | SelectPartitions(Adaptive(1.0, 1e-6, 5)))
