@@ -76,12 +76,13 @@ def command_prog(default: str) -> str:
 def add_output_flags(parser: argparse.ArgumentParser) -> None:
     """``--verbose`` and ``--quiet``, which every command takes (no privacy effect)."""
     parser.add_argument("--verbose", action="store_true",
-                        help="also show Apache Beam's own log lines (default: only ours)")
+                        help="also show Apache Beam's own log lines and the input's exact "
+                             "counts (users, malformed lines: owner-only, like the private "
+                             "run details; a shared cluster's logs are seen by others). "
+                             "Default: our progress lines, without exact counts")
     parser.add_argument("--quiet", action="store_true",
-                        help="no progress lines on stderr, and no exact count in any "
-                             "warning (default: stage and progress lines, which hold exact "
-                             "counts of the input: owner-only, like the private run "
-                             "details)")
+                        help="no progress lines on stderr (default: stage and progress "
+                             "lines)")
 
 
 def write_line(text: str, stream=None) -> None:

@@ -139,7 +139,9 @@ def absolute_paths(args: argparse.Namespace) -> argparse.Namespace:
     for name in PATH_FLAGS:
         value = getattr(args, name, None)
         if isinstance(value, str) and value and "://" not in value:
-            setattr(args, name, os.path.abspath(value))
+            # a trailing separator is kept: the checks that refuse it still see it
+            tail = os.sep if value.endswith(("/", os.sep)) else ""
+            setattr(args, name, os.path.abspath(value).rstrip(os.sep) + tail or os.sep)
     return args
 
 

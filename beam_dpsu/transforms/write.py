@@ -109,7 +109,8 @@ def local_absolute(path: str) -> str:
     (a Dask cluster's), where a relative path would put the file out of sight."""
     if not isinstance(path, str) or not path or "://" in path:
         return path
-    return os.path.abspath(path)
+    tail = os.sep if path.endswith(("/", os.sep)) else ""  # kept, as given
+    return os.path.abspath(path).rstrip(os.sep) + tail or os.sep
 
 
 class WriteOneFile(beam.PTransform):
