@@ -268,7 +268,14 @@ def configure_logging(verbose: bool) -> None:
     if not root.handlers:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter(_LOG_FORMAT))
+        handler._beam_dpsu = True
         root.addHandler(handler)
+    for handler in root.handlers:
+        if getattr(handler, "_beam_dpsu", False):
+            # A logger that sets its own level passes INFO records to the root's handlers
+            # whatever the root's level (Beam sets its Prism job server's logger to INFO,
+            # and Prism's own lines come through it): our handler drops them itself.
+            handler.setLevel(logging.NOTSET if verbose else logging.ERROR)
     if verbose:
         root.setLevel(logging.DEBUG if os.environ.get("BEAM_DPSU_DEBUG") else logging.INFO)
         logging.getLogger("apache_beam").setLevel(logging.NOTSET)
