@@ -172,6 +172,16 @@ def test_generate_cli(tmp_path, capsys):
     assert generate.main(["--output", out, "--users", "-3"]) == 2
 
 
+@pytest.mark.parametrize("flags", [["--users", "0"], ["--users", "-3"],
+                                   ["--max-occurrences", "0"]])
+def test_generate_refuses_an_empty_data_set_and_creates_nothing(tmp_path, capsys, flags):
+    out = str(tmp_path / "new" / "g.tsv")
+    assert generate.main(["--output", out] + flags) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and ">= 1" in err[0], err
+    assert os.listdir(tmp_path) == []
+
+
 def test_dead_letter_holds_the_malformed_lines(tmp_path, tmp_prefix):
     path = tmp_path / "in.tsv"
     path.write_bytes(b"u1\ta\nbad line\n\tnouser\nu2\tb\nbad line\nu3\t\xff\n")
