@@ -252,6 +252,34 @@ def test_clean_input_gives_no_warning(tmp_path, capsys):
     assert without_progress(capsys.readouterr().err) == []
 
 
+def _gzip_bytes(text):
+    import gzip
+    return gzip.compress(text.encode())
+
+
+@pytest.mark.parametrize("name,content,reason", [
+    ("pic.png", b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256)) * 8, "a PNG image"),
+    ("data.tsv", _gzip_bytes("u1\ta\nu2\tb\n" * 50), "gzip-compressed (name it .gz)"),
+    ("blob.bin", b"u1\tab\ncd\x00\x01\x02\tx\ty\n" * 40, "NUL byte"),
+])
+@pytest.mark.parametrize("flags", [[], ["--tabs-in-items", "--trust-columns"]])
+def test_input_that_is_not_text_is_refused_as_such(tmp_path, capsys, name, content, reason,
+                                                   flags):
+    # a binary input used to be refused for its tab-separated fields, or not at all
+    path = tmp_path / name
+    path.write_bytes(content)
+    check_refused(tmp_path, capsys, sp_args(str(path), str(tmp_path / "o"), *flags),
+                  f"{path} is not user<TAB>item text: ")
+    from beam_dpsu.dp.lines import not_text_reason, sniff_head
+    assert reason in not_text_reason(sniff_head(str(path)))
+
+
+def test_text_with_odd_bytes_is_still_text():
+    from beam_dpsu.dp.lines import not_text_reason
+    for head in (b"", b"u1\ta\n", "u\té\u00ff\n".encode(), b"u1\t\xff\xfe\n", b"\xef\xbb\xbfu\ta\n"):
+        assert not_text_reason(head) is None, head
+
+
 def check_refused(tmp_path, capsys, argv, message, main=select_partitions.main):
     before = sorted(os.listdir(tmp_path))
     rc = main(argv)

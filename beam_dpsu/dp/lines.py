@@ -29,7 +29,8 @@ __all__ = ["gzip_reader", "open_local_binary", "BLOCK_BYTES", "UTF8_BOM",
            "iter_line_blocks", "iter_raw_blocks", "read_blocks", "block_buffers",
            "read_ahead", "parse_line", "group_line_counts", "read_user_items",
            "iter_line_counts", "pack_user_groups", "with_positions", "SNIFF_BYTES",
-           "sniff_lines", "first_extra_column", "column_runs", "MIN_RUNS", "looks_swapped"]
+           "sniff_lines", "first_extra_column", "column_runs", "MIN_RUNS", "looks_swapped",
+           "sniff_head", "not_text_reason"]
 
 
 try:  # the ``fast`` extra: ISA-L's inflate (python-isal), the same bytes as zlib's
@@ -404,6 +405,33 @@ def sniff_lines(path: str, size: int = SNIFF_BYTES) -> List[bytes]:
     if len(data) > size:
         lines = lines[:-1]  # the last one may be cut
     return [ln[:-1] if ln.endswith(b"\r") else ln for ln in lines if ln]
+
+
+def sniff_head(path: str, size: int = SNIFF_BYTES) -> bytes:
+    """The first ``size`` bytes of a local file as the readers see them (decompressed)."""
+    with open_local_binary(path) as f:
+        return f.read(size)
+
+
+#: Signatures of compressed or binary formats: (leading bytes, what they are).
+_SIGNATURES = ((b"\x1f\x8b", "gzip-compressed (name it .gz)"),
+               (b"BZh", "bzip2-compressed"), (b"PK\x03\x04", "a zip archive"),
+               (b"\xfd7zXZ\x00", "xz-compressed"), (b"\x28\xb5\x2f\xfd", "zstd-compressed"),
+               (b"PAR1", "a Parquet file"), (b"\x89PNG", "a PNG image"),
+               (b"%PDF", "a PDF document"))
+
+
+def not_text_reason(head: bytes) -> Optional[str]:
+    """Why the first bytes of an input (as the readers see them) cannot be text lines, or
+    None: a known compressed or binary format's signature, or a NUL byte (text never
+    holds one; a binary file of 1 MiB almost surely does)."""
+    for signature, what in _SIGNATURES:
+        if head.startswith(signature):
+            return f"it is {what}"
+    at = head.find(b"\x00")
+    if at >= 0:
+        return f"it holds a NUL byte (at byte {at}): it is binary, not text"
+    return None
 
 
 def first_extra_column(lines: Sequence[bytes]) -> Optional[int]:
