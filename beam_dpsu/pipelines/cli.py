@@ -213,6 +213,8 @@ COMMANDS = {
     "compare": ("beam_dpsu.pipelines.compare",
                 "compare mechanisms on your data: tables and plots (NOT private)"),
     "generate": ("beam_dpsu.pipelines.generate", "write synthetic user<TAB>item data"),
+    "public-counts": ("beam_dpsu.pipelines.public_counts",
+                      "gw-kt's --public-counts file from PUBLIC user<TAB>item data"),
     "audit": ("beam_dpsu.pipelines.audit", "empirical privacy audit: a lower bound on epsilon"),
     "setup-engines": ("beam_dpsu.pipelines.setup_engines",
                       "fetch or build Prism, Flink's or Spark's engine for --runner"),
@@ -220,7 +222,8 @@ COMMANDS = {
 
 #: checkout module names (``python -m pipelines.NAME``) → subcommand.
 MODULE_COMMANDS = {"select_partitions": "select", "top_k": "top-k", "compare": "compare",
-                   "generate": "generate", "audit": "audit", "hitting_set": "hitting-set"}
+                   "generate": "generate", "audit": "audit", "hitting_set": "hitting-set",
+                   "public_counts": "public-counts"}
 
 _LOG_FORMAT = "%(levelname)s: %(message)s"
 
