@@ -317,7 +317,8 @@ MECHANISM_PARAMS: Dict[str, Param] = {p.name: p for p in [
 TOPK_PARAMS: Dict[str, Param] = {p.name: p for p in [
     Param("k", int, "the most items to release (integer >= 1)", None,
           "Algorithm 2 is charged up to k selections"),
-    Param("k_bar", int, "candidates k̄ >= k (the true top k̄ are noised)", "k",
+    Param("k_bar", int, "candidates k̄ >= k (the true top k̄ are noised; the (k̄+1)-th count "
+          "sets the threshold, so k̄ = k often releases fewer than k)", "10·k",
           "none: the threshold grows with log(k̄/δ)/ε"),
     Param("with_counts", bool, "Algorithm 1 (Laplace): also release noisy counts", None,
           "none: --epsilon is the whole query's either way"),

@@ -199,9 +199,10 @@ class TopKMechanism(Mechanism):
         With ``epsilon_per_selection``: that probability bound itself, per query
         (the stated δ is then the composition's, up to 2δ). Privacy: the stated δ.
       k_bar: k̄ ≥ k, the number of candidates (the true top k̄ are noised and
-        ``h_(k̄+1)`` sets the threshold); default ``k``. A larger k̄ lets items
-        just outside the true top k compete, at the price of a higher threshold
-        (log(k̄/δ)/ε for unrestricted sensitivity). No privacy effect.
+        ``h_(k̄+1)`` sets the threshold); default 10·k (``calibration.default_k_bar``,
+        measured on the shared datasets). A larger k̄ sets the threshold from a
+        smaller count, at the price of a higher offset (log(k̄/δ)/ε for unrestricted
+        sensitivity; none with counts). No privacy effect.
       max_items: Δ, distinct items kept per user (integer in [1,
         ``params.MAX_MAX_ITEMS``]), or None (default) for unrestricted
         sensitivity (Algorithm 2 only). With Δ, Algorithm 2's threshold uses
@@ -227,7 +228,8 @@ class TopKMechanism(Mechanism):
                  k_bar: Optional[int] = None, max_items: Optional[int] = None,
                  with_counts: bool = False, *, epsilon_per_selection: Optional[float] = None):
         self.k = cal.check_positive_int(k, "k")
-        self.k_bar = self.k if k_bar is None else cal.check_positive_int(k_bar, "k_bar")
+        self.k_bar = (cal.default_k_bar(self.k) if k_bar is None
+                      else cal.check_positive_int(k_bar, "k_bar"))
         if self.k_bar < self.k:
             raise ValueError(f"k_bar must be >= k={self.k}, got {k_bar!r}")
         self.with_counts = cal.check_flag(with_counts, "with_counts")
