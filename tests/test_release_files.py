@@ -254,14 +254,14 @@ def test_clean_input_gives_no_warning(tmp_path, capsys):
 
 def _gzip_bytes(text):
     import gzip
-    return gzip.compress(text.encode())
+    return gzip.compress(text.encode(), mtime=0)
 
 
 @pytest.mark.parametrize("name,content,reason", [
     ("pic.png", b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256)) * 8, "a PNG image"),
     ("data.tsv", _gzip_bytes("u1\ta\nu2\tb\n" * 50), "gzip-compressed (name it .gz)"),
     ("blob.bin", b"u1\tab\ncd\x00\x01\x02\tx\ty\n" * 40, "NUL byte"),
-])
+], ids=["png", "gzip-named-tsv", "nul-bytes"])
 @pytest.mark.parametrize("flags", [[], ["--tabs-in-items", "--trust-columns"]])
 def test_input_that_is_not_text_is_refused_as_such(tmp_path, capsys, name, content, reason,
                                                    flags):
