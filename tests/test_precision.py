@@ -431,8 +431,8 @@ def test_topk_releases_decide_exactly_at_large_counts(monkeypatch):
     # at these h_b the doubles h_b + offset and h_j + G_j round it across the threshold
     from beam_dpsu.dp.mechanisms.topk import BOTTOM, TopKMechanism
     item = noise.encode_value("x")
-    gumbel = TopKMechanism(1, 3.0, 1e-10)
-    laplace = TopKMechanism(1, 3.0, 1e-10, max_items=1, with_counts=True)
+    gumbel = TopKMechanism(1, 3.0, 1e-10, k_bar=1)             # h_b: the second item
+    laplace = TopKMechanism(1, 3.0, 1e-10, k_bar=1, max_items=1, with_counts=True)
     g = noise.grid_granularity(laplace.noise_scale)
     c = laplace.threshold_offset
     crossed = {"gumbel": 0, "laplace": 0}

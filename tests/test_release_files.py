@@ -17,6 +17,7 @@ import stat
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from beam_dpsu.dp import kernels
@@ -260,8 +261,10 @@ def _gzip_bytes(text):
 @pytest.mark.parametrize("name,content,reason", [
     ("pic.png", b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256)) * 8, "a PNG image"),
     ("data.tsv", _gzip_bytes("u1\ta\nu2\tb\n" * 50), "gzip-compressed (name it .gz)"),
-    ("blob.bin", b"u1\tab\ncd\x00\x01\x02\tx\ty\n" * 40, "NUL byte"),
-], ids=["png", "gzip-named-tsv", "nul-bytes"])
+    ("blob.bin", np.random.default_rng(5).integers(0, 256, 50000, np.uint8).tobytes(),
+     "not UTF-8"),
+    ("utf16.tsv", "u1\ta\nu2\tb\n".encode("utf-16-le") * 50, "NUL"),
+], ids=["png", "gzip-named-tsv", "random-bytes", "utf-16"])
 @pytest.mark.parametrize("flags", [[], ["--tabs-in-items", "--trust-columns"]])
 def test_input_that_is_not_text_is_refused_as_such(tmp_path, capsys, name, content, reason,
                                                    flags):
@@ -276,7 +279,9 @@ def test_input_that_is_not_text_is_refused_as_such(tmp_path, capsys, name, conte
 
 def test_text_with_odd_bytes_is_still_text():
     from beam_dpsu.dp.lines import not_text_reason
-    for head in (b"", b"u1\ta\n", "u\té\u00ff\n".encode(), b"u1\t\xff\xfe\n", b"\xef\xbb\xbfu\ta\n"):
+    # an item with a NUL, a few invalid lines (skipped as malformed), a cut character
+    for head in (b"", b"u1\ta\n", "u\té\u00ff\n".encode(), b"u1\t\xff\xfe\nu2\ta\nu3\tb\n",
+                 b"\xef\xbb\xbfu\ta\n", b"user1\tan item with a \x00 inside\n" * 3, "u\t日本".encode()[:-1]):
         assert not_text_reason(head) is None, head
 
 

@@ -421,16 +421,34 @@ _SIGNATURES = ((b"\x1f\x8b", "gzip-compressed (name it .gz)"),
                (b"%PDF", "a PDF document"))
 
 
+def _utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
 def not_text_reason(head: bytes) -> Optional[str]:
-    """Why the first bytes of an input (as the readers see them) cannot be text lines, or
-    None: a known compressed or binary format's signature, or a NUL byte (text never
-    holds one; a binary file of 1 MiB almost surely does)."""
+    """Why the first bytes of an input (as the readers see them) cannot be UTF-8 text
+    lines, or None: a known compressed or binary format's signature; a tenth of the
+    bytes NUL (binary, or UTF-16); or most lines not UTF-8 (binary, or another
+    encoding). A few odd lines are not refused: the readers skip them as malformed."""
     for signature, what in _SIGNATURES:
         if head.startswith(signature):
             return f"it is {what}"
-    at = head.find(b"\x00")
-    if at >= 0:
-        return f"it holds a NUL byte (at byte {at}): it is binary, not text"
+    if not head:
+        return None
+    if head.count(0) * 10 > len(head):
+        return "a tenth of its bytes are NUL: it is binary or UTF-16, not UTF-8 text"
+    lines = head.split(b"\n")[:-1]                # the last one may be cut: not judged
+    if lines:
+        bad = sum(not _utf8(line) for line in lines)
+        if bad * 2 > len(lines):
+            return (f"{bad} of its first {len(lines)} lines are not UTF-8: it is binary, or "
+                    f"text in another encoding (convert it, e.g. iconv -t utf-8)")
+    elif not any(_utf8(head[:len(head) - cut]) for cut in range(4)):
+        return "it is not UTF-8: binary, or text in another encoding"
     return None
 
 
