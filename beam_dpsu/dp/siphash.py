@@ -294,22 +294,31 @@ def _tree_many(k0, k1, owner, buf, starts, lengths, prefix, level=1):
     node_bytes = nodes.view(np.uint8)
     begin = starts[message] + index * LEAF_BYTES
     size = np.minimum(lengths[message] - index * LEAF_BYTES, LEAF_BYTES)
+    # The pieces as rows of 256-byte windows of the bytes the messages span (padded by a
+    # byte before, for a prefix at -1, and a piece's width after): one row copy each.
+    lo_at = int(starts.min())
+    hi_at = int((starts + lengths).max())
+    span = np.zeros(hi_at - lo_at + LEAF_BYTES, np.uint8)
+    have = slice(max(lo_at, 0), min(hi_at, len(buf)))
+    span[have.start - lo_at:have.stop - lo_at] = buf[have]
+    windows = np.lib.stride_tricks.as_strided(
+        span, shape=(len(span) - LEAF_BYTES + 1, LEAF_BYTES), strides=(1, 1), writeable=False)
     cols = np.arange(LEAF_BYTES, dtype=np.int64)
-    step = max(1, (1 << 22) // LEAF_BYTES)                  # bounded temporaries
+    step = max(1, (1 << 24) // LEAF_BYTES)                  # bounded temporaries
     for lo in range(0, total, step):
         hi = min(total, lo + step)
-        keep = cols[None, :] < size[lo:hi, None]
-        pos = np.where(keep, np.maximum(begin[lo:hi, None] + cols[None, :], 0), 0)
-        node_bytes[lo:hi, :LEAF_BYTES] = np.where(keep, buf[pos], 0)
+        rows = windows[begin[lo:hi] - lo_at]
+        rows[cols[None, :] >= size[lo:hi, None]] = 0        # past the message: zero
+        node_bytes[lo:hi, :LEAF_BYTES] = rows
     if prefix is not None:
         node_bytes[first, 0] = prefix
     nodes[:, _NODE_WORDS - 2] = index.astype(np.uint64)
     nodes[:, _NODE_WORDS - 1] = (_U(level) << _U(56)) | lengths[message].astype(np.uint64)
     node_len = LEAF_BYTES + 16
     hashed = _plain_many_keys(k0, k1, node_bytes.reshape(-1),
-                                 np.arange(total, dtype=np.int64) * node_len,
-                                 np.full(total, node_len, np.int64), None,
-                                 owner=owner[message]).astype("<u8", copy=False)
+                              np.arange(total, dtype=np.int64) * node_len,
+                              np.full(total, node_len, np.int64), None,
+                              owner=owner[message]).astype("<u8", copy=False)
     result = hashed[first]
     rest = np.flatnonzero(pieces > 1)
     if rest.size:  # their values, contiguous per message, are the next level's messages
