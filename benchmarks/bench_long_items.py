@@ -20,7 +20,7 @@ import numpy as np
 from beam_dpsu.dp import compiled
 from beam_dpsu.dp.noise import ItemBits, RunKey
 
-LENGTHS = [16, 64, 256, 257, 1024, 16384, 300_000, 1 << 20]
+LENGTHS = [16, 64, 256, 1023, 1024, 16384, 300_000, 1 << 20]
 
 
 def main(argv=None) -> None:

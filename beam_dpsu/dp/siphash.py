@@ -88,7 +88,7 @@ def siphash24(key: bytes, message: bytes) -> int:
 
 #: Messages up to this many bytes are hashed by SipHash-2-4 itself; longer ones by the
 #: tree of ``prf64``, whose nodes are LEAF_BYTES + 16 bytes long (never a direct message).
-LEAF_BYTES = 256
+LEAF_BYTES = 1024
 _NODE_WORDS = LEAF_BYTES // 8 + 2
 
 
@@ -294,7 +294,7 @@ def _tree_many(k0, k1, owner, buf, starts, lengths, prefix, level=1):
     node_bytes = nodes.view(np.uint8)
     begin = starts[message] + index * LEAF_BYTES
     size = np.minimum(lengths[message] - index * LEAF_BYTES, LEAF_BYTES)
-    # The pieces as rows of 256-byte windows of the bytes the messages span (padded by a
+    # The pieces as rows of LEAF_BYTES-wide windows of the bytes the messages span (padded by a
     # byte before, for a prefix at -1, and a piece's width after): one row copy each.
     lo_at = int(starts.min())
     hi_at = int((starts + lengths).max())
