@@ -292,8 +292,8 @@ def _usage() -> str:
     lines = ["usage: beam-dpsu COMMAND [FLAGS]   (beam-dpsu COMMAND --help for its flags)",
              "", "Differentially private set union on Apache Beam.", "", "commands:"]
     lines += [f"  {name:<{width}}  {desc}" for name, (_, desc) in COMMANDS.items()]
-    lines += ["", "common flags: --verbose (show Beam's own log lines), --quiet (no progress "
-              "lines on stderr)"]
+    lines += ["", "common flags: --verbose (show Beam's own log lines and the input's exact "
+              "counts), --quiet (no progress lines on stderr)"]
     return "\n".join(lines)
 
 
