@@ -100,7 +100,7 @@ def test_no_well_formed_line_exits_1_and_keeps_only_the_dead_letter_without_metr
     err = without_progress(capsys.readouterr().err)
     assert rc == 1 and len(err) == 1, err
     dead = str(tmp_path / "new" / "dead") + DEAD
-    assert "no well-formed" in err[0] and "7" not in err[0]  # the count: --verbose
+    assert "no well-formed" in err[0] and "(7 malformed" not in err[0]  # the count: --verbose
     assert err[0].endswith(f"nothing released; the malformed lines are in {dead}")
     # no release, summary or counts files: only the dead letter the user asked for
     assert sorted(os.listdir(tmp_path)) == ["junk.tsv", "new"]
