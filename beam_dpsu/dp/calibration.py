@@ -762,8 +762,9 @@ def default_k_bar(k: int) -> int:
     log(k̄/k)/ε larger offset (Algorithm 2; none for Algorithm 1). Measured on the five
     shared datasets (ε = 1 and 3, δ = 1e-6, k = 10 and 50): Algorithm 2 releases the
     most from 10·k to 50·k and less at 100·k; Algorithm 1 still gains a little beyond
-    10·k. 10·k released all k wherever the top k items have thousands of users.
-    No privacy effect: the calibration accounts for k̄.
+    10·k. 10·k released all k wherever the top k items have thousands of users
+    (``benchmarks/topk_k_bar.py`` repeats the measurement). No privacy effect: the
+    calibration accounts for k̄.
     """
     return DEFAULT_K_BAR_FACTOR * check_positive_int(k, "k")
 
