@@ -83,7 +83,7 @@ def main(argv=None) -> int:
                 mechs = ",".join(m for m in MECHANISMS.split(",") if not m.startswith("gw-kt"))
             argv_ = ["--input", path, "--output", str(out_root / name), "--mechanisms", mechs,
                      "--epsilons", SWEEPS.get(name, "3"), "--delta", repr(math.exp(-10)),
-                     "--trials", str(args.trials)] + extra
+                     "--trials", str(args.trials), "--overwrite"] + extra
             compare.run(argv_)
             shown = ["--input", f"<data>/{name}.pairs.tsv.gz" if name != "synthetic"
                      else f"<synthetic {args.synthetic_users} users, seed 0>",

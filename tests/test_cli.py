@@ -105,7 +105,7 @@ def test_empty_input_is_an_error_and_releases_nothing(tmp_path, tmp_prefix, caps
                                    "weighted-laplace", "--epsilon", "1", "--delta", "1e-6"]) == 1
     err = without_progress(capsys.readouterr().err)
     assert err == [f"select_partitions: error: no well-formed user<TAB>item line in "
-                   f"{str(path)!r} (0 malformed line(s)): nothing released"]
+                   f"{str(path)!r}: nothing released"]
     assert sorted(os.listdir(tmp_path)) == ["empty.tsv"]
 
 
@@ -172,6 +172,16 @@ def test_generate_cli(tmp_path, capsys):
     assert generate.main(["--output", out, "--users", "-3"]) == 2
 
 
+@pytest.mark.parametrize("flags", [["--users", "0"], ["--users", "-3"],
+                                   ["--max-occurrences", "0"]])
+def test_generate_refuses_an_empty_data_set_and_creates_nothing(tmp_path, capsys, flags):
+    out = str(tmp_path / "new" / "g.tsv")
+    assert generate.main(["--output", out] + flags) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and ">= 1" in err[0], err
+    assert os.listdir(tmp_path) == []
+
+
 def test_dead_letter_holds_the_malformed_lines(tmp_path, tmp_prefix):
     path = tmp_path / "in.tsv"
     path.write_bytes(b"u1\ta\nbad line\n\tnouser\nu2\tb\nbad line\nu3\t\xff\n")
@@ -225,3 +235,28 @@ def test_published_gw_runs_with_allow_unproven_and_is_marked_unproven(tmp_path):
     summary = json.loads((tmp_path / "out2.json").read_text())
     assert (summary["variant"], summary["proven"], summary["max_items_per_user"],
             summary["eta"]) == ("cascade-free", True, 2, 0.2)
+
+
+def test_public_counts_are_distinct_users_per_item(tmp_path, capsys):
+    from beam_dpsu.dp.sequential import read_public_counts
+    from beam_dpsu.pipelines import public_counts
+    lines = ["u1\ta", "u1\ta", "u2\ta", "u2\tb b", "u3\tb b\r", "no tab", "\tnouser",
+             "u3\ta", "u4\tc\td"]
+    path = tmp_path / "public.tsv"
+    path.write_bytes(("\n".join(lines) + "\n").encode())
+    out = str(tmp_path / "counts.tsv.gz")
+    assert public_counts.main(["--input", str(path), "--output", out]) == 2  # 3 fields
+    capsys.readouterr()
+    path.write_bytes(("\n".join(lines[:-1]) + "\n").encode())
+    assert public_counts.main(["--input", str(path), "--output", out]) == 0
+    # independently: distinct (user, item) pairs of the well-formed lines, per item
+    pairs = {tuple(l.rstrip("\r").split("\t")) for l in lines[:-1]
+             if "\t" in l and not l.startswith("\t")}
+    expected = {}
+    for _, item in pairs:
+        expected[item] = expected.get(item, 0) + 1
+    assert read_public_counts(out) == expected == {"a": 3, "b b": 2}
+    err = capsys.readouterr().err
+    assert "WARNING: 2 malformed line(s)" in err
+    assert public_counts.main(["--input", str(path), "--output", out]) == 2   # exists
+    assert "--overwrite" in capsys.readouterr().err

@@ -232,3 +232,20 @@ def test_a_seeded_comparison_is_reproducible_and_its_trials_differ(data, tmp_pat
     # each trial its own key: the three releases are not one release repeated
     keys = {runs.trial_key(7, step).subkey("noise/0") for step in (1, 2, 3)}
     assert len(keys) == 3
+
+
+def test_an_earlier_comparison_is_refused_without_overwrite(data, tmp_path, capsys):
+    out = str(tmp_path / "o")
+    argv = ["--input", data, "--output", out, "--delta", "1e-6", "--epsilon", "1",
+            "--mechanisms", "gw", "--engine", "core", "--insecure-test-seed", "1"]
+    assert compare.main(argv) == 0
+    stale = os.path.join(out, "old-plot.PRIVATE.png")
+    open(stale, "wb").close()
+    before = {n: os.path.getmtime(os.path.join(out, n)) for n in os.listdir(out)}
+    capsys.readouterr()
+    assert compare.main(argv) == 2                    # as select refuses an earlier run
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--overwrite" in err[0], err
+    assert {n: os.path.getmtime(os.path.join(out, n)) for n in os.listdir(out)} == before
+    assert compare.main(argv + ["--overwrite"]) == 0
+    assert not os.path.exists(stale) and os.path.exists(os.path.join(out, compare.RESULTS_MD))

@@ -82,8 +82,8 @@ def test_select_in_process_reports_progress_under_the_console_name(data, tmp_pat
     # short run: a worker prints one only after its first interval).
     assert any(re.search(r"\] reading 1 file \([\d.]+ (bytes|kB|MB)\) on DirectRunner$", l)
                for l in lines), lines
-    assert any(re.search(r"\] pipeline finished in \d+\.\d s: 300 users, 0 malformed lines$", l)
-               for l in lines), lines
+    assert any(re.search(r"\] pipeline finished in \d+\.\d s \(the input's exact counts: "
+                         r"--verbose, or the private run details\)$", l) for l in lines), lines
     assert not any("so far" in l for l in lines), lines
     assert any(l.endswith(f"summary {prefix}.json") for l in lines)
     assert os.path.exists(prefix + ".json")
@@ -250,3 +250,17 @@ def test_the_installed_console_script_runs_from_another_directory(data, tmp_path
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1])["num_released"] > 0
     assert (elsewhere / "out-items-00000-of-00001").read_text().strip()
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_info_lines_of_a_logger_with_its_own_level_follow_verbose(verbose):
+    # Beam's Prism job server sets its logger to INFO and logs Prism's own lines through
+    # it ("INFO: Serving JobManagement ..."): without --verbose they are not shown
+    code = ("import logging; from beam_dpsu.pipelines import cli; "
+            f"cli.configure_logging({verbose}); "
+            "log = logging.getLogger('PrismJobServer'); log.setLevel(logging.INFO); "
+            "log.info('Serving JobManagement'); log.error('a real error')")
+    err = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60).stderr.splitlines()
+    assert ("INFO: Serving JobManagement" in err) is verbose
+    assert "ERROR: a real error" in err

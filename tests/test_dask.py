@@ -424,3 +424,61 @@ def test_a_worker_killed_mid_run_does_not_change_the_release(tmp_path_factory, t
     assert result["items"] == direct
     assert len(seen) > untroubled  # the killed attempt's task ran again
     assert not glob.glob(str(tmp_path / "beam-temp-*"))
+
+
+def test_beams_own_read_is_refused_while_the_pipeline_is_built(tmp_path):
+    # ReadFromText's Impulse is not executed by Beam's Dask runner (an AttributeError
+    # deep inside Beam when it runs): the library's transforms refuse it in one line
+    # naming what to use instead; nothing is run, no cluster is needed
+    from beam_dpsu.dp.mechanisms.adaptive import Adaptive
+    from beam_dpsu.dp.mechanisms.topk import TopKMechanism
+    from beam_dpsu.transforms.select import SelectPartitions
+    from beam_dpsu.transforms.topk import TopK
+    path = tmp_path / "in.tsv"
+    path.write_text("u1\ta\n")
+    for transform in (SelectPartitions(Adaptive(1.0, 1e-6, 5)), TopK(TopKMechanism(2, 1.0, 1e-6))):
+        p = beam.Pipeline(options=runners.pipeline_options(
+            ["--runner=DaskRunner", "--dask_client_address=tcp://127.0.0.1:9"]))
+        pairs = (p | beam.io.ReadFromText(str(path))
+                 | beam.Map(lambda line: tuple(line.split("\t", 1))))
+        with pytest.raises(ValueError) as refused:
+            pairs | transform
+        message = str(refused.value)
+        assert "\n" not in message and "columnar.SelectFromText" in message
+        assert "ReadFromText" in message
+    # the same pipeline from a Create, and ReadFromText on the DirectRunner, are accepted
+    p = beam.Pipeline(options=runners.pipeline_options(
+        ["--runner=DaskRunner", "--dask_client_address=tcp://127.0.0.1:9"]))
+    p | beam.Create([("u1", "a")]) | SelectPartitions(Adaptive(1.0, 1e-6, 5))
+    p = beam.Pipeline(options=runners.pipeline_options(["--runner=DirectRunner"]))
+    (p | beam.io.ReadFromText(str(path)) | beam.Map(lambda line: tuple(line.split("\t", 1)))
+     | SelectPartitions(Adaptive(1.0, 1e-6, 5)))
+
+
+def test_relative_paths_are_the_launchers_on_a_cluster(cluster, tmp_path, monkeypatch):
+    # the workers run in the directory the cluster started in, not the launcher's: every
+    # relative path (command line and WriteRelease) means the launcher's directory
+    from beam_dpsu.dp.mechanisms.histogram_threshold import WeightedGaussian
+    from beam_dpsu.transforms.select import SelectPartitions
+    from beam_dpsu.transforms.write import WriteRelease
+    with distributed.Client(cluster) as client:
+        worker_dirs = set(client.run(os.getcwd).values())
+    here = tmp_path / "launcher"
+    here.mkdir()
+    assert str(here) not in worker_dirs
+    monkeypatch.chdir(here)
+    (here / "in.tsv").write_text("".join(f"u{i}\ti{i % 3}\n" for i in range(200)))
+    select_partitions.run(["--input", "in.tsv", "--output", "rel", "--mechanism",
+                           "weighted-gaussian", "--epsilon", "2", "--delta", "1e-5",
+                           "--max-items-per-user", "1", "--insecure-test-seed", "1",
+                           "--dead-letter", "dead"] + dask_flags(cluster))
+    assert items_of(str(here / "rel")) == ["i0", "i1", "i2"]
+    with beam.Pipeline(options=runners.pipeline_options(dask_flags(cluster))) as p:
+        (p | beam.Create([(f"user{u}", w) for u in range(300) for w in ("the", "of")])
+         | SelectPartitions(WeightedGaussian(epsilon=1.0, delta=1e-9, max_items=20),
+                            run_key=None)
+         | WriteRelease("vocabulary.txt"))
+    assert open(here / "vocabulary.txt").read().split() == ["of", "the"]
+    for folder in worker_dirs:                        # nothing on the workers' side
+        assert not glob.glob(os.path.join(folder, "rel*")), folder
+        assert not glob.glob(os.path.join(folder, "vocabulary.txt*")), folder

@@ -314,3 +314,15 @@ def test_with_a_budget_the_statement_describes_the_calibrated_mechanism(per_user
         assert detail[key] == stated[key] == want
     assert detail["max_items_per_user"] == stated["max_items_per_user"] == c.max_items
     assert c.max_items != m.max_items          # the calibration moved Δ0 (and T with it)
+
+
+def test_the_estimates_statement_names_the_samplers_floor():
+    # the grid Laplace's exponentials stop at 744.4 scales (the smallest double's reach),
+    # so the estimate's noise has a largest value: ε-DP up to that 2^-1074 floor, not
+    # pure ε-DP; the units say so
+    from beam_dpsu.dp import noise
+    top = noise.exponential_from_stream(0, lambda j: 0)                  # U at its smallest
+    assert 744.0 < top < 745.0 and math.exp(-top) >= 2.0 ** -1075
+    unit = GWKT(3.0, 1e-6, PUBLIC, calibration_share=0.02).describe()["units"][
+        "calibration_epsilon"]
+    assert "2^-1074" in unit and "not pure" in unit

@@ -68,3 +68,28 @@ def test_every_named_api_imports(name):
         _resolve(name)
     except (ImportError, AttributeError) as e:
         pytest.fail(f"{NAMES[name]} names {name}, which does not import: {e}")
+
+
+def _public_api_table():
+    text = open(os.path.join(ROOT, "docs", "architecture.md"), encoding="utf-8").read()
+    table = text.split("## Public API", 1)[1].split("\n\n")[2]
+    rows = {}
+    for line in table.splitlines()[2:]:
+        module, names = line.strip("|").split("|")
+        rows[module.strip().strip("`")] = re.findall(r"`([A-Za-z_][A-Za-z0-9_]*)`", names)
+    return rows
+
+
+def test_the_public_api_table_holds_and_covers_the_readme():
+    rows = _public_api_table()
+    for module, names in rows.items():
+        mod = importlib.import_module(module)
+        assert names and all(hasattr(mod, n) for n in names), (module, names)
+    # every name the README's examples import is in the table: a module of it
+    # (from beam_dpsu.transforms import runners) or a public name of a module
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    imports = re.findall(r"^from (beam_dpsu[\w.]*) import ([\w, ]+)$", readme, re.M)
+    assert imports
+    for module, names in imports:
+        for name in (n.strip() for n in names.split(",")):
+            assert f"{module}.{name}" in rows or name in rows.get(module, ()), (module, name)

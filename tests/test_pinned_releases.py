@@ -65,7 +65,7 @@ def topk_mechanisms():
     return {
         "top-k-gumbel": TopKMechanism(10, EPS, DELTA, k_bar=15),
         "top-k-gumbel-eps0.3": TopKMechanism(10, 0.3, DELTA, k_bar=15),
-        "top-k-gumbel-restricted": TopKMechanism(10, EPS, DELTA, max_items=5),
+        "top-k-gumbel-restricted": TopKMechanism(10, EPS, DELTA, k_bar=10, max_items=5),
         "top-k-gumbel-restricted-per-selection": TopKMechanism(
             10, epsilon_per_selection=EPS, delta=DELTA, max_items=5),
         "top-k-laplace": TopKMechanism(8, EPS, DELTA, max_items=5, with_counts=True),

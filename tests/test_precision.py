@@ -350,3 +350,112 @@ def test_the_keep_table_grows_only_as_far_as_it_must():
     slow = TruncatedGeometricRule(0.01, 1e-12, 1000, RunKey.from_test_seed(0))
     slow.probability(5000)
     assert 5000 < len(slow._table) <= 16384
+
+
+# ---- top-k at large counts: the offset is never rounded away ---------------------------
+
+def _discrete_laplace_difference_tail(t, k):
+    """P(Z₁ − Z₂ > k) for independent Z with P(Z = z) ∝ r^|z|, r = e^(−1/t), integer k ≥ 0:
+    P(Z₁ − Z₂ = d) = a²·r^d·(d + (1 + r²)/(1 − r²)) for d ≥ 0, a = (1 − r)/(1 + r), summed
+    in closed form (independent of the sampler's code)."""
+    r = mpmath.exp(-1 / t)
+    a, c, n = (1 - r) / (1 + r), (1 + r * r) / (1 - r * r), k + 1
+    return a * a * r ** n * (n / (1 - r) + r / (1 - r) ** 2 + c / (1 - r))
+
+
+@pytest.mark.parametrize("eps,delta,dmax", [(3.0, 1e-10, 1), (1.0, 1e-6, 10), (0.1, 1e-12, 5)])
+@pytest.mark.parametrize("h_bottom", [0, 1000, 10 ** 8, 3 * 10 ** 9, 3 * 10 ** 9 + 7, 2 ** 52])
+def test_topk_laplace_escape_at_large_counts_is_at_most_delta_over_max_items(
+        eps, delta, dmax, h_bottom):
+    # Algorithm 1: an item at h_b + 1 clears the threshold iff Z_j − Z_⊥ exceeds the grid
+    # steps between its index and the threshold's; that tail, exact for the discrete
+    # noise, is at most δ/Δ at every h_b (a double h_b + c made it 1.000000152·δ/Δ)
+    from beam_dpsu.dp.mechanisms.topk import laplace_threshold_index
+    b = cal.topk_laplace_scale(eps, dmax)
+    g = noise.grid_granularity(b)
+    c = cal.laplace_threshold_offset(eps, delta, dmax)
+    steps = laplace_threshold_index(h_bottom, c, g) - noise.round_to_grid(h_bottom + 1, g)
+    assert Fraction(steps) * Fraction(g) >= Fraction(c) - 1       # the offset, rounded up
+    with mpmath.workdps(DPS):
+        t = mp(Fraction(b) / Fraction(g))
+        assert _discrete_laplace_difference_tail(t, steps) <= mp(delta) / dmax
+
+
+@pytest.mark.parametrize("eps,delta,m", [(3.0, 1e-10, 1), (1.0, 1e-6, 20), (0.1, 1e-12, 1000)])
+@pytest.mark.parametrize("h_bottom", [10 ** 8, 3 * 10 ** 9, 2 ** 52])
+def test_topk_gumbel_threshold_at_large_counts_keeps_the_whole_offset(eps, delta, m, h_bottom):
+    # Algorithm 2: the candidate at h_b + 1 clears iff (h_j − h_b) + G_j > offset + G_⊥,
+    # in exact rationals: the offset the tail bound uses is the one the decision applies
+    from beam_dpsu.dp.mechanisms.topk import gumbel_margin
+    offset = cal.gumbel_threshold_offset(eps, delta, m)
+    for g_bottom in (0.0, -1.5, 3.25, 0.1):
+        bottom = Fraction(offset) + Fraction(g_bottom)
+        g = float(bottom - 1)                                    # nearest double
+        while Fraction(1) + Fraction(g) > bottom:
+            g = math.nextafter(g, -math.inf)
+        assert not gumbel_margin(h_bottom + 1, h_bottom, g) > bottom
+        assert gumbel_margin(h_bottom + 1, h_bottom, math.nextafter(g, math.inf)) > bottom
+        assert gumbel_margin(h_bottom + 1, h_bottom, g) == 1 + Fraction(g)
+    bound = _gumbel_tail_bound(1.0 / eps, offset - 1.0)
+    with mpmath.workdps(DPS):
+        assert mp(bound) * (1 + mpmath.mpf(2) ** -52) <= mp(delta) / m
+
+
+class _StubNoise:
+    """Chosen noise for ``TopKMechanism.release``: Gumbel values, or grid integers."""
+
+    def __init__(self, values, scale):
+        self.values, self.scale = values, scale
+        self.granularity = noise.grid_granularity(scale)
+
+    def __call__(self, *args):
+        if len(args) == 1:                                      # KeyedNoise(item)
+            return self.values[args[0]]
+        value, item = args                                      # KeyedGridLaplace
+        return float(self.index(value, item)) * self.granularity
+
+    def index(self, value, item):
+        return noise.round_to_grid(value, self.granularity) + self.values[item]
+
+
+def _release_with_noise(monkeypatch, mechanism, top, values):
+    from beam_dpsu.dp.mechanisms import topk
+    stub = _StubNoise(values, mechanism.noise_scale)
+    monkeypatch.setattr(topk, "KeyedNoise", lambda *a, **k: stub)
+    monkeypatch.setattr(topk, "KeyedGridLaplace", lambda *a, **k: stub)
+    return mechanism.release(top, RunKey.from_test_seed(0))
+
+
+def test_topk_releases_decide_exactly_at_large_counts(monkeypatch):
+    # the candidate one user above h_b, its noise just short of the threshold's offset;
+    # at these h_b the doubles h_b + offset and h_j + G_j round it across the threshold
+    from beam_dpsu.dp.mechanisms.topk import BOTTOM, TopKMechanism
+    item = noise.encode_value("x")
+    gumbel = TopKMechanism(1, 3.0, 1e-10, k_bar=1)             # h_b: the second item
+    laplace = TopKMechanism(1, 3.0, 1e-10, k_bar=1, max_items=1, with_counts=True)
+    g = noise.grid_granularity(laplace.noise_scale)
+    c = laplace.threshold_offset
+    crossed = {"gumbel": 0, "laplace": 0}
+    for h_b in range(10 ** 8, 10 ** 8 + 40):
+        top = [("x", h_b + 1), ("y", h_b)]
+        for g_bottom in (0.0, 0.37, -1.9, 2.71):
+            bottom = Fraction(gumbel.threshold_offset) + Fraction(g_bottom)
+            short = float(bottom - 1)
+            while 1 + Fraction(short) > bottom:
+                short = math.nextafter(short, -math.inf)
+            assert _release_with_noise(monkeypatch, gumbel, top,
+                                       {BOTTOM: g_bottom, item: short}) == []
+            crossed["gumbel"] += ((h_b + 1) + short
+                                  > h_b + gumbel.threshold_offset + g_bottom)
+            assert _release_with_noise(monkeypatch, gumbel, top, {
+                BOTTOM: g_bottom, item: math.nextafter(short, math.inf)}) == [(1, "x")]
+    for h_b in range(3 * 10 ** 9, 3 * 10 ** 9 + 40):
+        top = [("x", h_b + 1), ("y", h_b)]
+        z = math.ceil(Fraction(c) / Fraction(g)) - int(1 / g)   # the item lands on the threshold
+        assert _release_with_noise(monkeypatch, laplace, top, {BOTTOM: 0, item: z}) == []
+        crossed["laplace"] += (noise.round_to_grid(h_b + 1, g) + z
+                               > noise.round_to_grid(h_b + c, g))
+        got = _release_with_noise(monkeypatch, laplace, top, {BOTTOM: 0, item: z + 1})
+        assert [r[:2] for r in got] == [(1, "x")]
+        assert got[0][2] == float(Fraction(h_b + 1) + (z + 1) * Fraction(g))  # rounded once
+    assert crossed["gumbel"] > 0 and crossed["laplace"] > 0   # the doubles would release

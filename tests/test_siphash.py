@@ -250,3 +250,84 @@ def test_keys_by_owner_and_out_are_checked_in_both_forms(monkeypatch):
                                             out=out)
         with pytest.raises(ValueError, match="per message"):
             siphash.siphash24_many_keys(k, k, data, starts, lengths)  # 2 keys, 3 messages
+
+
+# ---- long messages: prf64's tree -----------------------------------------------------
+
+def _tree_reference(key, message):
+    """prf64 written out from its definition, independently of dp.siphash's code: level
+    by level, pieces of 1,024 bytes zero-padded, each followed by le64(index) and
+    le64(level·2^56 + the level's length), hashed by SipHash-2-4."""
+    if len(message) <= 1024:
+        return siphash.siphash24(key, message)
+    level, data = 1, message
+    while True:
+        values = []
+        for i in range(0, len(data), 1024):
+            piece = data[i:i + 1024]
+            node = piece + bytes(1024 - len(piece)) + (i // 1024).to_bytes(8, "little")
+            node += (level * 2 ** 56 + len(data)).to_bytes(8, "little")
+            values.append(siphash.siphash24(key, node))
+        if len(values) == 1:
+            return values[0]
+        data, level = b"".join(v.to_bytes(8, "little") for v in values), level + 1
+
+
+LONG_LENGTHS = [0, 7, 256, 1022, 1023, 1024, 1025, 2047, 2048, 2049, 8193, 65535, 65536,
+                131073, 1024 * 128 * 2 + 9]
+
+
+@pytest.mark.parametrize("prefix", [None, 115])
+def test_long_messages_are_hashed_by_the_tree_in_every_form(monkeypatch, prefix):
+    rng = np.random.default_rng(11)
+    messages = [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in LONG_LENGTHS]
+    messages.append(bytes(70000))                    # zeros: padding must not alias
+    data, starts, lengths = _spans(messages)
+    head = b"" if prefix is None else bytes([prefix])
+    expected = [_tree_reference(KEY, head + m) for m in messages]
+    assert [siphash.prf64(KEY, head + m) for m in messages] == expected
+    # short messages keep SipHash-2-4's own value
+    assert all(e == siphash.siphash24(KEY, head + m)
+               for e, m in zip(expected, messages) if len(head + m) <= siphash.LEAF_BYTES)
+    with monkeypatch.context() as patched:          # the numpy form
+        patched.setattr(compiled, "kernel", lambda name, work: None)
+        assert siphash.siphash24_many(KEY, data, starts, lengths, prefix).tolist() == expected
+        keys = [bytes([i]) * 16 for i in range(len(messages))]
+        k0 = np.array([siphash.split_key(k)[0] for k in keys], np.uint64)
+        k1 = np.array([siphash.split_key(k)[1] for k in keys], np.uint64)
+        assert siphash.siphash24_many_keys(k0, k1, data, starts, lengths, prefix).tolist() == [
+            _tree_reference(k, head + m) for k, m in zip(keys, messages)]
+        owner = np.arange(len(messages))[::-1].copy()
+        assert siphash.siphash24_many_keys(k0, k1, data, starts, lengths, prefix,
+                                           owner=owner).tolist() == [
+            _tree_reference(keys[o], head + m) for o, m in zip(owner, messages)]
+    if NUMBA:                                       # the compiled kernels: the same values
+        monkeypatch.setattr(compiled, "WORK_BEFORE_COMPILING", 0)
+        assert siphash.siphash24_many(KEY, data, starts, lengths, prefix).tolist() == expected
+
+
+def test_the_tree_tells_apart_lengths_and_positions():
+    # a message, its zero-padded extension and its pieces reordered all differ
+    m = np.random.default_rng(12).integers(0, 256, 3072, dtype=np.uint8).tobytes()
+    values = {siphash.prf64(KEY, x) for x in
+              (m, m + b"\0", m[:-1], m[1024:2048] + m[:1024] + m[2048:], m[:1024])}
+    assert len(values) == 5
+
+
+def test_hashing_a_long_item_takes_a_number_of_steps_independent_of_its_length(monkeypatch):
+    # SipHash absorbs one word after the other: word by word in numpy, a 1 MB item took
+    # 131,072 steps of a dozen numpy calls. The tree hashes its pieces side by side.
+    calls = []
+    real = siphash._rounds_many
+    monkeypatch.setattr(siphash, "_rounds_many", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(compiled, "kernel", lambda name, work: None)
+    steps = {}
+    for size in (1 << 12, 1 << 20):
+        calls.clear()
+        bits = ItemBits(RunKey.from_test_seed(1), "noise/0")
+        got = bits.many(["x" * size, "y"])
+        assert got[0] == siphash.prf64(bits._key, encode_value("x" * size))
+        steps[size] = len(calls)
+    # a level's pieces side by side (about 130 steps), levels growing as log_128 of the
+    # length: 2 levels at 4 KB, 3 at 1 MB (word by word: 131,072 steps at 1 MB)
+    assert steps[1 << 20] <= 1.6 * steps[1 << 12] < 600, steps

@@ -251,7 +251,7 @@ def test_top_k_epsilon_is_the_whole_query(k, epsilon, delta):
     if k == 1:  # one selection: basic composition, so ε itself per selection
         assert eps_sel == epsilon
     # the threshold uses δ/2 and the Gumbel the calibrated ε
-    assert m.threshold_offset == cal.gumbel_threshold_offset(eps_sel, delta / 2, k)
+    assert m.threshold_offset == cal.gumbel_threshold_offset(eps_sel, delta / 2, m.k_bar)
     d = m.describe()
     assert (d["epsilon"], d["delta"]) == (epsilon, delta)
     assert d["epsilon_per_selection"] == eps_sel and d["calibrated_from"] == "epsilon"

@@ -502,3 +502,30 @@ def test_accountant_with_topk_queries_on_real_release():
         out = a.run(3, lambda: m.release(hist, RunKey.from_test_seed(q), purpose=f"topk/{q}"))
         assert [i for _, i in out] == ["a", "b"]  # c, d are far below the threshold
     assert a.spent_selections == 6 and a.spent_queries == 2
+
+
+def test_default_k_bar_is_ten_k():
+    assert cal.default_k_bar(1) == 10 and cal.default_k_bar(50) == 500
+    assert TopKMechanism(7, 1.0, 1e-6).k_bar == 70
+    assert TopKMechanism(7, 1.0, 1e-6, k_bar=7).k_bar == 7       # --k-bar still decides
+    with pytest.raises(ValueError):
+        cal.default_k_bar(0)
+
+
+@pytest.mark.parametrize("with_counts", [False, True])
+def test_the_default_releases_k_when_the_top_k_have_thousands_of_users(with_counts):
+    # reddit-titles' shape: the top 10 held by 3,000 down to 1,300 users, 30 apart at the
+    # bottom, then a tail. With k̄ = k the threshold sat 1 + log(k/δ)/ε above h_11 and the
+    # 10th item, 30 users above it, was mostly dropped; with k̄ = 10·k it sits at h_101.
+    # False failure: every candidate down to 1,000 users leads h_101 = 370 by 630, against
+    # an offset below 250 and noise of scale at most 11 (Laplace) or 1/ε_selection < 15
+    # (Gumbel), tails below e^-25 there: far below 1e-6 for the 20 seeds. (Which of the
+    # items near 1,300 users come 10th is the noise's choice.)
+    top = [(f"top{j}", 3000 - 190 * j) for j in range(9)] + [("top9", 1300)]
+    top += [(f"tail{j}", 1270 - 10 * j) for j in range(100)]
+    mechanism = TopKMechanism(10, 1.0, 1e-6, max_items=10 if with_counts else None,
+                              with_counts=with_counts)
+    assert mechanism.k_bar == 100 and dict(top)["tail90"] == 370
+    for seed in range(20):
+        got = mechanism.release(top, RunKey.from_test_seed(seed))
+        assert len(got) == 10, (seed, got)

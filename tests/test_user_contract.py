@@ -84,8 +84,8 @@ def test_counts_come_from_the_pipeline_on_a_runner_without_metrics(tmp_path, cap
     assert json.loads(captured.out)["num_released"] == len(items) > 0
     assert json.load(open(prefix + ".json"))["num_released"] == len(items)
     err = without_progress(captured.err)
-    assert err == ["WARNING: 3 malformed input line(s) skipped (no tab, empty user id or "
-                   "invalid UTF-8)"], err
+    assert err == ["WARNING: malformed input lines were skipped (no tab, empty user id or "
+                   f"invalid UTF-8); their count is in {prefix + PRIVATE}"], err
     # The counts files were read into the private details and deleted.
     assert sorted(os.listdir(tmp_path / "out")) == sorted(["o" + ITEMS, "o.json", "o" + PRIVATE])
 
@@ -100,7 +100,7 @@ def test_no_well_formed_line_exits_1_and_keeps_only_the_dead_letter_without_metr
     err = without_progress(capsys.readouterr().err)
     assert rc == 1 and len(err) == 1, err
     dead = str(tmp_path / "new" / "dead") + DEAD
-    assert "no well-formed" in err[0] and "(7 malformed line(s))" in err[0]
+    assert "no well-formed" in err[0] and "(7 malformed" not in err[0]  # the count: --verbose
     assert err[0].endswith(f"nothing released; the malformed lines are in {dead}")
     # no release, summary or counts files: only the dead letter the user asked for
     assert sorted(os.listdir(tmp_path)) == ["junk.tsv", "new"]
@@ -257,18 +257,28 @@ def test_stage_lines_and_quiet_without_exact_counts(tmp_path, capsys):
     data = small_input(tmp_path, users=300, junk=4)
     dead = str(tmp_path / "dead")
     prefix = str(tmp_path / "o")
+    # by default no exact count of the input on stderr (a shared cluster's logs are seen
+    # by others): they are in the private run details, and on stderr with --verbose
     assert select_partitions.main(["--input", data, "--output", prefix, "--dead-letter", dead]
                                   + SELECT) == 0
     err = capsys.readouterr().err.strip().splitlines()
     stages = [PROGRESS_LINE.sub("", l) for l in err if PROGRESS_LINE.match(l)]
     assert re.fullmatch(r"reading 1 file \(\d+\.\d kB\) on DirectRunner", stages[0]), stages
+    assert re.fullmatch(r"pipeline finished in \d+\.\d s \(the input's exact counts: "
+                        r"--verbose, or the private run details\)", stages[1]), stages
+    assert without_progress("\n".join(err)) == [
+        f"WARNING: malformed input lines were skipped (no tab, empty user id or invalid "
+        f"UTF-8); their count is in {prefix + PRIVATE}; they are in {dead + DEAD}"]
+    assert select_partitions.main(["--input", data, "--output", prefix, "--dead-letter", dead,
+                                   "--overwrite", "--verbose"] + SELECT) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    stages = [PROGRESS_LINE.sub("", l) for l in err if PROGRESS_LINE.match(l)]
     assert re.fullmatch(r"pipeline finished in \d+\.\d s: 300 users, 4 malformed lines",
                         stages[1]), stages
     assert re.fullmatch(rf"released \d+ items: {re.escape(prefix + ITEMS)}, summary "
                         rf"{re.escape(prefix)}\.json", stages[2]), stages
-    assert without_progress("\n".join(err)) == [
-        f"WARNING: 4 malformed input line(s) skipped (no tab, empty user id or invalid "
-        f"UTF-8); they are in {dead + DEAD}"]
+    assert (f"WARNING: 4 malformed input line(s) skipped (no tab, empty user id or invalid "
+            f"UTF-8); they are in {dead + DEAD}") in without_progress("\n".join(err))
     # --quiet: the warning stays, without the count (it is in the private details).
     assert select_partitions.main(["--input", data, "--output", prefix, "--dead-letter", dead,
                                    "--overwrite", "--quiet"] + SELECT) == 0

@@ -29,7 +29,8 @@ __all__ = ["gzip_reader", "open_local_binary", "BLOCK_BYTES", "UTF8_BOM",
            "iter_line_blocks", "iter_raw_blocks", "read_blocks", "block_buffers",
            "read_ahead", "parse_line", "group_line_counts", "read_user_items",
            "iter_line_counts", "pack_user_groups", "with_positions", "SNIFF_BYTES",
-           "sniff_lines", "first_extra_column", "column_runs", "MIN_RUNS", "looks_swapped"]
+           "sniff_lines", "first_extra_column", "column_runs", "MIN_RUNS", "looks_swapped",
+           "sniff_head", "not_text_reason"]
 
 
 try:  # the ``fast`` extra: ISA-L's inflate (python-isal), the same bytes as zlib's
@@ -404,6 +405,51 @@ def sniff_lines(path: str, size: int = SNIFF_BYTES) -> List[bytes]:
     if len(data) > size:
         lines = lines[:-1]  # the last one may be cut
     return [ln[:-1] if ln.endswith(b"\r") else ln for ln in lines if ln]
+
+
+def sniff_head(path: str, size: int = SNIFF_BYTES) -> bytes:
+    """The first ``size`` bytes of a local file as the readers see them (decompressed)."""
+    with open_local_binary(path) as f:
+        return f.read(size)
+
+
+#: Signatures of compressed or binary formats: (leading bytes, what they are).
+_SIGNATURES = ((b"\x1f\x8b", "gzip-compressed (name it .gz)"),
+               (b"BZh", "bzip2-compressed"), (b"PK\x03\x04", "a zip archive"),
+               (b"\xfd7zXZ\x00", "xz-compressed"), (b"\x28\xb5\x2f\xfd", "zstd-compressed"),
+               (b"PAR1", "a Parquet file"), (b"\x89PNG", "a PNG image"),
+               (b"%PDF", "a PDF document"))
+
+
+def _utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
+def not_text_reason(head: bytes) -> Optional[str]:
+    """Why the first bytes of an input (as the readers see them) cannot be UTF-8 text
+    lines, or None: a known compressed or binary format's signature; a tenth of the
+    bytes NUL (binary, or UTF-16); or most lines not UTF-8 (binary, or another
+    encoding). A few odd lines are not refused: the readers skip them as malformed."""
+    for signature, what in _SIGNATURES:
+        if head.startswith(signature):
+            return f"it is {what}"
+    if not head:
+        return None
+    if head.count(0) * 10 > len(head):
+        return "a tenth of its bytes are NUL: it is binary or UTF-16, not UTF-8 text"
+    lines = head.split(b"\n")[:-1]                # the last one may be cut: not judged
+    if lines:
+        bad = sum(not _utf8(line) for line in lines)
+        if bad * 2 > len(lines):
+            return (f"{bad} of its first {len(lines)} lines are not UTF-8: it is binary, or "
+                    f"text in another encoding (convert it, e.g. iconv -t utf-8)")
+    elif not any(_utf8(head[:len(head) - cut]) for cut in range(4)):
+        return "it is not UTF-8: binary, or text in another encoding"
+    return None
 
 
 def first_extra_column(lines: Sequence[bytes]) -> Optional[int]:

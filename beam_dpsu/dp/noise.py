@@ -742,3 +742,10 @@ class KeyedGridLaplace:
 
     def __call__(self, value: float, item: bytes) -> float:
         return discrete_laplace_on_grid(value, self.scale, keyed_generator(self._key, item))
+
+    def index(self, value: float, item: bytes) -> int:
+        """The grid index ``n + Z`` of ``self(value, item)`` (which is ``index·g``), as an
+        exact integer: decisions made on indices have no floating-point rounding."""
+        rng = keyed_generator(self._key, item)
+        return round_to_grid(value, self.granularity) + two_sided_geometric(
+            rng, self.scale / self.granularity)

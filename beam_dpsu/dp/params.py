@@ -272,8 +272,10 @@ MECHANISM_PARAMS: Dict[str, Param] = {p.name: p for p in [
           "of the Gaussian precision (the adaptive round's release statistic combines both "
           "stages)", _text(DEFAULT_ESTIMATE_SHARE),
           "none: the stages' precisions sum to that of --epsilon --delta"),
-    Param("public_counts", str, "gw-kt: file of item<TAB>count lines (public data, not the "
-          "private input)", None, "none, provided the counts do not come from the private "
+    Param("public_counts", str, "gw-kt: file of item<TAB>count lines, the count being the "
+          "number of distinct users holding the item in PUBLIC data similar to the input "
+          "(never the private input); make it with beam-dpsu public-counts --input "
+          "PUBLIC_PAIRS --output COUNTS.tsv", None, "none, provided the counts do not come from the private "
           "input"),
     Param("tie_break", str, "gw, gw-kt: order of a user's items of equal frequency, "
           "'item-hash' (keyed hash) or 'first-occurrence' (the user's record order, as the "
@@ -315,7 +317,8 @@ MECHANISM_PARAMS: Dict[str, Param] = {p.name: p for p in [
 TOPK_PARAMS: Dict[str, Param] = {p.name: p for p in [
     Param("k", int, "the most items to release (integer >= 1)", None,
           "Algorithm 2 is charged up to k selections"),
-    Param("k_bar", int, "candidates k̄ >= k (the true top k̄ are noised)", "k",
+    Param("k_bar", int, "candidates k̄ >= k (the true top k̄ are noised; the (k̄+1)-th count "
+          "sets the threshold, so k̄ = k often releases fewer than k)", "10·k",
           "none: the threshold grows with log(k̄/δ)/ε"),
     Param("with_counts", bool, "Algorithm 1 (Laplace): also release noisy counts", None,
           "none: --epsilon is the whole query's either way"),

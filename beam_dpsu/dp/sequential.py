@@ -63,11 +63,11 @@ import numpy as np
 
 from beam_dpsu.dp.contribution import ItemCounts, sample_items
 from beam_dpsu.dp.calibration import check_eta, check_max_items
-from beam_dpsu.dp.lines import open_local_binary
+from beam_dpsu.dp.lines import iter_line_counts, open_local_binary, parse_line
 from beam_dpsu.dp.noise import KeyedHash64, RunKey, encode_value, keyed_hash64
 from beam_dpsu.dp.params import DEFAULT_FRONT_SCALE, DEFAULT_FRONT_MARGIN
 
-__all__ = ["Histogram", "l1_descent", "l2_descent", "greedy_fill", "TIE_BREAKS",
+__all__ = ["public_counts_from_pairs", "format_public_counts", "Histogram", "l1_descent", "l2_descent", "greedy_fill", "TIE_BREAKS",
            "check_tie_break", "greedy_order", "apply_l1", "apply_l2", "apply_greedy",
            "cascade_free_fill", "apply_cascade_free", "user_sort_key", "user_position",
            "KT_SELECTIONS", "check_kt_selection", "check_front_scale", "check_front_margin",
@@ -884,6 +884,41 @@ def read_public_counts(path: str, opener=None) -> Dict[str, float]:
             if item is not None:
                 out[item] = out.get(item, 0) + count
     return out
+
+
+def public_counts_from_pairs(paths: Sequence[str], opener=None) -> Tuple[Dict[str, int], int]:
+    """The public counts GW-KT reads, from PUBLIC ``user<TAB>item`` files: for each item,
+    the number of distinct users holding it (a user's repeated lines count once).
+
+    Returns ``(counts, malformed)``: ``{item: users}`` and the number of malformed lines
+    skipped (no tab, empty user id, invalid UTF-8), as every reader of the library parses
+    lines. Holds the distinct (user, item) pairs in memory. The files must be public
+    data, not the private input: the counts then cost no privacy budget.
+
+    Args:
+      paths: the files (``.gz``/``.bz2`` decompressed).
+      opener: ``path -> binary file object`` (default: a local file).
+    """
+    seen = set()
+    counts: Dict[str, int] = {}
+    malformed = 0
+    for path in paths:
+        for chunk in iter_line_counts(path, opener=opener):
+            for line, n in chunk.items():
+                pair = parse_line(line)
+                if pair is None:
+                    malformed += n
+                elif pair not in seen:
+                    seen.add(pair)
+                    counts[pair[1]] = counts.get(pair[1], 0) + 1
+    return counts, malformed
+
+
+def format_public_counts(counts: Mapping[str, int]) -> Iterable[str]:
+    """``item<TAB>count`` lines (with their newline) of ``counts``, the largest count
+    first (ties by item): the file ``read_public_counts`` reads back."""
+    for item, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
+        yield f"{item}\t{n}\n"
 
 
 def parse_public_count_line(raw, lineno: int = 0):

@@ -9,11 +9,19 @@ noise value per item for millions of items: it vectorises over an array of
 messages with a few dozen integer operations on uint64 arrays
 (``siphash24_many``), where BLAKE2b would need a call per item from Python.
 
-``siphash24`` is the scalar reference (the published test vectors hold for it,
-``tests/test_siphash.py``); ``siphash24_many`` computes the same values for many
-messages at once and is tested against it: compiled by numba when it is
-installed and the process has enough work for it (``dp.compiled``; about 30 ns a
-message), otherwise as numpy operations on uint64 arrays (about 0.5 µs a message).
+``siphash24`` is SipHash-2-4 itself (the published test vectors hold for it,
+``tests/test_siphash.py``). ``prf64`` is the keyed function the library uses: SipHash-2-4
+of messages up to ``LEAF_BYTES`` bytes, and a tree of SipHash-2-4 calls above
+(``prf64``'s docstring). ``siphash24_many`` computes ``prf64`` for many messages at once
+and is tested against it: compiled by numba when it is installed and the process has
+enough work for it (``dp.compiled``; about 30 ns a message), otherwise as numpy
+operations on uint64 arrays (about 0.5 µs a message).
+
+Why a tree for long messages: SipHash absorbs a message one 8-byte word after the
+other, so numpy can only work across messages, never along one; a 1 MB item took
+131,072 sequential steps of a dozen numpy calls each (tens of seconds). The tree cuts
+a long message into ``LEAF_BYTES`` pieces hashed side by side, so hashing costs about
+the same per byte at every length, on the base install too.
 """
 from __future__ import annotations
 
@@ -24,7 +32,8 @@ import numpy as np
 from beam_dpsu.dp import compiled
 from beam_dpsu.dp.buffers import empty
 
-__all__ = ["siphash24", "siphash24_many", "siphash24_many_keys", "split_key"]
+__all__ = ["LEAF_BYTES", "siphash24", "prf64", "siphash24_many", "siphash24_many_keys",
+           "split_key"]
 
 _MASK = (1 << 64) - 1
 _C0, _C1, _C2, _C3 = (0x736F6D6570736575, 0x646F72616E646F6D, 0x6C7967656E657261,
@@ -77,6 +86,51 @@ def siphash24(key: bytes, message: bytes) -> int:
     return v0 ^ v1 ^ v2 ^ v3
 
 
+#: Messages up to this many bytes are hashed by SipHash-2-4 itself; longer ones by the
+#: tree of ``prf64``, whose nodes are LEAF_BYTES + 16 bytes long (never a direct message).
+LEAF_BYTES = 1024
+_NODE_WORDS = LEAF_BYTES // 8 + 2
+
+
+def _node(piece: bytes, index: int, level: int, level_length: int) -> bytes:
+    """A tree node's message: the piece zero-padded to LEAF_BYTES, then the little-endian
+    64-bit words ``index`` and ``level·2^56 + level_length``."""
+    return (piece.ljust(LEAF_BYTES, b"\0") + index.to_bytes(8, "little")
+            + ((level << 56) | level_length).to_bytes(8, "little"))
+
+
+def prf64(key: bytes, message: bytes) -> int:
+    """The library's keyed 64-bit PRF of ``message`` under the 16-byte ``key``.
+
+    Up to ``LEAF_BYTES`` bytes: ``siphash24(key, message)``. Longer: a tree. Level 1
+    cuts the message into LEAF_BYTES pieces; piece i becomes the node message
+    ``piece ‖ 0-padding ‖ le64(i) ‖ le64(1·2^56 + n)`` (n the message's length) and
+    its value is ``siphash24`` of that node. Level ℓ + 1 does the same to the
+    concatenated 8-byte little-endian values of level ℓ (with ℓ + 1 and that
+    concatenation's length), until a level has one node: its value is the result.
+
+    Security (the proofs need a PRF, ``docs/mechanisms.md`` section 1.1): every node
+    message is LEAF_BYTES + 16 bytes long, so it is never a short message hashed
+    directly, and it names its position (index, level, length of its level), so two
+    positions never share a node message unless their contents are equal. With
+    SipHash-2-4 replaced by a random function, two distinct long messages of the same
+    length get the same value only if, at some level, all their differing nodes'
+    values collide: probability at most (levels)·2^-64 for the pair, the order of a
+    random 64-bit function's own collisions (2^-64 a pair). So ``prf64`` is a PRF
+    with advantage at most SipHash-2-4's on the node queries plus that term.
+    """
+    if len(message) <= LEAF_BYTES:
+        return siphash24(key, message)
+    data, level = bytes(message), 0
+    while True:
+        level += 1
+        values = [siphash24(key, _node(data[at:at + LEAF_BYTES], i, level, len(data)))
+                  for i, at in enumerate(range(0, len(data), LEAF_BYTES))]
+        if len(values) == 1:
+            return values[0]
+        data = b"".join(v.to_bytes(8, "little") for v in values)
+
+
 _U = np.uint64
 
 
@@ -108,8 +162,8 @@ def siphash24_many(key: bytes, data, starts, lengths, prefix: Optional[int] = No
     Message ``i`` is ``data[starts[i]:starts[i] + lengths[i]]``, preceded by the
     single byte ``prefix`` when it is given (e.g. the type tag of
     ``noise.encode_value``, so that the message is an item's canonical bytes
-    without copying them). Returns a uint64 array of the values ``siphash24``
-    gives for each message.
+    without copying them). Returns a uint64 array of the values ``prf64`` gives
+    for each message (``siphash24``'s up to ``LEAF_BYTES`` bytes).
 
     Args:
       key: 16 bytes.
@@ -120,6 +174,9 @@ def siphash24_many(key: bytes, data, starts, lengths, prefix: Optional[int] = No
     """
     k0, k1 = split_key(key)
     n = len(starts)
+    if _any_long(lengths, prefix):
+        return siphash24_many_keys(np.array([k0], np.uint64), np.array([k1], np.uint64), data,
+                                   starts, lengths, prefix, owner=np.zeros(n, np.int64))
     kernel = compiled.kernel("siphash24_key", n)
     if kernel is not None:  # the key once, not copied per message
         return kernel(np.uint64(k0), np.uint64(k1), _bytes_array(data),
@@ -137,7 +194,15 @@ def siphash24_many_keys(k0, k1, data, starts, lengths, prefix: Optional[int] = N
     little-endian halves are ``k0[i]`` and ``k1[i]`` (uint64 arrays), or, with
     ``owner`` (an integer array, one element per message), ``k0[owner[i]]`` and
     ``k1[owner[i]]`` (a key per owner, not gathered per message). ``out``: a uint64
-    array of one element per message to write the values to (then returned)."""
+    array of one element per message to write the values to (then returned). Values
+    are ``prf64``'s: messages longer than ``LEAF_BYTES`` go through its tree."""
+    if _any_long(lengths, prefix):
+        return _with_tree(k0, k1, data, starts, lengths, prefix, owner, out)
+    return _plain_many_keys(k0, k1, data, starts, lengths, prefix, owner, out)
+
+
+def _plain_many_keys(k0, k1, data, starts, lengths, prefix=None, owner=None, out=None):
+    """``siphash24_many_keys`` by SipHash-2-4 itself, whatever the messages' lengths."""
     buf = _bytes_array(data)
     starts = np.asarray(starts, dtype=np.int64)
     lengths = np.asarray(lengths, dtype=np.int64)
@@ -171,6 +236,95 @@ def siphash24_many_keys(k0, k1, data, starts, lengths, prefix: Optional[int] = N
         return values
     out[:] = values
     return out
+
+
+def _any_long(lengths, prefix) -> bool:
+    lengths = np.asarray(lengths, dtype=np.int64)
+    return bool(lengths.size) and int(lengths.max()) + (prefix is not None) > LEAF_BYTES
+
+
+def _with_tree(k0, k1, data, starts, lengths, prefix, owner, out):
+    """``siphash24_many_keys`` of a batch holding messages longer than LEAF_BYTES: the
+    short ones directly, the long ones by ``prf64``'s tree, every level at once."""
+    buf = _bytes_array(data)
+    starts = np.asarray(starts, dtype=np.int64)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    k0 = np.asarray(k0, dtype=np.uint64)
+    k1 = np.asarray(k1, dtype=np.uint64)
+    n = len(starts)
+    if len(lengths) != n or (out is not None and (out.dtype != np.uint64 or len(out) != n)):
+        raise ValueError("one length per message, and out (when given) a uint64 array "
+                         "of one element per message")
+    if owner is None:
+        if len(k0) != n or len(k1) != n:
+            raise ValueError("one key (k0, k1) per message")
+        owner = np.arange(n, dtype=np.int64)
+    else:
+        owner = np.asarray(owner, dtype=np.int64)
+        if len(owner) != n:
+            raise ValueError("one owner per message")
+        if n and (owner.min() < 0 or owner.max() >= min(len(k0), len(k1))):
+            raise ValueError("an owner outside the key arrays")
+    if out is None:
+        out = np.empty(n, np.uint64)
+    pre = 0 if prefix is None else 1
+    long = lengths + pre > LEAF_BYTES
+    short = np.flatnonzero(~long)
+    if short.size:
+        out[short] = _plain_many_keys(k0, k1, buf, starts[short], lengths[short], prefix,
+                                      owner=owner[short])
+    at = np.flatnonzero(long)
+    out[at] = _tree_many(k0, k1, owner[at], buf, starts[at] - pre, lengths[at] + pre,
+                         prefix)
+    return out
+
+
+def _tree_many(k0, k1, owner, buf, starts, lengths, prefix, level=1):
+    """``prf64``'s tree from ``level`` up, of the messages ``buf[starts[i]:starts[i] +
+    lengths[i]]``, message i under the key of ``owner[i]``. With ``prefix`` (level 1
+    only) a message's first byte is ``prefix`` (its span then starts one byte before
+    its data, possibly at -1). Every node of a level is hashed in one batch."""
+    pieces = -(-lengths // LEAF_BYTES)                      # ceil, at least 1
+    first = np.zeros(len(lengths), np.int64)
+    np.cumsum(pieces[:-1], out=first[1:])
+    total = int(pieces.sum())
+    message = np.repeat(np.arange(len(lengths)), pieces)
+    index = np.arange(total, dtype=np.int64) - first[message]
+    nodes = np.zeros((total, _NODE_WORDS), dtype="<u8")
+    node_bytes = nodes.view(np.uint8)
+    begin = starts[message] + index * LEAF_BYTES
+    size = np.minimum(lengths[message] - index * LEAF_BYTES, LEAF_BYTES)
+    # The pieces as rows of LEAF_BYTES-wide windows of the bytes the messages span (padded by a
+    # byte before, for a prefix at -1, and a piece's width after): one row copy each.
+    lo_at = int(starts.min())
+    hi_at = int((starts + lengths).max())
+    span = np.zeros(hi_at - lo_at + LEAF_BYTES, np.uint8)
+    have = slice(max(lo_at, 0), min(hi_at, len(buf)))
+    span[have.start - lo_at:have.stop - lo_at] = buf[have]
+    windows = np.lib.stride_tricks.as_strided(
+        span, shape=(len(span) - LEAF_BYTES + 1, LEAF_BYTES), strides=(1, 1), writeable=False)
+    cols = np.arange(LEAF_BYTES, dtype=np.int64)
+    step = max(1, (1 << 24) // LEAF_BYTES)                  # bounded temporaries
+    for lo in range(0, total, step):
+        hi = min(total, lo + step)
+        rows = windows[begin[lo:hi] - lo_at]
+        rows[cols[None, :] >= size[lo:hi, None]] = 0        # past the message: zero
+        node_bytes[lo:hi, :LEAF_BYTES] = rows
+    if prefix is not None:
+        node_bytes[first, 0] = prefix
+    nodes[:, _NODE_WORDS - 2] = index.astype(np.uint64)
+    nodes[:, _NODE_WORDS - 1] = (_U(level) << _U(56)) | lengths[message].astype(np.uint64)
+    node_len = LEAF_BYTES + 16
+    hashed = _plain_many_keys(k0, k1, node_bytes.reshape(-1),
+                              np.arange(total, dtype=np.int64) * node_len,
+                              np.full(total, node_len, np.int64), None,
+                              owner=owner[message]).astype("<u8", copy=False)
+    result = hashed[first]
+    rest = np.flatnonzero(pieces > 1)
+    if rest.size:  # their values, contiguous per message, are the next level's messages
+        result[rest] = _tree_many(k0, k1, owner[rest], hashed.view(np.uint8),
+                                  first[rest] * 8, pieces[rest] * 8, None, level + 1)
+    return result
 
 
 def _bytes_array(data) -> np.ndarray:

@@ -61,8 +61,8 @@ def select_parser() -> flags.ArgumentParser:
                         "to PREFIX-top-k-00000-of-00001. Privacy: paid from --share top-k "
                         "(the whole query's guarantee)")
     g.add_argument("--top-k-bar", dest="top_k_bar", type=int, metavar="KBAR",
-                   help="top-k candidates k̄ >= K (default K). Privacy: none (the threshold "
-                        "grows with log(k̄/δ)/ε)")
+                   help="top-k candidates k̄ >= K (default 10·K). Privacy: none (the "
+                        "threshold grows with log(k̄/δ)/ε)")
     g.add_argument("--top-k-max-items", dest="top_k_max_items", type=int, metavar="N",
                    help="top-k: Δ, distinct items kept per user (default unrestricted). "
                         "Privacy: none")

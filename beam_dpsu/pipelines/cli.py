@@ -76,12 +76,13 @@ def command_prog(default: str) -> str:
 def add_output_flags(parser: argparse.ArgumentParser) -> None:
     """``--verbose`` and ``--quiet``, which every command takes (no privacy effect)."""
     parser.add_argument("--verbose", action="store_true",
-                        help="also show Apache Beam's own log lines (default: only ours)")
+                        help="also show Apache Beam's own log lines and the input's exact "
+                             "counts (users, malformed lines: owner-only, like the private "
+                             "run details; a shared cluster's logs are seen by others). "
+                             "Default: our progress lines, without exact counts")
     parser.add_argument("--quiet", action="store_true",
-                        help="no progress lines on stderr, and no exact count in any "
-                             "warning (default: stage and progress lines, which hold exact "
-                             "counts of the input: owner-only, like the private run "
-                             "details)")
+                        help="no progress lines on stderr (default: stage and progress "
+                             "lines)")
 
 
 def write_line(text: str, stream=None) -> None:
@@ -212,6 +213,8 @@ COMMANDS = {
     "compare": ("beam_dpsu.pipelines.compare",
                 "compare mechanisms on your data: tables and plots (NOT private)"),
     "generate": ("beam_dpsu.pipelines.generate", "write synthetic user<TAB>item data"),
+    "public-counts": ("beam_dpsu.pipelines.public_counts",
+                      "gw-kt's --public-counts file from PUBLIC user<TAB>item data"),
     "audit": ("beam_dpsu.pipelines.audit", "empirical privacy audit: a lower bound on epsilon"),
     "setup-engines": ("beam_dpsu.pipelines.setup_engines",
                       "fetch or build Prism, Flink's or Spark's engine for --runner"),
@@ -219,7 +222,8 @@ COMMANDS = {
 
 #: checkout module names (``python -m pipelines.NAME``) → subcommand.
 MODULE_COMMANDS = {"select_partitions": "select", "top_k": "top-k", "compare": "compare",
-                   "generate": "generate", "audit": "audit", "hitting_set": "hitting-set"}
+                   "generate": "generate", "audit": "audit", "hitting_set": "hitting-set",
+                   "public_counts": "public-counts"}
 
 _LOG_FORMAT = "%(levelname)s: %(message)s"
 
@@ -267,7 +271,14 @@ def configure_logging(verbose: bool) -> None:
     if not root.handlers:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter(_LOG_FORMAT))
+        handler._beam_dpsu = True
         root.addHandler(handler)
+    for handler in root.handlers:
+        if getattr(handler, "_beam_dpsu", False):
+            # A logger that sets its own level passes INFO records to the root's handlers
+            # whatever the root's level (Beam sets its Prism job server's logger to INFO,
+            # and Prism's own lines come through it): our handler drops them itself.
+            handler.setLevel(logging.NOTSET if verbose else logging.ERROR)
     if verbose:
         root.setLevel(logging.DEBUG if os.environ.get("BEAM_DPSU_DEBUG") else logging.INFO)
         logging.getLogger("apache_beam").setLevel(logging.NOTSET)
@@ -281,8 +292,8 @@ def _usage() -> str:
     lines = ["usage: beam-dpsu COMMAND [FLAGS]   (beam-dpsu COMMAND --help for its flags)",
              "", "Differentially private set union on Apache Beam.", "", "commands:"]
     lines += [f"  {name:<{width}}  {desc}" for name, (_, desc) in COMMANDS.items()]
-    lines += ["", "common flags: --verbose (show Beam's own log lines), --quiet (no progress "
-              "lines on stderr)"]
+    lines += ["", "common flags: --verbose (show Beam's own log lines and the input's exact "
+              "counts), --quiet (no progress lines on stderr)"]
     return "\n".join(lines)
 
 

@@ -6,7 +6,7 @@ Usage::
         [--max-items-per-user N] [--alpha A] [--rounds I] [--ratio r]
         [--public-counts PATH] [--trials N] [--epsilons LIST] [--engine core|beam]
         [--budget-epsilon E --budget-delta D] [--insecure-test-seed N]
-        --output DIR [any Beam pipeline option, with --engine beam]
+        --output DIR [--overwrite] [any Beam pipeline option, with --engine beam]
     beam-dpsu compare --task top-k|hitting-set --k K --mechanisms METHODS ...
         (top-k methods or k-hitting sets: ``beam_dpsu.pipelines.compare_ranked``)
 
@@ -152,6 +152,9 @@ def build_parser() -> flags.ArgumentParser:
                    help=f"directory for the results ({RESULTS_MD}, {RESULTS_JSON}) and plots "
                         f"(*.PRIVATE.png): exact statistics of the input, owner-only, never "
                         f"to be published")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the results of an earlier comparison in --output (default: "
+                        "they are refused, as select refuses an earlier run's outputs)")
     p.add_argument("--mechanisms", required=True, help="comma-separated NAME[:KEY=VALUE...]")
     p.add_argument("--task", choices=("set-union",) + compare_ranked.TASKS, default="set-union",
                    help="what to compare: set-union mechanisms (default), top-k methods "
@@ -553,6 +556,17 @@ def plot(results, epsilons, out_dir) -> List[str]:
     return written
 
 
+def earlier_results(folder: str) -> List[str]:
+    """The files an earlier comparison wrote in ``folder`` (every output's name holds
+    ``.PRIVATE.``), sorted; [] when there are none or ``folder`` does not exist."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    return sorted(os.path.join(folder, n) for n in names
+                  if ".PRIVATE." in n and os.path.isfile(os.path.join(folder, n)))
+
+
 def run(argv: Optional[Sequence[str]] = None, progress=None) -> Dict[str, Any]:
     from beam_dpsu.pipelines import outputs, runs
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -560,10 +574,16 @@ def run(argv: Optional[Sequence[str]] = None, progress=None) -> Dict[str, Any]:
     outputs.check_locations(args.input)
     outputs.check_columns(outputs.check_input(args.input), args.tabs_in_items,
                           args.trust_columns)
+    earlier = earlier_results(args.output)
+    if earlier and not args.overwrite:
+        raise UsageError(f"{args.output!r} holds an earlier comparison's results "
+                         f"({os.path.basename(earlier[0])}); pass --overwrite to replace them")
     try:
         os.makedirs(args.output, exist_ok=True)
     except OSError as e:
         raise UsageError(f"cannot create {args.output!r}: {e.strerror}") from None
+    for path in earlier:  # --overwrite: no plot of the earlier run is left beside the new
+        os.remove(path)
     if progress is None:  # stderr lines, none with --quiet
         progress = cli.Progress(cli.command_prog(PROG), args.quiet)
     if args.insecure_test_seed is not None:

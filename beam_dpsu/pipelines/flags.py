@@ -22,7 +22,7 @@ from beam_dpsu.pipelines import cli
 from beam_dpsu.pipelines.cli import UsageError
 
 __all__ = ["ArgumentParser", "add_io_arguments", "add_column_arguments", "add_test_seed_argument",
-           "add_dead_letter_argument", "check_beam_args", "parse"]
+           "add_dead_letter_argument", "check_beam_args", "parse", "PATH_FLAGS", "absolute_paths"]
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -123,6 +123,28 @@ def check_beam_args(beam_args: Sequence[str]) -> None:
         raise UsageError(f"unrecognized arguments: {' '.join(unknown)}")
 
 
+#: The flags that name local files or prefixes: made absolute before a pipeline is built.
+PATH_FLAGS = ("input", "output", "dead_letter", "public_counts")
+
+
+def absolute_paths(args: argparse.Namespace) -> argparse.Namespace:
+    """Makes every local path flag of ``args`` (``PATH_FLAGS``) absolute, in place.
+
+    A pipeline's workers may run in another working directory (a Dask cluster's, a
+    Flink task manager's): a relative ``--output`` would be written there, out of the
+    user's sight, and a relative ``--input`` read from there. The launcher resolves
+    them against its own directory before it builds the pipeline. URLs (``gs://``)
+    are left as they are."""
+    import os
+    for name in PATH_FLAGS:
+        value = getattr(args, name, None)
+        if isinstance(value, str) and value and "://" not in value:
+            # a trailing separator is kept: the checks that refuse it still see it
+            tail = os.sep if value.endswith(("/", os.sep)) else ""
+            setattr(args, name, os.path.abspath(value).rstrip(os.sep) + tail or os.sep)
+    return args
+
+
 def parse(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]],
           validate: Callable[[argparse.Namespace, List[str]], T]) -> T:
     """Parses ``argv`` (default ``sys.argv[1:]``) with ``parser`` and returns
@@ -137,6 +159,7 @@ def parse(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]],
     parser declares required still comes first).
     """
     args, rest = parser.parse_known_args(list(sys.argv[1:] if argv is None else argv))
+    absolute_paths(args)
     try:
         result = validate(args, rest)
     except UsageError:

@@ -54,6 +54,11 @@ def main(argv=None) -> int:
                              f"{os.path.join(args.output, 'data.tsv.gz')!r}")
         if os.path.lexists(args.output) and not args.overwrite:
             raise UsageError(f"{args.output!r} exists; pass --overwrite to replace it")
+        if args.users < 1:
+            raise UsageError(f"--users must be an integer >= 1, got {args.users}")
+        if args.max_occurrences is not None and args.max_occurrences < 1:
+            raise UsageError(f"--max-occurrences must be an integer >= 1, got "
+                             f"{args.max_occurrences}")
         progress(f"writing {args.users} synthetic users to {args.output}")
         lines = _write_atomically(args)
         progress(f"wrote {lines} lines")

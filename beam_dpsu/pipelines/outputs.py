@@ -358,12 +358,24 @@ def check_columns(paths: Sequence[str], tabs_in_items: bool = False,
       runs as a user's lines do): the release would publish user ids and protect items,
       not people; unless ``trust_columns`` (``--trust-columns``).
 
+    And before both, whatever the flags: input that is not text at all (binary, or
+    compressed without the name that says so: ``dp.lines.not_text_reason``).
+
     Remote files are not read here. Nothing else of the input is checked.
     """
     local = [p for p in paths if not _is_remote(p)]
-    if not local or (tabs_in_items and trust_columns):
+    if not local:
         return
     path = local[0]
+    try:
+        reason = lines_mod.not_text_reason(lines_mod.sniff_head(path))
+    except (OSError, EOFError) as e:  # unreadable or corrupt: the read reports it
+        logging.debug("text check skipped for %s: %s", path, e)
+        reason = None
+    if reason is not None:
+        raise UsageError(f"{path} is not user<TAB>item text: {reason}")
+    if tabs_in_items and trust_columns:
+        return
     try:
         lines = lines_mod.sniff_lines(path)
     except (OSError, EOFError) as e:  # unreadable or corrupt: the read reports it

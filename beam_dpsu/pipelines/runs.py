@@ -14,7 +14,7 @@ Conventions of every release pipeline (``select_partitions``, ``top_k``):
   metrics) and every runner follows the rules below;
 * input with no well-formed line is one line on stderr and exit status 1, and
   leaves no release; any malformed line gives a one-line warning (with
-  ``--quiet``, without its count, which is in the private run details);
+  its count only with ``--verbose``: it is in the private run details);
 * Ctrl-C is one line, ``PROG: interrupted``, and exit status 130;
 * any other failure is one line on stderr and exit status 1 (set the
   environment variable ``BEAM_DPSU_DEBUG=1`` to see Beam's own logs and the
@@ -285,6 +285,9 @@ def _run_and_summarise(args, beam_args, build, public_fields, sub_releases, run_
     """``run_release`` after the checks: the run, its counts, the summaries."""
     dead_letter = getattr(args, "dead_letter", None)
     private_path = args.output + outputs.PRIVATE_SUFFIX
+    # exact counts of the input on stderr only with --verbose (a shared cluster's logs
+    # are seen by others); they are always in the private run details
+    exact = bool(getattr(args, "verbose", False)) and not progress.quiet
     local = [p for p in paths if not outputs._is_remote(p)]
     size = sum(os.path.getsize(p) for p in local)
     progress(f"reading {len(paths)} file{'s' if len(paths) != 1 else ''}"
@@ -306,7 +309,7 @@ def _run_and_summarise(args, beam_args, build, public_fields, sub_releases, run_
         kept = dead_letter and FileSystems.exists(outputs.dead_letter_file(dead_letter))
         raise NoWellFormedInput(
             f"no well-formed user<TAB>item line in {args.input!r}"
-            + ("" if progress.quiet else f" ({malformed} malformed line(s))")
+            + (f" ({malformed} malformed line(s))" if exact else "")
             + ": nothing released"
             + (f"; the malformed lines are in {outputs.dead_letter_file(dead_letter)}"
                if kept else ""))
@@ -323,7 +326,9 @@ def _run_and_summarise(args, beam_args, build, public_fields, sub_releases, run_
     if dead_letter and not FileSystems.exists(outputs.dead_letter_file(dead_letter)):
         # no malformed line: the file the user asked for exists, empty (and owner-only)
         outputs.write_private_file(outputs.dead_letter_file(dead_letter), [])
-    progress(f"pipeline finished in {wall:.1f} s: {users} users, {malformed} malformed lines")
+    progress(f"pipeline finished in {wall:.1f} s: {users} users, {malformed} malformed lines"
+             if exact else f"pipeline finished in {wall:.1f} s (the input's exact counts: "
+                           f"--verbose, or the private run details)")
     released = counts.get("released", 0)
     public = dict(public_fields(result, released))
     public.update({
@@ -358,7 +363,7 @@ def _run_and_summarise(args, beam_args, build, public_fields, sub_releases, run_
     if malformed:
         where = (f"; they are in {outputs.dead_letter_file(dead_letter)}" if dead_letter
                  else "")
-        if progress.quiet:  # no exact count on stderr: it is in the private details
+        if not exact:  # no exact count on stderr: it is in the private details
             cli.write_line(f"WARNING: malformed input lines were skipped (no tab, empty user "
                            f"id or invalid UTF-8); their count is in {private_path}{where}")
         else:

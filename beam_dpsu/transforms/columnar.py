@@ -74,6 +74,7 @@ from beam_dpsu.transforms import ordered, runners, staging
 from beam_dpsu.transforms.release import ApplyReleaseRule
 from beam_dpsu.transforms.bounding import check_global_window
 from beam_dpsu.transforms.textio import input_files, open_binary
+from beam_dpsu.transforms.write import local_absolute
 
 __all__ = ["SelectFromText", "SelectFromPairs", "RankFromText", "ActivityFromText"]
 
@@ -640,7 +641,7 @@ class SelectFromText(_Rounds):
                 f"mechanisms; got "
                 f"{mechanism!r}: use textio.ReadUserItems and SelectPartitions for it")
         super().__init__(mechanism, run_key, user_groups, item_shards, staging_dir, label)
-        self._pattern = file_pattern
+        self._pattern = local_absolute(file_pattern)  # the workers may run elsewhere
         self._block_bytes = _check_count(block_bytes, "block_bytes")
 
     def expand(self, pbegin):
@@ -933,7 +934,8 @@ class RankFromText(beam.PTransform):
                              f"DiscoverPeelHittingSet; got {mechanism!r}")
         if not isinstance(purpose, str) or not purpose:
             raise ValueError(f"purpose must be a non-empty string, got {purpose!r}")
-        self._pattern, self._mechanism, self._purpose = file_pattern, mechanism, purpose
+        self._pattern = local_absolute(file_pattern)  # the workers may run elsewhere
+        self._mechanism, self._purpose = mechanism, purpose
         self._run_key = keys.for_pipeline(run_key)
         self._groups = _check_count(user_groups, "user_groups")
         self._shards = _check_count(item_shards, "item_shards")
@@ -1051,7 +1053,7 @@ class ActivityFromText(beam.PTransform):
         super().__init__(label)
         if not isinstance(file_pattern, str) or not file_pattern:
             raise ValueError(f"file_pattern must be a non-empty string, got {file_pattern!r}")
-        self._pattern = file_pattern
+        self._pattern = local_absolute(file_pattern)  # the workers may run elsewhere
         self._groups = _check_count(user_groups, "user_groups")
         self._block_bytes = _check_count(block_bytes, "block_bytes")
 

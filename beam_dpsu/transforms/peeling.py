@@ -154,6 +154,8 @@ class DiscoverThenPeelTransform(beam.PTransform):
         self._per_user = check_flag(per_user, "per_user")
 
     def expand(self, pcoll):
+        from beam_dpsu.transforms import runners
+        runners.check_input(pcoll, "DiscoverThenPeel")
         check_global_window(pcoll, "DiscoverThenPeel")
         per_user = pcoll if self._per_user else pcoll | "PerUser" >> PerUserItemCounts()
         return _expand(self._mechanism, per_user, self._run_key)

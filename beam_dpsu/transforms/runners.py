@@ -48,7 +48,7 @@ __all__ = ["DASK_RUNNER", "RUNNER_ALIASES", "Capabilities", "NO_ORDERED_LIST_RUN
            "runner_name", "capabilities", "dealt_workers", "DIRECT_RUNNER_NAMES", "LOCAL_RUNNER",
            "is_direct", "runner_name_of", "pipeline_options", "wait_for", "resolve_runner_flag",
            "import_dask_options", "NO_BUNDLE_OUTPUT", "per_element_flush", "tag", "main_output",
-           "split_envelopes", "WithList", "check_pipeline", "join_leaves",
+           "split_envelopes", "WithList", "check_pipeline", "check_input", "join_leaves",
            "DASK_PARTITIONS_PER_THREAD", "read_partitions", "EngineNotSetUp",
            "ENGINES_DIR_VARIABLE", "FLINK_VERSION", "engines_dir", "prism_binary",
            "job_server_artifact", "job_server_jar", "find_engine"]
@@ -602,6 +602,41 @@ def check_pipeline(pipeline: beam.Pipeline) -> None:
     if problems:
         raise ValueError(f"{caps.name} would silently mistranslate this pipeline: "
                          + "; ".join(sorted(set(problems))[:5]))
+
+
+def check_input(pcoll, transform: str) -> None:
+    """Raises ValueError, one line, where ``pcoll`` comes from a read the runner does
+    not execute (Beam's ``ReadFromText``, any ``Read`` or ``Impulse`` outside
+    ``Create`` on the Dask runner), naming what to use instead.
+
+    ``SelectPartitions``, ``TopK`` and the peeling transforms call it when they
+    expand, so a user's pipeline is refused while it is built, not with a traceback
+    from inside Beam when it runs. ``transform``: the caller's name, for the message.
+    Nothing is checked on a runner that executes every read.
+    """
+    pcolls = pcoll if isinstance(pcoll, (tuple, list)) else [pcoll]
+    caps = capabilities(pcolls[0].pipeline)
+    if caps.read_primitive:
+        return
+    stack = [pc.producer for pc in pcolls if getattr(pc, "producer", None) is not None]
+    seen = set()
+    while stack:
+        applied = stack.pop()
+        if id(applied) in seen:
+            continue
+        seen.add(id(applied))
+        t = applied.transform
+        parent = applied.parent.transform if applied.parent is not None else None
+        if isinstance(t, beam.io.iobase.Read) or (isinstance(t, beam.Impulse)
+                                                  and type(parent) is not beam.Create):
+            raise ValueError(
+                f"{transform} cannot run on {caps.name} after {applied.full_label}: that "
+                f"runner does not execute Beam's reads (ReadFromText); read the "
+                f"user<TAB>item files with beam_dpsu.transforms.columnar.SelectFromText (or "
+                f"textio.ReadUserItems) instead")
+        for pc in list(applied.inputs) + [si.pvalue for si in applied.side_inputs]:
+            if getattr(pc, "producer", None) is not None:
+                stack.append(pc.producer)
 
 
 def _drop(_):

@@ -97,6 +97,8 @@ class SelectPartitions(beam.PTransform):
         self._per_user = check_flag(per_user, "per_user")
 
     def expand(self, pcoll):
+        from beam_dpsu.transforms import runners
+        runners.check_input(pcoll, "SelectPartitions")
         if isinstance(pcoll, (tuple, list)):
             if not self._per_user:
                 raise ValueError("SelectPartitions takes a tuple of PCollections only with "

@@ -33,6 +33,7 @@ from beam_dpsu.dp.lines import (BLOCK_BYTES, group_line_counts, gzip_reader, ite
                                 iter_line_counts, iter_raw_blocks, pack_user_groups,
                                 read_user_items, with_positions)
 from beam_dpsu.transforms.bounding import MergeItemCountsFn, mark_canonical_ids
+from beam_dpsu.transforms.write import local_absolute
 
 __all__ = ["DEFAULT_COMPLETE_MAX_PAIRS", "MAX_FILE_PARTITIONS", "DEFAULT_READ_GROUPS",
            "open_binary", "MergeUserGroups", "MergeOrderedItemCountsFn", "read_per_user",
@@ -523,7 +524,7 @@ class ReadUserItems(beam.PTransform):
         self._complete_max_pairs = complete_max_pairs
         if not isinstance(file_pattern, str) or not file_pattern:
             raise ValueError(f"file_pattern must be a non-empty string, got {file_pattern!r}")
-        self._pattern = file_pattern
+        self._pattern = local_absolute(file_pattern)  # the workers may run elsewhere
         self._flush_pairs = check_positive_int(flush_pairs, "flush_pairs")
         self._keep_order = check_flag(keep_order, "keep_order")
         self._with_malformed = check_flag(with_malformed, "with_malformed")

@@ -127,6 +127,8 @@ class TopK(beam.PTransform):
         self._purpose = purpose
 
     def expand(self, pcoll):
+        from beam_dpsu.transforms import runners
+        runners.check_input(pcoll, "TopK")
         check_global_window(pcoll, "TopK")
         m = self._mechanism
         per_user = pcoll if self._per_user else pcoll | "PerUser" >> PerUserItemCounts()

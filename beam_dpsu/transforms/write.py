@@ -11,6 +11,7 @@ every runner, including those whose file sinks do not (Dask).
 """
 from __future__ import annotations
 
+import os
 import uuid
 from typing import Any, Callable, List, Optional, Sequence
 
@@ -20,7 +21,8 @@ from apache_beam.io.filesystems import FileSystems
 
 from beam_dpsu.dp.contribution import canonical_items
 
-__all__ = ["WriteRelease", "WriteOneFile", "write_one_file", "sorted_text", "ranked_lines"]
+__all__ = ["WriteRelease", "WriteOneFile", "write_one_file", "sorted_text", "ranked_lines",
+           "local_absolute"]
 
 #: How the temporary file of ``write_one_file`` starts, before the final name's
 #: last part: ``beam-temp-NAME-<random hex>`` next to NAME, as the directories of
@@ -101,13 +103,24 @@ class _WriteOneFileDoFn(beam.DoFn):
         yield self._path
 
 
+def local_absolute(path: str) -> str:
+    """``path`` made absolute against the launcher's working directory (a URL such as
+    ``gs://…`` as it is): the workers that write it may run in another directory
+    (a Dask cluster's), where a relative path would put the file out of sight."""
+    if not isinstance(path, str) or not path or "://" in path:
+        return path
+    tail = os.sep if path.endswith(("/", os.sep)) else ""  # kept, as given
+    return os.path.abspath(path).rstrip(os.sep) + tail or os.sep
+
+
 class WriteOneFile(beam.PTransform):
     """Writes a whole (small) PCollection as the one file ``path``: a ``GroupByKey``
     under one key, then one ``ParDo`` (``write_one_file``: the file appears whole
     or not at all). An empty PCollection writes no file. Output: the path, once.
 
     Args:
-      path: the file to write (any Beam filesystem).
+      path: the file to write (any Beam filesystem); a relative local path is
+        resolved now, against the launcher's working directory.
       arrange: list of all elements → lines (default: as they come). Use
         ``WriteRelease`` for a release: its lines must not follow the runner's order.
     """
@@ -115,7 +128,7 @@ class WriteOneFile(beam.PTransform):
     def __init__(self, path: str, arrange: Optional[Callable[[List[Any]], List[Any]]] = None,
                  label: Optional[str] = None):
         super().__init__(label)
-        self._path = path
+        self._path = local_absolute(path)
         self._arrange = arrange or list
 
     def expand(self, pcoll):
@@ -152,7 +165,9 @@ class WriteRelease(beam.PTransform):
     no file (the command lines then create an empty one).
 
     Args:
-      path: the file to write (any Beam filesystem; ``.gz`` compresses).
+      path: the file to write (any Beam filesystem; ``.gz`` compresses); a relative
+        local path is resolved now, against the launcher's working directory (the
+        workers may run elsewhere).
       arrange: all released elements → the file's lines, in an order that must
         depend on the set alone; default: items sorted, one per line. For the rows
         of ``TopK``, pass ``ranked_lines`` (rank order, ``rank<TAB>item``, as the

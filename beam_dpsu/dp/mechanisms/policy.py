@@ -584,8 +584,9 @@ class GWKT(GW):
             "(the users counted by their number of distinct items) from which "
             "max_items_per_user, front_margin and front_scale follow; null: all three fixed")
         d["units"]["calibration_epsilon"] = (
-            "the ε of that estimate (pure ε-DP), part of epsilon; the release's own is "
-            "epsilon minus it")
+            "the ε of that estimate (ε-DP up to the samplers' 2^-1074 floor: the grid "
+            "Laplace's exponential stops at 744 scales, so not pure ε-DP), part of epsilon; "
+            "the release's own is epsilon minus it")
         d["units"]["kt_selection"] = (
             "how the cascade-free GW-KT chooses a user's Δ0 kept items from its public-count "
             "walk: 'front' (skip the items predicted to be at the cutoff at the user's "
@@ -657,7 +658,8 @@ class ScaleEstimate:
       buckets: the ``ACTIVITY_BUCKETS`` bucket counts of ``activity_histogram``, each
         plus its own grid Laplace noise of scale ``calibration.
         scale_estimate_noise_scale(epsilon)``.
-      epsilon: the ε it was released with (pure ε-DP: one user is in one bucket).
+      epsilon: the ε it was released with (one user is in one bucket): ε-DP up to the
+        samplers' 2^-1074 floor (the grid Laplace's exponential stops at 744 scales).
     """
     buckets: tuple
     epsilon: float

@@ -25,6 +25,10 @@ known.
   at most ``k``, in decreasing order. (ε, δ)-DP per query. The noise is drawn
   on a discrete grid (``noise.KeyedGridLaplace``, ``docs/mechanisms.md`` section 7), so
   every released count is an exact multiple of ``noise.grid_granularity(b)``.
+* Both algorithms decide relative to h_(k̄+1), exactly: Algorithm 1 on grid
+  indices with the offset rounded up to the grid (``laplace_threshold_index``),
+  Algorithm 2 in rationals (``gumbel_margin``). The offset is never rounded away
+  at large counts, where the double ``h_(k̄+1) + c`` would lose up to half its ulp.
 
 Conventions:
 
@@ -49,6 +53,8 @@ calibration formulas are in ``beam_dpsu.dp.calibration`` with the others.
 from __future__ import annotations
 
 import heapq
+import math
+from fractions import Fraction
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 
@@ -59,10 +65,12 @@ from beam_dpsu.dp.contribution import ItemCounts
 from beam_dpsu.dp.contribution import sample_items
 from beam_dpsu.dp.mechanisms import units
 from beam_dpsu.dp.mechanisms.base import Mechanism, RoundCalibration
-from beam_dpsu.dp.noise import KeyedGridLaplace, KeyedNoise, RunKey, encode_value, keyed_hash64
+from beam_dpsu.dp.noise import (KeyedGridLaplace, KeyedNoise, RunKey, encode_value, keyed_hash64,
+                                round_to_grid)
 
 __all__ = ["BOTTOM", "DEFAULT_PURPOSE", "RankKey", "rank_key", "true_top", "item_user_counts",
-           "TopKMechanism", "top_k_local", "format_line"]
+           "laplace_threshold_index", "gumbel_margin", "TopKMechanism", "top_k_local",
+           "format_line"]
 
 
 # The message under which the threshold's noise is drawn. Encoded items start
@@ -132,6 +140,40 @@ def item_user_counts(per_user: Mapping[Any, ItemCounts], max_items: Optional[int
 
 
 # --------------------------------------------------------------------------
+# The decisions, exact at every count.
+# --------------------------------------------------------------------------
+#
+# A threshold built as the double ``h_b + offset`` rounds the offset by up to
+# ulp(h_b)/2 (3e-7 at h_b = 3e9), and no margin of the calibration covers that. Both
+# algorithms therefore decide relative to h_b, in exact arithmetic.
+
+def laplace_threshold_index(h_bottom: float, offset: float, granularity: float) -> int:
+    """Algorithm 1's unnoised threshold as a grid index: ``h_b/g + ceil(c/g)``.
+
+    The offset c is rounded UP to the grid (never below c), h_b to the grid as every
+    count is (``noise.round_to_grid``; exact when g ≤ 1, as h_b is an integer); both in
+    exact integers, so the offset keeps its value at every h_b. The noisy threshold is
+    this index plus the grid noise's integer.
+
+    Args:
+      h_bottom: h_(k̄+1) ≥ 0, the (k̄+1)-th count (0 when fewer items exist).
+      offset: c > 0 (``calibration.laplace_threshold_offset``).
+      granularity: g, the grid (a power of two, ``noise.grid_granularity``).
+    """
+    steps = Fraction(offset) / Fraction(granularity)
+    return round_to_grid(h_bottom, granularity) + math.ceil(steps)
+
+
+def gumbel_margin(h: float, h_bottom: float, noise: float) -> Fraction:
+    """Algorithm 2's candidate value relative to h_b, exactly: ``(h − h_b) + G``.
+
+    The candidate clears the threshold iff this exceeds ``offset + G_⊥`` (in exact
+    rationals: ``Fraction(offset) + Fraction(G_⊥)``); candidates are ranked by it.
+    """
+    return Fraction(h) - Fraction(h_bottom) + Fraction(noise)
+
+
+# --------------------------------------------------------------------------
 # The mechanism.
 # --------------------------------------------------------------------------
 
@@ -157,9 +199,10 @@ class TopKMechanism(Mechanism):
         With ``epsilon_per_selection``: that probability bound itself, per query
         (the stated δ is then the composition's, up to 2δ). Privacy: the stated δ.
       k_bar: k̄ ≥ k, the number of candidates (the true top k̄ are noised and
-        ``h_(k̄+1)`` sets the threshold); default ``k``. A larger k̄ lets items
-        just outside the true top k compete, at the price of a higher threshold
-        (log(k̄/δ)/ε for unrestricted sensitivity). No privacy effect.
+        ``h_(k̄+1)`` sets the threshold); default 10·k (``calibration.default_k_bar``,
+        measured on the shared datasets). A larger k̄ sets the threshold from a
+        smaller count, at the price of a higher offset (log(k̄/δ)/ε for unrestricted
+        sensitivity; none with counts). No privacy effect.
       max_items: Δ, distinct items kept per user (integer in [1,
         ``params.MAX_MAX_ITEMS``]), or None (default) for unrestricted
         sensitivity (Algorithm 2 only). With Δ, Algorithm 2's threshold uses
@@ -185,7 +228,8 @@ class TopKMechanism(Mechanism):
                  k_bar: Optional[int] = None, max_items: Optional[int] = None,
                  with_counts: bool = False, *, epsilon_per_selection: Optional[float] = None):
         self.k = cal.check_positive_int(k, "k")
-        self.k_bar = self.k if k_bar is None else cal.check_positive_int(k_bar, "k_bar")
+        self.k_bar = (cal.default_k_bar(self.k) if k_bar is None
+                      else cal.check_positive_int(k_bar, "k_bar"))
         if self.k_bar < self.k:
             raise ValueError(f"k_bar must be >= k={self.k}, got {k_bar!r}")
         self.with_counts = cal.check_flag(with_counts, "with_counts")
@@ -365,25 +409,30 @@ class TopKMechanism(Mechanism):
           ...]`` (Algorithm 1), rank 1 first.
         """
         ranked = true_top(top, self.k_bar + 1, run_key, purpose)
-        h_bottom = float(ranked[self.k_bar][1]) if len(ranked) > self.k_bar else 0.0
+        h_bottom = ranked[self.k_bar][1] if len(ranked) > self.k_bar else 0
         candidates = ranked[:self.k_bar]
+        # Every decision is exact, relative to h_b (``laplace_threshold_index``,
+        # ``gumbel_margin``): no rounding of h_b + offset at large counts.
         if self.with_counts:
             noise = KeyedGridLaplace(run_key, self.noise_scale, purpose + "/laplace")
-            v_bottom = noise(h_bottom + self.threshold_offset, BOTTOM)
-            noisy = [(noise(float(h), encode_value(item)), j, item)
+            g = noise.granularity
+            bottom = (laplace_threshold_index(h_bottom, self.threshold_offset, g)
+                      + noise.index(0.0, BOTTOM))
+            noisy = [(noise.index(float(h), encode_value(item)), j, item)
                      for j, (item, h) in enumerate(candidates)]
         else:
             noise = KeyedNoise(run_key, "gumbel", self.noise_scale, purpose + "/gumbel")
-            v_bottom = h_bottom + self.threshold_offset + noise(BOTTOM)
-            noisy = [(float(h) + noise(encode_value(item)), j, item)
+            bottom = Fraction(self.threshold_offset) + Fraction(noise(BOTTOM))
+            noisy = [(gumbel_margin(h, h_bottom, noise(encode_value(item))), j, item)
                      for j, (item, h) in enumerate(candidates)]
         # Decreasing noisy value; equal values (probability ~2^-40) by true rank.
         noisy.sort(key=lambda t: (-t[0], t[1]))
         out = []
         for v, _, item in noisy:
-            if len(out) == self.k or not v > v_bottom:
+            if len(out) == self.k or not v > bottom:
                 break
-            out.append((len(out) + 1, item, v) if self.with_counts else (len(out) + 1, item))
+            out.append((len(out) + 1, item, float(v) * g) if self.with_counts
+                       else (len(out) + 1, item))
         return out
 
     # -- the contract: the Beam expansion and the Beam-free run --------------
