@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from beam_dpsu.dp import synthetic
+from beam_dpsu.dp.evaluation import synthetic
 from beam_dpsu.pipelines import generate, select_partitions
 from conftest import without_progress
 

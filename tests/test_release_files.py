@@ -19,8 +19,8 @@ import sys
 
 import pytest
 
-from beam_dpsu.dp import kernels
-from beam_dpsu.dp.registry import REGISTRY
+from beam_dpsu.dp.data import kernels
+from beam_dpsu.dp.mechanisms.registry import REGISTRY
 from beam_dpsu.pipelines import select_partitions, top_k
 from conftest import without_progress
 
@@ -507,7 +507,7 @@ def test_a_bare_relative_prefix_keeps_its_release_and_is_refused_when_stale(tmp_
     # `--output out` (no directory): Beam's local match finds nothing for a bare relative
     # glob, which once hid the written items file: it was then truncated to an empty file
     # and a second run into the same prefix was not refused. Deterministic (test seed).
-    from beam_dpsu.dp import synthetic
+    from beam_dpsu.dp.evaluation import synthetic
     from beam_dpsu.pipelines import select_partitions
     data = tmp_path / "in.tsv"
     synthetic.write_tsv(str(data), 300, seed=2, max_occurrences=40)
