@@ -19,6 +19,8 @@ import pytest
 import setuptools
 
 from beam_dpsu.pipelines import cli
+
+from beam_dpsu.pipelines import console
 from conftest import PROGRESS_LINE, without_progress
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -169,8 +171,8 @@ def test_progress_and_error_lines_are_each_one_write(monkeypatch):
     # another process's line. Each line is one write, followed by a flush.
     stream = _Writes()
     monkeypatch.setattr(sys, "stderr", stream)
-    cli.Progress("beam-dpsu select")("3 users read")
-    assert cli.run_main("beam-dpsu select", lambda: 1 // 0) == 1
+    console.Progress("beam-dpsu select")("3 users read")
+    assert console.run_main("beam-dpsu select", lambda: 1 // 0) == 1
     writes = [c for c in stream.calls if c is not None]
     assert len(writes) == 2 and stream.calls == [w for c in writes for w in (c, None)]
     assert all(w.endswith("\n") and w.count("\n") == 1 for w in writes), writes
