@@ -22,10 +22,10 @@ setup(
         "apache-beam>=2.60",
         "numpy>=1.24",
         "scipy>=1.10",
-        # Imported directly by the columnar path (dp.columnar: Arrow string arrays,
+        # Imported directly by the columnar path (dp.data.columnar: Arrow string arrays,
         # dictionary encoding, IPC between stages); apache-beam already depends on it.
         "pyarrow>=14",
-        # dp.columnar compresses the messages between stages with it, keeping one
+        # dp.data.columnar compresses the messages between stages with it, keeping one
         # compressor per thread (Arrow's IPC compression makes a context per buffer);
         # apache-beam already depends on it.
         "zstandard>=0.18",
@@ -38,13 +38,13 @@ setup(
         # the layer contract of setup.cfg (pipelines -> transforms -> dp, no Beam in dp)
         # with it rather than with an import walker of our own. mpmath: the calibration
         # tests check thresholds and noise scales against 90-digit computations.
-        "test": ["pytest>=7", "import-linter>=2.0", "matplotlib>=3.5", "numba>=0.59", "isal>=1.6",
+        "test": ["pytest>=7", "import-linter>=2.17", "matplotlib>=3.5", "numba>=0.59", "isal>=1.6",
                  "pipeline-dp>=0.3.1,<0.4", "dp-accounting>=0.4", "dask[distributed]>=2024.1",
                  "mpmath>=1.2", "wheel", "pytest-xdist>=3.5"],
         "dask": ["dask[distributed]>=2024.1"],
         "plots": ["matplotlib>=3.5"],
-        # numba: the columnar path's compiled kernels (dp.compiled); isal: python-isal's
-        # gzip reader (dp.lines.gzip_reader), the same bytes for about 3.5x less CPU.
+        # numba: the columnar path's compiled kernels (dp.randomness.compiled); isal: python-isal's
+        # gzip reader (dp.data.lines.gzip_reader), the same bytes for about 3.5x less CPU.
         "fast": ["numba>=0.59", "isal>=1.6"],
         # beam_dpsu.transforms.pipelinedp relies on NaiveBudgetAccountant's lazy MechanismSpec
         # (eps/delta filled by compute_budgets()); the upper bound guards that contract.

@@ -2,7 +2,7 @@
 
 NOT PRIVATE, on purpose. Each broken variant differs from a real mechanism
 in one bug only, so that ``tests/test_audit.py`` and
-``benchmarks/audit_all.py`` can show that the auditor (``beam_dpsu.dp.audit``)
+``benchmarks/audit_all.py`` can show that the auditor (``beam_dpsu.dp.evaluation.audit``)
 catches it:
 
 * ``threshold-delta-x100``: T calibrated with 100·δ;
@@ -30,11 +30,11 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 if __package__ in (None, ""):
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from beam_dpsu.dp import calibration as cal  # noqa: E402
+from beam_dpsu.dp.privacy import calibration as cal  # noqa: E402
 from beam_dpsu.dp.mechanisms.base import Mechanism  # noqa: E402
 import numpy as np  # noqa: E402
 
-from beam_dpsu.dp.release_rules import NoisyThresholdRule  # noqa: E402
+from beam_dpsu.dp.randomness.release_rules import NoisyThresholdRule  # noqa: E402
 
 
 def threshold_delta_x100(mechanism: Mechanism) -> Mechanism:
@@ -94,7 +94,7 @@ class ZeroWeightKeys(Mechanism):
 
 
 def _closest_policy_class():
-    from beam_dpsu.dp import sequential
+    from beam_dpsu.dp.data import sequential
 
     class ClosestToCutoffGreedyPolicy(sequential.GreedyPolicy):
         """BROKEN ON PURPOSE: the greedy walk visits the items closest to Γ first.
@@ -179,9 +179,9 @@ def standard_configs(public_counts_path: Optional[str] = None) -> List[Tuple[str
     is given (write ``STANDARD_PUBLIC_COUNTS`` there). Small Δ0 and moderate δ
     keep the scenarios small (tens of users) so that thousands of runs are cheap.
     """
-    from beam_dpsu.dp.params import DEFAULT_TIE_BREAK
-    from beam_dpsu.dp.registry import REGISTRY, make_mechanism
-    from beam_dpsu.dp.sequential import TIE_BREAKS
+    from beam_dpsu.dp.privacy.params import DEFAULT_TIE_BREAK
+    from beam_dpsu.dp.mechanisms.registry import REGISTRY, make_mechanism
+    from beam_dpsu.dp.data.sequential import TIE_BREAKS
     out = []
     for name in sorted(REGISTRY):
         accepts = REGISTRY[name].accepts

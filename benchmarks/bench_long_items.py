@@ -17,8 +17,8 @@ import time
 
 import numpy as np
 
-from beam_dpsu.dp import compiled
-from beam_dpsu.dp.noise import ItemBits, RunKey
+from beam_dpsu.dp.randomness import compiled
+from beam_dpsu.dp.randomness.noise import ItemBits, RunKey
 
 LENGTHS = [16, 64, 256, 1023, 1024, 16384, 300_000, 1 << 20]
 

@@ -160,7 +160,7 @@ def main(argv=None) -> int:
         data = args.input or args.keep or os.path.join(tmp, "synthetic.tsv.gz")
         if not args.input and not os.path.exists(data):
             start = time.time()
-            from beam_dpsu.dp import synthetic
+            from beam_dpsu.dp.evaluation import synthetic
             lines = synthetic.write_tsv(data, args.users, args.seed)
             print(json.dumps({"generated": data, "users": args.users, "lines": lines,
                               "seconds": round(time.time() - start, 1)}), flush=True)

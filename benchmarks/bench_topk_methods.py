@@ -5,7 +5,7 @@
         [--max-items 100] [--shares 0.25 0.5 0.75] [--output FILE]
 
 Runs the Beam-free core (``run_local``) of each mechanism on the shared datasets
-(``*.pairs.tsv.gz``, read with ``dp.lines.read_user_items``; a user seen twice
+(``*.pairs.tsv.gz``, read with ``dp.data.lines.read_user_items``; a user seen twice
 has their counts merged) and prints Markdown tables (also written to
 ``--output``). Every run draws a fresh ``RunKey``; nothing is hard-coded.
 
@@ -37,7 +37,7 @@ number of items; S: the released items, at most k):
 * top-k missing mass (users), the paper's MM_k (Dick, Joseph and Raman, ICLR
   2026, Definition 4.1): (N_(1) + ... + N_(k) − Σ_{x ∈ S} N(x)) / N. Lower is
   better. It is NOT the library's occurrence-based missing mass
-  (``dp/utility.py``), which weighs items by occurrences, not users.
+  (``dp/evaluation/utility.py``), which weighs items by occurrences, not users.
 * k-relative error: N_(k) − min_{x ∈ S} N(x) when k items were released, and
   N_(k) when fewer were (a missing rank counts as an item held by no one). In
   users; lower is better.
@@ -69,12 +69,12 @@ from typing import Any, Callable, Dict, List, Sequence, Tuple
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from beam_dpsu.dp.lines import read_user_items  # noqa: E402
+from beam_dpsu.dp.data.lines import read_user_items  # noqa: E402
 from beam_dpsu.dp.mechanisms.histogram_threshold import WeightedGaussian  # noqa: E402
 from beam_dpsu.dp.mechanisms.peeling import (DiscoverPeelHittingSet,  # noqa: E402
                                              DiscoverPeelTopK)
 from beam_dpsu.dp.mechanisms.topk import TopKMechanism  # noqa: E402
-from beam_dpsu.dp.noise import RunKey, encode_value  # noqa: E402
+from beam_dpsu.dp.randomness.noise import RunKey, encode_value  # noqa: E402
 
 SUFFIX = ".pairs.tsv.gz"
 

@@ -20,7 +20,7 @@ import tempfile
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from beam_dpsu.dp import synthetic  # noqa: E402
+from beam_dpsu.dp.evaluation import synthetic  # noqa: E402
 from beam_dpsu.pipelines import compare  # noqa: E402
 
 MECHANISMS = ("gw-kt,weighted-gaussian:max_items=300,gw,policy-laplace:max_items=10,"

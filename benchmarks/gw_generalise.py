@@ -30,7 +30,7 @@ Protocol (``benchmarks/RESULTS.md`` section 11):
 Speed: each user's full walk (published order) is computed once per dataset, seed and
 tie-break with the library's ``GreedyPolicy.prepare``; a candidate then slices K_i out
 of it exactly as ``CascadeFreeGreedyPolicy.prepare`` does and runs the library's
-compiled kernel (``dp.kernels``). ``--check`` verifies on one dataset that this gives the
+compiled kernel (``dp.data.kernels``). ``--check`` verifies on one dataset that this gives the
 same histogram as ``GW.histogram_local`` / ``GWKT.histogram_local`` (the library's own
 Beam-free run), to 1e-9.
 
@@ -90,15 +90,15 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from beam_dpsu.dp import calibration as cal  # noqa: E402
-from beam_dpsu.dp import kernels  # noqa: E402
-from beam_dpsu.dp import params  # noqa: E402
-from beam_dpsu.dp import sequential as seq  # noqa: E402
+from beam_dpsu.dp.privacy import calibration as cal  # noqa: E402
+from beam_dpsu.dp.data import kernels  # noqa: E402
+from beam_dpsu.dp.privacy import params  # noqa: E402
+from beam_dpsu.dp.data import sequential as seq  # noqa: E402
 from beam_dpsu.dp.mechanisms.policy import (FRONT_SCALE_RANGE, GW, GWKT,  # noqa: E402
                                             ScaleEstimate,
                                             front_margin_for, max_items_from_estimate,
                                             release_scale, scale_statistics)
-from beam_dpsu.dp.noise import RunKey  # noqa: E402
+from beam_dpsu.dp.randomness.noise import RunKey  # noqa: E402
 
 DATASETS = ["commits-ansible", "commits-rails", "movielens-small", "paths-ansible",
             "reddit-titles"]

@@ -14,7 +14,7 @@ Beam: no elements, coders, shuffles, bundles or side inputs.
         [--epsilon 3] [--delta 1e-5] [--max-items-per-user 100] [--test-seed N]
 
 With ``--columnar`` the same release is computed by the columnar functions
-(``dp.columnar.release_from_files``: blocks of arrays, the code the command line
+(``dp.mechanisms.on_blocks.release_from_files``: blocks of arrays, the code the command line
 runs on Beam) in this one process: the floor of the columnar path.
 
 Prints one ``RESULT {json}`` line: wall and CPU seconds (total and per phase),
@@ -34,8 +34,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from beam_dpsu.dp.mechanisms.base import run_local  # noqa: E402
-from beam_dpsu.dp.noise import RunKey  # noqa: E402
-from beam_dpsu.dp.registry import MechanismParams, make_mechanism  # noqa: E402
+from beam_dpsu.dp.randomness.noise import RunKey  # noqa: E402
+from beam_dpsu.dp.mechanisms.registry import MechanismParams, make_mechanism  # noqa: E402
 from beam_dpsu.transforms.textio import read_per_user  # noqa: E402
 
 
@@ -53,7 +53,7 @@ def run(input_pattern: str, mechanism, run_key: RunKey) -> dict:
 
 def run_columnar(input_pattern: str, mechanism, run_key: RunKey) -> dict:
     import glob
-    from beam_dpsu.dp.columnar import release_from_files
+    from beam_dpsu.dp.mechanisms.on_blocks import release_from_files
     t0, c0 = time.perf_counter(), time.process_time()
     released, users, _ = release_from_files(sorted(glob.glob(input_pattern)), mechanism,
                                             RunKey.resolve(run_key))
@@ -70,7 +70,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-items-per-user", dest="max_items", type=int, default=100)
     ap.add_argument("--test-seed", type=int, help="a known key (benchmarks only); default fresh")
     ap.add_argument("--columnar", action="store_true",
-                    help="run the columnar functions (dp.columnar) instead of the dict path")
+                    help="run the columnar functions (dp.data.columnar) instead of the dict path")
     args = ap.parse_args(argv)
     params = MechanismParams(epsilon=args.epsilon, delta=args.delta, max_items=args.max_items)
     mechanism = make_mechanism(args.mechanism, params)

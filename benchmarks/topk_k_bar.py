@@ -20,7 +20,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from beam_dpsu.dp.mechanisms.topk import TopKMechanism, item_user_counts, true_top  # noqa: E402
-from beam_dpsu.dp.noise import RunKey  # noqa: E402
+from beam_dpsu.dp.randomness.noise import RunKey  # noqa: E402
 from beam_dpsu.pipelines import compare  # noqa: E402
 
 DATASETS = ["reddit-titles", "movielens-small", "paths-ansible", "commits-rails",

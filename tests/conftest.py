@@ -56,7 +56,7 @@ def runners_data(tmp_path_factory):
     """(input file, public counts file) that every runner's test releases from: 600
     synthetic users, and public counts for GW-KT. Written once per session (per xdist
     worker)."""
-    from beam_dpsu.dp import synthetic
+    from beam_dpsu.dp.evaluation import synthetic
     folder = tmp_path_factory.mktemp("runners")
     path = str(folder / "syn.tsv")
     synthetic.write_tsv(path, 600, seed=7, max_occurrences=60)
@@ -100,7 +100,7 @@ def local_pipeline(*extra):
 os.environ.setdefault("PYTHONHASHSEED", "0")
 
 
-#: A progress line of a command (``PROG: [12.3 s] ...``, see ``beam_dpsu.pipelines.cli.Progress``).
+#: A progress line of a command (``PROG: [12.3 s] ...``, see ``beam_dpsu.pipelines.console.Progress``).
 PROGRESS_LINE = re.compile(r"^[\w -]+: \[\d+\.\d s\] ")
 
 

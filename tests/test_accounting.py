@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from beam_dpsu.dp import accounting as acc
+from beam_dpsu.dp.privacy import accounting as acc
 
 
 @pytest.mark.parametrize("rho,eps,delta_dp,order", [

@@ -9,15 +9,15 @@ import mpmath
 import numpy as np
 import pytest
 
-from beam_dpsu.dp import calibration as cal
+from beam_dpsu.dp.privacy import calibration as cal
 from beam_dpsu.dp.mechanisms.adaptive import (HEAVY_BUCKET, LOW_BUCKET, LOW_FACTOR, MAX_BOOST,
                                               Adaptive,
                                               adaptive_histogram, adaptive_weights,
                                               basic_histogram)
 from beam_dpsu.dp.mechanisms import WeightedGaussian
-from beam_dpsu.dp.noise import RunKey
-from beam_dpsu.dp.registry import make_mechanism
-from beam_dpsu.dp.release_rules import GaussianLevels, NoisyThresholdRule
+from beam_dpsu.dp.randomness.noise import RunKey
+from beam_dpsu.dp.mechanisms.registry import make_mechanism
+from beam_dpsu.dp.randomness.release_rules import GaussianLevels, NoisyThresholdRule
 
 
 DELTA = math.exp(-10)

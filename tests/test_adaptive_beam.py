@@ -10,12 +10,12 @@ import pyarrow as pa
 import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
-from beam_dpsu.dp import columnar
-from beam_dpsu.dp.contribution import per_user_counts, sample_items
+from beam_dpsu.dp.data import columnar
+from beam_dpsu.dp.data.contribution import per_user_counts, sample_items
 from beam_dpsu.dp.mechanisms.adaptive import (RELEASED, Adaptive, adaptive_histogram,
                                               adaptive_pairs_histogram, marks_arrays,
                                               marks_message, released_first)
-from beam_dpsu.dp.noise import RunKey
+from beam_dpsu.dp.randomness.noise import RunKey
 from beam_dpsu.transforms import staging
 from beam_dpsu.transforms.adaptive import AdaptiveRounds
 from beam_dpsu.transforms.columnar import SelectFromText

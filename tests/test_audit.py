@@ -38,13 +38,13 @@ import math
 
 import pytest
 
-from beam_dpsu.dp import audit
+from beam_dpsu.dp.evaluation import audit
 from beam_dpsu.pipelines import audit as audit_cli
 from beam_dpsu.dp.mechanisms.base import run_local
 from benchmarks import audit_variants as variants
 from beam_dpsu.dp.mechanisms import WeightedLaplace
-from beam_dpsu.dp.noise import RunKey
-from beam_dpsu.dp.registry import REGISTRY, make_mechanism
+from beam_dpsu.dp.randomness.noise import RunKey
+from beam_dpsu.dp.mechanisms.registry import REGISTRY, make_mechanism
 
 CI_TRIALS = audit.FAST_TRIALS
 
@@ -104,7 +104,7 @@ def test_best_bound_checks_complements_and_both_directions():
 
 @pytest.mark.parametrize("position", audit.POSITIONS)
 def test_canary_is_placed_where_asked_in_the_real_user_order(position):
-    from beam_dpsu.dp import sequential as policies
+    from beam_dpsu.dp.data import sequential as policies
     m = make_mechanism("gw", epsilon=1.0, delta=1e-2)
     sc = audit.build_scenario(m, "near-cutoff", position)
     _, d_prime = sc.datasets()
@@ -232,7 +232,7 @@ def test_sequential_policies_are_audited_in_every_position():
 def test_every_tie_break_is_audited(public_counts):
     # The registry's default tie-break and each other one: an embedded pipeline's
     # GW and GW-KT (the constructors' default) must be audited too.
-    from beam_dpsu.dp.sequential import TIE_BREAKS
+    from beam_dpsu.dp.data.sequential import TIE_BREAKS
     for name in ("gw", "gw-kt"):
         made = [make_mechanism(n, **params)
                 for n, params in variants.standard_configs(public_counts) if n == name]

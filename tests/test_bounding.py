@@ -7,8 +7,8 @@ from apache_beam.testing.util import assert_that, equal_to
 from scipy import stats
 
 from beam_dpsu.transforms.bounding import PerUserItemCounts, SampleItems
-from beam_dpsu.dp.contribution import merge_item_counts, sample_items
-from beam_dpsu.dp.noise import RunKey
+from beam_dpsu.dp.data.contribution import merge_item_counts, sample_items
+from beam_dpsu.dp.randomness.noise import RunKey
 
 from conftest import local_pipeline
 
@@ -111,7 +111,7 @@ def test_per_user_item_counts_designs_agree():
 @pytest.mark.parametrize("owners_sorted", [False, True])
 def test_smallest_scores_against_a_sort_per_owner(owners_sorted):
     import numpy as np
-    from beam_dpsu.dp.contribution import smallest_scores
+    from beam_dpsu.dp.data.contribution import smallest_scores
     rng = np.random.default_rng(3)
     owner = rng.integers(0, 40, 3000)
     if owners_sorted:  # as the samplers pass them: the one-key sort
@@ -131,7 +131,7 @@ def test_the_one_key_order_is_lexsort_even_when_scores_differ_only_in_low_bits()
     # Sorted owners are ordered by one 64-bit key (owner rank, then the score's high
     # bits); keys that tie there are re-sorted by the full score: exactly lexsort's order.
     import numpy as np
-    from beam_dpsu.dp.contribution import owner_score_order
+    from beam_dpsu.dp.data.contribution import owner_score_order
     rng = np.random.default_rng(5)
     for trial in range(200):
         n, m = int(rng.integers(0, 400)), int(rng.integers(1, 60))
@@ -146,7 +146,7 @@ def test_the_one_key_order_is_lexsort_even_when_scores_differ_only_in_low_bits()
 
 def test_ranks_in_runs_against_a_loop():
     import numpy as np
-    from beam_dpsu.dp.contribution import ranks_in_runs
+    from beam_dpsu.dp.data.contribution import ranks_in_runs
     rng = np.random.default_rng(3)
     owner = np.sort(rng.integers(0, 30, 400))
     steps = rng.random(400) < 0.6

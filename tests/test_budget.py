@@ -5,8 +5,8 @@ import math
 import numpy as np
 import pytest
 
-from beam_dpsu.dp import accounting as acc
-from beam_dpsu.dp import budget as bud
+from beam_dpsu.dp.privacy import accounting as acc
+from beam_dpsu.dp.mechanisms import budget as bud
 from beam_dpsu.dp.mechanisms import WeightedGaussian, WeightedGaussianZcdp
 from beam_dpsu.dp.mechanisms.sips import Sips
 

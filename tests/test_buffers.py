@@ -1,9 +1,9 @@
-"""``dp.buffers``: arrays from Arrow's memory pool, and a reader's reused arrays."""
+"""``dp.randomness.buffers``: arrays from Arrow's memory pool, and a reader's reused arrays."""
 import numpy as np
 import pyarrow as pa
 import pytest
 
-from beam_dpsu.dp import buffers
+from beam_dpsu.dp.randomness import buffers
 
 
 @pytest.mark.parametrize("dtype", [np.uint8, np.bool_, np.int32, np.int64, np.uint64,

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from beam_dpsu.dp import calibration as cal
+from beam_dpsu.dp.privacy import calibration as cal
 
 E10 = math.exp(-10)
 
@@ -359,7 +359,7 @@ def test_a_gaussian_calibration_imports_no_scipy_special():
     # scipy.special took about 0.33 s of it.
     import subprocess
     import sys
-    code = ("import sys; from beam_dpsu.dp import calibration as c; "
+    code = ("import sys; from beam_dpsu.dp.privacy import calibration as c; "
             "c.weighted_gaussian_threshold(3.0, 1e-5, 100); c.count_gaussian_threshold(1, 1e-6, 10); "
             "print('scipy.special' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

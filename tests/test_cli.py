@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from beam_dpsu.dp import synthetic
+from beam_dpsu.dp.evaluation import synthetic
 from beam_dpsu.pipelines import generate, select_partitions
 from conftest import without_progress
 
@@ -238,7 +238,7 @@ def test_published_gw_runs_with_allow_unproven_and_is_marked_unproven(tmp_path):
 
 
 def test_public_counts_are_distinct_users_per_item(tmp_path, capsys):
-    from beam_dpsu.dp.sequential import read_public_counts
+    from beam_dpsu.dp.data.sequential import read_public_counts
     from beam_dpsu.pipelines import public_counts
     lines = ["u1\ta", "u1\ta", "u2\ta", "u2\tb b", "u3\tb b\r", "no tab", "\tnouser",
              "u3\ta", "u4\tc\td"]

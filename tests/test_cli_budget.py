@@ -17,9 +17,9 @@ from fractions import Fraction
 
 import pytest
 
-from beam_dpsu.dp import budget as B
-from beam_dpsu.dp.accounting import PrivacyGuarantee, readable_up
-from beam_dpsu.pipelines.cli import UsageError
+from beam_dpsu.dp.mechanisms import budget as B
+from beam_dpsu.dp.privacy.accounting import PrivacyGuarantee, readable_up
+from beam_dpsu.pipelines.console import UsageError
 from beam_dpsu.pipelines import run_budget
 from beam_dpsu.pipelines import compare, select_partitions, top_k
 
@@ -170,9 +170,9 @@ def test_select_with_top_k_releases_exactly_the_hand_calibrated_releases(data, t
 def test_key_set_and_top_k_draw_from_distinct_purposes(monkeypatch, tmp_path):
     # Independent randomness (what composition needs): under one run key the
     # key set's and the top-k's subkeys are derived for disjoint purposes.
-    from beam_dpsu.dp import noise
+    from beam_dpsu.dp.randomness import noise
     from beam_dpsu.dp.mechanisms.base import run_local
-    from beam_dpsu.dp.registry import REGISTRY, make_mechanism
+    from beam_dpsu.dp.mechanisms.registry import REGISTRY, make_mechanism
     from beam_dpsu.dp.mechanisms.topk import TopKMechanism
     used = []
     original = noise.RunKey.subkey
@@ -280,7 +280,7 @@ def test_select_with_sips_from_a_budget_states_its_conversion(data, tmp_path):
     assert part["share_epsilon"] == 1.0 and part["share_delta"] == 1e-6
     # DP-SIPS takes the largest ρ whose conversion gives the share: its stated
     # ε is the share's (up to the bisection), at δ = the share's δ
-    from beam_dpsu.dp.accounting import zcdp_to_dp_epsilon
+    from beam_dpsu.dp.privacy.accounting import zcdp_to_dp_epsilon
     assert s["release_rho"] > 0 and s["release_zcdp_delta"] == pytest.approx(5e-7)
     assert zcdp_to_dp_epsilon(s["release_rho"], s["release_zcdp_delta"], 1e-6) == \
         pytest.approx(s["release_epsilon"], rel=1e-9)

@@ -1,4 +1,4 @@
-"""The columnar path (dp.columnar, transforms.columnar): the same per-user data, samples,
+"""The columnar path (dp.data.columnar, transforms.columnar): the same per-user data, samples,
 histogram and release as the dict path, on blocks of arrays."""
 import io
 import itertools
@@ -11,15 +11,18 @@ import pytest
 from apache_beam.testing.util import assert_that, equal_to
 from scipy import stats
 
-from beam_dpsu.dp import buffers, columnar, synthetic
-from beam_dpsu.dp.contribution import (item_scores, per_user_counts, sample_items,
+from beam_dpsu.dp.randomness import buffers
+from beam_dpsu.dp.data import columnar
+from beam_dpsu.dp.mechanisms import on_blocks
+from beam_dpsu.dp.evaluation import synthetic
+from beam_dpsu.dp.data.contribution import (item_scores, per_user_counts, sample_items,
                                        sampling_keys, user_keys)
-from beam_dpsu.dp.lines import iter_raw_blocks, parse_line
+from beam_dpsu.dp.data.lines import iter_raw_blocks, parse_line
 from beam_dpsu.dp.mechanisms import (CountGaussian, CountLaplace, TruncatedGeometric,
                                      WeightedGaussian, WeightedGaussianZcdp, WeightedLaplace)
 from beam_dpsu.dp.mechanisms.sips import Sips
-from beam_dpsu.dp.noise import STR_TAG, RunKey
-from beam_dpsu.dp.weights import add_user_to_histogram
+from beam_dpsu.dp.randomness.noise import STR_TAG, RunKey
+from beam_dpsu.dp.data.weights import add_user_to_histogram
 from beam_dpsu.transforms.columnar import SelectFromText
 
 from conftest import local_pipeline
@@ -31,7 +34,7 @@ RK = RunKey.from_test_seed(2024)
 def compiled_kernels(request, monkeypatch):
     """Runs a test with the numpy forms of the kernels, then with the compiled kernels
     from the first call (skipped without numba); the value says which."""
-    from beam_dpsu.dp import compiled
+    from beam_dpsu.dp.randomness import compiled
     if request.param:
         pytest.importorskip("numba")
         monkeypatch.setattr(compiled, "WORK_BEFORE_COMPILING", 0)
@@ -170,7 +173,7 @@ def test_presampled_blocks_give_the_same_sample_and_weights(monkeypatch, coarse,
     # Δ0 items with the same weights (exact equality). ``coarse`` keeps 1 bit of each
     # score: a block holds more items tied at the user's cut than Δ0, all of which must
     # stay (the cut is then settled by canonical bytes).
-    from beam_dpsu.dp import contribution
+    from beam_dpsu.dp.data import contribution
     if coarse:
         scores = contribution.item_scores
         for module in (contribution, columnar):
@@ -230,7 +233,7 @@ def test_presample_keeps_at_most_delta0_distinct_scores_per_user_and_block():
 
 def test_sampler_scores_are_the_user_keyed_siphash_of_the_item():
     key = RK.subkey("sample/0")
-    from beam_dpsu.dp.siphash import siphash24
+    from beam_dpsu.dp.randomness.siphash import siphash24
     a, b = sampling_keys(key)
     user, items = "alice", ["x", "y", "z", "w"]
     k0 = siphash24(a, b"salice")
@@ -382,7 +385,7 @@ def test_columnar_sips_is_run_local_round_by_round(tmp_path, sips):
     path = _write(tmp_path, "a.tsv", [f"{u}\t{i}".encode() for u, i in pairs])
     expected = sips.run_local_with_rounds(per_user_counts(pairs), RK)
     assert set(expected.values()) == set(range(len(sips.rounds)))
-    got, users, bad = columnar.release_from_files([path], sips, RK, user_groups=7,
+    got, users, bad = on_blocks.release_from_files([path], sips, RK, user_groups=7,
                                                   item_shards=3, block_bytes=20000)
     assert got == set(expected) and users == 3000 and not bad
 
@@ -437,7 +440,7 @@ def test_the_numpy_fallbacks_equal_the_compiled_kernels(monkeypatch):
     # Without numba (or before a process has enough work for it) the columnar functions
     # use numpy forms of the kernels: the same results.
     pytest.importorskip("numba")
-    from beam_dpsu.dp import compiled
+    from beam_dpsu.dp.randomness import compiled
     monkeypatch.setattr(compiled, "WORK_BEFORE_COMPILING", 0)
     rnd = random.Random(4)
     lines = [f"u{rnd.randrange(50)}\t{'x' * rnd.randrange(4)}{rnd.randrange(30)}".encode()
@@ -555,7 +558,7 @@ def test_encode_and_gather_spans_are_exact(monkeypatch, compiled_kernels):
 
 def test_compiled_hash_keys_and_repeats_equal_their_numpy_forms(monkeypatch):
     pytest.importorskip("numba")
-    from beam_dpsu.dp import array_kernels
+    from beam_dpsu.dp.randomness import array_kernels
     rnd = random.Random(12)
     strings = _odd_strings(rnd, 3000)
     buf, starts, lengths = _spans_of(strings, rnd)
@@ -604,7 +607,7 @@ def test_the_smallest_distinct_scores_kernel_equals_its_numpy_form(monkeypatch):
     # The presample's cut per user: the compiled kernel (owners sorted) and the numpy
     # form (one sort by owner and score) keep the same pairs, ties at the cut included.
     pytest.importorskip("numba")
-    from beam_dpsu.dp import compiled
+    from beam_dpsu.dp.randomness import compiled
     rng = np.random.default_rng(11)
     cases = [(np.zeros(0, np.int64), np.zeros(0, np.uint64))]
     for n, owners, values in ((1, 1, 5), (40, 3, 4), (2000, 60, 50), (2000, 5, 2**64)):
@@ -638,7 +641,7 @@ def test_dropping_repeats_in_one_pass_equals_the_sorted_repeats(monkeypatch):
     # reordered arrays, also where distinct strings share a key (a hash collision:
     # both stay) and repeats are not neighbours in the input.
     pytest.importorskip("numba")
-    from beam_dpsu.dp import compiled
+    from beam_dpsu.dp.randomness import compiled
     monkeypatch.setattr(compiled, "WORK_BEFORE_COMPILING", 0)
     kernel = compiled.kernel("without_repeats", 1)
     assert kernel is not None
@@ -660,7 +663,7 @@ def test_dropping_repeats_in_one_pass_equals_the_sorted_repeats(monkeypatch):
         assert sorted(order.tolist()) == list(range(len(items)))
         # independently: in key order, a line is dropped when its bytes equal one of the
         # last RUN_CHECKS lines kept in its run of equal keys above the index
-        from beam_dpsu.dp.array_kernels import RUN_CHECKS
+        from beam_dpsu.dp.randomness.array_kernels import RUN_CHECKS
         kept, run, previous = [], [], None
         for j, k in enumerate(order.tolist()):
             upper = int(keys[j]) >> index_bits
@@ -724,7 +727,7 @@ def test_a_reader_reusing_its_arrays_gets_what_fresh_arrays_give(monkeypatch):
     gives the blocks fresh arrays give, and what ``pair_blocks`` returns holds none
     of the reused arrays (they are overwritten by the next block)."""
     pytest.importorskip("numba")
-    from beam_dpsu.dp import compiled
+    from beam_dpsu.dp.randomness import compiled
     monkeypatch.setattr(compiled, "WORK_BEFORE_COMPILING", 0)
     rnd = random.Random(21)
 
@@ -756,7 +759,7 @@ def test_a_reader_reusing_its_arrays_gets_what_fresh_arrays_give(monkeypatch):
 def test_the_line_scan_refuses_arrays_of_the_wrong_length():
     # the compiled scan writes without bounds checks: it checks its arrays itself
     pytest.importorskip("numba")
-    from beam_dpsu.dp import array_kernels
+    from beam_dpsu.dp.randomness import array_kernels
     buf = np.frombuffer(b"a\tb\nc\td\ne", np.uint8)
     for lines in (3, 2, 0):
         arrays = [np.empty(lines, np.int64) for _ in range(3)]
@@ -769,7 +772,7 @@ def test_the_line_scan_refuses_arrays_of_the_wrong_length():
 
 
 def test_a_block_parses_the_same_from_a_memoryview(compiled_kernels):
-    # ``dp.lines.read_blocks`` hands the parser read-only views into reused buffers:
+    # ``dp.data.lines.read_blocks`` hands the parser read-only views into reused buffers:
     # the same lines, items and malformed lines (as bytes) as from a bytes block
     rnd = random.Random(9)
     kinds = [b"u\ti", b"", b"\r", b"nolinetab", b"\tx", b"\xc3\xa9\t1", b"\xff\tbad", b"u\t\tx\r",
@@ -801,7 +804,7 @@ def test_kernels_writing_into_given_arrays_refuse_wrong_sizes(monkeypatch):
     # the kernels that write to arrays they are given check every size first (an
     # index out of range in compiled code would write outside the array)
     pytest.importorskip("numba")
-    from beam_dpsu.dp import array_kernels
+    from beam_dpsu.dp.randomness import array_kernels
     buf = np.frombuffer(b"abcdef", np.uint8)
     starts, lengths = np.array([0, 2], np.int64), np.array([2, 3], np.int64)
     with pytest.raises(ValueError, match="one length and output per message"):
@@ -949,7 +952,7 @@ def test_the_read_stage_sends_the_same_groups_however_often_it_flushes(tmp_path,
     paths = [str(tmp_path / "a.tsv"), str(tmp_path / "b.tsv")]
     for flush in (1, columnar.FLUSH_PAIRS):
         monkeypatch.setattr(columnar, "FLUSH_PAIRS", flush)
-        released, users, _ = columnar.release_from_files(paths, mechanism, RK, user_groups=3,
+        released, users, _ = on_blocks.release_from_files(paths, mechanism, RK, user_groups=3,
                                                          item_shards=2, block_bytes=3000)
         assert released == set(expected) and users == 800
         with local_pipeline() as p:

@@ -1,4 +1,4 @@
-"""The sequential policies on the columnar path (dp.columnar_policy,
+"""The sequential policies on the columnar path (dp.data.columnar_policy,
 transforms.columnar): each user's prepared ids are ``policy.prepare``'s, and
 ``SelectFromText`` releases what the Beam-free core releases."""
 import random
@@ -9,11 +9,13 @@ import pyarrow as pa
 import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
-from beam_dpsu.dp import columnar, columnar_policy, synthetic
-from beam_dpsu.dp.contribution import per_user_counts
+from beam_dpsu.dp.data import columnar, columnar_policy
+from beam_dpsu.dp.mechanisms import on_blocks
+from beam_dpsu.dp.evaluation import synthetic
+from beam_dpsu.dp.data.contribution import per_user_counts
 from beam_dpsu.dp.mechanisms.base import run_local
 from beam_dpsu.dp.mechanisms.policy import GW, GWKT, PolicyGaussian, PolicyLaplace
-from beam_dpsu.dp.noise import RunKey
+from beam_dpsu.dp.randomness.noise import RunKey
 from beam_dpsu.transforms.columnar import SelectFromText
 
 from conftest import local_pipeline
@@ -111,12 +113,12 @@ def test_only_the_sampled_mechanisms_are_presampled():
     from beam_dpsu.dp.mechanisms import WeightedGaussian
     from beam_dpsu.dp.mechanisms.sips import Sips
     for m in (PolicyLaplace(1.0, 1e-5, 4), PolicyGaussian(1.0, 1e-5, 7)):
-        assert columnar.presample_plan(m, RK) == (m.max_items, RK.subkey("sample/0"))
-    assert columnar.presample_plan(WeightedGaussian(1.0, 1e-5, 9), RK) == (
+        assert on_blocks.presample_plan(m, RK) == (m.max_items, RK.subkey("sample/0"))
+    assert on_blocks.presample_plan(WeightedGaussian(1.0, 1e-5, 9), RK) == (
         9, RK.subkey("sample/0"))
     for m in (GW(1.0, 1e-5), GW(1.0, 1e-5, variant="published"), GWKT(1.0, 1e-5, PUBLIC),
               Sips(0.3, 1e-5, 5, 3, 1 / 3)):
-        assert columnar.presample_plan(m, RK) is None
+        assert on_blocks.presample_plan(m, RK) is None
 
 
 def test_line_positions_order_files_then_offsets_and_refuse_what_does_not_fit():

@@ -9,12 +9,13 @@ import pyarrow as pa
 import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
-from beam_dpsu.dp import columnar, synthetic
-from beam_dpsu.dp.contribution import per_user_counts
+from beam_dpsu.dp.data import columnar
+from beam_dpsu.dp.evaluation import synthetic
+from beam_dpsu.dp.data.contribution import per_user_counts
 from beam_dpsu.dp.mechanisms.peeling import (DiscoverPeelHittingSet, DiscoverPeelTopK,
                                              pair_rounds, peeling_rounds, _domain_order)
 from beam_dpsu.dp.mechanisms.topk import TopKMechanism
-from beam_dpsu.dp.noise import RunKey
+from beam_dpsu.dp.randomness.noise import RunKey
 from beam_dpsu.transforms.columnar import RankFromText
 
 from conftest import local_pipeline
@@ -225,7 +226,7 @@ def test_ids_of_every_accepted_type_keep_their_identity_on_blocks():
 
 
 def test_pairs_of_refused_types_or_shapes_fail_the_run_with_the_reason():
-    from beam_dpsu.dp.contribution import IdTypeError
+    from beam_dpsu.dp.data.contribution import IdTypeError
     m = WeightedGaussian(1.0, 1e-6)
     for bad, error in (([("u", 1.5)], "float"), ([("u", "a", "b")], "unpack")):
         with pytest.raises(Exception, match=error):
@@ -303,7 +304,7 @@ def test_a_shard_sends_at_most_its_true_top_whatever_the_ties(tmp_path):
 def test_the_peeled_top_k_keeps_every_discovered_item_a_candidate():
     # (the files are read twice: an item the second read does not find stays in the
     # exponential mechanism's domain, with 0 users, as item_users gives it)
-    from beam_dpsu.dp.noise import test_seed_material
+    from beam_dpsu.dp.randomness.noise import test_seed_material
     from beam_dpsu.transforms.columnar import _PeelDoFn
     m = DiscoverPeelTopK(4, 2.0, 1e-6)
     domain = ["a", "b", "c", "held-by-none"]

@@ -6,7 +6,7 @@ import stat
 
 import pytest
 
-from beam_dpsu.dp import synthetic
+from beam_dpsu.dp.evaluation import synthetic
 from beam_dpsu.pipelines import compare, runs
 from conftest import without_progress
 
@@ -158,7 +158,7 @@ def test_published_and_cascade_free_gw_side_by_side_with_allow_unproven(data, tm
     cal = [(r["calibration"]["variant"], r["calibration"]["proven"],
             r["calibration"]["max_items_per_user"], r["calibration"]["eta"])
            for r in s["results"]]
-    from beam_dpsu.dp.params import DEFAULT_GW_ETA, gw_default_max_items
+    from beam_dpsu.dp.privacy.params import DEFAULT_GW_ETA, gw_default_max_items
     assert cal == [("cascade-free", True, gw_default_max_items(2.0), DEFAULT_GW_ETA),
                    ("published", False, None, None), ("cascade-free", True, 5, 0.1)]
     # The beam engine gets the same mechanism through the command-line flags.
@@ -171,7 +171,7 @@ def test_published_and_cascade_free_gw_side_by_side_with_allow_unproven(data, tm
 
 
 def test_occurrence_coverage_and_missing_mass_by_hand():
-    from beam_dpsu.dp import utility
+    from beam_dpsu.dp.evaluation import utility
     per_user = {"u1": {"a": 3, "b": 1}, "u2": {"a": 1, "c": 2}, "u3": {"d": 1}}
     occ = utility.item_occurrences(per_user)
     assert occ == {"a": 4, "b": 1, "c": 2, "d": 1}

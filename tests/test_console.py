@@ -19,6 +19,8 @@ import pytest
 import setuptools
 
 from beam_dpsu.pipelines import cli
+
+from beam_dpsu.pipelines import console
 from conftest import PROGRESS_LINE, without_progress
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -169,8 +171,8 @@ def test_progress_and_error_lines_are_each_one_write(monkeypatch):
     # another process's line. Each line is one write, followed by a flush.
     stream = _Writes()
     monkeypatch.setattr(sys, "stderr", stream)
-    cli.Progress("beam-dpsu select")("3 users read")
-    assert cli.run_main("beam-dpsu select", lambda: 1 // 0) == 1
+    console.Progress("beam-dpsu select")("3 users read")
+    assert console.run_main("beam-dpsu select", lambda: 1 // 0) == 1
     writes = [c for c in stream.calls if c is not None]
     assert len(writes) == 2 and stream.calls == [w for c in writes for w in (c, None)]
     assert all(w.endswith("\n") and w.count("\n") == 1 for w in writes), writes
@@ -256,8 +258,8 @@ def test_the_installed_console_script_runs_from_another_directory(data, tmp_path
 def test_info_lines_of_a_logger_with_its_own_level_follow_verbose(verbose):
     # Beam's Prism job server sets its logger to INFO and logs Prism's own lines through
     # it ("INFO: Serving JobManagement ..."): without --verbose they are not shown
-    code = ("import logging; from beam_dpsu.pipelines import cli; "
-            f"cli.configure_logging({verbose}); "
+    code = ("import logging; from beam_dpsu.pipelines import console; "
+            f"console.configure_logging({verbose}); "
             "log = logging.getLogger('PrismJobServer'); log.setLevel(logging.INFO); "
             "log.info('Serving JobManagement'); log.error('a real error')")
     err = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -8,11 +8,11 @@ from beam_dpsu.transforms.expansion import expand_mechanism
 import beam_dpsu.transforms.select  # noqa: F401  (registers every family's expansion)
 
 from beam_dpsu.dp.mechanisms.base import run_local
-from beam_dpsu.dp import params
+from beam_dpsu.dp.privacy import params
 from beam_dpsu.dp.mechanisms import Mechanism
 from beam_dpsu.dp.mechanisms.base import ThresholdMechanism
-from beam_dpsu.dp.noise import RunKey
-from beam_dpsu.dp.registry import REGISTRY, MechanismParams, make_mechanism
+from beam_dpsu.dp.randomness.noise import RunKey
+from beam_dpsu.dp.mechanisms.registry import REGISTRY, MechanismParams, make_mechanism
 from beam_dpsu.dp.mechanisms.topk import TopKMechanism
 from beam_dpsu.pipelines import arguments, compare
 
@@ -47,7 +47,7 @@ def test_every_mechanism_fulfils_the_contract(mechanism):
     released = run_local(numpy_ids, mechanism, key)
     assert released == mechanism.run_local(plain, key)
     # and refuses the ids whose keyed hash would differ from Python's equality
-    from beam_dpsu.dp.contribution import IdTypeError
+    from beam_dpsu.dp.data.contribution import IdTypeError
     with pytest.raises(IdTypeError, match="float"):
         run_local(dict(plain, **{"x": {1.5: 1}}), mechanism, key)
 
@@ -72,7 +72,7 @@ def test_mechanism_params_are_the_declared_parameters():
     for entry in REGISTRY.values():
         assert entry.accepts <= set(params.MECHANISM_PARAMS), entry.name
     with pytest.raises(ValueError, match="undeclared"):
-        from beam_dpsu.dp.registry import register
+        from beam_dpsu.dp.mechanisms.registry import register
         register("bogus", lambda p: None, {"nope"}, "")
     assert "bogus" not in REGISTRY
 

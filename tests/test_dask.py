@@ -106,7 +106,7 @@ class _Show(beam.DoFn):
 
 
 def test_fresh_key_is_the_same_in_every_partition(cluster, tmp_path):
-    from beam_dpsu.dp.noise import RunKey
+    from beam_dpsu.dp.randomness.noise import RunKey
     log = str(tmp_path / "keys")
     p = beam.Pipeline(argv=runners.resolve_runner_flag(dask_flags(cluster)))
     run_key = RunKey.fresh()
@@ -124,7 +124,7 @@ def test_worker_key_is_drawn_once_for_the_cluster_and_never_staged(cluster):
     """Each worker process resolves the key itself; all get the first draw; the
     job graph carries only the key's public name; the launcher deletes the copy."""
     import pickle
-    from beam_dpsu.dp.noise import RunKey
+    from beam_dpsu.dp.randomness.noise import RunKey
     p = beam.Pipeline(argv=runners.resolve_runner_flag(dask_flags(cluster)))
     pcoll = p | beam.Create([0])
     worker_key = keys.key_side_input(pcoll, RunKey.fresh())
@@ -162,16 +162,16 @@ def test_what_dask_would_mistranslate_is_refused(cluster, tmp_path):
     with pytest.raises(ValueError, match="finish_bundle"):
         runners.check_pipeline(p)
     from beam_dpsu.transforms.ordered import OrderedUserPolicy
-    from beam_dpsu.dp.sequential import L1DescentPolicy  # noqa: F401
+    from beam_dpsu.dp.data.sequential import L1DescentPolicy  # noqa: F401
     assert runners.capabilities("DaskRunner").user_state is False
     assert runners.capabilities("DirectRunner").ordered_list_state is True
     assert OrderedUserPolicy  # state='bag' on Dask: see test_ordered_state_refused
 
 
 def test_dask_flag_is_accepted_by_the_command_line(cluster, data, tmp_path):
-    from beam_dpsu.pipelines import flags, cli
+    from beam_dpsu.pipelines import flags, console
     flags.check_beam_args(dask_flags(cluster) + ["--dask_npartitions", "2"])
-    with pytest.raises(cli.UsageError):
+    with pytest.raises(console.UsageError):
         flags.check_beam_args(["--dask_client_adress=x"])
 
 
@@ -368,8 +368,8 @@ def test_a_worker_killed_mid_run_does_not_change_the_release(tmp_path_factory, t
     import signal
     import threading
     import time
-    from beam_dpsu.dp import synthetic
-    from beam_dpsu.dp.columnar import user_groups_for
+    from beam_dpsu.dp.evaluation import synthetic
+    from beam_dpsu.dp.data.columnar import user_groups_for
     folder = tmp_path_factory.mktemp("killed")
     path = str(folder / "all.tsv")
     synthetic.write_tsv(path, 4000, seed=3, max_occurrences=60)

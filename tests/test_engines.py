@@ -23,7 +23,7 @@ from apache_beam.utils.timestamp import Timestamp
 from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_dpsu.dp.mechanisms.histogram_threshold import WeightedGaussian
-from beam_dpsu.dp.noise import RunKey
+from beam_dpsu.dp.randomness.noise import RunKey
 from beam_dpsu.pipelines import hitting_set, select_partitions, top_k
 from beam_dpsu.transforms import runners
 
@@ -243,7 +243,7 @@ def test_an_engine_killed_mid_release_leaves_no_release(engine, tmp_path):
     # runs: the command exits non-zero and leaves no file that looks like a release.
     import signal
     import time
-    from beam_dpsu.dp import synthetic
+    from beam_dpsu.dp.evaluation import synthetic
     data_file = str(tmp_path / "in.tsv")
     synthetic.write_tsv(data_file, 40000, seed=2, max_occurrences=200)
     out = str(tmp_path / "out")

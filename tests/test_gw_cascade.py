@@ -26,8 +26,8 @@ import zlib
 import numpy as np
 import pytest
 
-from beam_dpsu.dp import sequential as P
-from beam_dpsu.dp.noise import RunKey
+from beam_dpsu.dp.data import sequential as P
+from beam_dpsu.dp.randomness.noise import RunKey
 
 RK = RunKey.from_test_seed(14)
 ITEM_KEY = RK.subkey("item-order")

@@ -14,21 +14,21 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from beam_dpsu.dp import calibration as cal
-from beam_dpsu.dp import synthetic
-from beam_dpsu.dp.contribution import per_user_counts
+from beam_dpsu.dp.privacy import calibration as cal
+from beam_dpsu.dp.evaluation import synthetic
+from beam_dpsu.dp.data.contribution import per_user_counts
 from beam_dpsu.dp.mechanisms.policy import (FRONT_SCALE_RANGE, GWKT, ScaleEstimate,
                                             activity_buckets, front_margin_for,
                                             front_scale_from_estimate,
                                             max_items_from_estimate, release_scale,
                                             scale_statistics)
-from beam_dpsu.dp.noise import RunKey
-from beam_dpsu.dp.params import (ACTIVITY_BUCKETS, CALIBRATED_MARGIN_FRACTION,
+from beam_dpsu.dp.randomness.noise import RunKey
+from beam_dpsu.dp.privacy.params import (ACTIVITY_BUCKETS, CALIBRATED_MARGIN_FRACTION,
                                  CALIBRATED_MIN_SCALES, CALIBRATED_WIDTH_DIVISOR,
                                  CALIBRATED_WIDTH_RANGE, DEFAULT_FRONT_MARGIN,
                                  DEFAULT_FRONT_SCALE, FRONT_SCALE_FACTOR,
                                  gw_default_max_items, gwkt_default_max_items)
-from beam_dpsu.dp.registry import make_mechanism
+from beam_dpsu.dp.mechanisms.registry import make_mechanism
 
 PUBLIC = {f"i{j}": max(1, 3000 // j) for j in range(1, 300)}
 
@@ -320,7 +320,7 @@ def test_the_estimates_statement_names_the_samplers_floor():
     # the grid Laplace's exponentials stop at 744.4 scales (the smallest double's reach),
     # so the estimate's noise has a largest value: ε-DP up to that 2^-1074 floor, not
     # pure ε-DP; the units say so
-    from beam_dpsu.dp import noise
+    from beam_dpsu.dp.randomness import noise
     top = noise.exponential_from_stream(0, lambda j: 0)                  # U at its smallest
     assert 744.0 < top < 745.0 and math.exp(-top) >= 2.0 ** -1075
     unit = GWKT(3.0, 1e-6, PUBLIC, calibration_share=0.02).describe()["units"][

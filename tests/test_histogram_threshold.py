@@ -8,12 +8,12 @@ import pytest
 from apache_beam.testing.util import assert_that, equal_to
 from scipy import stats
 
-from beam_dpsu.dp import calibration as cal
+from beam_dpsu.dp.privacy import calibration as cal
 from beam_dpsu.transforms.histogram import WeightedHistogram
-from beam_dpsu.dp.weights import add_user_to_histogram, user_weight
-from beam_dpsu.dp.noise import RunKey
+from beam_dpsu.dp.data.weights import add_user_to_histogram, user_weight
+from beam_dpsu.dp.randomness.noise import RunKey
 from beam_dpsu.transforms.release import NoisyThreshold
-from beam_dpsu.dp.release_rules import NoisyThresholdRule, TruncatedGeometricRule
+from beam_dpsu.dp.randomness.release_rules import NoisyThresholdRule, TruncatedGeometricRule
 
 from conftest import bernstein_radius, local_pipeline
 
@@ -134,7 +134,7 @@ def test_noisy_threshold_validates_at_construction():
 @pytest.mark.parametrize("in_parts", [False, True])
 def test_sharded_histogram_holds_the_same_weights(num_shards, flush, in_parts):
     from beam_dpsu.transforms.histogram import ShardedHistogram
-    from beam_dpsu.dp.weights import item_shard
+    from beam_dpsu.dp.data.weights import item_shard
     users = [(f"u{i}", {f"i{j}": 1 for j in range(i % 9 + 1)}) for i in range(60)]
     expected = {}
     for _, c in users:
@@ -175,11 +175,11 @@ def test_sharded_release_equals_per_item_release():
 def test_release_rule_decides_as_weight_plus_noise_above_the_threshold():
     # Every decision must equal weight > 0 and weight + noise(item) > T, the noise
     # computed here from the item's own SipHash-2-4 (the scalar reference,
-    # dp.siphash.siphash24), its further blocks, and the scalar samplers.
-    from beam_dpsu.dp.noise import (ItemBits, RunKey, encode_value, gaussian_from_stream,
+    # dp.randomness.siphash.siphash24), its further blocks, and the scalar samplers.
+    from beam_dpsu.dp.randomness.noise import (ItemBits, RunKey, encode_value, gaussian_from_stream,
                                     laplace_from_stream)
-    from beam_dpsu.dp.release_rules import NoisyThresholdRule
-    from beam_dpsu.dp.siphash import siphash24
+    from beam_dpsu.dp.randomness.release_rules import NoisyThresholdRule
+    from beam_dpsu.dp.randomness.siphash import siphash24
     rk = RunKey.from_test_seed(11)
     items = [f"i{k}" for k in range(1000)] + list(range(200)) + [b"\xff", ("t", 1), 2.5]
     key = rk.subkey("noise/0")[:16]

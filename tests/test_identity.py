@@ -2,7 +2,7 @@
 
 User ids and items must be str, bytes, int (numpy integers become the equal
 int) or tuples of these; anything else is refused with one clear error
-(``dp.contribution.canonical_id``), on every path: the local core, the Beam
+(``dp.data.contribution.canonical_id``), on every path: the local core, the Beam
 transforms and the auditor. Within the accepted types Python equality (which
 groups users and items) is exactly equality of ``noise.encode_value`` (which
 keys every hash and noise draw). A UTF-8 byte-order mark at the start of an
@@ -23,15 +23,15 @@ import numpy as np
 import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
-from beam_dpsu.dp import lines
-from beam_dpsu.dp.audit import Scenario
-from beam_dpsu.dp.contribution import (MAX_INT_ID_DIGITS, IdTypeError, canonical_counts,
+from beam_dpsu.dp.data import lines
+from beam_dpsu.dp.evaluation.audit import Scenario
+from beam_dpsu.dp.data.contribution import (MAX_INT_ID_DIGITS, IdTypeError, canonical_counts,
                                        canonical_id, canonical_pair, canonical_per_user,
                                        per_user_counts)
 from beam_dpsu.dp.mechanisms.base import run_local
 from beam_dpsu.dp.mechanisms.histogram_threshold import WeightedGaussian
 from beam_dpsu.dp.mechanisms.policy import PolicyGaussian
-from beam_dpsu.dp.noise import RunKey, encode_value
+from beam_dpsu.dp.randomness.noise import RunKey, encode_value
 from beam_dpsu.transforms.bounding import PerUserItemCounts, has_canonical_ids
 from beam_dpsu.transforms.histogram import WeightedHistogram
 from beam_dpsu.transforms.select import SelectPartitions
@@ -438,7 +438,7 @@ class _RawReadOnly(io.RawIOBase):
 
 
 def _reference_blocks(text, block_bytes):
-    # where the blocks are cut, independently of ``dp.lines``: read ``block_bytes`` at a
+    # where the blocks are cut, independently of ``dp.data.lines``: read ``block_bytes`` at a
     # time, cut after the last line end (dropping it), carry the rest to the next
     # read; a BOM at offset 0 dropped once (three bytes needed to tell)
     out, rest, at, first = [], b"", 0, True

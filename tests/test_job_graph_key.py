@@ -22,10 +22,10 @@ import pytest
 
 from beam_dpsu.transforms import run_key as keys, runners
 from beam_dpsu.transforms.select import SelectPartitions
-from beam_dpsu.dp.contribution import sampling_keys
-from beam_dpsu.dp.noise import RunKey
+from beam_dpsu.dp.data.contribution import sampling_keys
+from beam_dpsu.dp.randomness.noise import RunKey
 from beam_dpsu.dp.mechanisms.policy import GWKT
-from beam_dpsu.dp.registry import REGISTRY, make_mechanism
+from beam_dpsu.dp.mechanisms.registry import REGISTRY, make_mechanism
 from beam_dpsu.transforms.release import NoisyThreshold
 from beam_dpsu.transforms.topk import TopK
 from beam_dpsu.dp.mechanisms.topk import TopKMechanism

@@ -4,8 +4,9 @@ import zlib
 import numpy as np
 import pytest
 
-from beam_dpsu.dp import kernels, sequential as policies
-from beam_dpsu.dp.noise import RunKey
+from beam_dpsu.dp.data import kernels
+from beam_dpsu.dp.data import sequential as policies
+from beam_dpsu.dp.randomness.noise import RunKey
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="numba is not installed")
 

@@ -5,15 +5,15 @@ import apache_beam as beam
 import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
-from beam_dpsu.dp import calibration as cal
+from beam_dpsu.dp.privacy import calibration as cal
 from beam_dpsu.dp.mechanisms.base import run_local
-from beam_dpsu.dp.contribution import per_user_counts
-from beam_dpsu.dp.accounting import zcdp_to_dp_delta
+from beam_dpsu.dp.data.contribution import per_user_counts
+from beam_dpsu.dp.privacy.accounting import zcdp_to_dp_delta
 from beam_dpsu.dp.mechanisms import (CountGaussian, CountLaplace, TruncatedGeometric,
                                      WeightedGaussian, WeightedGaussianZcdp, WeightedLaplace)
 from beam_dpsu.transforms.select import SelectPartitions
-from beam_dpsu.dp.registry import REGISTRY, make_mechanism
-from beam_dpsu.dp.noise import RunKey
+from beam_dpsu.dp.mechanisms.registry import REGISTRY, make_mechanism
+from beam_dpsu.dp.randomness.noise import RunKey
 
 from conftest import local_pipeline
 

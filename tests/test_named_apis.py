@@ -7,7 +7,7 @@ import re
 import pytest
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
-# dotted names of the package, with or without its name (docs often say dp.noise.RunKey)
+# dotted names of the package, with or without its name (docs often say dp.randomness.noise.RunKey)
 NAME = re.compile(r"\b((?:beam_dpsu|dp|transforms|pipelines)(?:\.[A-Za-z_][A-Za-z0-9_]*)+)")
 LAYERS = ("dp", "transforms", "pipelines")
 
@@ -32,7 +32,7 @@ def _names():
         for m in NAME.finditer(text):
             name = m.group(1).rstrip(".")
             if text[m.end():m.end() + 3] == ".py" or text[max(0, m.start() - 1)] in "/.":
-                continue  # a file path (dp/noise.py), or the tail of a longer name
+                continue  # a file path (dp/randomness/noise.py), or the tail of a longer name
             if any(part.isupper() for part in name.split(".")):
                 continue  # a placeholder: python -m pipelines.NAME
             if name.startswith(LAYERS):

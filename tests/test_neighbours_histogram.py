@@ -29,12 +29,12 @@ import math
 import numpy as np
 import pytest
 
-from beam_dpsu.dp import calibration as cal
-from beam_dpsu.dp.contribution import sample_items
+from beam_dpsu.dp.privacy import calibration as cal
+from beam_dpsu.dp.data.contribution import sample_items
 from beam_dpsu.dp.mechanisms.histogram_threshold import round_histogram
-from beam_dpsu.dp.weights import user_weight
-from beam_dpsu.dp.noise import RunKey
-from beam_dpsu.dp.registry import make_mechanism
+from beam_dpsu.dp.data.weights import user_weight
+from beam_dpsu.dp.randomness.noise import RunKey
+from beam_dpsu.dp.mechanisms.registry import make_mechanism
 
 RK = RunKey.from_test_seed(1913)
 EPS, DELTA, MAX_ITEMS = 1.5, 1e-6, 4

@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from beam_dpsu.dp import lines, synthetic
+from beam_dpsu.dp.data import lines
+from beam_dpsu.dp.evaluation import synthetic
 
 pytestmark = pytest.mark.subprocess
 
@@ -146,7 +147,7 @@ def test_the_stop_message_never_says_all_k_were_saved():
 def test_write_release_writes_top_k_rows_as_the_command_line_does(tmp_path):
     import apache_beam as beam
     from beam_dpsu.dp.mechanisms.topk import TopKMechanism
-    from beam_dpsu.dp.noise import RunKey
+    from beam_dpsu.dp.randomness.noise import RunKey
     from beam_dpsu.transforms import runners
     from beam_dpsu.transforms.topk import TopK
     from beam_dpsu.transforms.write import WriteRelease, ranked_lines
@@ -180,7 +181,7 @@ def test_ctrl_c_during_start_up_is_one_line(data, tmp_path):
 
 def test_the_first_compilation_is_announced_only_where_it_is_ahead(tmp_path):
     import importlib.util
-    from beam_dpsu.dp import compiled
+    from beam_dpsu.dp.randomness import compiled
     cache = tmp_path / "__pycache__"
     cache.mkdir()
     if importlib.util.find_spec("numba") is None:

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from beam_dpsu.dp import noise
-from beam_dpsu.dp.noise import KeyedNoise, RunKey, encode_value
+from beam_dpsu.dp.randomness import noise
+from beam_dpsu.dp.randomness.noise import KeyedNoise, RunKey, encode_value
 
 # Each KS test below fails falsely with probability 1e-7.
 KS_ALPHA = 1e-7
@@ -22,7 +22,7 @@ def test_fresh_keys_differ_and_seeded_keys_repeat():
 
 
 def test_key_is_not_printed_and_its_secret_is_never_pickled():
-    from beam_dpsu.dp.noise import DetachedKeyError
+    from beam_dpsu.dp.randomness.noise import DetachedKeyError
     for k in (RunKey.fresh(), RunKey(b"explicit key bytes, 32 of them!!")):
         material = k.subkey("a") and k._material()   # drawn (fresh) before pickling
         assert "seeded=False" in repr(k) and len(repr(k)) < 40

@@ -11,18 +11,18 @@ import numpy as np
 import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
-from beam_dpsu.dp import calibration as cal
+from beam_dpsu.dp.privacy import calibration as cal
 from beam_dpsu.dp.mechanisms.base import run_local
-from beam_dpsu.dp.contribution import per_user_counts
+from beam_dpsu.dp.data.contribution import per_user_counts
 from beam_dpsu.transforms import ordered
-from beam_dpsu.dp import params
-from beam_dpsu.dp import sequential as P
+from beam_dpsu.dp.privacy import params
+from beam_dpsu.dp.data import sequential as P
 from beam_dpsu.transforms.select import SelectPartitions
-from beam_dpsu.dp.noise import RunKey
-from beam_dpsu.dp.params import DEFAULT_GW_ETA, gw_default_max_items
+from beam_dpsu.dp.randomness.noise import RunKey
+from beam_dpsu.dp.privacy.params import DEFAULT_GW_ETA, gw_default_max_items
 from beam_dpsu.dp.mechanisms.policy import GW, GWKT, PolicyGaussian, PolicyLaplace
 from beam_dpsu.transforms.ordered import OrderedUserPolicy
-from beam_dpsu.dp.registry import make_mechanism
+from beam_dpsu.dp.mechanisms.registry import make_mechanism
 
 from conftest import local_pipeline
 from test_mechanisms import small_dataset

@@ -38,7 +38,7 @@ import pytest
 from scipy import stats
 
 from beam_dpsu.transforms import textio
-from beam_dpsu.dp.noise import RunKey
+from beam_dpsu.dp.randomness.noise import RunKey
 from beam_dpsu.dp.mechanisms.policy import GW, GWKT, PolicyGaussian, PolicyLaplace
 
 from conftest import shared_dataset

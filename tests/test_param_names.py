@@ -4,9 +4,9 @@ PipelineDP's ``max_partitions_contributed``, on every surface a user types it.""
 import pytest
 
 from beam_dpsu.pipelines import audit as audit_cli
-from beam_dpsu.pipelines.cli import UsageError
-from beam_dpsu.dp import params
-from beam_dpsu.dp.registry import make_mechanism
+from beam_dpsu.pipelines.console import UsageError
+from beam_dpsu.dp.privacy import params
+from beam_dpsu.dp.mechanisms.registry import make_mechanism
 from beam_dpsu.pipelines import arguments, compare
 
 IO = ["--input", __file__, "--output", "/tmp/beam-dpsu-never-written"]
@@ -80,7 +80,7 @@ def test_public_name_is_the_json_key():
 def test_gw_default_max_items_is_one_plus_five_epsilon_rounded():
     from fractions import Fraction
 
-    from beam_dpsu.dp.params import MAX_MAX_ITEMS, gw_default_max_items
+    from beam_dpsu.dp.privacy.params import MAX_MAX_ITEMS, gw_default_max_items
 
     # Independent computation: exact rational arithmetic, round half up.
     def expected(eps):
@@ -98,7 +98,7 @@ def test_gw_default_max_items_is_one_plus_five_epsilon_rounded():
 
 
 def test_gwkt_default_max_items_is_gw_rule_plus_four_or_the_prefix_constant():
-    from beam_dpsu.dp.params import MAX_MAX_ITEMS, gw_default_max_items, gwkt_default_max_items
+    from beam_dpsu.dp.privacy.params import MAX_MAX_ITEMS, gw_default_max_items, gwkt_default_max_items
 
     # Independent computation: round(1 + 5ε) half up, + 4 (front); 100 (prefix).
     assert [gwkt_default_max_items(e) for e in (1, 3, 5)] == [10, 20, 30]

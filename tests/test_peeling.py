@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 from scipy import optimize, stats
 
-from beam_dpsu.dp.contribution import canonical_items
+from beam_dpsu.dp.data.contribution import canonical_items
 from beam_dpsu.dp.mechanisms.peeling import (DiscoverPeelHittingSet, DiscoverPeelTopK,
                                              hitting_scores, item_users, peel_top_k,
                                              peeling_epsilon0, peeling_rounds, split_budget,
                                              user_peeling)
-from beam_dpsu.dp.noise import RunKey
+from beam_dpsu.dp.randomness.noise import RunKey
 from beam_dpsu.transforms.peeling import DiscoverThenPeelTransform
 from beam_dpsu.transforms.select import SelectPartitions
 from beam_dpsu.transforms.write import WriteOneFile
@@ -237,7 +237,7 @@ def test_the_auditor_finds_no_epsilon_above_the_claim(mechanism):
     # The auditor's neighbouring pairs (a canary with its own items, items at the
     # discovery threshold, a pile) against the released items of the ranked rows; its
     # bounds hold together with probability 1 - 1e-8, so a false failure is < 1e-8.
-    from beam_dpsu.dp import audit
+    from beam_dpsu.dp.evaluation import audit
     r = audit.audit(mechanism, 400, audit.CI_CONFIDENCE)
     assert r["epsilon_lower_bound"] <= r["claimed_epsilon"], r
     assert r["passed"] and r["claimed_epsilon"] == 1.0
@@ -311,7 +311,7 @@ def test_top_k_discover_peel_releases_the_beam_free_rows_and_refuses_k_bar(tmp_p
 # -- the utility measures and compare --task top-k|hitting-set ----------------------------------
 
 def test_top_k_measures_against_a_hand_computation():
-    from beam_dpsu.dp import utility
+    from beam_dpsu.dp.evaluation import utility
     per_user = {"a": {"x": 1, "y": 1}, "b": {"x": 1}, "c": {"z": 1}, "d": {"x": 1, "z": 1}}
     holders = utility.users_per_item(per_user)
     assert holders == {"x": 3, "y": 1, "z": 2} and utility.user_item_pairs(per_user) == 6

@@ -9,13 +9,13 @@ import hashlib
 import apache_beam as beam
 from apache_beam.testing.util import assert_that, equal_to
 
-from beam_dpsu.dp import synthetic
+from beam_dpsu.dp.evaluation import synthetic
 from beam_dpsu.dp.mechanisms.base import run_local
-from beam_dpsu.dp.contribution import per_user_counts
+from beam_dpsu.dp.data.contribution import per_user_counts
 from beam_dpsu.dp.mechanisms import (CountGaussian, CountLaplace, TruncatedGeometric,
                                      WeightedGaussian, WeightedGaussianZcdp, WeightedLaplace)
 from beam_dpsu.transforms.select import SelectPartitions
-from beam_dpsu.dp.noise import RunKey
+from beam_dpsu.dp.randomness.noise import RunKey
 from beam_dpsu.dp.mechanisms.peeling import DiscoverPeelHittingSet, DiscoverPeelTopK
 from beam_dpsu.dp.mechanisms.policy import GW, GWKT, PolicyGaussian, PolicyLaplace
 from beam_dpsu.dp.mechanisms.sips import Sips
@@ -173,7 +173,7 @@ def test_beam_releases_from_per_user_parts_are_pinned():
 
 def test_columnar_releases_are_pinned(tmp_path):
     # The histogram mechanisms on the columnar path (the command line's), from text.
-    from beam_dpsu.dp.columnar import release_from_files
+    from beam_dpsu.dp.mechanisms.on_blocks import release_from_files
     from beam_dpsu.dp.mechanisms.histogram_threshold import HistogramMechanism
     path = tmp_path / "in.tsv"
     path.write_text("".join(f"{u}\t{i}\n" for u, counts in _per_user().items()

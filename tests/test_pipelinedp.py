@@ -9,7 +9,7 @@ pipeline_dp = pytest.importorskip("pipeline_dp")
 
 from beam_dpsu.transforms.select import SelectPartitions
 from beam_dpsu.dp.mechanisms import WeightedGaussian  # noqa: E402
-from beam_dpsu.dp.noise import RunKey  # noqa: E402
+from beam_dpsu.dp.randomness.noise import RunKey  # noqa: E402
 from beam_dpsu.transforms.pipelinedp import AccountantMechanism, accountant_total, from_accountant  # noqa: E402
 from conftest import local_pipeline  # noqa: E402
 

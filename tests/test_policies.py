@@ -10,8 +10,8 @@ import math
 import numpy as np
 import pytest
 
-from beam_dpsu.dp import sequential as P
-from beam_dpsu.dp.noise import RunKey
+from beam_dpsu.dp.data import sequential as P
+from beam_dpsu.dp.randomness.noise import RunKey
 
 KEY = RunKey.from_test_seed(5)
 ITEM_KEY = KEY.subkey("item-order")
@@ -314,7 +314,7 @@ def test_policies_validate():
 
 
 def test_item_ids_many_equals_one_by_one():
-    from beam_dpsu.dp.sequential import ItemIds
+    from beam_dpsu.dp.data.sequential import ItemIds
     ids = ItemIds(b"k" * 32, max_cache=5)
     items = [f"i{k % 9}" for k in range(40)] + [3, b"x"]
     assert ids.many(items) == [ItemIds(b"k" * 32)(u) for u in items]
@@ -325,8 +325,8 @@ def test_item_ids_are_the_keyed_hash_of_the_encoded_item():
     """The id is keyed_hash64(key, encode_value(item)) >> 1, computed here without ItemIds,
     for strings (hashed through the prefixed state), a lone surrogate, bytes, ints and tuples,
     one by one and in batches, from an empty and from a warm cache."""
-    from beam_dpsu.dp.noise import encode_value, keyed_hash64
-    from beam_dpsu.dp.sequential import ItemIds
+    from beam_dpsu.dp.randomness.noise import encode_value, keyed_hash64
+    from beam_dpsu.dp.data.sequential import ItemIds
     key = b"k" * 32
     items = ["", "a", "\u00e9t\u00e9", "\ud800x", b"a", 7, ("a", 1), "a"]
     expected = [keyed_hash64(key, encode_value(u)) >> 1 for u in items]
@@ -342,7 +342,7 @@ def test_item_ids_are_the_keyed_hash_of_the_encoded_item():
 
 
 def test_item_ids_cache_is_cleared_only_when_the_new_ids_would_overflow_it():
-    from beam_dpsu.dp.sequential import ItemIds
+    from beam_dpsu.dp.data.sequential import ItemIds
     ids = ItemIds(b"k" * 32, max_cache=4)
     ids.many(["a", "b", "c"])
     ids.many(["a", "b", "c", "d"])          # one new id: 3 + 1 fits

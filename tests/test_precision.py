@@ -15,16 +15,16 @@ import mpmath
 import numpy as np
 import pytest
 
-from beam_dpsu.dp import calibration as cal
-from beam_dpsu.dp import noise
+from beam_dpsu.dp.privacy import calibration as cal
+from beam_dpsu.dp.randomness import noise
 from beam_dpsu.dp.mechanisms.histogram_threshold import (CountGaussian, CountLaplace,
                                                          TruncatedGeometric, WeightedGaussian,
                                                          WeightedGaussianZcdp, WeightedLaplace)
 from beam_dpsu.dp.mechanisms.policy import GW, PolicyGaussian, PolicyLaplace
 from beam_dpsu.dp.mechanisms.sips import Sips
-from beam_dpsu.dp.params import MIN_PER_ITEM_DELTA
-from beam_dpsu.dp.release_rules import TAIL_MARGIN, TruncatedGeometricRule, noise_tail
-from beam_dpsu.dp.noise import RunKey
+from beam_dpsu.dp.privacy.params import MIN_PER_ITEM_DELTA
+from beam_dpsu.dp.randomness.release_rules import TAIL_MARGIN, TruncatedGeometricRule, noise_tail
+from beam_dpsu.dp.randomness.noise import RunKey
 
 DPS = 80
 

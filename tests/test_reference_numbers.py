@@ -19,10 +19,10 @@ from scipy import stats
 
 from beam_dpsu.dp.mechanisms.base import run_local
 from beam_dpsu.dp.mechanisms.histogram_threshold import histogram_local
-from beam_dpsu.dp import lines
+from beam_dpsu.dp.data import lines
 from beam_dpsu.dp.mechanisms import (CountGaussian, WeightedGaussian, WeightedGaussianZcdp,
                                      WeightedLaplace)
-from beam_dpsu.dp.noise import RunKey
+from beam_dpsu.dp.randomness.noise import RunKey
 
 from conftest import bernstein_radius, shared_dataset
 

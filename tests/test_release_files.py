@@ -20,8 +20,8 @@ import sys
 import numpy as np
 import pytest
 
-from beam_dpsu.dp import kernels
-from beam_dpsu.dp.registry import REGISTRY
+from beam_dpsu.dp.data import kernels
+from beam_dpsu.dp.mechanisms.registry import REGISTRY
 from beam_dpsu.pipelines import select_partitions, top_k
 from conftest import without_progress
 
@@ -273,12 +273,12 @@ def test_input_that_is_not_text_is_refused_as_such(tmp_path, capsys, name, conte
     path.write_bytes(content)
     check_refused(tmp_path, capsys, sp_args(str(path), str(tmp_path / "o"), *flags),
                   f"{path} is not user<TAB>item text: ")
-    from beam_dpsu.dp.lines import not_text_reason, sniff_head
+    from beam_dpsu.dp.data.lines import not_text_reason, sniff_head
     assert reason in not_text_reason(sniff_head(str(path)))
 
 
 def test_text_with_odd_bytes_is_still_text():
-    from beam_dpsu.dp.lines import not_text_reason
+    from beam_dpsu.dp.data.lines import not_text_reason
     # an item with a NUL, a few invalid lines (skipped as malformed), a cut character
     for head in (b"", b"u1\ta\n", "u\té\u00ff\n".encode(), b"u1\t\xff\xfe\nu2\ta\nu3\tb\n",
                  b"\xef\xbb\xbfu\ta\n", b"user1\tan item with a \x00 inside\n" * 3, "u\t日本".encode()[:-1]):
@@ -541,7 +541,7 @@ def test_a_bare_relative_prefix_keeps_its_release_and_is_refused_when_stale(tmp_
     # `--output out` (no directory): Beam's local match finds nothing for a bare relative
     # glob, which once hid the written items file: it was then truncated to an empty file
     # and a second run into the same prefix was not refused. Deterministic (test seed).
-    from beam_dpsu.dp import synthetic
+    from beam_dpsu.dp.evaluation import synthetic
     from beam_dpsu.pipelines import select_partitions
     data = tmp_path / "in.tsv"
     synthetic.write_tsv(str(data), 300, seed=2, max_occurrences=40)

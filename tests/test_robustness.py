@@ -12,13 +12,13 @@ import apache_beam as beam
 import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
-from beam_dpsu.dp.contribution import IdTypeError, per_user_counts
+from beam_dpsu.dp.data.contribution import IdTypeError, per_user_counts
 from beam_dpsu.transforms.bounding import SampleItems, _SampleDoFn
-from beam_dpsu.dp.contribution import sample_items
+from beam_dpsu.dp.data.contribution import sample_items
 from beam_dpsu.dp.mechanisms import CountGaussian
 from beam_dpsu.transforms.select import SelectPartitions
 from beam_dpsu.dp.mechanisms import policy as policy_family
-from beam_dpsu.dp.noise import RunKey
+from beam_dpsu.dp.randomness.noise import RunKey
 from beam_dpsu.pipelines import select_partitions
 
 from conftest import local_pipeline
@@ -145,7 +145,7 @@ def test_users_with_one_item_and_empty_users():
 
 def test_a_retried_bundle_gets_the_same_user_order_and_preparation():
     from beam_dpsu.transforms import ordered
-    from beam_dpsu.dp import sequential as policies
+    from beam_dpsu.dp.data import sequential as policies
     rk = RunKey.from_test_seed(5)
     mech = policy_family.PolicyGaussian(1.0, 1e-6, 5)
     users = [(f"u{i}", {f"i{j}": 1 for j in range(i % 12 + 1)}) for i in range(40)]

@@ -15,7 +15,7 @@ import tempfile
 
 import pytest
 
-from beam_dpsu.dp.registry import REGISTRY
+from beam_dpsu.dp.mechanisms.registry import REGISTRY
 from beam_dpsu.pipelines import arguments, select_partitions
 
 from conftest import transform_labels
@@ -186,7 +186,7 @@ def test_several_files_with_top_k_release_what_one_file_releases(data, tmp_path)
 def test_every_mechanism_reads_columns(data, name, tmp_path):
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
-    from beam_dpsu.dp.noise import RunKey
+    from beam_dpsu.dp.randomness.noise import RunKey
     flags = FLAGS.get(name, ["--epsilon", "1", "--delta", "1e-5"])
     out = str(tmp_path / "out")
     _, plan, _ = arguments.parse_select(
@@ -202,7 +202,7 @@ def test_a_top_k_release_beside_the_key_set_reads_columns_too(data, tmp_path):
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
     from beam_dpsu.dp.mechanisms.topk import TopKMechanism
-    from beam_dpsu.dp.noise import RunKey
+    from beam_dpsu.dp.randomness.noise import RunKey
     out = str(tmp_path / "out")
     _, plan, _ = arguments.parse_select(
         ["--input", data[0], "--output", out, "--mechanism", "policy-gaussian"]
@@ -221,7 +221,7 @@ def test_a_top_k_release_beside_the_key_set_reads_columns_too(data, tmp_path):
 def test_top_k_reads_columns(data, method):
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
-    from beam_dpsu.dp.noise import RunKey
+    from beam_dpsu.dp.randomness.noise import RunKey
     from beam_dpsu.dp.mechanisms.peeling import DiscoverPeelTopK
     from beam_dpsu.dp.mechanisms.topk import TopKMechanism
     from beam_dpsu.pipelines import top_k

@@ -1,4 +1,4 @@
-"""SipHash-2-4 (dp.siphash), the keyed bits of the release rules (noise.ItemBits) and the
+"""SipHash-2-4 (dp.randomness.siphash), the keyed bits of the release rules (noise.ItemBits) and the
 vectorised samplers: each against an independent computation."""
 import importlib.util
 import math
@@ -7,8 +7,8 @@ import os
 import numpy as np
 import pytest
 
-from beam_dpsu.dp import compiled, siphash
-from beam_dpsu.dp.noise import (ItemBits, RunKey, encode_value, gaussian_from_stream,
+from beam_dpsu.dp.randomness import compiled, siphash
+from beam_dpsu.dp.randomness.noise import (ItemBits, RunKey, encode_value, gaussian_from_stream,
                                 gaussian_many, gumbel_from_stream, gumbel_many,
                                 laplace_from_stream, laplace_many)
 
@@ -53,7 +53,7 @@ def test_many_equals_the_scalar_reference(monkeypatch, prefix):
     buf = np.frombuffer(data, np.uint8)
     assert siphash._numpy_many(k0, k1, buf, starts, lengths, prefix).tolist() == expected
     if NUMBA:
-        from beam_dpsu.dp import array_kernels
+        from beam_dpsu.dp.randomness import array_kernels
         code = -1 if prefix is None else prefix
         assert array_kernels.siphash24_many(k0, k1, buf, starts, lengths,
                                             code).tolist() == expected
@@ -75,7 +75,7 @@ def test_a_key_per_message():
     assert siphash._numpy_many(k0, k1, np.frombuffer(data, np.uint8), starts, lengths,
                                None).tolist() == expected
     if NUMBA:
-        from beam_dpsu.dp import array_kernels
+        from beam_dpsu.dp.randomness import array_kernels
         assert array_kernels.siphash24_many(k0, k1, np.frombuffer(data, np.uint8), starts,
                                             lengths, -1).tolist() == expected
 
@@ -218,7 +218,7 @@ def test_keys_by_owner_equal_the_gathered_keys(monkeypatch, prefix):
 def test_the_owner_kernel_refuses_owners_outside_the_tables():
     # numba does no bounds checks: the kernel checks the owners and the array lengths
     pytest.importorskip("numba")
-    from beam_dpsu.dp import array_kernels
+    from beam_dpsu.dp.randomness import array_kernels
     data, starts, lengths = _spans([b"ab", b"c"])
     buf = np.frombuffer(data, np.uint8)
     k = np.ones(2, np.uint64)
@@ -255,7 +255,7 @@ def test_keys_by_owner_and_out_are_checked_in_both_forms(monkeypatch):
 # ---- long messages: prf64's tree -----------------------------------------------------
 
 def _tree_reference(key, message):
-    """prf64 written out from its definition, independently of dp.siphash's code: level
+    """prf64 written out from its definition, independently of dp.randomness.siphash's code: level
     by level, pieces of 1,024 bytes zero-padded, each followed by le64(index) and
     le64(level·2^56 + the level's length), hashed by SipHash-2-4."""
     if len(message) <= 1024:

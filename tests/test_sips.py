@@ -8,17 +8,17 @@ from apache_beam.testing.util import assert_that, equal_to
 from scipy import stats
 
 from beam_dpsu.dp.mechanisms.base import run_local
-from beam_dpsu.dp import lines
-from beam_dpsu.dp.accounting import zcdp_to_dp_delta
-from beam_dpsu.dp.weights import add_user_to_histogram
-from beam_dpsu.dp.contribution import sample_items
+from beam_dpsu.dp.data import lines
+from beam_dpsu.dp.privacy.accounting import zcdp_to_dp_delta
+from beam_dpsu.dp.data.weights import add_user_to_histogram
+from beam_dpsu.dp.data.contribution import sample_items
 from beam_dpsu.transforms.select import SelectPartitions
 from beam_dpsu.dp.mechanisms import WeightedGaussianZcdp
-from beam_dpsu.dp.noise import RunKey
-from beam_dpsu.dp.registry import make_mechanism
+from beam_dpsu.dp.randomness.noise import RunKey
+from beam_dpsu.dp.mechanisms.registry import make_mechanism
 from beam_dpsu.dp.mechanisms.sips import Sips, round_budgets
 from beam_dpsu.dp.mechanisms.histogram_threshold import remove_items
-from beam_dpsu.dp.calibration import round_fractions
+from beam_dpsu.dp.privacy.calibration import round_fractions
 from beam_dpsu.transforms.sips import SipsRounds
 from beam_dpsu.pipelines import select_partitions
 
@@ -71,8 +71,8 @@ def test_validation(kwargs, match):
 
 def test_the_stated_guarantee_cannot_be_replaced():
     # Only from_dp states the (ε, δ) it calibrated to; a caller cannot pass its own.
-    from beam_dpsu.dp.accounting import PrivacyGuarantee
-    from beam_dpsu.dp.budget import PrivacyBudget
+    from beam_dpsu.dp.privacy.accounting import PrivacyGuarantee
+    from beam_dpsu.dp.mechanisms.budget import PrivacyBudget
     with pytest.raises(TypeError):
         Sips(0.1, 1e-5, guarantee=PrivacyGuarantee(0.01, 1e-12))
     pool = PrivacyBudget(1.0, 1e-6).zcdp("pool", 0.5)
@@ -145,7 +145,7 @@ def test_each_round_draws_its_own_noise_and_sample():
     # The composition argument needs independent randomness per round: round i's noise
     # under the run key's purpose noise/i and its Δ0 sample under sample/i.
     from beam_dpsu.dp.mechanisms.histogram_threshold import round_histogram
-    from beam_dpsu.dp.noise import ItemBits
+    from beam_dpsu.dp.randomness.noise import ItemBits
     s = Sips(0.1, 1e-5, 5, rounds=3, ratio=1 / 3)
     run_key = RunKey.from_test_seed(3)
     items = [f"item{j}" for j in range(1000)]
@@ -292,7 +292,7 @@ def test_grouped_removal_equals_removing_by_hand(monkeypatch, side_inputs_once):
 def _unpack(packs):
     """``packed_shards`` output → ``{shard: {item: weight}}``, checking each shard's pack."""
     import pickle
-    from beam_dpsu.dp.weights import shard_pack
+    from beam_dpsu.dp.data.weights import shard_pack
     out = {}
     for key, blob in packs.items():
         for shard, part in pickle.loads(blob).items():
@@ -304,7 +304,7 @@ def _unpack(packs):
 def test_group_round_equals_sampling_then_summing_each_user():
     """One SIPS round on a group (``_GroupRoundDoFn``) gives the histogram that
     ``round_histogram`` (the Beam-free core) computes for the same users and key."""
-    from beam_dpsu.dp.weights import shard_histogram
+    from beam_dpsu.dp.data.weights import shard_histogram
     from beam_dpsu.dp.mechanisms.base import RoundCalibration
     from beam_dpsu.dp.mechanisms.histogram_threshold import round_histogram
     from beam_dpsu.transforms.sips import _GroupRoundDoFn
@@ -321,7 +321,7 @@ def test_group_round_equals_sampling_then_summing_each_user():
 
 def test_group_histogram_equals_the_per_user_sum():
     from beam_dpsu.transforms.histogram import _GroupHistogramDoFn
-    from beam_dpsu.dp.weights import add_user_to_histogram, shard_histogram
+    from beam_dpsu.dp.data.weights import add_user_to_histogram, shard_histogram
     users = [(f"u{u}", {f"i{(u + k) % 9}": 1 for k in range(u % 4 + 1)}) for u in range(50)]
     want = {}
     for _, c in users:

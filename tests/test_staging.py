@@ -16,11 +16,11 @@ import apache_beam as beam
 import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
-from beam_dpsu.dp import synthetic
-from beam_dpsu.dp.contribution import per_user_counts
+from beam_dpsu.dp.evaluation import synthetic
+from beam_dpsu.dp.data.contribution import per_user_counts
 from beam_dpsu.dp.mechanisms import GW, WeightedGaussian
 from beam_dpsu.dp.mechanisms.sips import Sips
-from beam_dpsu.dp.noise import RunKey
+from beam_dpsu.dp.randomness.noise import RunKey
 from beam_dpsu.pipelines import outputs, select_partitions
 from beam_dpsu.transforms import runners, staging
 from beam_dpsu.transforms.columnar import SelectFromText, _ReadPairsDoFn

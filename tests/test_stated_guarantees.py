@@ -23,17 +23,19 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from beam_dpsu.dp import accounting as acc
-from beam_dpsu.dp import budget as bud
-from beam_dpsu.dp import calibration as cal
-from beam_dpsu.dp import params, sequential, synthetic
+from beam_dpsu.dp.privacy import accounting as acc
+from beam_dpsu.dp.mechanisms import budget as bud
+from beam_dpsu.dp.privacy import calibration as cal
+from beam_dpsu.dp.privacy import params
+from beam_dpsu.dp.data import sequential
+from beam_dpsu.dp.evaluation import synthetic
 from beam_dpsu.dp.mechanisms import (CountGaussian, CountLaplace, TruncatedGeometric,
                                      WeightedGaussian, WeightedGaussianZcdp, WeightedLaplace)
 from beam_dpsu.dp.mechanisms.policy import GW, GWKT, PolicyGaussian, PolicyLaplace
 from beam_dpsu.dp.mechanisms.sips import Sips
 from beam_dpsu.dp.mechanisms.topk import TopKMechanism, top_k_local
-from beam_dpsu.dp.noise import RunKey
-from beam_dpsu.dp.registry import REGISTRY, make_mechanism
+from beam_dpsu.dp.randomness.noise import RunKey
+from beam_dpsu.dp.mechanisms.registry import REGISTRY, make_mechanism
 from beam_dpsu.pipelines import arguments, run_budget, select_partitions, top_k
 
 CTX = decimal.Context(prec=2000)  # exact for sums and products of a few doubles

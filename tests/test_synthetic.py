@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from beam_dpsu.dp import synthetic
+from beam_dpsu.dp.evaluation import synthetic
 
 
 def test_deterministic_and_prefix_stable():

@@ -6,7 +6,7 @@ import apache_beam as beam
 import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
-from beam_dpsu.dp import contribution, lines
+from beam_dpsu.dp.data import contribution, lines
 from beam_dpsu.transforms import textio
 from beam_dpsu.transforms.textio import ReadUserItems
 
@@ -425,7 +425,7 @@ def test_dealt_workers_is_the_direct_runners_worker_count_only():
 def test_read_ahead_yields_the_same_items_and_raises_the_readers_error():
     import contextlib
     import threading
-    from beam_dpsu.dp.lines import read_ahead
+    from beam_dpsu.dp.data.lines import read_ahead
     for depth in (1, 3):
         assert list(read_ahead(iter(range(50)), depth)) == list(range(50))
     assert list(read_ahead(iter([]))) == []

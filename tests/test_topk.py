@@ -10,13 +10,13 @@ import pytest
 from apache_beam.testing.util import assert_that, equal_to
 from scipy import integrate, special, stats
 
-from beam_dpsu.dp import accounting as acc
-from beam_dpsu.dp import calibration as cal
-from beam_dpsu.dp import noise
+from beam_dpsu.dp.privacy import accounting as acc
+from beam_dpsu.dp.privacy import calibration as cal
+from beam_dpsu.dp.randomness import noise
 from beam_dpsu.dp.mechanisms import topk
-from beam_dpsu.dp.contribution import per_user_counts
-from beam_dpsu.dp.noise import RunKey
-from beam_dpsu.dp.lines import read_user_items
+from beam_dpsu.dp.data.contribution import per_user_counts
+from beam_dpsu.dp.randomness.noise import RunKey
+from beam_dpsu.dp.data.lines import read_user_items
 from beam_dpsu.transforms.topk import TopK
 from beam_dpsu.dp.mechanisms.topk import TopKMechanism
 

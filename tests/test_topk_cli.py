@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from beam_dpsu.dp import noise
-from beam_dpsu.dp.accounting import pay_what_you_get_epsilon
+from beam_dpsu.dp.randomness import noise
+from beam_dpsu.dp.privacy.accounting import pay_what_you_get_epsilon
 from beam_dpsu.pipelines import top_k
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

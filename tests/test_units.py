@@ -5,8 +5,8 @@ import pathlib
 
 import pytest
 
-from beam_dpsu.dp import synthetic
-from beam_dpsu.dp.registry import REGISTRY, make_mechanism
+from beam_dpsu.dp.evaluation import synthetic
+from beam_dpsu.dp.mechanisms.registry import REGISTRY, make_mechanism
 from beam_dpsu.dp.mechanisms.topk import TopKMechanism
 from beam_dpsu.pipelines import select_partitions, top_k
 

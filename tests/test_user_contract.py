@@ -28,8 +28,8 @@ import time
 
 import pytest
 
-from beam_dpsu.dp import synthetic
-from beam_dpsu.pipelines import cli, generate, outputs, runs, select_partitions, top_k
+from beam_dpsu.dp.evaluation import synthetic
+from beam_dpsu.pipelines import console, generate, outputs, runs, select_partitions, top_k
 from conftest import PROGRESS_LINE, without_progress
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -165,10 +165,10 @@ def test_beams_report_of_a_keyboard_interrupt_is_recognised():
             raise RuntimeError("KeyboardInterrupt [while running 'ReadUserItems/Read']")
     except RuntimeError as e:
         wrapped = e
-    assert cli.interrupted(wrapped)
-    assert cli.interrupted(RuntimeError("KeyboardInterrupt [while running 'X/Y']"))
-    assert not cli.interrupted(RuntimeError("ValueError: bad [while running 'X']"))
-    assert not cli.interrupted(ValueError("KeyboardInterrupt"))
+    assert console.interrupted(wrapped)
+    assert console.interrupted(RuntimeError("KeyboardInterrupt [while running 'X/Y']"))
+    assert not console.interrupted(RuntimeError("ValueError: bad [while running 'X']"))
+    assert not console.interrupted(ValueError("KeyboardInterrupt"))
 
 
 def test_an_interrupt_inside_the_pipeline_is_one_line_130_and_leaves_nothing(
@@ -179,7 +179,7 @@ def test_an_interrupt_inside_the_pipeline_is_one_line_130_and_leaves_nothing(
     def interrupt_group(*args):
         raise KeyboardInterrupt()
 
-    from beam_dpsu.dp import columnar
+    from beam_dpsu.dp.data import columnar
     monkeypatch.setattr(columnar, "bounded_histogram", interrupt_group)  # the columnar path
     data = small_input(tmp_path, junk=2)
     for main, flags in ((select_partitions.main, SELECT),

@@ -5,7 +5,7 @@ import apache_beam as beam
 import pytest
 
 from beam_dpsu.dp.mechanisms import WeightedGaussian
-from beam_dpsu.dp.noise import RunKey
+from beam_dpsu.dp.randomness.noise import RunKey
 from beam_dpsu.transforms import write
 from beam_dpsu.transforms.select import SelectPartitions
 from beam_dpsu.transforms.write import WriteRelease

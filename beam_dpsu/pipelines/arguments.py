@@ -18,16 +18,16 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from beam_dpsu.dp import params
-from beam_dpsu.dp.accounting import PayWhatYouGetAccountant
-from beam_dpsu.dp.budget import PrivacyBudget
+from beam_dpsu.dp.privacy import params
+from beam_dpsu.dp.privacy.accounting import PayWhatYouGetAccountant
+from beam_dpsu.dp.mechanisms.budget import PrivacyBudget
 from beam_dpsu.dp.mechanisms import Mechanism
 from beam_dpsu.dp.mechanisms.peeling import (DiscoverPeelHittingSet, DiscoverPeelTopK,
                                              DiscoverThenPeel)
 from beam_dpsu.dp.mechanisms.topk import TopKMechanism
-from beam_dpsu.dp.registry import REGISTRY, MechanismParams, make_mechanism
-from beam_dpsu.pipelines import cli, flags, run_budget
-from beam_dpsu.pipelines.cli import UsageError
+from beam_dpsu.dp.mechanisms.registry import REGISTRY, MechanismParams, make_mechanism
+from beam_dpsu.pipelines import console, flags, run_budget
+from beam_dpsu.pipelines.console import UsageError
 
 __all__ = ["select_parser", "RELEASES", "Plan", "parse_select", "top_k_parser", "parse_top_k",
            "discover_peel", "hitting_set_parser", "parse_hitting_set", "PARSERS", "check"]
@@ -36,12 +36,12 @@ __all__ = ["select_parser", "RELEASES", "Plan", "parse_select", "top_k_parser", 
 def _prog(command: str) -> str:
     """The name a command's messages use outside the console command: its module's
     (``select_partitions``), as ``python -m pipelines.select_partitions`` runs it."""
-    return next(m for m, c in cli.MODULE_COMMANDS.items() if c == command)
+    return next(m for m, c in console.MODULE_COMMANDS.items() if c == command)
 
 
 def _describe(command: str) -> str:
-    """The one-line description of ``beam-dpsu --help`` (``cli.COMMANDS``)."""
-    text = cli.COMMANDS[command][1]
+    """The one-line description of ``beam-dpsu --help`` (``console.COMMANDS``)."""
+    text = console.COMMANDS[command][1]
     return text[:1].upper() + text[1:] + "."
 
 
@@ -312,12 +312,8 @@ PARSERS: Dict[str, Callable[[Optional[Sequence[str]]], tuple]] = {
 def check(command: str, argv: Sequence[str]) -> None:
     """Raises UsageError when ``argv`` cannot run as ``beam-dpsu COMMAND`` (no data is
     read, nothing is written; ``--help`` prints the help and exits 0, as argparse
-    does). ``compare``'s flags are its own module's (``compare.parse_args``, which
-    imports Beam only to run). Nothing for the other commands, which import no Beam."""
-    if command == "compare":
-        from beam_dpsu.pipelines import compare
-        compare.parse_args(list(argv))
-        return
+    does). Nothing for a command without a parser here (``compare`` parses its own
+    flags; the others import no Beam)."""
     parse = PARSERS.get(command)
     if parse is not None:
         parse(list(argv))

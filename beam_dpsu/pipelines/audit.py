@@ -1,6 +1,6 @@
 """``beam-dpsu audit``: the empirical privacy auditor's command line.
 
-The auditor itself (datasets, scenarios, bounds) is ``beam_dpsu.dp.audit``;
+The auditor itself (datasets, scenarios, bounds) is ``beam_dpsu.dp.evaluation.audit``;
 this module parses the flags, builds the mechanism and prints one JSON report.
 """
 from __future__ import annotations
@@ -10,14 +10,14 @@ import json
 import sys
 from typing import Callable, Mapping, Optional, Sequence
 
-from beam_dpsu.dp.audit import (ALL_SCENARIOS, DEFAULT_CONFIDENCE, FAST_TRIALS, POSITIONS,
+from beam_dpsu.dp.evaluation.audit import (ALL_SCENARIOS, DEFAULT_CONFIDENCE, FAST_TRIALS, POSITIONS,
                                 SCENARIOS, THOROUGH_TRIALS, audit, default_plan)
-from beam_dpsu.dp.audit import __doc__ as _AUDIT_DOC
-from beam_dpsu.dp import params
+from beam_dpsu.dp.evaluation.audit import __doc__ as _AUDIT_DOC
+from beam_dpsu.dp.privacy import params
 from beam_dpsu.dp.mechanisms import Mechanism
 from beam_dpsu.dp.mechanisms.peeling import DiscoverPeelHittingSet, DiscoverPeelTopK
-from beam_dpsu.pipelines import cli
-from beam_dpsu.pipelines.cli import UsageError, run_main
+from beam_dpsu.pipelines import console
+from beam_dpsu.pipelines.console import UsageError, run_main
 
 __all__ = ["main", "build_parser", "parse_args"]
 
@@ -46,10 +46,10 @@ def _csv(choices):
 
 def build_parser(broken: Optional[Mapping[str, Callable]] = None) -> argparse.ArgumentParser:
     """The auditor's parser; ``--broken`` exists only when ``broken`` variants are given."""
-    from beam_dpsu.dp.registry import REGISTRY
-    p = _Parser(prog=cli.command_prog(PROG), description=_AUDIT_DOC.split("\n")[0],
+    from beam_dpsu.dp.mechanisms.registry import REGISTRY
+    p = _Parser(prog=console.command_prog(PROG), description=_AUDIT_DOC.split("\n")[0],
                 allow_abbrev=False)
-    cli.add_output_flags(p)
+    console.add_output_flags(p)
     p.add_argument("--mechanism", required=True, help="one of: " + ", ".join(
         sorted(REGISTRY) + sorted(RANKED)))
     params.add_arguments(p, list(params.MECHANISM_PARAMS))
@@ -87,7 +87,7 @@ def _ranked(args):
 
 
 def parse_args(argv: Sequence[str], broken: Optional[Mapping[str, Callable]] = None):
-    from beam_dpsu.dp.registry import MechanismParams, make_mechanism
+    from beam_dpsu.dp.mechanisms.registry import MechanismParams, make_mechanism
     args = build_parser(broken).parse_args(argv)
     if args.trials < 1:
         raise UsageError(f"--trials must be an integer >= 1, got {args.trials}")
@@ -121,7 +121,7 @@ def main(argv: Optional[Sequence[str]] = None,
     def body() -> int:
         args, mechanism = parse_args(list(sys.argv[1:] if argv is None else argv), broken)
         plan = default_plan(mechanism, args.scenarios, args.positions)
-        progress = cli.Progress(cli.command_prog(PROG), args.quiet)
+        progress = console.Progress(console.command_prog(PROG), args.quiet)
         progress(f"auditing {mechanism.name}: {args.trials} trials per dataset and scenario")
         report = audit(mechanism, args.trials, args.confidence, plan=plan,
                        name=mechanism.name)
@@ -132,9 +132,3 @@ def main(argv: Optional[Sequence[str]] = None,
 
     return run_main(PROG, body)
 
-
-if __name__ == "__main__":
-    # Runs the importable module (not this __main__ copy), so that what a runner
-    # pickles refers to beam_dpsu.pipelines.audit, one name on every worker.
-    from beam_dpsu.pipelines import cli as _cli
-    sys.exit(_cli.run_module("audit", sys.argv[1:]))

@@ -78,14 +78,14 @@ import tempfile
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from beam_dpsu.dp import utility
+from beam_dpsu.dp.evaluation import utility
 from beam_dpsu.dp.mechanisms.base import run_local
-from beam_dpsu.dp import params
-from beam_dpsu.dp.registry import REGISTRY, MechanismParams, make_mechanism
-from beam_dpsu.pipelines import compare_ranked, run_budget, flags, cli
+from beam_dpsu.dp.privacy import params
+from beam_dpsu.dp.mechanisms.registry import REGISTRY, MechanismParams, make_mechanism
+from beam_dpsu.pipelines import compare_ranked, run_budget, flags, console
 # textio, outputs and runs (which import Apache Beam) are imported by the functions that
 # read, run and write: parse_args checks the flags without Beam (arguments.check).
-from beam_dpsu.pipelines.cli import UsageError
+from beam_dpsu.pipelines.console import UsageError
 
 __all__ = ["PROG", "RESULTS_MD", "RESULTS_JSON", "RELEASED_PNG", "COVERAGE_PNG", "BY_USERS_PNG",
            "NOT_PRIVATE_NOTE", "SPEC_PARAMS", "SHARED", "parse_mechanisms", "label", "build_parser",
@@ -585,7 +585,7 @@ def run(argv: Optional[Sequence[str]] = None, progress=None) -> Dict[str, Any]:
     for path in earlier:  # --overwrite: no plot of the earlier run is left beside the new
         os.remove(path)
     if progress is None:  # stderr lines, none with --quiet
-        progress = cli.Progress(cli.command_prog(PROG), args.quiet)
+        progress = console.Progress(console.command_prog(PROG), args.quiet)
     if args.insecure_test_seed is not None:
         print(runs.INSECURE_SEED_WARNING, file=sys.stderr)
     start = time.time()
@@ -655,9 +655,3 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return runs.main_wrapper(PROG, run, argv, ("input", "epsilons", "trials", "plots",
                                                  "seconds", "privacy_cost"))
 
-
-if __name__ == "__main__":
-    # Runs the importable module (not this __main__ copy), so that what a runner
-    # pickles refers to beam_dpsu.pipelines.compare, one name on every worker.
-    from beam_dpsu.pipelines import cli as _cli
-    sys.exit(_cli.run_module("compare", sys.argv[1:]))

@@ -3,8 +3,8 @@
 * ``--task top-k``: ``--mechanisms`` lists ``limited-domain`` (Durfee and Rogers;
   settings ``k_bar``, ``max_items``) and ``discover-peel`` (settings
   ``discovery_share``, ``max_items``); each trial's *top-k missing mass (users)*
-  (``dp.utility.top_k_missing_mass``, Dick, Joseph and Raman's MM_k) and k-relative
-  error (``dp.utility.k_relative_error``) are reported.
+  (``dp.evaluation.utility.top_k_missing_mass``, Dick, Joseph and Raman's MM_k) and k-relative
+  error (``dp.evaluation.utility.k_relative_error``) are reported.
 * ``--task hitting-set``: ``--mechanisms discover-peel`` (settings as above); each
   trial's share of users hit, beside the non-private greedy hitting set (the ceiling).
 
@@ -17,11 +17,12 @@ from __future__ import annotations
 import statistics
 from typing import Any, Dict, List, Optional, Tuple
 
-from beam_dpsu.dp import params, utility
+from beam_dpsu.dp.privacy import params
+from beam_dpsu.dp.evaluation import utility
 from beam_dpsu.dp.mechanisms.base import released_items
 from beam_dpsu.dp.mechanisms.peeling import DiscoverPeelHittingSet, DiscoverPeelTopK
 from beam_dpsu.dp.mechanisms.topk import TopKMechanism
-from beam_dpsu.pipelines.cli import UsageError
+from beam_dpsu.pipelines.console import UsageError
 
 __all__ = ["TASKS", "METHODS", "parse_methods", "build", "run_trials", "markdown_rows"]
 

@@ -18,8 +18,8 @@ from typing import Callable, List, Optional, Sequence, TypeVar
 
 T = TypeVar("T")
 
-from beam_dpsu.pipelines import cli
-from beam_dpsu.pipelines.cli import UsageError
+from beam_dpsu.pipelines import console
+from beam_dpsu.pipelines.console import UsageError
 
 __all__ = ["ArgumentParser", "add_io_arguments", "add_column_arguments", "add_test_seed_argument",
            "add_dead_letter_argument", "check_beam_args", "parse", "PATH_FLAGS", "absolute_paths"]
@@ -29,9 +29,9 @@ class ArgumentParser(argparse.ArgumentParser):
     """argparse that raises UsageError (one line) instead of printing usage and exiting."""
 
     def __init__(self, prog: str, description: str):
-        super().__init__(prog=cli.command_prog(prog), description=description,
+        super().__init__(prog=console.command_prog(prog), description=description,
                          allow_abbrev=False)
-        cli.add_output_flags(self)
+        console.add_output_flags(self)
         self.set_defaults(_prog=self.prog)
 
     def error(self, message):

@@ -21,22 +21,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 import uuid
 
-from beam_dpsu.dp import synthetic
-from beam_dpsu.pipelines import cli
-from beam_dpsu.pipelines.cli import UsageError, run_main
+from beam_dpsu.dp.evaluation import synthetic
+from beam_dpsu.pipelines import console
+from beam_dpsu.pipelines.console import UsageError, run_main
 
 
 __all__ = ["main"]
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog=cli.command_prog("generate"),
+    p = argparse.ArgumentParser(prog=console.command_prog("generate"),
                                 description=__doc__.split("\n")[0], allow_abbrev=False)
-    cli.add_output_flags(p)
+    console.add_output_flags(p)
     p.add_argument("--output", required=True, help="file to write (.gz for gzip)")
     p.add_argument("--users", type=int, default=10_000, help="number of users (default 10000)")
     p.add_argument("--seed", type=int, default=0, help="data seed (default 0)")
@@ -48,7 +47,7 @@ def main(argv=None) -> int:
 
     def body() -> int:
         start = time.time()
-        progress = cli.Progress(cli.command_prog("generate"), args.quiet)
+        progress = console.Progress(console.command_prog("generate"), args.quiet)
         if args.output.endswith(("/", os.sep)) or os.path.isdir(args.output):
             raise UsageError(f"--output {args.output!r} is a directory; give a file, e.g. "
                              f"{os.path.join(args.output, 'data.tsv.gz')!r}")
@@ -103,9 +102,3 @@ def _write_atomically(args) -> int:
                 pass
         raise
 
-
-if __name__ == "__main__":
-    # Runs the importable module (not this __main__ copy), so that what a runner
-    # pickles refers to beam_dpsu.pipelines.generate, one name on every worker.
-    from beam_dpsu.pipelines import cli as _cli
-    sys.exit(_cli.run_module("generate", sys.argv[1:]))

@@ -28,7 +28,6 @@ data is read; other failures exit with status 1 and a one-line message.
 """
 from __future__ import annotations
 
-import sys
 from typing import Optional, Sequence
 
 from beam_dpsu.dp.mechanisms.peeling import DiscoverThenPeel
@@ -65,9 +64,3 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return runs.main_wrapper(PROG, run, argv, ("mechanism", "epsilon", "delta", "k",
                                                  "num_released", "released_of_k"))
 
-
-if __name__ == "__main__":
-    # Runs the importable module (not this __main__ copy), so that what a runner
-    # pickles refers to beam_dpsu.pipelines.hitting_set, one name on every worker.
-    from beam_dpsu.pipelines import cli as _cli
-    sys.exit(_cli.run_module("hitting_set", sys.argv[1:]))

@@ -28,8 +28,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from beam_dpsu.dp import lines as lines_mod
-from beam_dpsu.pipelines.cli import UsageError, last_line as _last_line
+from beam_dpsu.dp.data import lines as lines_mod
+from beam_dpsu.pipelines.console import UsageError, last_line as _last_line
 from beam_dpsu.transforms import runners, staging
 from beam_dpsu.transforms.textio import match_files
 from beam_dpsu.transforms.write import TEMP_PREFIX, WriteRelease, sorted_text, write_one_file
@@ -354,12 +354,12 @@ def check_columns(paths: Sequence[str], tabs_in_items: bool = False,
     * a line with more than two tab-separated fields (``user<TAB>item<TAB>1``), whose
       item would be glued to the rest of the line (``item<TAB>1``), unless
       ``tabs_in_items`` (``--tabs-in-items``) says the rest of the line is the item;
-    * columns that look swapped (``dp.lines.looks_swapped``: the second column comes in
+    * columns that look swapped (``dp.data.lines.looks_swapped``: the second column comes in
       runs as a user's lines do): the release would publish user ids and protect items,
       not people; unless ``trust_columns`` (``--trust-columns``).
 
     And before both, whatever the flags: input that is not text at all (binary, or
-    compressed without the name that says so: ``dp.lines.not_text_reason``).
+    compressed without the name that says so: ``dp.data.lines.not_text_reason``).
 
     Remote files are not read here. Nothing else of the input is checked.
     """

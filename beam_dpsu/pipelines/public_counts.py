@@ -23,9 +23,9 @@ import os
 import sys
 import uuid
 
-from beam_dpsu.dp import sequential
-from beam_dpsu.pipelines import cli
-from beam_dpsu.pipelines.cli import UsageError, run_main
+from beam_dpsu.dp.data import sequential
+from beam_dpsu.pipelines import console
+from beam_dpsu.pipelines.console import UsageError, run_main
 
 __all__ = ["main"]
 
@@ -33,9 +33,9 @@ PROG = "public-counts"
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog=cli.command_prog(PROG),
+    p = argparse.ArgumentParser(prog=console.command_prog(PROG),
                                 description=__doc__.split("\n")[0], allow_abbrev=False)
-    cli.add_output_flags(p)
+    console.add_output_flags(p)
     p.add_argument("--input", required=True,
                    help="PUBLIC file or glob of user<TAB>item lines (never the private input)")
     p.add_argument("--output", required=True,
@@ -46,7 +46,7 @@ def main(argv=None) -> int:
 
     def body() -> int:
         from beam_dpsu.pipelines import outputs
-        progress = cli.Progress(cli.command_prog(PROG), args.quiet)
+        progress = console.Progress(console.command_prog(PROG), args.quiet)
         target = os.path.abspath(args.output)
         if args.output.endswith(("/", os.sep)) or os.path.isdir(target):
             raise UsageError(f"--output {args.output!r} is a directory; give a file, e.g. "
@@ -78,7 +78,7 @@ def main(argv=None) -> int:
                 pass
             raise
         if malformed:
-            cli.write_line(f"WARNING: {malformed} malformed line(s) of the public input "
+            console.write_line(f"WARNING: {malformed} malformed line(s) of the public input "
                            f"skipped (no tab, empty user id or invalid UTF-8)")
         progress(f"wrote {len(counts)} items to {args.output}")
         print(json.dumps({"output": args.output, "items": len(counts)}))
@@ -88,5 +88,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from beam_dpsu.pipelines import cli as _cli
+    from beam_dpsu.pipelines import console as _cli
     sys.exit(_cli.run_module("public_counts", sys.argv[1:]))

@@ -4,7 +4,7 @@ The flags, shared by ``beam-dpsu select``, ``top-k`` and ``compare``:
 
 * ``--budget-epsilon E --budget-delta D``: the total (ε, δ)-DP guarantee the
   data owner is willing to publish for EVERYTHING this run releases. Given,
-  the run builds a ``beam_dpsu.dp.budget.PrivacyBudget`` and each release is
+  the run builds a ``beam_dpsu.dp.mechanisms.budget.PrivacyBudget`` and each release is
   calibrated from its share of it; ``--epsilon``/``--delta``/``--rho`` (one
   release's own guarantee) are then refused, since two statements of the same
   run could disagree.
@@ -40,11 +40,11 @@ import argparse
 import math
 from typing import Any, Dict, Optional, Sequence, Tuple
 
-from beam_dpsu.dp.accounting import PrivacyGuarantee, figure
-from beam_dpsu.dp.budget import PrivacyBudget, compose_guarantees, fits
-from beam_dpsu.dp.calibration import guarantee_warnings
-from beam_dpsu.dp.params import WARN_DELTA_ABOVE, WARN_EPSILON_ABOVE
-from beam_dpsu.pipelines.cli import UsageError, write_line
+from beam_dpsu.dp.privacy.accounting import PrivacyGuarantee, figure
+from beam_dpsu.dp.mechanisms.budget import PrivacyBudget, compose_guarantees, fits
+from beam_dpsu.dp.privacy.calibration import guarantee_warnings
+from beam_dpsu.dp.privacy.params import WARN_DELTA_ABOVE, WARN_EPSILON_ABOVE
+from beam_dpsu.pipelines.console import UsageError, write_line
 
 
 __all__ = ["add_arguments", "parse_shares", "plan", "total_cost", "warn_guarantee"]

@@ -45,11 +45,12 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_dpsu import __version__
 from beam_dpsu.transforms import runners, staging
-from beam_dpsu.pipelines import cli, outputs
-from beam_dpsu.pipelines.cli import run_main
-from beam_dpsu.dp import compiled
-from beam_dpsu.dp.accounting import readable_up
-from beam_dpsu.dp.noise import RunKey
+from beam_dpsu.transforms.run_key import wait_for
+from beam_dpsu.pipelines import console, outputs
+from beam_dpsu.pipelines.console import run_main
+from beam_dpsu.dp.randomness import compiled
+from beam_dpsu.dp.privacy.accounting import readable_up
+from beam_dpsu.dp.randomness.noise import RunKey
 
 
 __all__ = ["INSECURE_SEED_WARNING", "NoWellFormedInput", "make_run_key", "trial_key",
@@ -119,7 +120,7 @@ def run_pipeline(beam_args: Sequence[str], build: Callable[[beam.Pipeline], None
         runners.join_leaves(p)  # a runner computing only the last branch computes all
         runners.check_pipeline(p)  # refuses what the runner would silently mistranslate
         result = p.run()
-        runners.wait_for(p, result)
+        wait_for(p, result)
     except BaseException:
         with _uninterrupted():
             for path in outputs._temp_dirs(output_prefixes) - before:
@@ -161,10 +162,10 @@ def staging_for(p: beam.Pipeline, output_prefix: str) -> Optional[str]:
 
 def columnar_layout(p: beam.Pipeline, input_pattern: str, output_prefix: str) -> Dict[str, Any]:
     """The columnar transforms' layout for the input ``input_pattern`` matches now:
-    ``user_groups`` for its size (``dp.columnar.user_groups_for``; the default when a
+    ``user_groups`` for its size (``dp.data.columnar.user_groups_for``; the default when a
     file's size is unknown), ``item_shards`` for those groups and ``staging_dir``
     (``staging_for``). None of them affects a release."""
-    from beam_dpsu.dp.columnar import item_shards_for, user_groups_for
+    from beam_dpsu.dp.data.columnar import item_shards_for, user_groups_for
     from beam_dpsu.transforms.textio import match_sized
     sizes = [size for _, size in match_sized(input_pattern)]
     groups = user_groups_for(None if None in sizes else sum(sizes))
@@ -242,7 +243,7 @@ def run_release(args, beam_args: Sequence[str],
     """
     dead_letter = getattr(args, "dead_letter", None)
     quiet = getattr(args, "quiet", False)
-    progress = cli.Progress(cli.command_prog(getattr(args, "_prog", "beam-dpsu")), quiet)
+    progress = console.Progress(console.command_prog(getattr(args, "_prog", "beam-dpsu")), quiet)
     paths = outputs.check_input(args.input)
     outputs.check_columns(paths, args.tabs_in_items, args.trust_columns)
     outputs.check_output(args.output, "--output")
@@ -364,10 +365,10 @@ def _run_and_summarise(args, beam_args, build, public_fields, sub_releases, run_
         where = (f"; they are in {outputs.dead_letter_file(dead_letter)}" if dead_letter
                  else "")
         if not exact:  # no exact count on stderr: it is in the private details
-            cli.write_line(f"WARNING: malformed input lines were skipped (no tab, empty user "
+            console.write_line(f"WARNING: malformed input lines were skipped (no tab, empty user "
                            f"id or invalid UTF-8); their count is in {private_path}{where}")
         else:
-            cli.write_line(f"WARNING: {malformed} malformed input line(s) skipped (no tab, "
+            console.write_line(f"WARNING: {malformed} malformed input line(s) skipped (no tab, "
                            f"empty user id or invalid UTF-8){where}")
     progress(f"released {released} items: {args.output + outputs.ITEMS_SUFFIX}, summary "
              f"{args.output + outputs.PUBLIC_SUFFIX}")
@@ -398,7 +399,7 @@ def main_wrapper(prog: str, run: Callable[[Optional[Sequence[str]]], Dict[str, A
     ``2.9999999999999662``); the JSON summaries keep the exact values.
     """
     # Beam logs worker failures with tracebacks; we print one line instead
-    cli.configure_logging(cli.wants_verbose(list(sys.argv[1:] if argv is None else argv)))
+    console.configure_logging(console.wants_verbose(list(sys.argv[1:] if argv is None else argv)))
 
     def body() -> int:
         summary = run(argv)

@@ -61,18 +61,18 @@ any data is read; other failures exit with status 1 and a one-line message.
 from __future__ import annotations
 
 import os
-import sys
 from typing import Optional, Sequence
 
 import apache_beam as beam
 
 from beam_dpsu.dp.mechanisms import Mechanism
 from beam_dpsu.dp.mechanisms.policy import release_scale
-from beam_dpsu.dp.params import ACTIVITY_BUCKETS
-from beam_dpsu.dp.columnar import runs_columnar
+from beam_dpsu.dp.privacy.params import ACTIVITY_BUCKETS
+from beam_dpsu.dp.mechanisms.on_blocks import runs_columnar
 from beam_dpsu.transforms.columnar import ActivityFromText, RankFromText, SelectFromText
-from beam_dpsu.dp.noise import RunKey
+from beam_dpsu.dp.randomness.noise import RunKey
 from beam_dpsu.transforms import runners
+from beam_dpsu.transforms.run_key import wait_for
 from beam_dpsu.transforms.write import ranked_lines
 from beam_dpsu.dp.mechanisms.topk import TopKMechanism
 from beam_dpsu.pipelines import arguments, run_budget, top_k as top_k_pipeline, outputs, runs
@@ -89,7 +89,7 @@ def build_pipeline(p: beam.Pipeline, input_pattern: str, output_prefix: str,
                    top_k: Optional[TopKMechanism] = None) -> None:
     """Adds the read → select → write graph to ``p`` (one sorted items file).
 
-    Every mechanism of the command line (``dp.columnar.runs_columnar``: the histogram
+    Every mechanism of the command line (``dp.mechanisms.on_blocks.runs_columnar``: the histogram
     mechanisms, DP-SIPS, the sequential policies) runs on the columnar path
     (``transforms.columnar.SelectFromText``: blocks of arrays from the files to the
     release), laid out for the input's size (``runs.columnar_layout``: user groups,
@@ -227,7 +227,7 @@ def calibrate(mechanism, args, options):
     names = outputs.write_counts(p, args.output)
     runners.join_leaves(p)  # a runner computing only the last branch computes every count
     runners.check_pipeline(p)
-    runners.wait_for(p, p.run())
+    wait_for(p, p.run())
     counts = outputs.read_counts(args.output, names)  # every file it wrote, deleted
     key = (RunKey.from_test_seed(args.insecure_test_seed)
            if args.insecure_test_seed is not None else RunKey.fresh())
@@ -241,9 +241,3 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                nested={"top_k": ("num_released", "released_of_k", "epsilon",
                                                  "charge")})
 
-
-if __name__ == "__main__":
-    # Runs the importable module (not this __main__ copy), so that what a runner
-    # pickles refers to beam_dpsu.pipelines.select_partitions, one name on every worker.
-    from beam_dpsu.pipelines import cli as _cli
-    sys.exit(_cli.run_module("select_partitions", sys.argv[1:]))

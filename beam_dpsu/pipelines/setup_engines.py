@@ -32,8 +32,8 @@ import sys
 import tempfile
 from typing import List, Optional
 
-from beam_dpsu.pipelines import cli
-from beam_dpsu.pipelines.cli import UsageError, run_main
+from beam_dpsu.pipelines import console
+from beam_dpsu.pipelines.console import UsageError, run_main
 
 __all__ = ["ENGINES", "PRISM_MODULE", "main", "set_up"]
 
@@ -100,9 +100,9 @@ def set_up(engine: str, check: bool = False) -> Optional[str]:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog=cli.command_prog("setup-engines"),
+    p = argparse.ArgumentParser(prog=console.command_prog("setup-engines"),
                                 description=__doc__.split("\n")[0], allow_abbrev=False)
-    cli.add_output_flags(p)
+    console.add_output_flags(p)
     p.add_argument("engines", nargs="*", metavar="ENGINE",
                    help=f"which to set up: {', '.join(ENGINES)} (default: all three)")
     p.add_argument("--check", action="store_true",

@@ -30,7 +30,7 @@ command. With limited-domain and without ``--with-counts`` this is Algorithm 2 (
 item and the stop is one bounded-range selection, and the per-selection ε
 (printed and in the summary as ``epsilon_per_selection``) is calibrated from
 (E, D): the largest whose composition over ``k`` selections is within (E, D)
-(``beam_dpsu.dp.accounting.pay_what_you_get_epsilon``; δ/2 goes to the
+(``beam_dpsu.dp.privacy.accounting.pay_what_you_get_epsilon``; δ/2 goes to the
 threshold, δ/2 to the conversion). The query stops at the first candidate whose
 noisy count falls below the noisy threshold, and is then charged only the
 ``ℓ + 1`` selections made ("pay what you get"): stderr and the summary say how
@@ -63,12 +63,11 @@ read; other failures exit with status 1 and a one-line message.
 """
 from __future__ import annotations
 
-import sys
 from typing import Optional, Sequence
 
 import apache_beam as beam
 
-from beam_dpsu.dp.noise import RunKey
+from beam_dpsu.dp.randomness.noise import RunKey
 from beam_dpsu.transforms.columnar import RankFromText
 from beam_dpsu.dp.mechanisms.peeling import DiscoverThenPeel
 from beam_dpsu.dp.mechanisms.topk import TopKMechanism
@@ -148,9 +147,3 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                                  "epsilon_per_selection", "num_released",
                                                  "released_of_k", "charge"))
 
-
-if __name__ == "__main__":
-    # Runs the importable module (not this __main__ copy), so that what a runner
-    # pickles refers to beam_dpsu.pipelines.top_k, one name on every worker.
-    from beam_dpsu.pipelines import cli as _cli
-    sys.exit(_cli.run_module("top_k", sys.argv[1:]))

@@ -18,11 +18,11 @@ from typing import Any, Optional
 import apache_beam as beam
 import numpy as np
 
-from beam_dpsu.dp.contribution import DEFAULT_USER_GROUPS
+from beam_dpsu.dp.data.contribution import DEFAULT_USER_GROUPS
 from beam_dpsu.dp.mechanisms.adaptive import (LOW_BUCKET, RELEASED, Adaptive,
                                               adaptive_histogram, basic_histogram,
                                               released_first)
-from beam_dpsu.dp.weights import DEFAULT_NUM_SHARDS, packed_shards
+from beam_dpsu.dp.data.weights import DEFAULT_NUM_SHARDS, packed_shards
 from beam_dpsu.transforms import run_key as keys
 from beam_dpsu.transforms import runners
 from beam_dpsu.transforms.bounding import GroupUsers

@@ -9,7 +9,7 @@ paid once per (bundle, user) rather than once per occurrence.
 
 ``sample_items`` keeps, for a user with more than Δ0 distinct items, the Δ0
 items of smallest SipHash score under a key derived from the run key and the
-user (``dp.contribution``): a uniformly random subset, the same on every retry
+user (``dp.data.contribution``): a uniformly random subset, the same on every retry
 and on every runner.
 """
 from __future__ import annotations
@@ -22,9 +22,9 @@ from apache_beam.transforms import window
 from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_dpsu.transforms import run_key as keys
-from beam_dpsu.dp.calibration import check_max_items
-from beam_dpsu.dp.noise import RunKey
-from beam_dpsu.dp.contribution import (DEFAULT_FLUSH_PAIRS, DEFAULT_USER_GROUPS, ItemCounts,
+from beam_dpsu.dp.privacy.calibration import check_max_items
+from beam_dpsu.dp.randomness.noise import RunKey
+from beam_dpsu.dp.data.contribution import (DEFAULT_FLUSH_PAIRS, DEFAULT_USER_GROUPS, ItemCounts,
                                        canonical_id, canonical_pair, canonical_user_counts,
                                        merge_item_counts, sample_many, user_group)
 
@@ -104,7 +104,7 @@ _CANONICAL_IDS = "_beam_dpsu_canonical_ids"
 
 def mark_canonical_ids(pcoll):
     """Marks ``pcoll`` (or each of a tuple of them) as holding ``(user_id, {item: count})``
-    with canonical ids (``dp.contribution.canonical_id``), so that
+    with canonical ids (``dp.data.contribution.canonical_id``), so that
     ``SelectPartitions(per_user=True)`` does not check them again; returns it."""
     for one in (pcoll if isinstance(pcoll, tuple) else (pcoll,)):
         setattr(one, _CANONICAL_IDS, True)
@@ -119,7 +119,7 @@ def has_canonical_ids(pcoll) -> bool:
 class CanonicalPerUser(beam.PTransform):
     """``(user_id, {item: count})`` → the same with canonical user ids and items.
 
-    ``dp.contribution.canonical_user_counts`` on each element: numpy integers
+    ``dp.data.contribution.canonical_user_counts`` on each element: numpy integers
     become ``int``; a ``bool``, ``float``, ``None`` or other refused type
     raises ``IdTypeError`` when the pipeline runs (a PCollection's elements are
     not known before). Applied by ``SelectPartitions(per_user=True)`` to input
@@ -214,7 +214,7 @@ class PerUserItemCounts(beam.PTransform):
     (recursively); numpy integers are converted to the equal ``int``. Any other
     type (``bool``, ``float``, ``None``, sets, ...) makes the pipeline fail
     when it runs, with an ``IdTypeError`` naming the type
-    (``dp.contribution.canonical_id``; the elements of a PCollection are not
+    (``dp.data.contribution.canonical_id``; the elements of a PCollection are not
     known when the graph is built, so this is the earliest the error can
     come). Within these types Python equality is exactly the identity the keyed
     hashes use, so ``1``, ``1.0`` and ``True`` can never become one user or

@@ -1,13 +1,13 @@
 """The Beam expansion of a ``DeferredMechanism`` (calibrated after the graph is built).
 
-A ``beam_dpsu.dp.budget.DeferredMechanism`` has the graph of a
+A ``beam_dpsu.dp.mechanisms.budget.DeferredMechanism`` has the graph of a
 histogram-and-threshold mechanism (Δ0 sampling, weighted histogram), known
 before its share of a budget is; only its release rule waits for the share
 (PipelineDP's ``compute_budgets()``, see ``beam_dpsu.transforms.pipelinedp``).
 """
 from __future__ import annotations
 
-from beam_dpsu.dp.budget import DeferredMechanism, ReleaseRuleOf
+from beam_dpsu.dp.mechanisms.budget import DeferredMechanism, ReleaseRuleOf
 from beam_dpsu.transforms.bounding import SampleItems
 from beam_dpsu.transforms.expansion import expand_mechanism, histogram_release
 

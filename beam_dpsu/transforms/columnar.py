@@ -2,13 +2,13 @@
 
 The columnar path of the histogram-and-threshold family, of DP-SIPS and of the
 sequential policy mechanisms (Policy Laplace, Policy Gaussian, GW, GW-KT). Every
-element that crosses a shuffle is a block of arrays (``dp.columnar``), never a
+element that crosses a shuffle is a block of arrays (``dp.data.columnar``), never a
 user, a line or an item:
 
 1. ``ReadPairs``: each file is read in blocks of about ``block_bytes`` of
    text; a block is parsed into arrays and split by user group, and a group's
    blocks are sent as one Arrow IPC message ``(group, bytes)`` per file, or
-   per ``dp.columnar.FLUSH_PAIRS`` pairs read (malformed lines to their own
+   per ``dp.data.columnar.FLUSH_PAIRS`` pairs read (malformed lines to their own
    output);
 2. ``GroupByKey`` on the group, then ``BoundHistogram``: the group's users,
    their distinct items sampled to Δ0 (``contribution.sample_items``' keyed
@@ -31,7 +31,7 @@ else the released list sent to every group through one ``GroupByKey``).
 The sequential policies read counted pairs (``columnar.counted_pair_blocks``:
 each pair's number of lines and, for the first-occurrence tie-break, the
 position of its first line in the input, files in sorted order); each group's
-users are prepared at once (``dp.columnar_policy.prepare_pairs``: the Δ0 sample
+users are prepared at once (``dp.data.columnar_policy.prepare_pairs``: the Δ0 sample
 or the greedy walk order, as item ids) into the buckets of
 ``ordered.RunPrepared``, whose one-core sequential stage and release follow.
 
@@ -58,9 +58,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from beam_dpsu.dp import buffers, columnar, columnar_policy
-from beam_dpsu.dp.columnar import COLUMNAR_ITEM_SHARDS, COLUMNAR_USER_GROUPS
-from beam_dpsu.dp.lines import BLOCK_BYTES, block_buffers, read_blocks
+from beam_dpsu.dp.randomness import buffers
+from beam_dpsu.dp.data import columnar, columnar_policy
+from beam_dpsu.dp.mechanisms import on_blocks
+from beam_dpsu.dp.data.columnar import COLUMNAR_ITEM_SHARDS, COLUMNAR_USER_GROUPS
+from beam_dpsu.dp.data.lines import BLOCK_BYTES, block_buffers, read_blocks
 from beam_dpsu.dp.mechanisms.adaptive import (LOW_BUCKET, RELEASED, Adaptive,
                                               adaptive_pairs_histogram, marks_arrays,
                                               marks_message)
@@ -68,7 +70,7 @@ from beam_dpsu.dp.mechanisms.peeling import DiscoverPeelHittingSet, DiscoverThen
 from beam_dpsu.dp.mechanisms.policy import PolicyMechanism, activity_histogram
 from beam_dpsu.dp.mechanisms.sips import Sips
 from beam_dpsu.dp.mechanisms.topk import DEFAULT_PURPOSE as TOPK_PURPOSE, TopKMechanism, true_top
-from beam_dpsu.dp.noise import RunKey
+from beam_dpsu.dp.randomness.noise import RunKey
 from beam_dpsu.transforms import run_key as keys
 from beam_dpsu.transforms import ordered, runners, staging
 from beam_dpsu.transforms.release import ApplyReleaseRule
@@ -90,7 +92,7 @@ class _ReadPairsDoFn(beam.DoFn):
     of a block on ``_MALFORMED``. ``counted``: the blocks
     of ``columnar.counted_pair_blocks`` (with each pair's first line position when
     ``positions``), else ``columnar.pair_blocks``. ``mechanism``: the mechanism
-    whose ``columnar.presample_plan`` (under the run key, a side input) presamples
+    whose ``on_blocks.presample_plan`` (under the run key, a side input) presamples
     every block; None: no presampling (``plan``: a picklable ``run_key → (Δ0, key)``
     instead of the mechanism's). ``within``: the element is ``(file, items)``
     and only the pairs of those items are sent (no malformed lines: a second read
@@ -103,7 +105,7 @@ class _ReadPairsDoFn(beam.DoFn):
         self._within = within
         self._staging = stage
         self._counted, self._positions = counted, positions
-        # (Δ0, key) of columnar.presample_plan, built on the worker from the run key
+        # (Δ0, key) of on_blocks.presample_plan, built on the worker from the run key
         self._plan = keys.KeyedCache(_PresamplePlan(mechanism) if plan is None else plan)
         self._malformed = beam.metrics.Metrics.counter("beam_dpsu", "malformed_lines")
         self._files = beam.metrics.Metrics.counter("beam_dpsu", "input_files")
@@ -173,15 +175,15 @@ class _ReadPairsDoFn(beam.DoFn):
 
 
 def _presampled(mechanism):
-    """``mechanism`` if the read stage presamples for it (``columnar.presample_plan``
+    """``mechanism`` if the read stage presamples for it (``on_blocks.presample_plan``
     gives a plan; the plan's keys are drawn on the workers), else None (nothing of
     it is shipped to the read stage)."""
-    return (mechanism if columnar.presample_plan(mechanism, ordered.UPDATE_ONLY_KEY)
+    return (mechanism if on_blocks.presample_plan(mechanism, ordered.UPDATE_ONLY_KEY)
             is not None else None)
 
 
 class _PresamplePlan:
-    """``run_key → columnar.presample_plan(mechanism, run_key)`` (picklable; None
+    """``run_key → on_blocks.presample_plan(mechanism, run_key)`` (picklable; None
     without a mechanism)."""
 
     def __init__(self, mechanism):
@@ -190,7 +192,7 @@ class _PresamplePlan:
     def __call__(self, run_key: RunKey):
         if self._mechanism is None:
             return None
-        return columnar.presample_plan(self._mechanism, run_key)
+        return on_blocks.presample_plan(self._mechanism, run_key)
 
 
 class _TopKSample:
@@ -475,7 +477,7 @@ class _Rounds(beam.PTransform):
         super().__init__(label)
         self._rounds = (None if isinstance(mechanism, PolicyMechanism)
                         else list(mechanism.rounds) if isinstance(mechanism, Adaptive)
-                        else columnar.columnar_rounds(mechanism))
+                        else on_blocks.columnar_rounds(mechanism))
         self._mechanism = mechanism
         self._run_key = keys.for_pipeline(run_key)
         self._groups = _check_count(user_groups, "user_groups")
@@ -574,8 +576,8 @@ class SelectFromText(_Rounds):
 
     ``p | SelectFromText(pattern, WeightedGaussian(3, 1e-5))`` is
     ``p | ReadUserItems(pattern) | SelectPartitions(mechanism, per_user=True)``
-    computed on blocks of arrays (``dp.columnar``): the same per-user data
-    (the same line format, ``dp.lines``), the same sampled items, weights and
+    computed on blocks of arrays (``dp.data.columnar``): the same per-user data
+    (the same line format, ``dp.data.lines``), the same sampled items, weights and
     release rule (for DP-SIPS, in every round, after the same removal; for a
     policy mechanism, the same prepared users in the same keyed order, as
     ``ReadUserItems(pattern, keep_order=True)`` gives them), so the same
@@ -593,7 +595,7 @@ class SelectFromText(_Rounds):
       mechanism: a histogram mechanism (``TruncatedGeometric``,
         ``CountLaplace``, ``CountGaussian``, ``WeightedLaplace``,
         ``WeightedGaussian``, ``WeightedGaussianZcdp``) or ``Sips`` with
-        ``removal='side-input'`` (its default; ``dp.columnar.columnar_rounds``),
+        ``removal='side-input'`` (its default; ``dp.mechanisms.on_blocks.columnar_rounds``),
         ``Adaptive`` (``adaptive``, ``adaptive-2r``), or a sequential policy mechanism (``PolicyLaplace``, ``PolicyGaussian``,
         ``GW``, ``GWKT``; its ``state`` as in ``ordered.OrderedUserPolicy``; GW's
         ``'first-occurrence'`` tie-break reads the record order: files sorted by
@@ -634,7 +636,7 @@ class SelectFromText(_Rounds):
                  staging_dir: Optional[str] = None, label: Optional[str] = None):
         if not isinstance(file_pattern, str) or not file_pattern:
             raise ValueError(f"file_pattern must be a non-empty string, got {file_pattern!r}")
-        if not columnar.runs_columnar(mechanism):
+        if not on_blocks.runs_columnar(mechanism):
             raise ValueError(
                 f"SelectFromText runs the histogram mechanisms, DP-SIPS with "
                 f"removal='side-input', adaptive weighting and the sequential policy "
@@ -744,7 +746,7 @@ class SelectFromPairs(_Rounds):
     The pairs are gathered in batches, each batch turned into the pair blocks
     ``SelectFromText`` makes of text (counted pairs for a sequential policy; user
     ids and items as strings,
-    ``dp.columnar.id_strings``: a ``str`` as itself, another id as an escaped
+    ``dp.data.columnar.id_strings``: a ``str`` as itself, another id as an escaped
     string read back on output), and released by the same stages. For ``str``
     ids the release is ``SelectPartitions``'s per-user one under the same key;
     other ids are hashed through their escaped strings (another draw of the same
@@ -767,7 +769,7 @@ class SelectFromPairs(_Rounds):
                  user_groups: int = COLUMNAR_USER_GROUPS,
                  item_shards: int = COLUMNAR_ITEM_SHARDS, staging_dir: Optional[str] = None,
                  batch_size: int = 1 << 16, label: Optional[str] = None):
-        if not columnar.runs_columnar(mechanism) or getattr(mechanism, "needs_record_order",
+        if not on_blocks.runs_columnar(mechanism) or getattr(mechanism, "needs_record_order",
                                                              False):
             raise ValueError(f"SelectFromPairs runs the histogram mechanisms, DP-SIPS with "
                              f"removal='side-input' and the sequential policies without the "

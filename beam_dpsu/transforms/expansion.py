@@ -24,7 +24,7 @@ import apache_beam as beam
 
 from beam_dpsu.dp.mechanisms.base import Mechanism
 from beam_dpsu.dp.mechanisms.histogram_threshold import HistogramMechanism
-from beam_dpsu.dp.noise import RunKey
+from beam_dpsu.dp.randomness.noise import RunKey
 from beam_dpsu.transforms.bounding import SampleItems
 from beam_dpsu.transforms.histogram import ShardedHistogram
 from beam_dpsu.transforms.release import ApplyReleaseRule

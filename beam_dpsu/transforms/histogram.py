@@ -15,10 +15,10 @@ from typing import Any, Dict, Optional
 import apache_beam as beam
 from apache_beam.utils.windowed_value import WindowedValue
 
-from beam_dpsu.dp.contribution import DEFAULT_FLUSH_PAIRS, DEFAULT_USER_GROUPS, merge_item_counts
+from beam_dpsu.dp.data.contribution import DEFAULT_FLUSH_PAIRS, DEFAULT_USER_GROUPS, merge_item_counts
 from beam_dpsu.transforms.bounding import (GLOBAL_TIMESTAMP, GLOBAL_WINDOWS, GroupUsers,
                                            check_global_window)
-from beam_dpsu.dp.weights import (DEFAULT_NUM_SHARDS, add_user_to_histogram, check_weighting,
+from beam_dpsu.dp.data.weights import (DEFAULT_NUM_SHARDS, add_user_to_histogram, check_weighting,
                                   packed_shards)
 
 

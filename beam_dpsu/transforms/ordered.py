@@ -1,6 +1,6 @@
 """The ordered-user transform of the sequential policy mechanisms.
 
-``OrderedUserPolicy`` runs a sequential update policy (``beam_dpsu.dp.sequential``)
+``OrderedUserPolicy`` runs a sequential update policy (``beam_dpsu.dp.data.sequential``)
 over a PCollection of ``(user_id, {item: count})`` and returns the finished
 histogram as ``(item, weight)`` for every item with weight > 0. The mechanisms
 ``PolicyLaplace``, ``PolicyGaussian``, ``GW`` and ``GWKT``
@@ -70,7 +70,7 @@ and the user ids only.
 
 Steps 2-4 are ``RunPrepared``, which also runs after the columnar path's
 preparation (``transforms.columnar.SelectFromText``: a user group's users
-prepared at once from arrays, ``dp.columnar_policy``), in the same form.
+prepared at once from arrays, ``dp.data.columnar_policy``), in the same form.
 
 Throughput: the sequential stage runs on one core by construction.
 """
@@ -91,10 +91,10 @@ from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_dpsu.transforms import run_key as keys
 from beam_dpsu.transforms import runners
-from beam_dpsu.dp import sequential as policies
+from beam_dpsu.dp.data import sequential as policies
 from beam_dpsu.transforms.bounding import GroupUsers, check_global_window
 from beam_dpsu.dp.mechanisms.policy import STATES, PolicyMechanism
-from beam_dpsu.dp.noise import RunKey
+from beam_dpsu.dp.randomness.noise import RunKey
 from beam_dpsu.transforms.expansion import expand_mechanism, expand_mechanism_parts
 from beam_dpsu.transforms.release import ApplyReleaseRule
 
@@ -387,7 +387,7 @@ class _SequentialBase(beam.DoFn):
     """Shared policy loop: sorted buckets of users → histogram → (shard, {id: weight > 0})."""
 
     def setup(self):
-        from beam_dpsu.dp import kernels
+        from beam_dpsu.dp.data import kernels
         kernels.warm_up()
 
     def __init__(self, policy: policies.UserPolicy):
@@ -649,7 +649,7 @@ class OrderedUserPolicy(beam.PTransform):
         policy = make_policy(UPDATE_ONLY_KEY) if callable(make_policy) else None
         if not isinstance(policy, policies.UserPolicy):
             raise ValueError("make_policy must be callable as make_policy(run_key) and return "
-                             f"a beam_dpsu.dp.sequential.UserPolicy, got {make_policy!r}")
+                             f"a beam_dpsu.dp.data.sequential.UserPolicy, got {make_policy!r}")
         if state not in STATES:
             raise ValueError(f"state must be one of {STATES}, got {state!r}")
         self._bucket_bits = check_bucket_bits(bucket_bits)

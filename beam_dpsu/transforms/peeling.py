@@ -23,8 +23,8 @@ import apache_beam as beam
 
 from beam_dpsu.dp.mechanisms.peeling import (DiscoverPeelHittingSet, DiscoverPeelTopK,
                                              DiscoverThenPeel)
-from beam_dpsu.dp.calibration import check_flag
-from beam_dpsu.dp.noise import RunKey
+from beam_dpsu.dp.privacy.calibration import check_flag
+from beam_dpsu.dp.randomness.noise import RunKey
 from beam_dpsu.transforms import run_key as keys
 from beam_dpsu.transforms.bounding import PerUserItemCounts, check_global_window
 from beam_dpsu.transforms.expansion import expand_mechanism

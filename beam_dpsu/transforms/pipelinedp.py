@@ -29,9 +29,9 @@ from __future__ import annotations
 
 from typing import Tuple
 
-from beam_dpsu.dp import calibration as cal
-from beam_dpsu.dp.budget import DEFERRABLE_WEIGHTING, DeferredMechanism
-from beam_dpsu.dp.params import DEFAULT_MAX_ITEMS
+from beam_dpsu.dp.privacy import calibration as cal
+from beam_dpsu.dp.mechanisms.budget import DEFERRABLE_WEIGHTING, DeferredMechanism
+from beam_dpsu.dp.privacy.params import DEFAULT_MAX_ITEMS
 
 __all__ = ["PLD_REFUSAL", "AccountantMechanism", "from_accountant", "accountant_total"]
 

@@ -21,8 +21,8 @@ import apache_beam as beam
 import numpy as np
 
 from beam_dpsu.transforms import run_key as keys
-from beam_dpsu.dp.noise import RunKey
-from beam_dpsu.dp.release_rules import NoisyThresholdRule, check_noisy_threshold
+from beam_dpsu.dp.randomness.noise import RunKey
+from beam_dpsu.dp.randomness.release_rules import NoisyThresholdRule, check_noisy_threshold
 
 
 __all__ = ["ApplyReleaseRule", "NoisyThreshold"]
@@ -62,7 +62,7 @@ class ApplyReleaseRule(beam.PTransform):
     Args:
       make_rule: ``make_rule(run_key) -> rule`` with ``rule(item, weight) ->
         bool`` and, for ``sharded`` input, ``rule.decide(items, weights) -> bool
-        array`` (the rules of ``dp.release_rules`` have both), e.g. a mechanism's ``release_rule`` method or
+        array`` (the rules of ``dp.randomness.release_rules`` have both), e.g. a mechanism's ``release_rule`` method or
         ``functools.partial(NoisyThresholdRule, 'laplace', λ, T)``. It is
         called on the workers with the run's key (read from a side input, see
         ``beam_dpsu.transforms.run_key``), so no key is part of the job graph; it must be
@@ -104,7 +104,7 @@ class NoisyThreshold(ApplyReleaseRule):
     """``(item, weight)`` → items whose noisy weight is strictly above ``threshold``.
 
     Only items with weight > 0 are noised; each gets independent noise derived
-    from ``run_key`` (see ``beam_dpsu.dp.noise``).
+    from ``run_key`` (see ``beam_dpsu.dp.randomness.noise``).
 
     Args:
       noise: ``'laplace'`` or ``'gaussian'``.

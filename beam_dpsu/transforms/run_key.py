@@ -40,10 +40,11 @@ from typing import Any, Callable, Dict, Optional
 
 import apache_beam as beam
 
-from beam_dpsu.dp.noise import RunKey, test_seed_material
+from beam_dpsu.dp.randomness.noise import RunKey, test_seed_material
 
 __all__ = ["for_pipeline", "SHARED_KEYS", "shared_key_names", "shared_key", "delete_shared_keys",
-           "pipeline_key", "WorkerKey", "key_bytes", "key_side_input", "KeyedCache", "Subkey"]
+           "pipeline_key", "WorkerKey", "key_bytes", "key_side_input", "KeyedCache", "Subkey",
+           "wait_for"]
 
 
 # pipeline -> {key identity: PCollection of the key bytes}
@@ -251,3 +252,19 @@ class Subkey:
 
     def __call__(self, run_key: RunKey) -> bytes:
         return run_key.subkey(self.purpose)
+
+
+def wait_for(pipeline: beam.Pipeline, result) -> None:
+    """Waits for ``result`` to finish, then releases what the runner holds for the run:
+    on Dask, the run key shared through the cluster (``run_key.delete_shared_keys``)
+    and the client, which would otherwise retry the scheduler after the run."""
+    try:
+        result.wait_until_finish()
+    finally:
+        client = getattr(result, "client", None)  # the Dask runner's
+        if client is not None:
+            try:
+                if shared_key_names(pipeline):
+                    delete_shared_keys(pipeline, client)
+            finally:
+                client.close()

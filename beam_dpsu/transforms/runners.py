@@ -46,7 +46,7 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 
 __all__ = ["DASK_RUNNER", "RUNNER_ALIASES", "Capabilities", "NO_ORDERED_LIST_RUNNERS",
            "runner_name", "capabilities", "dealt_workers", "DIRECT_RUNNER_NAMES", "LOCAL_RUNNER",
-           "is_direct", "runner_name_of", "pipeline_options", "wait_for", "resolve_runner_flag",
+           "is_direct", "runner_name_of", "pipeline_options", "resolve_runner_flag",
            "import_dask_options", "NO_BUNDLE_OUTPUT", "per_element_flush", "tag", "main_output",
            "split_envelopes", "WithList", "check_pipeline", "check_input", "join_leaves",
            "DASK_PARTITIONS_PER_THREAD", "read_partitions", "EngineNotSetUp",
@@ -391,23 +391,6 @@ def find_engine(options: PipelineOptions) -> None:
     import shutil
     if shutil.which("java") is None:
         raise EngineNotSetUp(f"{runner} needs Java 17 on the PATH to start Beam's job server")
-
-
-def wait_for(pipeline: beam.Pipeline, result) -> None:
-    """Waits for ``result`` to finish, then releases what the runner holds for the run:
-    on Dask, the run key shared through the cluster (``run_key.delete_shared_keys``)
-    and the client, which would otherwise retry the scheduler after the run."""
-    try:
-        result.wait_until_finish()
-    finally:
-        client = getattr(result, "client", None)  # the Dask runner's
-        if client is not None:
-            from beam_dpsu.transforms import run_key
-            try:
-                if run_key.shared_key_names(pipeline):
-                    run_key.delete_shared_keys(pipeline, client)
-            finally:
-                client.close()
 
 
 def resolve_runner_flag(beam_args: List[str]) -> List[str]:

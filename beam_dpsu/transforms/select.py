@@ -10,10 +10,10 @@ from typing import Optional
 
 import apache_beam as beam
 
-from beam_dpsu.dp.columnar import runs_columnar
+from beam_dpsu.dp.mechanisms.on_blocks import runs_columnar
 from beam_dpsu.dp.mechanisms.base import Mechanism
-from beam_dpsu.dp.calibration import check_flag
-from beam_dpsu.dp.noise import RunKey
+from beam_dpsu.dp.privacy.calibration import check_flag
+from beam_dpsu.dp.randomness.noise import RunKey
 from beam_dpsu.transforms import adaptive as _adaptive  # noqa: F401  (registers its family)
 from beam_dpsu.transforms import budget as _budget  # noqa: F401  (registers its family)
 from beam_dpsu.transforms import ordered as _ordered  # noqa: F401  (registers its family)
@@ -43,7 +43,7 @@ class SelectPartitions(beam.PTransform):
     elements (and so the order of lines that ``WriteToText`` writes, and which
     shard an item lands in) can follow the input order and reveal which items
     the first users hold. To write a release, collect it (it is small next to
-    the data), sort it (``dp.contribution.canonical_items``) and write ONE file,
+    the data), sort it (``dp.data.contribution.canonical_items``) and write ONE file,
     as ``beam_dpsu.transforms.write.WriteRelease`` does; never write this PCollection
     straight to a sharded sink.
 
@@ -51,7 +51,7 @@ class SelectPartitions(beam.PTransform):
     (recursively; numpy integers are converted to the equal ``int``). Any
     other type (``bool``, ``float``, ``None``, ...) makes the pipeline fail
     when it runs (the earliest its elements are seen) with an ``IdTypeError``
-    naming the type (``dp.contribution.canonical_id``): Python treats ``1``,
+    naming the type (``dp.data.contribution.canonical_id``): Python treats ``1``,
     ``1.0`` and ``True`` as one key while the keyed hashes tell them apart, so
     an added user ``True`` could otherwise merge into user ``1`` and change the
     histogram by more than the noise is calibrated for. With ``per_user=True``

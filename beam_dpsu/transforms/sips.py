@@ -13,11 +13,11 @@ from typing import Any, Dict, Optional, Set
 
 import apache_beam as beam
 
-from beam_dpsu.dp.contribution import DEFAULT_USER_GROUPS, sample_items
+from beam_dpsu.dp.data.contribution import DEFAULT_USER_GROUPS, sample_items
 from beam_dpsu.dp.mechanisms.histogram_threshold import remove_items
 from beam_dpsu.dp.mechanisms.sips import Sips
-from beam_dpsu.dp.noise import RunKey
-from beam_dpsu.dp.weights import DEFAULT_NUM_SHARDS, add_user_to_histogram, packed_shards
+from beam_dpsu.dp.randomness.noise import RunKey
+from beam_dpsu.dp.data.weights import DEFAULT_NUM_SHARDS, add_user_to_histogram, packed_shards
 from beam_dpsu.transforms import run_key as keys
 from beam_dpsu.transforms import runners
 from beam_dpsu.transforms.bounding import GroupUsers, MergeItemCountsFn, SampleItems

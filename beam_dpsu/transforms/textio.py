@@ -7,7 +7,7 @@ grouped per user before the first shuffle. This avoids the per-element cost of
 the Python SDK for every occurrence (``ReadFromText`` followed by a map costs
 several times as much on the same data).
 
-The format and its parsing are ``beam_dpsu.dp.lines``; files ending in
+The format and its parsing are ``beam_dpsu.dp.data.lines``; files ending in
 ``.gz`` or ``.bz2`` are decompressed; a UTF-8 byte-order mark at the start of
 a file is removed (``lines.iter_raw_blocks``, which every read path of this
 module goes through); a malformed line is skipped and counted in the metric
@@ -27,9 +27,9 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from beam_dpsu.transforms import runners
-from beam_dpsu.dp.calibration import check_flag, check_positive_int
-from beam_dpsu.dp.contribution import DEFAULT_FLUSH_PAIRS, ItemCounts
-from beam_dpsu.dp.lines import (BLOCK_BYTES, group_line_counts, gzip_reader, iter_line_blocks,
+from beam_dpsu.dp.privacy.calibration import check_flag, check_positive_int
+from beam_dpsu.dp.data.contribution import DEFAULT_FLUSH_PAIRS, ItemCounts
+from beam_dpsu.dp.data.lines import (BLOCK_BYTES, group_line_counts, gzip_reader, iter_line_blocks,
                                 iter_line_counts, iter_raw_blocks, pack_user_groups,
                                 read_user_items, with_positions)
 from beam_dpsu.transforms.bounding import MergeItemCountsFn, mark_canonical_ids

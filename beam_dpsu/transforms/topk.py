@@ -13,8 +13,8 @@ from typing import Optional
 import apache_beam as beam
 
 from beam_dpsu.dp.mechanisms.topk import DEFAULT_PURPOSE, TopKMechanism, rank_key
-from beam_dpsu.dp.calibration import check_flag
-from beam_dpsu.dp.noise import RunKey
+from beam_dpsu.dp.privacy.calibration import check_flag
+from beam_dpsu.dp.randomness.noise import RunKey
 from beam_dpsu.transforms import run_key as keys
 from beam_dpsu.transforms.bounding import PerUserItemCounts, SampleItems, check_global_window
 from beam_dpsu.transforms.expansion import expand_mechanism

@@ -19,7 +19,7 @@ import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from beam_dpsu.dp.contribution import canonical_items
+from beam_dpsu.dp.data.contribution import canonical_items
 
 __all__ = ["WriteRelease", "WriteOneFile", "write_one_file", "sorted_text", "ranked_lines",
            "local_absolute"]

@@ -11,9 +11,13 @@
 * ``topk``: top-k over an unknown domain, limited domain (``TopKMechanism``);
 * ``peeling``: discovery, then peeling: top-k (``DiscoverPeelTopK``) and
   k-hitting sets (``DiscoverPeelHittingSet``) over an unknown domain;
-* ``params``: the one declaration of every mechanism parameter.
+* ``registry``: every mechanism of the command line by name, built from its
+  parameters (``dp.privacy.params`` declares them);
+* ``budget``: a privacy budget split over the parts of one release;
+* ``on_blocks``: a mechanism on the data path's blocks of arrays (the columnar path).
 
-Nothing here imports Beam: each family's Beam expansion is registered in
+The group imports ``dp.privacy``, ``dp.randomness`` and ``dp.data``; only
+``dp.evaluation`` imports it. Nothing here imports Beam: each family's Beam expansion is registered in
 ``beam_dpsu.transforms`` and applied by ``transforms.select.SelectPartitions``.
 The guarantees and their arguments are in ``docs/mechanisms.md``.
 """

@@ -40,14 +40,14 @@ from typing import Any, Dict, Mapping, Optional, Set
 
 import numpy as np
 
-from beam_dpsu.dp import calibration as cal
-from beam_dpsu.dp.accounting import PrivacyGuarantee
-from beam_dpsu.dp.contribution import sample_items
-from beam_dpsu.dp.weights import add_user_to_histogram
+from beam_dpsu.dp.privacy import calibration as cal
+from beam_dpsu.dp.privacy.accounting import PrivacyGuarantee
+from beam_dpsu.dp.data.contribution import sample_items
+from beam_dpsu.dp.data.weights import add_user_to_histogram
 from beam_dpsu.dp.mechanisms.base import Mechanism, RoundCalibration, noise_purpose
-from beam_dpsu.dp.noise import RunKey
-from beam_dpsu.dp.params import DEFAULT_ALPHA, DEFAULT_ESTIMATE_SHARE, DEFAULT_MAX_ITEMS
-from beam_dpsu.dp.release_rules import GaussianLevels, NoisyThresholdRule
+from beam_dpsu.dp.randomness.noise import RunKey
+from beam_dpsu.dp.privacy.params import DEFAULT_ALPHA, DEFAULT_ESTIMATE_SHARE, DEFAULT_MAX_ITEMS
+from beam_dpsu.dp.randomness.release_rules import GaussianLevels, NoisyThresholdRule
 
 __all__ = ["LEVELS", "ESTIMATE_MARGIN", "LEVEL_RATIO", "LOW_MARGIN", "LOW_FACTOR", "LOW_BUCKET",
            "HEAVY_BUCKET", "MAX_BOOST", "adaptive_weights",
@@ -276,7 +276,7 @@ class Adaptive(Mechanism):
 
     def estimate_shard(self, items, weights, run_key: RunKey):
         """``estimate`` of a shard's items (an Arrow string array), on their UTF-8 bytes."""
-        from beam_dpsu.dp import columnar
+        from beam_dpsu.dp.data import columnar
         data, starts, lengths = columnar.string_spans(items)
         weights = np.asarray(weights, np.float64)
         rule = self.estimate_rule(run_key)
@@ -289,7 +289,7 @@ class Adaptive(Mechanism):
     def decide_shard(self, items, adaptive, noisy, run_key: RunKey) -> np.ndarray:
         """The adaptive round's decisions on a shard's items (an Arrow string array) of
         adaptive weights ``adaptive`` and noisy estimates ``noisy``."""
-        from beam_dpsu.dp import columnar
+        from beam_dpsu.dp.data import columnar
         if len(items) == 0:
             return np.zeros(0, bool)
         data, starts, lengths = columnar.string_spans(items)
@@ -408,7 +408,7 @@ def adaptive_pairs_histogram(pairs, max_items: Optional[int], sample_key: Option
     ``columnar.GroupHistogram``."""
     import pyarrow as pa
     import pyarrow.compute as pc
-    from beam_dpsu.dp import columnar
+    from beam_dpsu.dp.data import columnar
     if isinstance(marks, Mapping):
         marks = (pa.array(list(marks), pa.string()),
                  np.fromiter(marks.values(), np.int64, len(marks)))

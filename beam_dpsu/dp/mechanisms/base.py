@@ -31,10 +31,10 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Set
 
 import numpy as np
 
-from beam_dpsu.dp.accounting import PrivacyGuarantee
-from beam_dpsu.dp.contribution import ItemCounts, canonical_per_user
-from beam_dpsu.dp.noise import RunKey
-from beam_dpsu.dp.release_rules import NoisyThresholdRule
+from beam_dpsu.dp.privacy.accounting import PrivacyGuarantee
+from beam_dpsu.dp.data.contribution import ItemCounts, canonical_per_user
+from beam_dpsu.dp.randomness.noise import RunKey
+from beam_dpsu.dp.randomness.release_rules import NoisyThresholdRule
 from beam_dpsu.dp.mechanisms import units
 
 
@@ -84,7 +84,7 @@ class Mechanism:
     #: True when the mechanism reads the iteration order of each user's
     #: ``{item: count}`` as the user's record order (GW with
     #: ``tie_break='first-occurrence'``); the input must then come from
-    #: ``ReadUserItems(keep_order=True)`` or ``dp.contribution.per_user_counts``.
+    #: ``ReadUserItems(keep_order=True)`` or ``dp.data.contribution.per_user_counts``.
     needs_record_order: bool = False
     #: False for a research variant whose privacy is NOT proven (the command
     #: line builds it only with ``--allow-unproven``).

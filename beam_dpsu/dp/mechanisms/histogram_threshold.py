@@ -1,7 +1,7 @@
 """The histogram-and-threshold family (``docs/mechanisms.md`` section 3).
 
 One round of: each user keeps at most Δ0 distinct items
-(``dp.contribution.sample_items``), adds a weight to each (``histogram``), and a
+(``dp.data.contribution.sample_items``), adds a weight to each (``histogram``), and a
 keyed release rule (``threshold``) decides each item of the histogram. The
 Beam expansion and the Beam-free run are the two methods of
 ``HistogramMechanism``, next to each other.
@@ -22,14 +22,14 @@ from __future__ import annotations
 
 from typing import Any, Container, Dict, Mapping, Optional
 
-from beam_dpsu.dp import calibration as cal
-from beam_dpsu.dp.accounting import PrivacyGuarantee, zcdp_guarantee
-from beam_dpsu.dp.contribution import ItemCounts, sample_items
-from beam_dpsu.dp.weights import add_user_to_histogram, check_weighting
+from beam_dpsu.dp.privacy import calibration as cal
+from beam_dpsu.dp.privacy.accounting import PrivacyGuarantee, zcdp_guarantee
+from beam_dpsu.dp.data.contribution import ItemCounts, sample_items
+from beam_dpsu.dp.data.weights import add_user_to_histogram, check_weighting
 from beam_dpsu.dp.mechanisms.base import RoundCalibration, ThresholdMechanism, noise_purpose
-from beam_dpsu.dp.noise import RunKey
-from beam_dpsu.dp.release_rules import TruncatedGeometricRule
-from beam_dpsu.dp.params import DEFAULT_MAX_ITEMS
+from beam_dpsu.dp.randomness.noise import RunKey
+from beam_dpsu.dp.randomness.release_rules import TruncatedGeometricRule
+from beam_dpsu.dp.privacy.params import DEFAULT_MAX_ITEMS
 
 __all__ = ["remove_items", "round_histogram", "histogram_local", "HistogramMechanism",
            "TruncatedGeometric", "CountLaplace", "CountGaussian", "WeightedLaplace",

@@ -37,14 +37,14 @@ from typing import (Any, Dict, Hashable, Iterable, Iterator, List, Mapping, Opti
 
 import numpy as np
 
-from beam_dpsu.dp import calibration as cal
-from beam_dpsu.dp.accounting import PrivacyGuarantee
-from beam_dpsu.dp.contribution import ItemCounts, canonical_items
+from beam_dpsu.dp.privacy import calibration as cal
+from beam_dpsu.dp.privacy.accounting import PrivacyGuarantee
+from beam_dpsu.dp.data.contribution import ItemCounts, canonical_items
 from beam_dpsu.dp.mechanisms import units
 from beam_dpsu.dp.mechanisms.base import Mechanism
 from beam_dpsu.dp.mechanisms.histogram_threshold import WeightedGaussian
-from beam_dpsu.dp.noise import RunKey, encode_value, keyed_gumbel_many
-from beam_dpsu.dp.params import DEFAULT_DISCOVERY_SHARE, DEFAULT_MAX_ITEMS
+from beam_dpsu.dp.randomness.noise import RunKey, encode_value, keyed_gumbel_many
+from beam_dpsu.dp.privacy.params import DEFAULT_DISCOVERY_SHARE, DEFAULT_MAX_ITEMS
 
 __all__ = ["split_budget", "check_share", "peeling_epsilon0", "item_users", "peel_top_k",
            "hitting_scores", "peeling_rounds", "pair_rounds", "held_rounds", "user_peeling",
@@ -65,7 +65,7 @@ def split_budget(epsilon: float, delta: float, share: float
 
     Args:
       epsilon, delta: the whole release's budget (ε > 0, 0 < δ < 1).
-      share: the discovery's fraction in (0, 1) (default 1/2 in ``dp.params``).
+      share: the discovery's fraction in (0, 1) (default 1/2 in ``dp.privacy.params``).
     """
     epsilon, delta = cal.check_epsilon(epsilon), cal.check_delta(delta)
     share = check_share(share)
@@ -398,7 +398,7 @@ class DiscoverPeelHittingSet(DiscoverThenPeel):
         """Stage 2 on users given as pairs, in parts of distinct users (a user in one
         part only): each part ``(items, user_of, item_of)``, pair j being (the part's
         user number ``user_of[j]``, ``items[item_of[j]]``), each pair once, every item
-        in ``domain`` (``dp.columnar.held_pairs`` of a user group's pairs within the
+        in ``domain`` (``dp.data.columnar.held_pairs`` of a user group's pairs within the
         domain). The same rows as ``peel`` on the same users' item sets.
 
         ``total_pairs``: the number of pairs of all parts, when known: the items are

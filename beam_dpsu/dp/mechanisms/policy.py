@@ -1,6 +1,6 @@
 """The sequential policy mechanisms (``docs/mechanisms.md`` section 4; GW in ``docs/gw.md``).
 
-Each mechanism is a sequential update policy (``beam_dpsu.dp.sequential``) run
+Each mechanism is a sequential update policy (``beam_dpsu.dp.data.sequential``) run
 over the users in a keyed order, followed by noise and the threshold T.
 The Beam expansion runs the policy with ``ordered.OrderedUserPolicy`` and
 applies the release rule with ``transforms.release.ApplyReleaseRule``, the histogram
@@ -19,13 +19,13 @@ from typing import Any, Dict, Hashable, Iterable, Mapping, Optional
 
 import numpy as np
 
-from beam_dpsu.dp import calibration as cal
-from beam_dpsu.dp import sequential as policies
-from beam_dpsu.dp.accounting import PrivacyGuarantee
+from beam_dpsu.dp.privacy import calibration as cal
+from beam_dpsu.dp.data import sequential as policies
+from beam_dpsu.dp.privacy.accounting import PrivacyGuarantee
 from beam_dpsu.dp.mechanisms.base import RoundCalibration, ThresholdMechanism
 from beam_dpsu.dp.mechanisms.histogram_threshold import WeightedGaussian, WeightedLaplace
-from beam_dpsu.dp.noise import KeyedGridLaplace, RunKey
-from beam_dpsu.dp.params import (DEFAULT_MAX_ITEMS, gw_default_max_items, gwkt_default_max_items,
+from beam_dpsu.dp.randomness.noise import KeyedGridLaplace, RunKey
+from beam_dpsu.dp.privacy.params import (DEFAULT_MAX_ITEMS, gw_default_max_items, gwkt_default_max_items,
                                  DEFAULT_ALPHA, DEFAULT_GW_ETA, DEFAULT_GWKT_SELECTION,
                                  DEFAULT_FRONT_SCALE, DEFAULT_FRONT_MARGIN,
                                  DEFAULT_EMBEDDED_TIE_BREAK, FRONT_SCALE_FACTOR,
@@ -222,7 +222,7 @@ class GW(PolicyMechanism):
         orders depend on the user's own data only. ``'first-occurrence'``
         needs per-user counts in record order: ``ReadUserItems(keep_order=True)``
         (the command-line pipeline does this when ``--tie-break
-        first-occurrence`` is given) or ``dp.contribution.per_user_counts``; see
+        first-occurrence`` is given) or ``dp.data.contribution.per_user_counts``; see
         ``needs_record_order``.
       max_items: Δ0, the size of K_i, an integer in [1, ``params.MAX_MAX_ITEMS`` =
         10^6] (cascade-free only; default ``params.gw_default_max_items(ε)``,

@@ -19,7 +19,7 @@ Removing released items between rounds (``removal``):
   at most n·√Δ0/T_i items can be released in round i, and in practice far
   fewer (hundreds of thousands of strings take tens of MB). On a runner that
   re-evaluates side inputs in every task (Beam's Dask runner) the rounds run on
-  users kept in ``dp.contribution.DEFAULT_USER_GROUPS`` groups
+  users kept in ``dp.data.contribution.DEFAULT_USER_GROUPS`` groups
   (``transforms.sips.SipsRounds``)
   and the released list is sent to every group through one ``GroupByKey``.
 * ``'join'``: a per-item join (``CoGroupByKey`` of ``(item, user)`` pairs with
@@ -31,14 +31,14 @@ from __future__ import annotations
 
 from typing import Any, Dict, Set
 
-from beam_dpsu.dp import calibration as cal
-from beam_dpsu.dp.accounting import PrivacyGuarantee, dp_to_zcdp_rho, zcdp_guarantee
-from beam_dpsu.dp.calibration import check_ratio, check_rounds, round_budgets
+from beam_dpsu.dp.privacy import calibration as cal
+from beam_dpsu.dp.privacy.accounting import PrivacyGuarantee, dp_to_zcdp_rho, zcdp_guarantee
+from beam_dpsu.dp.privacy.calibration import check_ratio, check_rounds, round_budgets
 from beam_dpsu.dp.mechanisms.base import Mechanism, decided, noise_purpose
 from beam_dpsu.dp.mechanisms.histogram_threshold import WeightedGaussianZcdp, round_histogram
-from beam_dpsu.dp.noise import RunKey
-from beam_dpsu.dp.release_rules import NoisyThresholdRule
-from beam_dpsu.dp.params import DEFAULT_MAX_ITEMS, DEFAULT_ROUNDS, DEFAULT_RATIO
+from beam_dpsu.dp.randomness.noise import RunKey
+from beam_dpsu.dp.randomness.release_rules import NoisyThresholdRule
+from beam_dpsu.dp.privacy.params import DEFAULT_MAX_ITEMS, DEFAULT_ROUNDS, DEFAULT_RATIO
 
 __all__ = ["REMOVALS", "Sips"]
 

@@ -2,7 +2,7 @@
 
 Counts ``h[u]`` are the number of distinct users holding item ``u`` (each user
 counted once per item, optionally after bounding each user to Δ distinct items
-with ``dp.contribution.sample_items``). The true top ``k̄ + 1`` are sorted
+with ``dp.data.contribution.sample_items``). The true top ``k̄ + 1`` are sorted
 ``h_(1) ≥ … ≥ h_(k̄+1)``; only they are ever noised, so the domain need not be
 known.
 
@@ -48,7 +48,7 @@ Conventions:
 ``top_k_local`` (``TopKMechanism.run_local``) runs the same functions without
 Beam; ``TopK`` (``TopKMechanism.expand_per_user``) is the Beam transform.
 Given the same run key and purpose they return the same output. The
-calibration formulas are in ``beam_dpsu.dp.calibration`` with the others.
+calibration formulas are in ``beam_dpsu.dp.privacy.calibration`` with the others.
 """
 from __future__ import annotations
 
@@ -58,14 +58,14 @@ from fractions import Fraction
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 
-from beam_dpsu.dp import calibration as cal
-from beam_dpsu.dp.accounting import (PrivacyGuarantee, br_composition_guarantee, figure,
+from beam_dpsu.dp.privacy import calibration as cal
+from beam_dpsu.dp.privacy.accounting import (PrivacyGuarantee, br_composition_guarantee, figure,
                                      pay_what_you_get_epsilon, selections_charged)
-from beam_dpsu.dp.contribution import ItemCounts
-from beam_dpsu.dp.contribution import sample_items
+from beam_dpsu.dp.data.contribution import ItemCounts
+from beam_dpsu.dp.data.contribution import sample_items
 from beam_dpsu.dp.mechanisms import units
 from beam_dpsu.dp.mechanisms.base import Mechanism, RoundCalibration
-from beam_dpsu.dp.noise import (KeyedGridLaplace, KeyedNoise, RunKey, encode_value, keyed_hash64,
+from beam_dpsu.dp.randomness.noise import (KeyedGridLaplace, KeyedNoise, RunKey, encode_value, keyed_hash64,
                                 round_to_grid)
 
 __all__ = ["BOTTOM", "DEFAULT_PURPOSE", "RankKey", "rank_key", "true_top", "item_user_counts",

@@ -56,12 +56,12 @@ import weakref
 from fractions import Fraction
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from beam_dpsu.dp import calibration as cal
-from beam_dpsu.dp.accounting import (PayWhatYouGetAccountant, PrivacyGuarantee, compose_zcdp,
+from beam_dpsu.dp.privacy import calibration as cal
+from beam_dpsu.dp.privacy.accounting import (PayWhatYouGetAccountant, PrivacyGuarantee, compose_zcdp,
                                      dp_to_zcdp_rho, figure, float_down, pay_what_you_get_epsilon,
                                      product_down, sum_up, zcdp_to_dp_epsilon)
 from beam_dpsu.dp.mechanisms import Mechanism
-from beam_dpsu.dp.params import DEFAULT_MAX_ITEMS
+from beam_dpsu.dp.privacy.params import DEFAULT_MAX_ITEMS
 
 __all__ = ["RELATIVE_TOLERANCE", "Share", "basic_composition", "fractions_of_weights",
            "share_of", "remaining_of", "grant", "zcdp_composition_guarantee", "compose_guarantees",
@@ -478,7 +478,7 @@ class PrivacyBudget:
         must be proven: a research variant that is not (``variant='published'``
         with ``allow_unproven``) is refused, as its stated guarantee is not one.
         """
-        from beam_dpsu.dp.registry import MechanismParams, make_mechanism
+        from beam_dpsu.dp.mechanisms.registry import MechanismParams, make_mechanism
         if "rho" in params:
             raise ValueError("an (ε, δ) share cannot build a mechanism from rho; "
                              "use budget.zcdp(...) for zCDP mechanisms")
@@ -700,7 +700,7 @@ class DeferredMechanism(Mechanism):
     def calibrate(self) -> Mechanism:
         """The calibrated mechanism; raises ValueError while the share is unknown."""
         if self._built is None:
-            from beam_dpsu.dp.registry import make_mechanism
+            from beam_dpsu.dp.mechanisms.registry import make_mechanism
             epsilon, delta = self._resolve_share()
             built = make_mechanism(self.name, epsilon=epsilon, delta=delta,
                                    max_items=self._max_items)

@@ -14,7 +14,7 @@ messages with a few dozen integer operations on uint64 arrays
 of messages up to ``LEAF_BYTES`` bytes, and a tree of SipHash-2-4 calls above
 (``prf64``'s docstring). ``siphash24_many`` computes ``prf64`` for many messages at once
 and is tested against it: compiled by numba when it is installed and the process has
-enough work for it (``dp.compiled``; about 30 ns a message), otherwise as numpy
+enough work for it (``dp.randomness.compiled``; about 30 ns a message), otherwise as numpy
 operations on uint64 arrays (about 0.5 µs a message).
 
 Why a tree for long messages: SipHash absorbs a message one 8-byte word after the
@@ -29,15 +29,14 @@ from typing import Optional
 
 import numpy as np
 
-from beam_dpsu.dp import compiled
-from beam_dpsu.dp.buffers import empty
+from beam_dpsu.dp.randomness import compiled
+from beam_dpsu.dp.randomness.buffers import empty
+from beam_dpsu.dp.randomness.sip_state import C0 as _C0, C1 as _C1, C2 as _C2, C3 as _C3
 
 __all__ = ["LEAF_BYTES", "siphash24", "prf64", "siphash24_many", "siphash24_many_keys",
            "split_key"]
 
 _MASK = (1 << 64) - 1
-_C0, _C1, _C2, _C3 = (0x736F6D6570736575, 0x646F72616E646F6D, 0x6C7967656E657261,
-                      0x7465646279746573)
 
 
 def split_key(key: bytes):

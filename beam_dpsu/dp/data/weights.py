@@ -12,8 +12,8 @@ import math
 import zlib
 from typing import Any, Dict
 
-from beam_dpsu.dp.contribution import pack_by
-from beam_dpsu.dp.noise import encode_value
+from beam_dpsu.dp.data.contribution import pack_by
+from beam_dpsu.dp.randomness.noise import encode_value
 
 
 __all__ = ["DEFAULT_NUM_SHARDS", "WEIGHTINGS", "check_weighting", "user_weight",

@@ -1,21 +1,21 @@
 """numba kernels of the columnar path and of SipHash-2-4 (needs numba: the ``fast`` extra).
 
-Each has a numpy twin that gives the same results (``dp.siphash._numpy_many``,
-``dp.columnar._spans_equal``, ``dp.columnar.count_byte``, ``dp.columnar._line_spans``,
-``dp.columnar.encode_spans``, ``dp.columnar.gather_spans``, ``dp.columnar._item_keys``
-(``mixed_fnv``), ``dp.columnar._sorted_repeats``, ``dp.columnar._smallest_distinct``; the
+Each has a numpy twin that gives the same results (``dp.randomness.siphash._numpy_many``,
+``dp.data.columnar._spans_equal``, ``dp.data.columnar.count_byte``, ``dp.data.columnar._line_spans``,
+``dp.data.columnar.encode_spans``, ``dp.data.columnar.gather_spans``, ``dp.data.columnar._item_keys``
+(``mixed_fnv``), ``dp.data.columnar._sorted_repeats``, ``dp.data.columnar._smallest_distinct``; the
 tests compare them; ``without_repeats`` applies ``sorted_repeats`` and also finds a
 repeat a few lines back within a run of equal keys, so it may leave fewer repeats than
 its numpy form (never another set of distinct lines); the columnar path itself
 runs the last two only with the kernels). The kernels release the GIL
-(``nogil``), so a reader thread (``dp.lines.read_ahead``) runs beside them.
-Import this module only through ``dp.compiled.kernel``, which loads it once a
+(``nogil``), so a reader thread (``dp.data.lines.read_ahead``) runs beside them.
+Import this module only through ``dp.randomness.compiled.kernel``, which loads it once a
 process has enough work to repay numba's start-up.
 """
 import numpy as np
 from numba import njit
 
-from beam_dpsu.dp.siphash import _C0, _C1, _C2, _C3
+from beam_dpsu.dp.randomness.sip_state import C0 as _C0, C1 as _C1, C2 as _C2, C3 as _C3
 
 __all__ = ["siphash24_many", "siphash24_key", "siphash24_owned", "compare_spans", "count_byte",
            "line_spans", "encode_spans", "gather_spans", "item_keys", "sorted_repeats",
@@ -277,7 +277,7 @@ def gather_spans(buf, starts, lengths, offsets, out):
 @njit(cache=True, nogil=True)
 def item_keys(buf, starts, lengths, line_code, bits, index_bits, out):
     """``out[k] = (line_code[k] << (64 - bits)) | (h(item k) >> bits)``, ``h`` the 64-bit
-    FNV-1a of the item's bytes with a final mix (``dp.columnar.mixed_fnv``'s value),
+    FNV-1a of the item's bytes with a final mix (``dp.data.columnar.mixed_fnv``'s value),
     its lowest ``index_bits`` bits then replaced by k; returns ``out``."""
     n = starts.size
     if lengths.size != n or line_code.size != n or out.size != n:

@@ -105,12 +105,12 @@ from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tupl
 
 from scipy.stats import beta as _beta
 
-from beam_dpsu.dp import calibration as cal
-from beam_dpsu.dp.contribution import canonical_counts, canonical_id, canonical_per_user
+from beam_dpsu.dp.privacy import calibration as cal
+from beam_dpsu.dp.data.contribution import canonical_counts, canonical_id, canonical_per_user
 from beam_dpsu.dp.mechanisms.base import released_items, run_local
 from beam_dpsu.dp.mechanisms import Mechanism
 from beam_dpsu.dp.mechanisms.adaptive import HEAVY_BUCKET
-from beam_dpsu.dp.noise import RunKey, encode_value, keyed_hash64
+from beam_dpsu.dp.randomness.noise import RunKey, encode_value, keyed_hash64
 
 __all__ = ["DEFAULT_CONFIDENCE", "CI_CONFIDENCE", "FAST_TRIALS", "THOROUGH_TRIALS", "SCENARIOS",
            "ALL_SCENARIOS", "POSITIONS", "MAX_BACKGROUND_PER_ITEM", "UNIQUE_ITEMS_WITHOUT_MAX",
@@ -233,7 +233,7 @@ class PinnedOrderKey(RunKey):
 
 def _sort_key(order_key: bytes, user: Any):
     try:
-        from beam_dpsu.dp.sequential import user_sort_key
+        from beam_dpsu.dp.data.sequential import user_sort_key
     except ImportError:  # pragma: no cover - the sequential policies are optional
         encoded = encode_value(user)
         return keyed_hash64(order_key, encoded), encoded

@@ -6,7 +6,7 @@ numpy and Arrow arrays (``pyarrow``, a dependency of Beam):
 1. ``parse_block``: the lines of a block → where each well-formed line's user id
    and item lie in the block's bytes (and, on demand, two Arrow string arrays),
    and the malformed lines, with exactly the semantics of
-   ``dp.lines.parse_line`` (split at the FIRST tab, one trailing ``\\r``
+   ``dp.data.lines.parse_line`` (split at the FIRST tab, one trailing ``\\r``
    removed, an empty user id, no tab or invalid UTF-8 is malformed).
 2. ``pair_blocks``: the block's ``(user, item)`` pairs (a user's repeated lines
    mostly removed; the group stage removes the rest), split into
@@ -36,7 +36,7 @@ random value (``_TABLE_BASIS``), so that crafted user ids cannot pile up in one
 probe chain.
 
 The per-user data and the histogram equal those of the dict path
-(``dp.lines`` → ``contribution.sample_items`` → ``weights``), so a seeded run
+(``dp.data.lines`` → ``contribution.sample_items`` → ``weights``), so a seeded run
 releases the same set on either path (up to the order in which floating-point
 weights are summed, which the tests show does not change a release).
 """
@@ -47,7 +47,6 @@ import collections
 import functools
 import os
 import threading
-from contextlib import closing
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
@@ -55,19 +54,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from beam_dpsu.dp import compiled
-from beam_dpsu.dp import sequential as policies
-from beam_dpsu.dp.buffers import Scratch, empty
-from beam_dpsu.dp.calibration import check_positive_int
-from beam_dpsu.dp.contribution import (canonical_id, item_scores, owner_score_order, ranks_in_runs,
+from beam_dpsu.dp.randomness import compiled
+from beam_dpsu.dp.randomness.buffers import Scratch, empty
+from beam_dpsu.dp.privacy.calibration import check_positive_int
+from beam_dpsu.dp.data.contribution import (canonical_id, item_scores, owner_score_order, ranks_in_runs,
                                        sample_items, sampling_keys, smallest_scores,
                                        user_keys)
-from beam_dpsu.dp.mechanisms.histogram_threshold import HistogramMechanism
-from beam_dpsu.dp.mechanisms.policy import PolicyMechanism
-from beam_dpsu.dp.mechanisms.sips import Sips
-from beam_dpsu.dp.noise import STR_TAG, encode_value
-from beam_dpsu.dp.siphash import siphash24_many
-from beam_dpsu.dp.weights import check_weighting
+from beam_dpsu.dp.randomness.noise import STR_TAG, encode_value
+from beam_dpsu.dp.randomness.siphash import siphash24_many
+from beam_dpsu.dp.data.weights import check_weighting
 
 __all__ = ["COLUMNAR_USER_GROUPS", "COLUMNAR_ITEM_SHARDS", "BYTES_PER_USER_GROUP",
            "MIN_USER_GROUPS", "MAX_USER_GROUPS", "user_groups_for", "GROUPS_PER_ITEM_SHARD",
@@ -77,10 +72,10 @@ __all__ = ["COLUMNAR_USER_GROUPS", "COLUMNAR_ITEM_SHARDS", "BYTES_PER_USER_GROUP
            "PairBuffer", "FILE_SHIFT", "MAX_FILES", "line_position",
            "ID_ESCAPE", "id_strings", "from_id_string", "arrays_block",
            "counted_pair_blocks", "GroupPairs", "group_pairs", "without_items",
-           "item_users_of_pairs", "held_pairs", "read_held_pairs", "top_candidates", "pairs_histogram",
+           "item_users_of_pairs", "held_pairs", "read_held_pairs", "top_candidates",
+           "pairs_histogram",
            "sampled_pairs", "GroupHistogram", "bounded_histogram", "sum_histograms",
-           "presample_plan", "runs_columnar", "columnar_rounds", "split_by_shard",
-           "release_shard", "IPC_COMPRESSION", "release_from_files"]
+           "split_by_shard", "release_shard", "IPC_COMPRESSION"]
 
 
 _NL, _TAB, _CR = 10, 9, 13
@@ -232,11 +227,11 @@ def count_byte(buf: np.ndarray, byte: int) -> int:
 
 
 def parse_block(block, scratch: Optional[Scratch] = None) -> ParsedBlock:
-    """Parses a block of lines (``\\n``-separated, as ``dp.lines.iter_raw_blocks``
-    and ``dp.lines.read_blocks`` yield them: no final newline; bytes or a
+    """Parses a block of lines (``\\n``-separated, as ``dp.data.lines.iter_raw_blocks``
+    and ``dp.data.lines.read_blocks`` yield them: no final newline; bytes or a
     ``memoryview``) into user ids and items.
 
-    Exactly ``dp.lines.parse_line`` on each line: a trailing ``\\r`` is removed,
+    Exactly ``dp.data.lines.parse_line`` on each line: a trailing ``\\r`` is removed,
     the user id is everything before the first tab and must be non-empty, the
     item everything after it (further tabs included), and a line that is not
     valid UTF-8 (strict: no surrogates) is malformed, as is an empty line.
@@ -690,7 +685,7 @@ ID_ESCAPE = "\x00"
 
 
 def id_strings(values: List[Any], what: str = "user id") -> pa.Array:
-    """User ids or items (``dp.contribution.canonical_id``'s types) as an Arrow string
+    """User ids or items (``dp.data.contribution.canonical_id``'s types) as an Arrow string
     array with the same identities: two values get one string exactly when they are
     one id. ``str`` values are themselves (one pass in Arrow when they all are);
     any other id (``bytes``, ``int``, tuples, a ``str`` with a lone surrogate or
@@ -1206,50 +1201,6 @@ def sum_histograms(blobs: Iterable[bytes]) -> Tuple[pa.Array, np.ndarray]:
     return items, np.bincount(code, weights=weights, minlength=len(items))
 
 
-def presample_plan(mechanism, run_key) -> Optional[Tuple[int, bytes]]:
-    """``(Δ0, sampling key)`` under which the read stage may ``presample`` a
-    mechanism's pair blocks, or None: a one-round mechanism with a Δ0 (its key
-    ``run_key.subkey('sample/0')``) and the sampled policies (Policy Laplace,
-    Policy Gaussian: their policy's ``sample_key``). Not DP-SIPS with several
-    rounds (its later rounds sample all the pairs again under other keys), not
-    GW (whose K_i follows the user's counts over the whole input)."""
-    if isinstance(mechanism, PolicyMechanism):
-        policy = mechanism.policy(run_key)
-        return (policy.max_items, policy.sample_key) if policies.is_sampled(policy) else None
-    rounds = getattr(mechanism, "rounds", None) or []
-    if isinstance(mechanism, HistogramMechanism) and len(rounds) == 1 \
-            and rounds[0].max_items is not None:
-        return rounds[0].max_items, run_key.subkey("sample/0")
-    from beam_dpsu.dp.mechanisms.adaptive import Adaptive
-    if isinstance(mechanism, Adaptive):  # both stages read the one sample/0 sample
-        return mechanism.max_items, run_key.subkey("sample/0")
-    return None
-
-
-def runs_columnar(mechanism) -> bool:
-    """Whether the columnar path runs ``mechanism``: a histogram mechanism (one
-    round), DP-SIPS with ``removal='side-input'`` (its rounds, each on the items
-    earlier rounds did not release, the released items held per group), adaptive
-    weighting (``transforms.columnar``'s own stages) or a sequential policy
-    mechanism (its users prepared on counted pairs, ``dp.columnar_policy``)."""
-    from beam_dpsu.dp.mechanisms.adaptive import Adaptive
-    return (isinstance(mechanism, (HistogramMechanism, PolicyMechanism, Adaptive))
-            or (isinstance(mechanism, Sips) and mechanism.removal == "side-input"))
-
-
-def columnar_rounds(mechanism) -> list:
-    """The rounds of a histogram mechanism or DP-SIPS on the columnar path; raises
-    ValueError for any other mechanism (a policy mechanism has no rounds here:
-    ``dp.columnar_policy`` prepares its users)."""
-    from beam_dpsu.dp.mechanisms.adaptive import Adaptive
-    if runs_columnar(mechanism) and not isinstance(mechanism, (PolicyMechanism, Adaptive)):
-        return list(mechanism.rounds)
-    raise ValueError(
-        f"the columnar path runs the histogram mechanisms and DP-SIPS with "
-        f"removal='side-input'; got {mechanism!r}: use textio.ReadUserItems and "
-        f"SelectPartitions for it")
-
-
 def release_shard(rule, items: pa.Array, weights: np.ndarray) -> List[str]:
     """The items of a summed shard that ``rule`` releases (its vectorised
     ``decide_spans`` on the items' UTF-8 bytes, as Arrow holds them)."""
@@ -1258,57 +1209,3 @@ def release_shard(rule, items: pa.Array, weights: np.ndarray) -> List[str]:
     data, starts, lengths = string_spans(items)
     chosen = np.flatnonzero(rule.decide_spans(data, starts, lengths, weights))
     return items.take(pa.array(chosen)).to_pylist() if len(chosen) else []
-
-
-def release_from_files(paths: Iterable[str], mechanism, run_key,
-                       user_groups: int = COLUMNAR_USER_GROUPS,
-                       item_shards: int = COLUMNAR_ITEM_SHARDS, block_bytes: Optional[int] = None
-                       ) -> Tuple[set, int, Dict[bytes, int]]:
-    """The columnar path in one process, without Beam: local text files → ``(released
-    set, number of users, {malformed line: occurrences})``, exactly what
-    ``transforms.columnar.SelectFromText`` computes on a runner (the benchmarks'
-    floor). ``mechanism``: a histogram mechanism or DP-SIPS (``columnar_rounds``);
-    ``run_key``: its ``RunKey``."""
-    from beam_dpsu.dp.lines import BLOCK_BYTES, block_buffers, open_local_binary, read_blocks
-    rounds = columnar_rounds(mechanism)
-    plan = presample_plan(mechanism, run_key)
-    groups: Dict[int, List[bytes]] = {}
-    malformed: Dict[bytes, int] = {}
-    scratch, read_buffers = Scratch(), block_buffers()  # kept from file to file
-    held = PairBuffer()
-    for path in paths:
-        with open_local_binary(path) as f, closing(read_blocks(
-                f, block_bytes or BLOCK_BYTES, buffers=read_buffers)) as blocks:
-            for block in blocks:
-                parsed = parse_block(block, scratch)
-                for line, n in parsed.malformed.items():
-                    malformed[line] = malformed.get(line, 0) + n
-                for g, pairs in held.add(pair_blocks(parsed, user_groups, plan,
-                                                      scratch)).items():
-                    groups.setdefault(g, []).append(pairs.to_bytes())
-        for g, pairs in held.flush().items():
-            groups.setdefault(g, []).append(pairs.to_bytes())
-    kept: Dict[int, bytes] = {}  # a group's pairs between rounds
-    released: Dict[str, int] = {}
-    users = 0
-    for index, r in enumerate(rounds):
-        last = index + 1 == len(rounds)
-        removed = pa.array(list(released), pa.string())
-        key = run_key.subkey(f"sample/{index}")
-        shards: Dict[int, List[bytes]] = {}
-        for g in sorted(groups if index == 0 else kept):
-            if index == 0:
-                pairs = group_pairs([PairBlock.from_bytes(b) for b in groups.pop(g)])
-            else:
-                pairs = without_items(GroupPairs.from_bytes(kept.pop(g)), removed)
-            hist = pairs_histogram(pairs, r.max_items, r.weighting, key)
-            users += hist.num_users if index == 0 else 0
-            if not last and len(pairs):
-                kept[g] = pairs.to_bytes()
-            for s, blob in split_by_shard(hist, item_shards).items():
-                shards.setdefault(s, []).append(blob)
-        rule = mechanism.release_rule(run_key, round_index=index)
-        while shards:
-            _, blobs = shards.popitem()
-            released.update(dict.fromkeys(release_shard(rule, *sum_histograms(blobs)), index))
-    return set(released), users, malformed

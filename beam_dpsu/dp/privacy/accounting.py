@@ -19,7 +19,7 @@ import math
 from fractions import Fraction
 from typing import Iterable, Optional, Tuple
 
-from beam_dpsu.dp.calibration import (bisect, check_delta, check_epsilon, check_positive_int,
+from beam_dpsu.dp.privacy.calibration import (bisect, check_delta, check_epsilon, check_positive_int,
                                       check_rho)
 
 

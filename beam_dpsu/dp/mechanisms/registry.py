@@ -14,10 +14,10 @@ from typing import Callable, Dict, List, Optional
 from beam_dpsu.dp.mechanisms import (CountGaussian, CountLaplace, Mechanism, TruncatedGeometric,
                                      WeightedGaussian, WeightedGaussianZcdp, WeightedLaplace)
 from beam_dpsu.dp.mechanisms import policy as _policy
-from beam_dpsu.dp.params import MECHANISM_PARAMS, canonical_keywords, flag, flags
-from beam_dpsu.dp.params import DEFAULT_MAX_ITEMS, DEFAULT_ALPHA, DEFAULT_ROUNDS, DEFAULT_RATIO
-from beam_dpsu.dp.params import DEFAULT_TIE_BREAK, DEFAULT_EMBEDDED_TIE_BREAK
-from beam_dpsu.dp.params import DEFAULT_GWKT_CALIBRATION_SHARE
+from beam_dpsu.dp.privacy.params import MECHANISM_PARAMS, canonical_keywords, flag, flags
+from beam_dpsu.dp.privacy.params import DEFAULT_MAX_ITEMS, DEFAULT_ALPHA, DEFAULT_ROUNDS, DEFAULT_RATIO
+from beam_dpsu.dp.privacy.params import DEFAULT_TIE_BREAK, DEFAULT_EMBEDDED_TIE_BREAK
+from beam_dpsu.dp.privacy.params import DEFAULT_GWKT_CALIBRATION_SHARE
 
 
 __all__ = ["MechanismParams", "RegisteredMechanism", "REGISTRY", "register", "make_mechanism"]
@@ -34,7 +34,7 @@ def _given(self) -> List[str]:
 
 
 #: Parameters a user gave for a named mechanism (None = not given): one field
-#: per parameter declared in ``dp.params.MECHANISM_PARAMS``.
+#: per parameter declared in ``dp.privacy.params.MECHANISM_PARAMS``.
 #: ``allow_unproven`` is a permission, not a parameter: it lets ``gw``/``gw-kt``
 #: build ``variant='published'`` (NOT proven private); every mechanism accepts it.
 MechanismParams = dataclasses.make_dataclass(
@@ -62,13 +62,13 @@ def register(name: str, build: Callable[[MechanismParams], Mechanism], accepts, 
     Args:
       name: the ``--mechanism`` name.
       build: ``build(params) -> Mechanism`` from a ``MechanismParams``.
-      accepts: the names of the declared parameters (``dp.params``) it takes.
+      accepts: the names of the declared parameters (``dp.privacy.params``) it takes.
       summary: one line for listings.
     """
     unknown = set(accepts) - set(MECHANISM_PARAMS)
     if unknown:
         raise ValueError(f"{name}: undeclared parameters {sorted(unknown)} (declare them in "
-                         "beam_dpsu.dp.params)")
+                         "beam_dpsu.dp.privacy.params)")
     REGISTRY[name] = RegisteredMechanism(name, build, frozenset(accepts), summary)
 
 

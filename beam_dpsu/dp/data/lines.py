@@ -22,7 +22,7 @@ import queue
 import threading
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from beam_dpsu.dp.contribution import DEFAULT_FLUSH_PAIRS, ItemCounts, pack_by, user_group
+from beam_dpsu.dp.data.contribution import DEFAULT_FLUSH_PAIRS, ItemCounts, pack_by, user_group
 
 
 __all__ = ["gzip_reader", "open_local_binary", "BLOCK_BYTES", "UTF8_BOM",

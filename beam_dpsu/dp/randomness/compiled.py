@@ -2,7 +2,7 @@
 
 The columnar path and the SipHash PRF have two implementations of their inner
 loops: numpy operations (always available) and numba-compiled kernels
-(``dp.array_kernels``, with the ``fast`` extra), which give the same results,
+(``dp.randomness.array_kernels``, with the ``fast`` extra), which give the same results,
 the tests check it, several times faster. Loading numba and its compiled code
 costs about 1.5 s per process, more than the whole numpy work of a small input;
 so ``kernel(name, work)`` counts the work a process has asked of each kernel
@@ -116,7 +116,7 @@ def first_compilation_ahead(folders=None) -> bool:
 
 
 def kernel(name: str, work: int) -> Optional[Callable]:
-    """The compiled kernel ``name`` of ``dp.array_kernels``, or None while this process
+    """The compiled kernel ``name`` of ``dp.randomness.array_kernels``, or None while this process
     has asked less than ``WORK_BEFORE_COMPILING`` elements of it (``work`` is this
     call's) or numba is not installed."""
     global _module, _failed
@@ -129,7 +129,7 @@ def kernel(name: str, work: int) -> Optional[Callable]:
             return None
         try:
             with interrupts_held():  # numba's import initialises LLVM
-                from beam_dpsu.dp import array_kernels
+                from beam_dpsu.dp.randomness import array_kernels
         except ImportError:
             _failed = True
             return None

@@ -61,11 +61,11 @@ from typing import Any, Callable, Dict, Hashable, Iterable, List, Mapping, Optio
 
 import numpy as np
 
-from beam_dpsu.dp.contribution import ItemCounts, sample_items
-from beam_dpsu.dp.calibration import check_eta, check_max_items
-from beam_dpsu.dp.lines import iter_line_counts, open_local_binary, parse_line
-from beam_dpsu.dp.noise import KeyedHash64, RunKey, encode_value, keyed_hash64
-from beam_dpsu.dp.params import DEFAULT_FRONT_SCALE, DEFAULT_FRONT_MARGIN
+from beam_dpsu.dp.data.contribution import ItemCounts, sample_items
+from beam_dpsu.dp.privacy.calibration import check_eta, check_max_items
+from beam_dpsu.dp.data.lines import iter_line_counts, open_local_binary, parse_line
+from beam_dpsu.dp.randomness.noise import KeyedHash64, RunKey, encode_value, keyed_hash64
+from beam_dpsu.dp.privacy.params import DEFAULT_FRONT_SCALE, DEFAULT_FRONT_MARGIN
 
 __all__ = ["public_counts_from_pairs", "format_public_counts", "Histogram", "l1_descent", "l2_descent", "greedy_fill", "TIE_BREAKS",
            "check_tie_break", "greedy_order", "apply_l1", "apply_l2", "apply_greedy",
@@ -625,7 +625,7 @@ class GreedyPolicy(UserPolicy):
         ``'first-occurrence'``: by the order of the user's ``counts`` mapping,
         which must be the order in which the items first occur in the user's
         own records (``ReadUserItems(keep_order=True)`` and
-        ``dp.contribution.per_user_counts`` build it so). This is what the authors'
+        ``dp.data.contribution.per_user_counts`` build it so). This is what the authors'
         reference code does; on data whose records list a user's items in a
         meaningful order (words of a title) it releases fewer items than the
         hash (``docs/gw.md``). Privacy: unchanged. The
@@ -790,7 +790,7 @@ def run_packed(batches: Iterable[Tuple[np.ndarray, np.ndarray]], policy: UserPol
     Each batch is ``(lengths, ids)``: user k of the batch has the next
     ``lengths[k]`` ids of ``ids``. With numba installed, and when the policy's
     ``update`` is exactly one of the built-in updates (not overridden by a
-    subclass), this runs the compiled kernel of ``beam_dpsu.dp.kernels`` that
+    subclass), this runs the compiled kernel of ``beam_dpsu.dp.data.kernels`` that
     mirrors it (bit-for-bit the same histogram, several times faster);
     otherwise ``policy.update`` on a dict. Ids no user raised
     are absent; every returned weight is > 0 for the descent policies.
@@ -802,7 +802,7 @@ def run_packed(batches: Iterable[Tuple[np.ndarray, np.ndarray]], policy: UserPol
 def run_packed_arrays(batches: Iterable[Tuple[np.ndarray, np.ndarray]], policy: UserPolicy
                       ) -> Tuple[np.ndarray, np.ndarray]:
     """``run_packed`` with the histogram as two arrays: ids (int64) and their weights."""
-    from beam_dpsu.dp import kernels
+    from beam_dpsu.dp.data import kernels
     kernel = _KERNEL_OF_UPDATE.get(type(policy).update)
     if kernel is not None and kernels.available():
         runner = kernels.DenseRunner(kernel, policy.cutoff, eta=getattr(policy, "eta", 0.0))

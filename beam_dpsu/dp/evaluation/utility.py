@@ -29,7 +29,7 @@ def item_occurrences(per_user: Mapping[Any, Mapping[Any, int]]) -> Dict[Any, int
 
     Args:
       per_user: ``{user: {item: count}}`` (``textio.read_per_user``,
-        ``dp.contribution.per_user_counts``), where ``count`` is how many input lines the
+        ``dp.data.contribution.per_user_counts``), where ``count`` is how many input lines the
         user has for the item.
     """
     out: Dict[Any, int] = {}

@@ -3,11 +3,11 @@
 Every random choice that affects a release is derived from one secret
 ``RunKey`` through pseudo-random functions (HMAC-SHA256 for the purposes'
 subkeys and the seeds of keyed generators, keyed BLAKE2b, and SipHash-2-4 in
-``dp.siphash``; docs/mechanisms.md section 1.1):
+``dp.randomness.siphash``; docs/mechanisms.md section 1.1):
 
 * contribution-bounding samples (a uniformly random Δ0-subset of a user's
   items: the Δ0 smallest SipHash-2-4 scores under the user's own key,
-  ``dp.contribution.sample_items``),
+  ``dp.data.contribution.sample_items``),
 * the order of users for the sequential policies (keyed BLAKE2b),
 * the noise added to each item's weight (``PRF(key, item)`` gives the uniform
   bits that an inverse-CDF sampler turns into Laplace, Gaussian or Gumbel
@@ -44,7 +44,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from beam_dpsu.dp.calibration import check_flag, normal_isf
+from beam_dpsu.dp.privacy.calibration import check_flag, normal_isf
 
 __all__ = ["encode_value", "RunKey", "DetachedKeyError", "test_seed_material", "keyed_hash64",
            "KeyedHash64", "keyed_seed", "keyed_generator", "block_key", "MAX_BLOCKS",
@@ -66,7 +66,7 @@ def encode_value(value: Any) -> bytes:
     ``repr``; a one-byte type tag separates the three.
 
     For the ids the library accepts (``str``, ``bytes``, ``int`` and tuples of
-    these: ``dp.contribution.canonical_id``) two values are equal in Python
+    these: ``dp.data.contribution.canonical_id``) two values are equal in Python
     exactly when their encodings are equal. For other values they can disagree
     (``1 == True``, but ``b"rint:1" != b"rbool:True"``), which is why the
     transforms refuse them before grouping users or items.
@@ -159,7 +159,7 @@ class RunKey:
         if run_key is None:
             return cls.fresh()
         if not isinstance(run_key, RunKey):
-            raise ValueError(f"run_key must be a beam_dpsu.dp.noise.RunKey or None, got {run_key!r}")
+            raise ValueError(f"run_key must be a beam_dpsu.dp.randomness.noise.RunKey or None, got {run_key!r}")
         return run_key
 
     @property
@@ -516,7 +516,7 @@ STR_TAG = b"s"[0]
 
 def canonical_spans(values):
     """The canonical bytes (``encode_value``) of ``values``, laid out for the vectorised
-    keyed hashes (``dp.siphash.siphash24_many``): ``(data, starts, lengths, prefix,
+    keyed hashes (``dp.randomness.siphash.siphash24_many``): ``(data, starts, lengths, prefix,
     encoded)``, value ``i``'s bytes being ``prefix`` (when not None) followed by
     ``data[starts[i]:starts[i] + lengths[i]]``, which is ``encoded[i]``. When every
     value is a ``str`` that is its UTF-8 behind the type tag ``STR_TAG`` (no call of
@@ -538,7 +538,7 @@ class ItemBits:
     (``encode_value``) under a 16-byte key taken from a run key's subkey.
 
     Distinct items get independent uniform bits (SipHash-2-4 is a PRF,
-    ``dp.siphash``), the same item always the same bits under the same key, and
+    ``dp.randomness.siphash``), the same item always the same bits under the same key, and
     nothing else enters: an item's bits never depend on the other items of a
     batch, on its position or on how a runner split the work. ``many`` takes
     Python values, ``many_str`` strings held as UTF-8 in one buffer (Arrow's
@@ -575,13 +575,13 @@ class ItemBits:
         return int(self.many([item])[0])
 
     def many(self, items) -> np.ndarray:
-        from beam_dpsu.dp.siphash import siphash24_many
+        from beam_dpsu.dp.randomness.siphash import siphash24_many
         data, starts, lengths, prefix, _ = canonical_spans(items)
         return siphash24_many(self._key, data, starts, lengths, prefix)
 
     def many_str(self, data, starts, lengths) -> np.ndarray:
         """The bits of the strings ``data[starts[i]:starts[i] + lengths[i]]`` (UTF-8)."""
-        from beam_dpsu.dp.siphash import siphash24_many
+        from beam_dpsu.dp.randomness.siphash import siphash24_many
         return siphash24_many(self._key, data, starts, lengths, prefix=STR_TAG)
 
 

@@ -20,8 +20,8 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from beam_dpsu.dp import calibration
-from beam_dpsu.dp.noise import ItemBits, RunKey, gaussian_many, laplace_many, uniform_below
+from beam_dpsu.dp.privacy import calibration
+from beam_dpsu.dp.randomness.noise import ItemBits, RunKey, gaussian_many, laplace_many, uniform_below
 
 
 __all__ = ["NOISE_KINDS", "TAIL_MARGIN", "check_noisy_threshold", "noise_tail",

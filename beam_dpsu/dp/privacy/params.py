@@ -5,7 +5,7 @@ constructors and of ``registry.MechanismParams``), its type, its command-line
 flag and aliases, its help text, its default and its privacy effect. The
 command-line pipelines (``beam_dpsu/pipelines/select_partitions.py``,
 ``beam_dpsu/pipelines/top_k.py``), the comparison tool (``beam_dpsu/pipelines/compare.py``) and
-the auditor's command line (``beam_dpsu.dp.audit``) build their flags from it
+the auditor's command line (``beam_dpsu.dp.evaluation.audit``) build their flags from it
 (``add_arguments``), and ``as_flags`` names the parameters of a validation
 message as the flags the user typed. A new parameter is declared here once.
 """

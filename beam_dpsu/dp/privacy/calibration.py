@@ -17,7 +17,7 @@ from typing import Callable
 
 import numpy as np
 
-from beam_dpsu.dp.params import (MAX_MAX_ITEMS, MIN_ETA, MIN_PER_ITEM_DELTA, WARN_DELTA_ABOVE,
+from beam_dpsu.dp.privacy.params import (MAX_MAX_ITEMS, MIN_ETA, MIN_PER_ITEM_DELTA, WARN_DELTA_ABOVE,
                                  WARN_EPSILON_ABOVE)
 
 __all__ = ["check_epsilon", "check_delta", "check_rho", "check_max_items", "check_eta", "check_flag",

@@ -2,7 +2,7 @@
 
 What ``UserPolicy.prepare`` does for one user (``{item: count}`` → the item
 ids ``update`` uses, in the order it uses them), done for all the users of a
-group at once on the group's counted pairs (``dp.columnar.GroupPairs`` built
+group at once on the group's counted pairs (``dp.data.columnar.GroupPairs`` built
 from ``counted_pair_blocks``):
 
 * the sampled policies (Policy Laplace, Policy Gaussian): the Δ0 items of
@@ -30,9 +30,9 @@ from typing import Dict, List, Mapping, Optional
 import numpy as np
 import pyarrow as pa
 
-from beam_dpsu.dp import sequential as policies
-from beam_dpsu.dp.columnar import GroupPairs, sampled_pairs
-from beam_dpsu.dp.contribution import ranks_in_runs
+from beam_dpsu.dp.data import sequential as policies
+from beam_dpsu.dp.data.columnar import GroupPairs, sampled_pairs
+from beam_dpsu.dp.data.contribution import ranks_in_runs
 
 __all__ = ["PreparedUsers", "prepare_pairs"]
 

@@ -26,8 +26,8 @@ from typing import Any, Dict, Hashable, Iterable, List, Mapping, Optional, Seque
 
 import numpy as np
 
-from beam_dpsu.dp.noise import canonical_spans, encode_value
-from beam_dpsu.dp.siphash import siphash24_many, siphash24_many_keys
+from beam_dpsu.dp.randomness.noise import canonical_spans, encode_value
+from beam_dpsu.dp.randomness.siphash import siphash24_many, siphash24_many_keys
 
 __all__ = ["ItemCounts", "DEFAULT_FLUSH_PAIRS", "DEFAULT_USER_GROUPS", "user_group", "pack_by",
            "canonical_items", "sampling_keys", "user_keys", "item_scores", "sample_items",
@@ -266,7 +266,7 @@ def sample_items(user_id: Any, counts: ItemCounts, max_items: int, key: bytes) -
     the user's item set only, never of other users, of the order of ``counts``
     or of how a runner split the work; a retry keeps the same subset.
     ``sample_many`` computes the same for many users at once (one vectorised
-    pass, far cheaper per user), as does the columnar path (``dp.columnar``).
+    pass, far cheaper per user), as does the columnar path (``dp.data.columnar``).
 
     Args:
       user_id: the user (encoded with ``noise.encode_value``).
