@@ -311,7 +311,7 @@ def pipeline_options(beam_args: List[str]) -> PipelineOptions:
     options = PipelineOptions(resolve_runner_flag(list(beam_args)))
     if is_direct(options):
         options.view_as(StandardOptions).runner = LOCAL_RUNNER
-    find_engine(options)
+    find_engine(options, beam_args)
     return options
 
 
@@ -374,17 +374,22 @@ def flink_home() -> str:
     return os.path.join(engines_dir(), f"flink-{FLINK_DISTRIBUTION}")
 
 
-def _given(options: PipelineOptions) -> dict:
-    return options.get_all_options(drop_default=True, retain_unknown_options=False)
+def _gives(options: PipelineOptions, beam_args: Optional[List[str]], name: str) -> bool:
+    """Whether option ``name`` was given: in ``beam_args`` when known (also a value equal
+    to Beam's default), else a value other than the default."""
+    if beam_args is not None:
+        return any(a == f"--{name}" or a.startswith(f"--{name}=") for a in beam_args)
+    return name in options.get_all_options(drop_default=True, retain_unknown_options=False)
 
 
-def find_engine(options: PipelineOptions) -> None:
+def find_engine(options: PipelineOptions, beam_args: Optional[List[str]] = None) -> None:
     """Points a Prism, Flink or Spark run at the engine ``setup-engines`` prepared, or
     raises ``EngineNotSetUp`` naming the set-up command (never a download at run time:
     Beam would try GitHub or Maven Central from inside the run). Flags the user gave
     (``--prism_location``, ``--flink_job_server_jar``, ``--spark_job_server_jar``,
     ``--flink_version``, ``--job_endpoint`` of a running job server) win. On Flink,
-    ``--flink_version`` defaults to ``FLINK_VERSION`` (the runner that was set up)."""
+    ``--flink_version`` defaults to ``FLINK_VERSION`` (the runner that was set up);
+    ``beam_args``, the flags ``options`` were made of, tell whether it was given."""
     from apache_beam.options.pipeline_options import (FlinkRunnerOptions, PortableOptions,
                                                       PrismRunnerOptions, SparkRunnerOptions)
     runner = runner_name_of(options)
@@ -402,8 +407,7 @@ def find_engine(options: PipelineOptions) -> None:
         return
     engine = runner[:-len("Runner")].lower()
     view = options.view_as(FlinkRunnerOptions if engine == "flink" else SparkRunnerOptions)
-    given = _given(options)
-    if engine == "flink" and "flink_version" not in given:
+    if engine == "flink" and not _gives(options, beam_args, "flink_version"):
         view.flink_version = FLINK_VERSION
     if options.view_as(PortableOptions).job_endpoint:
         return  # a job server that runs already: nothing to start
