@@ -95,14 +95,15 @@ def wait_for_port(port: int, proc: subprocess.Popen, log: str, timeout: float = 
 JOB_SERVER_MASTERS = {"flink": ["--flink-master=[local]"], "spark": ["--spark-master-url=local[2]"]}
 
 
-def start_job_server(engine: str, folder, extra=()) -> tuple:
+def start_job_server(engine: str, folder, master=None) -> tuple:
     """Starts the job server ``setup-engines`` made for ``engine`` on free localhost ports
-    (artifacts and log in ``folder``); returns (process, job endpoint) once it listens."""
+    (artifacts and log in ``folder``; ``master``: its master flags, default in-process);
+    returns (process, job endpoint) once it listens."""
     ports = [free_port() for _ in range(3)]
     log = os.path.join(folder, "job-server.log")
     with open(log, "w") as out:
         proc = subprocess.Popen(["java", "-jar", runners.job_server_jar(engine)]
-                                + JOB_SERVER_MASTERS[engine] + list(extra)
+                                + (master or JOB_SERVER_MASTERS[engine])
                                 + [f"--job-port={ports[0]}", f"--artifact-port={ports[1]}",
                                    f"--expansion-port={ports[2]}",
                                    f"--artifacts-dir={os.path.join(folder, 'artifacts')}"],

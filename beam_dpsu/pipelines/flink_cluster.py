@@ -209,21 +209,25 @@ def _alive(pid: int) -> bool:
         return True
 
 
+def _taskmanager_ids(state: Dict) -> set:
+    return {tm["id"] for tm in _rest(state, "/taskmanagers")["taskmanagers"]}
+
+
 def _running_taskmanagers(state: Dict) -> int:
-    return len(_rest(state, "/taskmanagers")["taskmanagers"])
+    return len(_taskmanager_ids(state))
 
 
 def add_taskmanager(folder: str, wait: bool = True) -> int:
     """Starts one more TaskManager of the cluster in ``folder``; returns its pid."""
     state = read_state(folder)
     jvm, dynamic = _resource_params(state, "GET_TM_RESOURCE_PARAMS")[:2]
-    before = _running_taskmanagers(state) if wait else 0
+    before = _taskmanager_ids(state) if wait else set()
     n = len(state["taskmanagers"]) + 1
     pid = _java_process(state, f"taskmanager-{n}", _TASKMANAGER, jvm, dynamic)
     state["taskmanagers"].append(pid)
     _write_state(folder, state)
     if wait:
-        _wait(f"TaskManager {n}", lambda: _running_taskmanagers(state) > before, [pid], state)
+        _wait(f"TaskManager {n}", lambda: bool(_taskmanager_ids(state) - before), [pid], state)
     return pid
 
 
