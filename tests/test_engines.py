@@ -492,3 +492,47 @@ def test_an_engine_killed_mid_release_leaves_no_release(engine, tmp_path):
     assert len(failures) == 1 and "job service stopped answering" in failures[0], err
     leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith("out")]
     assert not [n for n in leftovers if "items" in n or n.endswith(".json")], leftovers
+
+
+def test_a_pathing_jar_names_every_jar_in_a_valid_manifest(tmp_path):
+    import zipfile
+    from beam_dpsu.pipelines.setup_engines import MAIN_CLASSES, pathing_jar
+    lib = tmp_path / "server" / "lib"
+    lib.mkdir(parents=True)
+    names = [f"beam-runners-{'x' * (i * 13)}-{i}.jar" for i in range(12)] + ["notes.txt"]
+    for name in names:
+        (lib / name).write_bytes(b"")
+    jar = str(tmp_path / "server" / "job-server.jar")
+    assert pathing_jar(jar, MAIN_CLASSES["flink"], str(lib)) == 12
+    with zipfile.ZipFile(jar) as z:
+        assert z.namelist() == ["META-INF/MANIFEST.MF"]
+        raw = z.read("META-INF/MANIFEST.MF")
+    assert raw.endswith(b"\r\n\r\n")
+    lines = raw[:-4].split(b"\r\n")
+    assert all(len(line) <= 72 for line in lines)  # the jar specification's limit
+    attributes, last = {}, None
+    for line in lines:  # a continuation line starts with one space
+        if line.startswith(b" "):
+            attributes[last] += line[1:].decode()
+        else:
+            last, value = line.decode().split(": ", 1)
+            attributes[last] = value
+    assert attributes["Main-Class"] == "org.apache.beam.runners.flink.FlinkJobServerDriver"
+    assert attributes["Class-Path"].split(" ") == sorted(f"lib/{n}" for n in names[:12])
+    assert "java.base/java.lang" in attributes["Add-Opens"].split(" ")
+
+
+@pytest.mark.parametrize("engine", JAVA_ENGINES)
+def test_no_java_is_one_line_and_exit_status_2(engine, tmp_path):
+    data_file = tmp_path / "d.tsv"
+    data_file.write_text("u1\ta\n")
+    env = {**os.environ, "PATH": str(tmp_path)}  # a PATH without java
+    done = subprocess.run([sys.executable, "-m", "beam_dpsu.pipelines.cli", "select",
+                           "--input", str(data_file), "--output", str(tmp_path / "o"),
+                           "--mechanism", "weighted-gaussian", "--epsilon", "1",
+                           "--delta", "1e-6"] + ENGINE_FLAGS[engine],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 2, done.stderr
+    lines = [ln for ln in done.stderr.splitlines() if "error" in ln]
+    assert len(lines) == 1 and "needs Java 17" in lines[0], done.stderr
+    assert not list(tmp_path.glob("o*"))
