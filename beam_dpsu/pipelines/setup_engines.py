@@ -111,7 +111,8 @@ def _last_error_line(output: str) -> str:
 
 
 def _not_found(output: str) -> str:
-    found = re.search(r"Could not (find|resolve) artifact [^ ]+", output)
+    found = (re.search(r"Could not (find|resolve) artifact [^ ]+", output)
+             or re.search(r"[^ ]+ was not found in [^ ]+", output))
     return found.group(0) if found else _last_error_line(output)[:120]
 
 
