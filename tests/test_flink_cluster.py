@@ -20,10 +20,9 @@ import pytest
 
 from beam_dpsu.dp import synthetic
 from beam_dpsu.pipelines import flink_cluster
-from beam_dpsu.transforms import runners
 
 from tests.test_engines import _set_up, start_job_server, stop
-from tests.test_runners import FLAGS, data, run  # noqa: F401  (the data fixture)
+from tests.test_runners import data, run  # noqa: F401  (the data fixture)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.engines, pytest.mark.subprocess,
               pytest.mark.xdist_group("flink-cluster")]
