@@ -166,8 +166,8 @@ def test_a_taskmanager_killed_mid_release(cluster, big, tmp_path):
     # Measured outcome: Flink restarts the job (fixed-delay restarts, 3 attempts) on the
     # surviving TaskManager and the replacement, and the release is the FnApiRunner's.
     state, _ = cluster
-    status, err, job, release, files = _release_with_a_fault(cluster, big, tmp_path,
-                                                             _kill_a_taskmanager)
+    status, err, job, release, _ = _release_with_a_fault(cluster, big, tmp_path,
+                                                         _kill_a_taskmanager)
     assert status == 0, err[-3000:]
     assert release == big[1]
     # the job did fail and restart in the middle (the fault landed)
