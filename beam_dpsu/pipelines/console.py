@@ -201,6 +201,8 @@ COMMANDS = {
     "audit": ("beam_dpsu.pipelines.audit", "empirical privacy audit: a lower bound on epsilon"),
     "setup-engines": ("beam_dpsu.pipelines.setup_engines",
                       "fetch or build Prism, Flink's or Spark's engine for --runner"),
+    "flink-cluster": ("beam_dpsu.pipelines.flink_cluster",
+                      "start or stop a local Flink session cluster for --runner=FlinkRunner"),
 }
 
 #: checkout module names (``python -m pipelines.NAME``) → subcommand.

@@ -50,8 +50,9 @@ __all__ = ["DASK_RUNNER", "RUNNER_ALIASES", "Capabilities", "NO_ORDERED_LIST_RUN
            "import_dask_options", "NO_BUNDLE_OUTPUT", "per_element_flush", "tag", "main_output",
            "split_envelopes", "WithList", "check_pipeline", "check_input", "join_leaves",
            "DASK_PARTITIONS_PER_THREAD", "read_partitions", "EngineNotSetUp",
-           "ENGINES_DIR_VARIABLE", "FLINK_VERSION", "engines_dir", "prism_binary",
-           "job_server_artifact", "job_server_jar", "find_engine"]
+           "ENGINES_DIR_VARIABLE", "FLINK_VERSION", "FLINK_DISTRIBUTION", "engines_dir",
+           "prism_binary", "job_server_artifact", "job_server_dir", "job_server_jar",
+           "flink_home", "find_engine"]
 
 
 DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
@@ -117,10 +118,14 @@ _TABLE = {
     "FnApiRunner": _DIRECT,
     "BundleBasedDirectRunner": _DIRECT,
     "TestDirectRunner": _DIRECT,
-    # OrderedListState: Flink (apache/beam#21358), Spark (#33211) and Dataflow
-    # Runner v2 (#20666) do not implement it as of Beam 2.77.
+    # Observed on Flink 1.19 and Spark 3.5 (Beam's runners 2.70 with the 2.77 Python SDK,
+    # tests/test_engines.py::test_what_each_engine_executes): every capability but
+    # OrderedListState, which fails on both ("IllegalStateException": their state
+    # handlers have none for its key type; apache/beam#21358, #33211); Spark reports
+    # attempted metrics only (committed is None). Their shuffles are their own.
     "FlinkRunner": dict(ordered_list_state=False),
     "SparkRunner": dict(ordered_list_state=False),
+    # Dataflow Runner v2 has no OrderedListState either (#20666), as of Beam 2.77.
     "DataflowRunner": dict(ordered_list_state=False),
     "TestDataflowRunner": dict(ordered_list_state=False),
     "PortableRunner": dict(ordered_list_state=False),
@@ -310,7 +315,7 @@ def pipeline_options(beam_args: List[str]) -> PipelineOptions:
     options = PipelineOptions(resolve_runner_flag(list(beam_args)))
     if is_direct(options):
         options.view_as(StandardOptions).runner = LOCAL_RUNNER
-    find_engine(options)
+    find_engine(options, beam_args)
     return options
 
 
@@ -326,8 +331,13 @@ class EngineNotSetUp(ValueError):
 #: The environment variable that moves the engines' folder (default
 #: ``~/.cache/beam_dpsu/engines``).
 ENGINES_DIR_VARIABLE = "BEAM_DPSU_ENGINES_DIR"
-#: The Flink version whose job server the library uses: Beam's default ``--flink_version``.
-FLINK_VERSION = "2.2"
+#: The Flink version whose runner the library sets up and asks for when ``--flink_version``
+#: is not given: 1.19, the newest Flink whose Beam runner Maven Central serves to the
+#: machines the library is verified on (docs/runners.md). Beam's own default is newer.
+FLINK_VERSION = "1.19"
+#: The Flink distribution (PyPI's ``apache-flink-libraries``) the set-up unpacks for a
+#: local session cluster (``beam-dpsu flink-cluster``).
+FLINK_DISTRIBUTION = "1.19.3"
 
 
 def engines_dir() -> str:
@@ -344,25 +354,48 @@ def prism_binary() -> str:
 
 def job_server_artifact(engine: str, flink_version: str = FLINK_VERSION) -> str:
     """The Maven coordinates of Beam's job server for ``engine`` ('flink' or 'spark')
-    at the installed Beam's version."""
+    at the installed Beam's version (the set-up's first choice)."""
     name = (f"beam-runners-flink-{flink_version}-job-server" if engine == "flink"
             else "beam-runners-spark-3-job-server")
     return f"org.apache.beam:{name}:{beam.__version__}"
 
 
+def job_server_dir(engine: str, flink_version: str = FLINK_VERSION) -> str:
+    """The folder the set-up puts ``engine``'s job server in, for the installed Beam."""
+    name = f"flink-{flink_version}" if engine == "flink" else "spark-3"
+    return os.path.join(engines_dir(), f"{name}-job-server-for-beam-{beam.__version__}")
+
+
 def job_server_jar(engine: str, flink_version: str = FLINK_VERSION) -> str:
-    """Where the set-up puts the job server jar of ``engine``."""
-    _, name, version = job_server_artifact(engine, flink_version).split(":")
-    return os.path.join(engines_dir(), f"{name}-{version}.jar")
+    """The jar Beam's ``FlinkRunner`` (``SparkRunner``) starts with ``java -jar``: Beam's
+    job server jar of the installed version where Maven Central serves it, else a
+    jar that names the runner's classpath in its manifest (``setup-engines``)."""
+    return os.path.join(job_server_dir(engine, flink_version), "job-server.jar")
 
 
-def find_engine(options: PipelineOptions) -> None:
-    """Points a Prism, Flink or Spark run at the engine ``setup-engines`` fetched, or
+def flink_home() -> str:
+    """The Flink distribution the set-up unpacks (``lib/``, ``bin/``), for a session cluster."""
+    return os.path.join(engines_dir(), f"flink-{FLINK_DISTRIBUTION}")
+
+
+def _gives(options: PipelineOptions, beam_args: Optional[List[str]], name: str) -> bool:
+    """Whether option ``name`` was given: in ``beam_args`` when known (also a value equal
+    to Beam's default), else a value other than the default."""
+    if beam_args is not None:
+        return any(a == f"--{name}" or a.startswith(f"--{name}=") for a in beam_args)
+    return name in options.get_all_options(drop_default=True, retain_unknown_options=False)
+
+
+def find_engine(options: PipelineOptions, beam_args: Optional[List[str]] = None) -> None:
+    """Points a Prism, Flink or Spark run at the engine ``setup-engines`` prepared, or
     raises ``EngineNotSetUp`` naming the set-up command (never a download at run time:
     Beam would try GitHub or Maven Central from inside the run). Flags the user gave
-    (``--prism_location``, ``--flink_job_server_jar``, ``--spark_job_server_jar``) win."""
-    from apache_beam.options.pipeline_options import (FlinkRunnerOptions, PrismRunnerOptions,
-                                                      SparkRunnerOptions)
+    (``--prism_location``, ``--flink_job_server_jar``, ``--spark_job_server_jar``,
+    ``--flink_version``, ``--job_endpoint`` of a running job server) win. On Flink,
+    ``--flink_version`` defaults to ``FLINK_VERSION`` (the runner that was set up);
+    ``beam_args``, the flags ``options`` were made of, tell whether it was given."""
+    from apache_beam.options.pipeline_options import (FlinkRunnerOptions, PortableOptions,
+                                                      PrismRunnerOptions, SparkRunnerOptions)
     runner = runner_name_of(options)
     if runner == "PrismRunner":
         prism = options.view_as(PrismRunnerOptions)
@@ -378,15 +411,19 @@ def find_engine(options: PipelineOptions) -> None:
         return
     engine = runner[:-len("Runner")].lower()
     view = options.view_as(FlinkRunnerOptions if engine == "flink" else SparkRunnerOptions)
+    if engine == "flink" and not _gives(options, beam_args, "flink_version"):
+        view.flink_version = FLINK_VERSION
+    if options.view_as(PortableOptions).job_endpoint:
+        return  # a job server that runs already: nothing to start
     attribute = f"{engine}_job_server_jar"
     if not getattr(view, attribute):
         version = getattr(view, "flink_version", FLINK_VERSION)
         jar = job_server_jar(engine, version)
         if not os.path.isfile(jar):
             raise EngineNotSetUp(
-                f"{runner} needs Beam's job server jar ({job_server_artifact(engine, version)}), "
-                f"which is not set up: run `beam-dpsu setup-engines {engine}` (Maven), or pass "
-                f"--{attribute}=PATH")
+                f"{runner} needs Beam's {engine.capitalize()} job server"
+                f"{' for Flink ' + version if engine == 'flink' else ''}, which is not set up: "
+                f"run `beam-dpsu setup-engines {engine}` (Maven), or pass --{attribute}=PATH")
         setattr(view, attribute, jar)
     import shutil
     if shutil.which("java") is None:

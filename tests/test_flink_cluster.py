@@ -1,0 +1,175 @@
+"""Releases on a local Flink session cluster (``beam-dpsu flink-cluster``): a JobManager,
+two TaskManagers and an EXTERNAL pool of Python SDK workers, each a process of its
+own; then a release with the TaskManager that runs it killed (SIGKILL) in the middle
+and replaced, as a cluster manager would.
+
+Marked ``cluster``: they start JVMs and move Beam's job server jars to the cluster
+for every job (measured on two busy cores: 13 s to start, 77 s for three
+families, 42 s for the fault).
+"""
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from beam_dpsu.dp.evaluation import synthetic
+from beam_dpsu.pipelines import flink_cluster
+
+from tests.test_engines import _set_up, start_job_server, stop
+from tests.test_runners import data, run  # noqa: F401  (the data fixture)
+
+pytestmark = [pytest.mark.cluster, pytest.mark.engines, pytest.mark.subprocess,
+              pytest.mark.xdist_group("flink-cluster")]
+
+#: What every release on the cluster adds to the cluster's flags (besides the session's
+#: job server): one slot per job. Beam's TaskManager-side runner names the SDK workers
+#: it asks the EXTERNAL pool for by a counter of its own JVM ("1-1", "2-1", ...): two
+#: TaskManagers of one job sharing one pool ask for workers of the same names, and when
+#: one releases its worker the pool stops whichever it started last under that name.
+#: Measured with --parallelism=2 on two TaskManagers: a job hung (a worker stopped
+#: before it connected), or failed and was restarted. One pool per TaskManager (one per
+#: machine: docs/runners.md) avoids it; on one machine, a job runs in one slot.
+EXTRA = ["--parallelism=1"]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    if not _set_up("flink") and not os.environ.get("CI"):
+        pytest.skip("flink is not set up (beam-dpsu setup-engines flink)")
+    folder = tmp_path_factory.mktemp("flink-cluster")
+    state = flink_cluster.start(str(folder / "cluster"), taskmanagers=2, slots=1,
+                                process_size="1600m", task_off_heap="256m")
+    try:
+        proc, endpoint = start_job_server(
+            "flink", str(folder), [f"--flink-master=localhost:{state['rest_port']}"])
+    except BaseException:
+        flink_cluster.stop(state["dir"])
+        raise
+    yield state, flink_cluster.flags(state) + EXTRA + [f"--job_endpoint={endpoint}"]
+    stop(proc)
+    flink_cluster.stop(state["dir"])
+
+
+def _rest(state, path):
+    with urllib.request.urlopen(f"http://localhost:{state['rest_port']}{path}", timeout=5) as r:
+        return json.load(r)
+
+
+def _taskmanagers_of(state, job):
+    """The TaskManagers the job's tasks ran on (Flink's REST API)."""
+    found = set()
+    for vertex in _rest(state, f"/jobs/{job}")["vertices"]:
+        for tm in _rest(state, f"/jobs/{job}/vertices/{vertex['id']}/taskmanagers")[
+                "taskmanagers"]:
+            found.add(tm["taskmanager-id"])
+    return found
+
+
+def test_three_families_on_two_taskmanagers(cluster, data, tmp_path):
+    state, flags = cluster
+    assert len(_rest(state, "/taskmanagers")["taskmanagers"]) == 2
+    before = {j["jid"] for j in _rest(state, "/jobs/overview")["jobs"]}
+    for name in ("weighted-gaussian", "sips", "policy-gaussian"):
+        _, want = run(data, name, ["--runner=DirectRunner"], str(tmp_path / f"d-{name}"))
+        _, got = run(data, name, flags, str(tmp_path / f"c-{name}"))
+        assert want and got == want, name
+    jobs = [j for j in _rest(state, "/jobs/overview")["jobs"] if j["jid"] not in before]
+    assert len(jobs) == 3 and all(j["state"] == "FINISHED" for j in jobs)
+    # and with no failure on the way (no restart)
+    for j in jobs:
+        assert not _rest(state, f"/jobs/{j['jid']}/exceptions")["exceptionHistory"]["entries"]
+    # each job ran on one of the TaskManagers (separate processes)
+    assert all(len(_taskmanagers_of(state, j["jid"])) == 1 for j in jobs)
+
+
+def _running_job(state, before, proc, timeout=180):
+    """Waits until a job not in ``before`` has run for a while; returns its id."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        for job in _rest(state, "/jobs/overview")["jobs"]:
+            if job["jid"] not in before and job["state"] == "RUNNING":
+                tasks = job["tasks"]
+                if tasks.get("finished", 0) >= 3:  # past the read: in the middle of it
+                    return job["jid"]
+        time.sleep(0.2)
+    raise AssertionError("no job ran (the command ended or the job never started)")
+
+
+def _release_files(prefix):
+    return [p for p in glob.glob(prefix + "*") if "items" in p or p.endswith(".json")]
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory):
+    """A file long enough for a fault to land in the middle of its release on the
+    cluster, with the FnApiRunner's release of it."""
+    folder = tmp_path_factory.mktemp("fault-data")
+    path = str(folder / "in.tsv")
+    synthetic.write_tsv(path, 30000, seed=2, max_occurrences=200)
+    out = str(folder / "direct")
+    from beam_dpsu.pipelines import select_partitions
+    select_partitions.run(["--input", path, "--output", out, "--mechanism", "sips",
+                           "--epsilon", "1", "--delta", "1e-6", "--insecure-test-seed", "9",
+                           "--quiet"])
+    with open(out + "-items-00000-of-00001", encoding="utf-8") as fh:
+        return path, fh.read().splitlines()
+
+
+def _release_with_a_fault(cluster, big, tmp_path, fault):
+    """Runs the release on the cluster, calls ``fault(state)`` in the middle of its job;
+    returns (exit status, stderr, the job's id, release lines or None)."""
+    state, flags = cluster
+    path, _ = big
+    out = str(tmp_path / "out")
+    before = {j["jid"] for j in _rest(state, "/jobs/overview")["jobs"]}
+    proc = subprocess.Popen([sys.executable, "-m", "beam_dpsu.pipelines.cli", "select",
+                             "--input", path, "--output", out, "--mechanism", "sips",
+                             "--epsilon", "1", "--delta", "1e-6", "--insecure-test-seed", "9"]
+                            + flags, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        job = _running_job(state, before, proc)
+        fault(state, job)
+        _, err = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    release = None
+    if os.path.exists(out + "-items-00000-of-00001"):
+        with open(out + "-items-00000-of-00001", encoding="utf-8") as fh:
+            release = fh.read().splitlines()
+    return proc.returncode, err, job, release, _release_files(out)
+
+
+def _kill_a_taskmanager(state, job):
+    # the TaskManager that runs the job: the one whose log names it
+    pids = flink_cluster.read_state(state["dir"])["taskmanagers"]
+    logs = [os.path.join(state["dir"], "log", f"taskmanager-{n + 1}.log") for n in range(len(pids))]
+    running = [pid for pid, log in zip(pids, logs) if os.path.exists(log) and job in open(log).read()]
+    assert len(running) == 1, running
+    os.kill(running[0], signal.SIGKILL)
+    flink_cluster.add_taskmanager(state["dir"])  # the replacement a cluster manager starts
+
+
+# The worker pool killed (SIGKILL, with its workers) in the middle of a job and started
+# again on its port is not tested here: measured, the job neither failed nor finished in
+# 400 s (the TaskManager waits on the dead workers' streams; nothing times out), so the
+# command waits too (docs/runners.md, "Faults": cancel the job and run it again).
+
+
+def test_a_taskmanager_killed_mid_release(cluster, big, tmp_path):
+    # Measured outcome: Flink restarts the job (fixed-delay restarts, 3 attempts) on the
+    # surviving TaskManager and the replacement, and the release is the FnApiRunner's.
+    state, _ = cluster
+    status, err, job, release, _ = _release_with_a_fault(cluster, big, tmp_path,
+                                                         _kill_a_taskmanager)
+    assert status == 0, err[-3000:]
+    assert release == big[1]
+    # the job did fail and restart in the middle (the fault landed)
+    assert _rest(state, f"/jobs/{job}/exceptions")["exceptionHistory"]["entries"]
+    assert _rest(state, f"/jobs/{job}")["state"] == "FINISHED"
