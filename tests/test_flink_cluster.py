@@ -173,3 +173,13 @@ def test_a_taskmanager_killed_mid_release(cluster, big, tmp_path):
     # the job did fail and restart in the middle (the fault landed)
     assert _rest(state, f"/jobs/{job}/exceptions")["exceptionHistory"]["entries"]
     assert _rest(state, f"/jobs/{job}")["state"] == "FINISHED"
+
+
+def test_stop_spares_a_process_that_took_a_dead_members_pid(tmp_path):
+    # A stale cluster folder (its processes died, say at a reboot) names a pid that another
+    # process holds now (here: this test's own process): stop signals only the cluster's.
+    state = {"dir": str(tmp_path), "pool_port": 1, "pool": os.getpid(),
+             "taskmanagers": [os.getpid()], "jobmanager": None}
+    flink_cluster._write_state(str(tmp_path), state)
+    assert flink_cluster.stop(str(tmp_path), timeout=0.1) == []
+    assert not os.path.exists(os.path.join(str(tmp_path), flink_cluster._STATE))

@@ -459,3 +459,16 @@ def test_topk_releases_decide_exactly_at_large_counts(monkeypatch):
         assert [r[:2] for r in got] == [(1, "x")]
         assert got[0][2] == float(Fraction(h_b + 1) + (z + 1) * Fraction(g))  # rounded once
     assert crossed["gumbel"] > 0 and crossed["laplace"] > 0   # the doubles would release
+
+
+def test_top_k_with_counts_refuses_a_laplace_scale_whose_grid_step_exceeds_one():
+    # Algorithm 1 keeps integer counts on the grid Laplace's grid: its step (a power of
+    # two at or below b/2^40) must be at most 1, so b = (Δ + 1)/ε below 2^41.
+    from beam_dpsu.dp.privacy.calibration import TOPK_MAX_LAPLACE_SCALE, topk_laplace_scale
+    from beam_dpsu.dp.randomness.noise import grid_granularity
+    assert grid_granularity(math.nextafter(TOPK_MAX_LAPLACE_SCALE, 0)) == 1.0
+    assert grid_granularity(TOPK_MAX_LAPLACE_SCALE) == 2.0
+    eps_edge = 11 / TOPK_MAX_LAPLACE_SCALE                  # b = 2^41 exactly at Δ = 10
+    with pytest.raises(ValueError, match="2\\^41"):
+        topk_laplace_scale(eps_edge, 10)
+    assert grid_granularity(topk_laplace_scale(eps_edge * 1.0001, 10)) <= 1.0

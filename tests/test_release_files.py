@@ -281,7 +281,9 @@ def test_text_with_odd_bytes_is_still_text():
     from beam_dpsu.dp.data.lines import not_text_reason
     # an item with a NUL, a few invalid lines (skipped as malformed), a cut character
     for head in (b"", b"u1\ta\n", "u\té\u00ff\n".encode(), b"u1\t\xff\xfe\nu2\ta\nu3\tb\n",
-                 b"\xef\xbb\xbfu\ta\n", b"user1\tan item with a \x00 inside\n" * 3, "u\t日本".encode()[:-1]):
+                 b"\xef\xbb\xbfu\ta\n", b"user1\tan item with a \x00 inside\n" * 3, "u\t日本".encode()[:-1],
+                 # text lines that start like a binary format's signature
+                 b"BZhang\tpizza\n", b"PAR1\titem\n", b"%PDF\tmanual\n", b"%PDF-1.4\tpdf\n"):
         assert not_text_reason(head) is None, head
 
 

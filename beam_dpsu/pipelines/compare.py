@@ -596,7 +596,8 @@ def run(argv: Optional[Sequence[str]] = None, progress=None) -> Dict[str, Any]:
         if not per_user:
             raise runs.NoWellFormedInput(f"no well-formed user<TAB>item line in "
                                            f"{args.input!r}: nothing to compare")
-        progress(f"{len(per_user)} users")
+        if args.verbose:  # an exact count: owner-only, shown only when asked for
+            progress(f"{len(per_user)} users")
         if args.task != "set-union":
             return _run_ranked(args, argv, specs, epsilons, built, per_user, progress, start)
         occurrences = utility.item_occurrences(per_user)

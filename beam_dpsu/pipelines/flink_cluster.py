@@ -129,7 +129,9 @@ def _config(state: Dict, args) -> str:
         "taskmanager.numberOfTaskSlots": args.slots,
         "taskmanager.memory.process.size": args.process_size,
         "taskmanager.memory.task.off-heap.size": args.task_off_heap,
-        "parallelism.default": args.taskmanagers * args.slots,
+        # one TaskManager's slots: the TaskManagers share one worker pool, which serves
+        # the workers of one JVM at a time in a job (docs/runners.md)
+        "parallelism.default": args.slots,
         "restart-strategy.type": "fixed-delay" if args.restart_attempts else "none",
         "restart-strategy.fixed-delay.attempts": args.restart_attempts,
         "restart-strategy.fixed-delay.delay": "2 s",
@@ -290,11 +292,26 @@ def start(folder: str, taskmanagers: int = 1, slots: int = 2, process_size: str 
     return read_state(folder)
 
 
+def _of_this_cluster(pid: int, state: Dict) -> bool:
+    """Whether process ``pid`` is still one this cluster started (its command line names
+    the cluster's configuration folder, or the pool's port), not another that got the pid
+    of one that died. True where /proc cannot be read."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            command = fh.read().replace(b"\0", b" ").decode("utf-8", "replace")
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    return (os.path.join(state["dir"], "conf") in command
+            or f"--service_port={state['pool_port']}" in command)
+
+
 def stop(folder: str, timeout: float = 20.0) -> List[int]:
     """Ends every process of the cluster in ``folder``; returns their pids."""
     state = read_state(folder)
     pids = [p for p in [state.get("pool")] + state["taskmanagers"] + [state.get("jobmanager")]
-            if p]
+            if p and _of_this_cluster(p, state)]
     for pid in pids:
         try:
             os.killpg(pid, signal.SIGTERM)  # each was started as its own session
@@ -340,6 +357,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             except ClusterError as e:
                 console.write_line(f"{p.prog}: failed: {e}")
                 return 1
+            console.write_line(
+                f"WARNING: the Python worker pool listens on port {state['pool_port']} of "
+                f"every interface (Beam's worker_pool_main has no bind address) and runs "
+                f"what a job sends it: keep that port closed to other machines")
             print(" ".join(flags(state)))
         elif args.action == "stop":
             say(f"stopped {len(stop(args.dir))} processes")

@@ -20,11 +20,10 @@ import argparse
 import gzip
 import json
 import os
-import sys
 import uuid
 
 from beam_dpsu.dp.data import sequential
-from beam_dpsu.pipelines import console
+from beam_dpsu.pipelines import console, flags
 from beam_dpsu.pipelines.console import UsageError, run_main
 
 __all__ = ["main"]
@@ -42,6 +41,7 @@ def main(argv=None) -> int:
                    help="the item<TAB>count file to write (.gz compresses), for --public-counts")
     p.add_argument("--overwrite", action="store_true",
                    help="replace --output if it exists (default: refused)")
+    flags.add_column_arguments(p)
     args = p.parse_args(argv)
 
     def body() -> int:
@@ -56,7 +56,7 @@ def main(argv=None) -> int:
         paths = outputs.check_input(args.input)
         if os.path.abspath(args.input) == target:
             raise UsageError("--output is the --input file")
-        outputs.check_columns(paths)
+        outputs.check_columns(paths, args.tabs_in_items, args.trust_columns)
         directory = os.path.dirname(target)
         if not os.path.isdir(directory):
             raise UsageError(f"--output's directory {directory!r} does not exist")
@@ -86,7 +86,3 @@ def main(argv=None) -> int:
 
     return run_main(PROG, body)
 
-
-if __name__ == "__main__":
-    from beam_dpsu.pipelines import console as _cli
-    sys.exit(_cli.run_module("public_counts", sys.argv[1:]))

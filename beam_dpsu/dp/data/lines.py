@@ -19,6 +19,7 @@ import functools
 import gzip
 import io
 import queue
+import re
 import threading
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -413,12 +414,17 @@ def sniff_head(path: str, size: int = SNIFF_BYTES) -> bytes:
         return f.read(size)
 
 
-#: Signatures of compressed or binary formats: (leading bytes, what they are).
-_SIGNATURES = ((b"\x1f\x8b", "gzip-compressed (name it .gz)"),
-               (b"BZh", "bzip2-compressed"), (b"PK\x03\x04", "a zip archive"),
-               (b"\xfd7zXZ\x00", "xz-compressed"), (b"\x28\xb5\x2f\xfd", "zstd-compressed"),
-               (b"PAR1", "a Parquet file"), (b"\x89PNG", "a PNG image"),
-               (b"%PDF", "a PDF document"))
+#: Signatures of compressed or binary formats: (a pattern of the leading bytes, what they
+#: are). Each pattern holds a byte that text lines do not (a control byte, or bzip2's
+#: whole block magic), so a text line that merely starts like one ("BZhang", "PAR1",
+#: "%PDF") is not refused.
+_SIGNATURES = tuple((re.compile(pattern, re.S), what) for pattern, what in (
+    (rb"\x1f\x8b", "gzip-compressed (name it .gz)"),
+    (rb"BZh[1-9]1AY&SY", "bzip2-compressed"), (rb"PK\x03\x04", "a zip archive"),
+    (rb"\xfd7zXZ\x00", "xz-compressed"), (rb"\x28\xb5\x2f\xfd", "zstd-compressed"),
+    (rb"PAR1[\x00-\x08\x0b\x0c\x0e-\x1f\x80-\xff]", "a Parquet file"),
+    (rb"\x89PNG", "a PNG image"),
+    (rb"%PDF-\d\.\d\s*[\r\n]+%[\x80-\xff]", "a PDF document")))
 
 
 def _utf8(data: bytes) -> bool:
@@ -435,7 +441,7 @@ def not_text_reason(head: bytes) -> Optional[str]:
     bytes NUL (binary, or UTF-16); or most lines not UTF-8 (binary, or another
     encoding). A few odd lines are not refused: the readers skip them as malformed."""
     for signature, what in _SIGNATURES:
-        if head.startswith(signature):
+        if signature.match(head):
             return f"it is {what}"
     if not head:
         return None

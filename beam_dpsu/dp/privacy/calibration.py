@@ -32,7 +32,7 @@ __all__ = ["check_epsilon", "check_delta", "check_rho", "check_max_items", "chec
            "truncated_geometric_keep_probability", "check_positive_int", "check_rounds",
            "check_ratio", "round_fractions", "round_budgets", "DEFAULT_K_BAR_FACTOR",
            "default_k_bar", "gumbel_threshold_offset",
-           "topk_laplace_scale", "laplace_difference_tail", "laplace_tail_offset",
+           "topk_laplace_scale", "TOPK_MAX_LAPLACE_SCALE", "laplace_difference_tail", "laplace_tail_offset",
            "laplace_threshold_offset", "split_epsilon", "scale_estimate_noise_scale"]
 
 
@@ -792,8 +792,22 @@ def topk_laplace_scale(epsilon: float, max_items: int) -> float:
 
     The released vector (noisy counts and the threshold) has ℓ1-sensitivity at
     most Δ + 1 on the items both neighbours rank in their top k̄.
+
+    Refused (ValueError) when b ≥ 2^41: the grid Laplace then rounds counts to a grid
+    step above 1 (a power of two at or below b/2^40), which the proof's integer counts
+    and offset do not allow for. That is ε below about (Δ + 1)/2.2e12.
     """
-    return (check_max_items(max_items) + 1) / check_epsilon(epsilon)
+    scale = (check_max_items(max_items) + 1) / check_epsilon(epsilon)
+    if scale >= TOPK_MAX_LAPLACE_SCALE:
+        raise ValueError(f"epsilon {epsilon!r} is too small for top-k with counts at "
+                         f"max_items {max_items}: its Laplace scale (Δ+1)/ε must be below "
+                         f"2^41")
+    return scale
+
+
+#: Algorithm 1's largest Laplace scale (exclusive): below it the grid Laplace's step is at
+#: most 1, so integer counts stay on its grid (``randomness.noise.grid_granularity``).
+TOPK_MAX_LAPLACE_SCALE = float(2 ** 41)
 
 
 def laplace_difference_tail(s: float, scale: float) -> float:

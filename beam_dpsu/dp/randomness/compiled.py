@@ -98,7 +98,7 @@ class _Held:
 
 def first_compilation_ahead(folders=None) -> bool:
     """Whether numba is installed and has not yet cached the compiled kernels of this
-    installation (``dp/__pycache__/array_kernels.*.nbi``, or under ``NUMBA_CACHE_DIR``):
+    installation (``dp/randomness/__pycache__/array_kernels.*.nbi``, or under ``NUMBA_CACHE_DIR``):
     then the first input large enough to use them (``WORK_BEFORE_COMPILING``) waits about
     40 s for numba to compile them, once. The command lines say so before reading.
     ``folders``: where to look for numba's cache (default: the two above)."""

@@ -112,11 +112,13 @@ def prf64(key: bytes, message: bytes) -> int:
     message is LEAF_BYTES + 16 bytes long, so it is never a short message hashed
     directly, and it names its position (index, level, length of its level), so two
     positions never share a node message unless their contents are equal. With
-    SipHash-2-4 replaced by a random function, two distinct long messages of the same
-    length get the same value only if, at some level, all their differing nodes'
-    values collide: probability at most (levels)·2^-64 for the pair, the order of a
-    random 64-bit function's own collisions (2^-64 a pair). So ``prf64`` is a PRF
-    with advantage at most SipHash-2-4's on the node queries plus that term.
+    SipHash-2-4 replaced by a random function, two distinct long messages get the same
+    value only if, at some level, all their differing nodes' values collide:
+    probability at most (levels)·2^-64 for the pair (messages of different lengths
+    differ in their top node's length field), the order of a random 64-bit function's
+    own collisions (2^-64 a pair). So ``prf64`` is a PRF with advantage at most
+    SipHash-2-4's on the node queries plus C(q, 2)·(levels)·2^-64 over q messages. The
+    length field holds 56 bits: messages of 2^56 bytes or more are out of reach.
     """
     if len(message) <= LEAF_BYTES:
         return siphash24(key, message)
