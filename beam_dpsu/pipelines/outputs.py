@@ -38,6 +38,7 @@ from beam_dpsu.transforms.write import TEMP_PREFIX, WriteRelease, sorted_text, w
 __all__ = ["SHARD", "ITEMS_SUFFIX", "TOPK_KIND", "SUB_RELEASE_KINDS", "PUBLIC_SUFFIX",
            "PRIVATE_SUFFIX", "COUNTS_SUFFIX", "counts_file", "COUNT_NAMES", "DEAD_LETTER_SUFFIX",
            "NEVER_PUBLISH_NOTE", "PUBLIC_NOTE", "RELEASE_UNITS", "write_private_file",
+           "replace_local",
            "WritePrivateFile", "dead_letter_file", "write_dead_letter", "tally", "write_counts",
            "read_counts", "check_input", "check_output", "prepare_output", "remove_empty",
            "earlier_outputs", "check_earlier_outputs", "run_files", "delete_files",
@@ -132,14 +133,24 @@ def write_private_file(path: str, parts) -> None:
     if _is_remote(path):
         write_one_file(path, parts)
         return
-    temp = _temp_name(path)
-    try:
+
+    def write(temp: str) -> None:
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         os.fchmod(fd, 0o600)
         with os.fdopen(fd, "wb") as f:
             for part in parts:
                 f.write((part if isinstance(part, bytes) else str(part).encode("utf-8"))
                         + b"\n")
+    replace_local(path, write)
+
+
+def replace_local(path: str, write: Callable[[str], None]) -> None:
+    """Makes the local file ``path`` appear whole or not at all: ``write(temp)`` writes a
+    temporary file next to it (``_temp_name``, which a failed run's clean-up finds), which
+    is then renamed to ``path``; on any failure the temporary file is removed."""
+    temp = _temp_name(path)
+    try:
+        write(temp)
         os.replace(temp, path)
     except BaseException:
         try:

@@ -20,7 +20,6 @@ import argparse
 import gzip
 import json
 import os
-import uuid
 
 from beam_dpsu.dp.data import sequential
 from beam_dpsu.pipelines import console, flags
@@ -64,19 +63,11 @@ def main(argv=None) -> int:
         counts, malformed = sequential.public_counts_from_pairs(paths)
         if not counts:
             raise UsageError(f"no well-formed user<TAB>item line in {args.input!r}")
-        temp = os.path.join(directory, f".beam-dpsu-temp-{uuid.uuid4().hex}-"
-                                       + os.path.basename(target))
-        try:
+        def write(temp: str) -> None:
             opener = gzip.open if target.endswith(".gz") else open
             with opener(temp, "wt", encoding="utf-8", newline="\n") as f:
                 f.writelines(sequential.format_public_counts(counts))
-            os.replace(temp, target)
-        except BaseException:
-            try:
-                os.remove(temp)
-            except OSError:
-                pass
-            raise
+        outputs.replace_local(target, write)
         if malformed:
             console.write_line(f"WARNING: {malformed} malformed line(s) of the public input "
                            f"skipped (no tab, empty user id or invalid UTF-8)")
