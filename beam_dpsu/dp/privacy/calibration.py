@@ -190,7 +190,8 @@ def check_resolvable_delta(delta: float, items: int, share: float = 1.0,
     if per_item_delta(share * delta, items) < MIN_PER_ITEM_DELTA:
         smallest = _ceil_3_digits(-math.expm1(items * math.log1p(-MIN_PER_ITEM_DELTA)) / share)
         raise ValueError(
-            f"{name} = {delta:g} is too small for {items} items per user: each item's share "
+            f"{name} = {delta:g} is too small for {items} items (per user, or top-k's "
+            f"candidates): each item's share "
             f"would be below 2^-1020, which the release probabilities (doubles) cannot "
             f"resolve; the smallest {name} supported here is {smallest}")
     return delta

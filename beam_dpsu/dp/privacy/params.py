@@ -319,7 +319,8 @@ TOPK_PARAMS: Dict[str, Param] = {p.name: p for p in [
           "Algorithm 2 is charged up to k selections"),
     Param("k_bar", int, "candidates k̄ >= k (the true top k̄ are noised; the (k̄+1)-th count "
           "sets the threshold, so k̄ = k often releases fewer than k)", "10·k",
-          "none: the threshold grows with log(k̄/δ)/ε"),
+          "none on ε and δ; Algorithm 2's threshold grows with log(m/δ)/ε, m = k̄ (min(Δ, k̄) "
+          "with --max-items-per-user); Algorithm 1's does not depend on k̄"),
     Param("with_counts", bool, "Algorithm 1 (Laplace): also release noisy counts", None,
           "none: --epsilon is the whole query's either way"),
     Param("epsilon_per_selection", float, "Algorithm 2 only, instead of --epsilon: ε > 0 of "
