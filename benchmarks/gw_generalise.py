@@ -94,10 +94,10 @@ from beam_dpsu.dp.privacy import calibration as cal  # noqa: E402
 from beam_dpsu.dp.data import kernels  # noqa: E402
 from beam_dpsu.dp.privacy import params  # noqa: E402
 from beam_dpsu.dp.data import sequential as seq  # noqa: E402
+from beam_dpsu.dp.mechanisms.activity import (ScaleEstimate, release_scale,  # noqa: E402
+                                              scale_statistics)
 from beam_dpsu.dp.mechanisms.policy import (FRONT_SCALE_RANGE, GW, GWKT,  # noqa: E402
-                                            ScaleEstimate,
-                                            front_margin_for, max_items_from_estimate,
-                                            release_scale, scale_statistics)
+                                            front_margin_for, max_items_from_estimate)
 from beam_dpsu.dp.randomness.noise import RunKey  # noqa: E402
 
 DATASETS = ["commits-ansible", "commits-rails", "movielens-small", "paths-ansible",
@@ -373,7 +373,7 @@ class FoldStats:
     pub_items: float    # public items
     pub_max: float      # largest public count
     pub_desc: np.ndarray = dataclasses.field(default=None, compare=False, repr=False)
-    #: the exact activity histogram (``policy.scale_statistics``), private
+    #: the exact activity histogram (``activity.scale_statistics``), private
     histogram: np.ndarray = dataclasses.field(default=None, compare=False, repr=False)
     #: what the rules read: the released estimate, or (None) the exact histogram
     scale: "ScaleEstimate | None" = dataclasses.field(default=None, compare=False, repr=False)

@@ -230,7 +230,8 @@ def test_pay_what_you_get_epsilon_rejects_bad_counts():
 
 
 def test_restate_shows_a_calibrated_copy_with_the_same_guarantee():
-    from beam_dpsu.dp.mechanisms.policy import GWKT, ScaleEstimate
+    from beam_dpsu.dp.mechanisms.activity import ScaleEstimate
+    from beam_dpsu.dp.mechanisms.policy import GWKT
     public = {f"i{j}": max(1, 3000 // j) for j in range(1, 300)}
     b = bud.PrivacyBudget(3.0, 1e-6)
     m = b.mechanism("select", "gw-kt", fraction=1.0, public_counts=public)

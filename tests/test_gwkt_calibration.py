@@ -17,11 +17,11 @@ import pytest
 from beam_dpsu.dp.privacy import calibration as cal
 from beam_dpsu.dp.evaluation import synthetic
 from beam_dpsu.dp.data.contribution import per_user_counts
-from beam_dpsu.dp.mechanisms.policy import (FRONT_SCALE_RANGE, GWKT, ScaleEstimate,
-                                            activity_buckets, front_margin_for,
+from beam_dpsu.dp.mechanisms.activity import (ScaleEstimate, activity_buckets, release_scale,
+                                              scale_statistics)
+from beam_dpsu.dp.mechanisms.policy import (FRONT_SCALE_RANGE, GWKT, front_margin_for,
                                             front_scale_from_estimate,
-                                            max_items_from_estimate, release_scale,
-                                            scale_statistics)
+                                            max_items_from_estimate)
 from beam_dpsu.dp.randomness.noise import RunKey
 from beam_dpsu.dp.privacy.params import (ACTIVITY_BUCKETS, CALIBRATED_MARGIN_FRACTION,
                                  CALIBRATED_MIN_SCALES, CALIBRATED_WIDTH_DIVISOR,

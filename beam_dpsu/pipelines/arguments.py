@@ -183,7 +183,15 @@ def parse_top_k(argv: Optional[Sequence[str]]
     return flags.parse(top_k_parser(), argv, _top_k_mechanism)
 
 
+def _fixed_max_items(args, command: str) -> None:
+    """Top-k and hitting sets take a fixed Δ: ``auto`` is refused in one line."""
+    if args.max_items == params.AUTO:
+        raise UsageError(f"--max-items-per-user auto applies to select's mechanisms; "
+                         f"{command} takes an integer (default {params.DEFAULT_MAX_ITEMS})")
+
+
 def _top_k_mechanism(args, beam_args: List[str]):
+    _fixed_max_items(args, "top-k")
     method = args.method or params.DEFAULT_TOPK_METHOD
     if method not in params.TOPK_METHODS:
         raise UsageError(f"--method must be one of {', '.join(params.TOPK_METHODS)}, "
@@ -296,6 +304,7 @@ def parse_hitting_set(argv: Optional[Sequence[str]]
 
 
 def _hitting_set_mechanism(args, beam_args: List[str]):
+    _fixed_max_items(args, "hitting-set")
     try:
         mechanism = discover_peel(DiscoverPeelHittingSet, args, args.epsilon,
                                         args.delta)

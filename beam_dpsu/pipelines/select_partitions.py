@@ -66,8 +66,6 @@ from typing import Optional, Sequence
 import apache_beam as beam
 
 from beam_dpsu.dp.mechanisms import Mechanism
-from beam_dpsu.dp.mechanisms.policy import release_scale
-from beam_dpsu.dp.privacy.params import ACTIVITY_BUCKETS
 from beam_dpsu.dp.mechanisms.on_blocks import runs_columnar
 from beam_dpsu.transforms.columnar import ActivityFromText, RankFromText, SelectFromText
 from beam_dpsu.dp.randomness.noise import RunKey
@@ -211,19 +209,20 @@ def run(argv: Optional[Sequence[str]] = None) -> dict:
 
 
 def calibrate(mechanism, args, options):
-    """GW-KT with a calibration share: runs the small pipeline that counts the input's
-    users by their number of distinct items (``columnar.ActivityFromText``, on the same
-    runner), releases that histogram with the mechanism's ``calibration_epsilon``
-    (``release_scale``: under the test seed's key with ``--insecure-test-seed``, so that
-    the run equals ``run_local``; else under a fresh OS-random key drawn here) and
-    returns the calibrated mechanism. The exact counts pass through this process only,
-    in owner-only files deleted at once, like the run's other counts."""
+    """A mechanism whose parameters come from a DP estimate of the users' activity
+    (``--max-items-per-user auto``; GW-KT's calibration share): runs the small pipeline
+    that counts the input's users by their number of distinct items in the mechanism's
+    buckets (``columnar.ActivityFromText``, on the same runner), releases that histogram
+    at the mechanism's ``calibration_epsilon`` (``mechanism.estimate``: under the test
+    seed's key with ``--insecure-test-seed``, so that the run equals ``run_local``; else
+    under a fresh OS-random key drawn here) and returns the calibrated mechanism. The
+    exact counts pass through this process only, in owner-only files deleted at once,
+    like the run's other counts."""
     p = beam.Pipeline(options=options)
-    groups = p | "ActivityFromText" >> ActivityFromText(args.input)
-    names = [f"scale_users_{b}" for b in range(ACTIVITY_BUCKETS)]
-    for b, name in enumerate(names):
-        outputs.tally(groups | f"Bucket{b}" >> beam.Map(lambda h, b=b: (None, h[b])), name,
-                      counts_second=True)
+    groups = p | "ActivityFromText" >> ActivityFromText(args.input, mechanism.layout)
+    for b in range(mechanism.layout.count):
+        outputs.tally(groups | f"Bucket{b}" >> beam.Map(lambda h, b=b: (None, h[b])),
+                      f"activity_users_{b}", counts_second=True)
     names = outputs.write_counts(p, args.output)
     runners.join_leaves(p)  # a runner computing only the last branch computes every count
     runners.check_pipeline(p)
@@ -231,8 +230,8 @@ def calibrate(mechanism, args, options):
     counts = outputs.read_counts(args.output, names)  # every file it wrote, deleted
     key = (RunKey.from_test_seed(args.insecure_test_seed)
            if args.insecure_test_seed is not None else RunKey.fresh())
-    histogram = [counts[f"scale_users_{b}"] for b in range(ACTIVITY_BUCKETS)]
-    return mechanism.calibrated(release_scale(histogram, mechanism.calibration_epsilon, key))
+    histogram = [counts[f"activity_users_{b}"] for b in range(mechanism.layout.count)]
+    return mechanism.calibrated(mechanism.estimate(histogram, key))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -67,7 +67,8 @@ from beam_dpsu.dp.mechanisms.adaptive import (LOW_BUCKET, RELEASED, Adaptive,
                                               adaptive_pairs_histogram, marks_arrays,
                                               marks_message)
 from beam_dpsu.dp.mechanisms.peeling import DiscoverPeelHittingSet, DiscoverThenPeel
-from beam_dpsu.dp.mechanisms.policy import PolicyMechanism, activity_histogram
+from beam_dpsu.dp.mechanisms.activity import SCALE_BUCKETS, ActivityBuckets
+from beam_dpsu.dp.mechanisms.policy import PolicyMechanism
 from beam_dpsu.dp.mechanisms.sips import Sips
 from beam_dpsu.dp.mechanisms.topk import DEFAULT_PURPOSE as TOPK_PURPOSE, TopKMechanism, true_top
 from beam_dpsu.dp.randomness.noise import RunKey
@@ -1026,35 +1027,44 @@ _NO_KEY = b"beam_dpsu: this stage uses no key"
 
 
 class _GroupActivityDoFn(beam.DoFn):
-    """``(group, [PairBlock bytes])`` → the group's ``activity_histogram`` (a tuple of
-    ints): its users counted by their number of distinct items."""
+    """``(group, [PairBlock bytes])`` → the group's activity histogram in ``buckets`` (a
+    tuple of ints): its users counted by their number of distinct items."""
+
+    def __init__(self, buckets: ActivityBuckets):
+        self._buckets = buckets
 
     def process(self, element):
         pairs = columnar.group_pairs(columnar.PairBlock.from_bytes(b) for b in element[1])
         distinct = np.bincount(pairs.u, minlength=len(pairs.users))
-        yield tuple(int(n) for n in activity_histogram(distinct[distinct > 0]))
+        yield tuple(int(n) for n in self._buckets.histogram(distinct[distinct > 0]))
 
 
 class ActivityFromText(beam.PTransform):
-    """Text files of ``user_id<TAB>item`` lines → one ``activity_histogram`` per user
-    group (a tuple of ``params.ACTIVITY_BUCKETS`` ints; their sum over the groups is
-    the histogram of every user by its number of distinct items), read as
-    ``SelectFromText`` reads: the exact statistic of GW-KT's DP scale estimate
-    (``mechanisms.policy.release_scale``).
+    """Text files of ``user_id<TAB>item`` lines → one activity histogram per user group
+    (a tuple of ``buckets.count`` ints; their sum over the groups is the histogram of
+    every user by its number of distinct items), read as ``SelectFromText`` reads: the
+    exact statistic of the DP activity estimate (``mechanisms.activity.release_scale``)
+    of GW-KT and of ``--max-items-per-user auto``.
 
     Args:
       file_pattern: as for ``SelectFromText``.
+      buckets: the bucket layout (``mechanisms.activity.ActivityBuckets``); default
+        GW-KT's ``SCALE_BUCKETS``.
       user_groups, block_bytes: as for ``SelectFromText``; no effect on the result.
 
     Privacy: the output is exact and private; only its noised release may leave the
     owner's hands.
     """
 
-    def __init__(self, file_pattern: str, user_groups: int = COLUMNAR_USER_GROUPS,
-                 block_bytes: int = BLOCK_BYTES, label: Optional[str] = None):
+    def __init__(self, file_pattern: str, buckets: ActivityBuckets = SCALE_BUCKETS,
+                 user_groups: int = COLUMNAR_USER_GROUPS, block_bytes: int = BLOCK_BYTES,
+                 label: Optional[str] = None):
         super().__init__(label)
         if not isinstance(file_pattern, str) or not file_pattern:
             raise ValueError(f"file_pattern must be a non-empty string, got {file_pattern!r}")
+        if not isinstance(buckets, ActivityBuckets):
+            raise ValueError(f"buckets must be an ActivityBuckets, got {buckets!r}")
+        self._buckets = buckets
         self._pattern = local_absolute(file_pattern)  # the workers may run elsewhere
         self._groups = _check_count(user_groups, "user_groups")
         self._block_bytes = _check_count(block_bytes, "block_bytes")
@@ -1066,7 +1076,7 @@ class ActivityFromText(beam.PTransform):
         pairs, _ = _apply(files, "ReadPairs", _ReadPairsDoFn(
             self._groups, self._block_bytes, envelope), envelope, _MALFORMED, _NO_KEY)
         return (pairs | "GroupUsers" >> beam.GroupByKey()
-                | "Activity" >> beam.ParDo(_GroupActivityDoFn()))
+                | "Activity" >> beam.ParDo(_GroupActivityDoFn(self._buckets)))
 
 
 class _RoundRule:

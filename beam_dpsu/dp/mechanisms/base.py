@@ -95,6 +95,10 @@ class Mechanism:
     #: True for the policy mechanisms: a user's weight goes to its items still
     #: below the cutoff (``units.threshold_meaning`` words the threshold so).
     _policy_weights: bool = False
+    #: With ``--max-items-per-user auto`` (``dp.mechanisms.auto_bound``): the share of ε
+    #: the activity estimate spent, its ε, the rule and the Δ0 it chose (never the
+    #: estimate itself); else None.
+    max_items_choice: Optional[Dict[str, Any]] = None
 
     @property
     def calibration(self) -> RoundCalibration:
@@ -109,7 +113,7 @@ class Mechanism:
     def describe(self) -> Dict[str, Any]:
         """JSON-ready statement of the guarantee and calibration."""
         g = self.guarantee
-        return {
+        d = {
             "mechanism": self.name,
             "epsilon": g.epsilon,
             "delta": g.delta,
@@ -124,6 +128,10 @@ class Mechanism:
             "threshold_meaning": units.threshold_meaning(self.rounds, self._policy_weights),
             "units": units.set_union_units(self.rounds, self._policy_weights),
         }
+        if self.max_items_choice is not None:
+            d["max_items_choice"] = dict(self.max_items_choice)
+            d["units"]["max_items_choice"] = units.MAX_ITEMS_CHOICE
+        return d
 
     def threshold_for(self, epsilon: float, delta: float) -> float:
         """The threshold T this mechanism's calibration gives for another (ε, δ),

@@ -15,29 +15,28 @@ import copy
 import dataclasses
 import os
 import math
-from typing import Any, Dict, Hashable, Iterable, Mapping, Optional
+from typing import Any, Dict, Hashable, Mapping, Optional
 
 import numpy as np
 
 from beam_dpsu.dp.privacy import calibration as cal
 from beam_dpsu.dp.data import sequential as policies
 from beam_dpsu.dp.privacy.accounting import PrivacyGuarantee
+from beam_dpsu.dp.mechanisms.activity import (SCALE_BUCKETS, ScaleEstimate, release_scale,
+                                              scale_statistics)
 from beam_dpsu.dp.mechanisms.base import RoundCalibration, ThresholdMechanism
 from beam_dpsu.dp.mechanisms.histogram_threshold import WeightedGaussian, WeightedLaplace
-from beam_dpsu.dp.randomness.noise import KeyedGridLaplace, RunKey
+from beam_dpsu.dp.randomness.noise import RunKey
 from beam_dpsu.dp.privacy.params import (DEFAULT_MAX_ITEMS, gw_default_max_items, gwkt_default_max_items,
                                  DEFAULT_ALPHA, DEFAULT_GW_ETA, DEFAULT_GWKT_SELECTION,
                                  DEFAULT_FRONT_SCALE, DEFAULT_FRONT_MARGIN,
                                  DEFAULT_EMBEDDED_TIE_BREAK, FRONT_SCALE_FACTOR,
-                                 MAX_MAX_ITEMS, ACTIVITY_BUCKET_BASE, ACTIVITY_BUCKETS,
-                                 ACTIVITY_EMPTY_BELOW, CALIBRATED_WIDTH_DIVISOR,
-                                 CALIBRATED_WIDTH_RANGE, CALIBRATED_MARGIN_FRACTION,
-                                 CALIBRATED_MIN_SCALES)
+                                 MAX_MAX_ITEMS, CALIBRATED_WIDTH_DIVISOR,
+                                 CALIBRATED_WIDTH_RANGE, CALIBRATED_MARGIN_FRACTION)
 
 
 __all__ = ["STATES", "PolicyMechanism", "PolicyLaplace", "PolicyGaussian", "VARIANTS",
-           "check_variant", "GW", "GWKT", "ScaleEstimate", "activity_buckets", "activity_histogram",
-           "scale_statistics", "release_scale", "FRONT_SCALE_RANGE", "front_scale_from_estimate",
+           "check_variant", "GW", "GWKT", "FRONT_SCALE_RANGE", "front_scale_from_estimate",
            "max_items_from_estimate", "front_margin_for"]
 
 
@@ -545,11 +544,18 @@ class GWKT(GW):
         other.scale_estimate = estimate
         return other
 
+    #: The estimate's buckets (``activity.SCALE_BUCKETS``).
+    layout = SCALE_BUCKETS
+
+    def estimate(self, histogram, run_key: RunKey) -> ScaleEstimate:
+        """``histogram`` (exact, in ``layout``'s buckets) released at the calibration's ε
+        under ``run_key`` (purpose ``scale``)."""
+        return release_scale(histogram, self.calibration_epsilon, RunKey.resolve(run_key))
+
     def calibrated_on(self, per_user, run_key: RunKey) -> "GWKT":
         """``calibrated`` with the estimate of ``per_user`` ({user: {item: count}})
         released under ``run_key`` (the Beam-free run's estimate)."""
-        return self.calibrated(release_scale(scale_statistics(per_user.values()),
-                                             self.calibration_epsilon, RunKey.resolve(run_key)))
+        return self.calibrated(self.estimate(scale_statistics(per_user.values()), run_key))
 
     def histogram_local(self, per_user, run_key: RunKey) -> Dict[Hashable, float]:
         if self.needs_calibration:
@@ -623,113 +629,9 @@ class GWKT(GW):
 
 
 # --------------------------------------------------------------------------
-# GW-KT's Δ0, M and κ from a DP estimate of the private data's scale (docs/gw.md
-# sections 3 and 5).
+# GW-KT's Δ0, M and κ from the DP activity estimate (``dp.mechanisms.activity``;
+# docs/gw.md sections 3 and 5).
 # --------------------------------------------------------------------------
-
-def activity_buckets(distinct_items: np.ndarray) -> np.ndarray:
-    """Each user's bucket of the scale estimate's histogram, from its number n ≥ 1 of
-    distinct items: ⌊log_4 n⌋ (n in [4^b, 4^(b+1))), the last bucket open
-    (``params.ACTIVITY_BUCKET_BASE``, ``ACTIVITY_BUCKETS``). Exact in integers."""
-    n = np.asarray(distinct_items, dtype=np.int64)
-    if n.size and int(n.min()) < 1:
-        raise ValueError("every user holds at least one item")
-    b = np.zeros(n.shape, np.int64)
-    edge = ACTIVITY_BUCKET_BASE
-    for k in range(1, ACTIVITY_BUCKETS):
-        b += n >= edge
-        edge *= ACTIVITY_BUCKET_BASE
-    return b
-
-
-def activity_histogram(distinct_items: np.ndarray) -> np.ndarray:
-    """The exact histogram (``ACTIVITY_BUCKETS`` int64 counts) of users by bucket
-    (``activity_buckets``), from each user's number of distinct items. Private:
-    release it only through ``release_scale``."""
-    return np.bincount(activity_buckets(distinct_items), minlength=ACTIVITY_BUCKETS)
-
-
-@dataclasses.dataclass(frozen=True)
-class ScaleEstimate:
-    """A differentially private estimate of the private data's scale, for GW-KT's κ, M
-    and Δ0: the users counted by their number of distinct items.
-
-    Attributes:
-      buckets: the ``ACTIVITY_BUCKETS`` bucket counts of ``activity_histogram``, each
-        plus its own grid Laplace noise of scale ``calibration.
-        scale_estimate_noise_scale(epsilon)``.
-      epsilon: the ε it was released with (one user is in one bucket): ε-DP up to the
-        samplers' 2^-1074 floor (the grid Laplace's exponential stops at 744 scales).
-    """
-    buckets: tuple
-    epsilon: float
-
-    def __post_init__(self):
-        b = tuple(float(x) for x in self.buckets)
-        if len(b) != ACTIVITY_BUCKETS or not all(math.isfinite(x) for x in b):
-            raise ValueError(f"a ScaleEstimate holds {ACTIVITY_BUCKETS} finite bucket "
-                             f"counts, got {self.buckets!r}")
-        object.__setattr__(self, "buckets", b)
-        object.__setattr__(self, "epsilon", cal.check_epsilon(self.epsilon))
-
-    def kept(self) -> np.ndarray:
-        """The buckets read by the rules: a noisy count below ``ACTIVITY_EMPTY_BELOW``
-        noise scales counts as 0 (post-processing: noise alone rarely reaches it, so
-        empty buckets add little error to the sums)."""
-        b = np.array(self.buckets)
-        floor = ACTIVITY_EMPTY_BELOW * cal.scale_estimate_noise_scale(self.epsilon)
-        return np.where(b < floor, 0.0, b)
-
-    @property
-    def users(self) -> float:
-        """N̂, the estimated number of users: the kept buckets' sum, at least 1."""
-        return max(1.0, float(self.kept().sum()))
-
-    @property
-    def informative(self) -> bool:
-        """Whether the kept buckets hold at least ``CALIBRATED_MIN_SCALES`` noise scales
-        of users: below, the noise is comparable to the counts and GW-KT keeps its fixed
-        front."""
-        return float(self.kept().sum()) >= CALIBRATED_MIN_SCALES * \
-            cal.scale_estimate_noise_scale(self.epsilon)
-
-    def activity_quantile(self, q: float) -> float:
-        """The q-quantile (0 < q < 1) of the users' number of distinct items, read from
-        the kept buckets: geometric interpolation inside the bucket [B^b, B^(b+1)) where
-        the cumulative count crosses q·N̂ (the last bucket read as [B^(K-1), B^K)); 1
-        when every bucket is empty."""
-        c = self.kept()
-        total = float(c.sum())
-        if total <= 0.0:
-            return 1.0
-        target = q * total
-        cum = np.cumsum(c)
-        b = min(int(np.searchsorted(cum, target, side="left")), ACTIVITY_BUCKETS - 1)
-        before = float(cum[b - 1]) if b else 0.0
-        inside = 0.0 if c[b] <= 0 else min(1.0, max(0.0, (target - before) / float(c[b])))
-        return float(ACTIVITY_BUCKET_BASE) ** (b + inside)
-
-
-def scale_statistics(per_user_items: Iterable[Any]) -> np.ndarray:
-    """The exact ``activity_histogram`` of ``per_user_items`` (one collection of
-    distinct items per user, e.g. ``{item: count}``). Private: release it only through
-    ``release_scale``."""
-    return activity_histogram(np.fromiter((len(items) for items in per_user_items),
-                                          dtype=np.int64))
-
-
-def release_scale(histogram, epsilon: float, run_key: RunKey) -> ScaleEstimate:
-    """``histogram`` (``activity_histogram``'s counts) released with ε-DP: each bucket
-    plus grid Laplace noise of scale ``calibration.scale_estimate_noise_scale(ε)`` = 1/ε,
-    drawn from ``run_key`` under the purpose ``scale``, one independent draw per bucket.
-    Adding or removing one user moves exactly one bucket by 1 (ℓ1 sensitivity 1)."""
-    counts = np.asarray(histogram, dtype=np.int64)
-    if counts.shape != (ACTIVITY_BUCKETS,) or int(counts.min(initial=0)) < 0:
-        raise ValueError(f"the histogram holds {ACTIVITY_BUCKETS} counts >= 0, got "
-                         f"{histogram!r}")
-    noise = KeyedGridLaplace(run_key, cal.scale_estimate_noise_scale(epsilon), "scale")
-    return ScaleEstimate(tuple(noise(float(n), b"users/%d" % b) for b, n in enumerate(counts)),
-                         float(epsilon))
 
 
 #: The range κ is kept in, whatever the estimate (a noisy or tiny estimate could

@@ -14,10 +14,11 @@ from typing import Callable, Dict, List, Optional
 from beam_dpsu.dp.mechanisms import (CountGaussian, CountLaplace, Mechanism, TruncatedGeometric,
                                      WeightedGaussian, WeightedGaussianZcdp, WeightedLaplace)
 from beam_dpsu.dp.mechanisms import policy as _policy
+from beam_dpsu.dp.mechanisms.auto_bound import AutoBound
 from beam_dpsu.dp.privacy.params import MECHANISM_PARAMS, canonical_keywords, flag, flags
 from beam_dpsu.dp.privacy.params import DEFAULT_MAX_ITEMS, DEFAULT_ALPHA, DEFAULT_ROUNDS, DEFAULT_RATIO
 from beam_dpsu.dp.privacy.params import DEFAULT_TIE_BREAK, DEFAULT_EMBEDDED_TIE_BREAK
-from beam_dpsu.dp.privacy.params import DEFAULT_GWKT_CALIBRATION_SHARE
+from beam_dpsu.dp.privacy.params import DEFAULT_GWKT_CALIBRATION_SHARE, AUTO
 
 
 __all__ = ["MechanismParams", "RegisteredMechanism", "REGISTRY", "register", "make_mechanism"]
@@ -85,10 +86,42 @@ def make_mechanism(name: str, params: Optional[MechanismParams] = None, **kwargs
     entry = REGISTRY.get(name)
     if entry is None:
         raise ValueError(f"unknown mechanism {name!r}; choose one of: {', '.join(sorted(REGISTRY))}")
-    extra = [p for p in params.given() if p not in entry.accepts and p != "allow_unproven"]
+    extra = [p for p in params.given()
+             if p not in entry.accepts and p not in ("allow_unproven", "auto_share")]
     if extra:
         raise ValueError(f"{flags(extra)} does not apply to mechanism {name!r}")
-    mechanism = entry.build(params)
+    if params.max_items == AUTO:
+        return _auto(name, entry, params)
+    if params.auto_share is not None:
+        raise ValueError(f"{flag('auto_share')} applies to {flag('max_items')} {AUTO} only")
+    return _checked(name, entry.build(params), params)
+
+
+def _auto(name: str, entry: RegisteredMechanism, params: MechanismParams):
+    """``max_items='auto'``: GW-KT's own calibration (its share: ``auto_share`` or
+    ``calibration_share``), else an ``AutoBound`` around the registered builder."""
+    if params.rho is not None:
+        raise ValueError(f"{flag('max_items')} {AUTO} takes {flag('epsilon')} {flag('delta')}, "
+                         f"not {flag('rho')}")
+    _require(params, name, "epsilon", "delta")
+    if name == "gw-kt":
+        if params.auto_share is not None and params.calibration_share is not None:
+            raise ValueError(f"give {flag('auto_share')} or {flag('calibration_share')}, not "
+                             "both (for gw-kt they are the same share)")
+        share = params.calibration_share if params.auto_share is None else params.auto_share
+        if share is not None and not share > 0:
+            raise ValueError(f"{flag('max_items')} {AUTO} needs a share > 0")
+        return make_mechanism(name, dataclasses.replace(
+            params, max_items=None, auto_share=None,
+            calibration_share=DEFAULT_GWKT_CALIBRATION_SHARE if share is None else share))
+    def build(max_items: int, epsilon: float, delta: float) -> Mechanism:
+        return _checked(name, entry.build(dataclasses.replace(
+            params, max_items=max_items, epsilon=epsilon, delta=delta, auto_share=None)), params)
+
+    return AutoBound(name, build, params.epsilon, params.delta, params.auto_share)
+
+
+def _checked(name: str, mechanism: Mechanism, params: MechanismParams) -> Mechanism:
     if not getattr(mechanism, "proven", True) and not params.allow_unproven:
         raise ValueError(f"{name} variant {getattr(mechanism, 'variant', '')!r} is not proven "
                          "private; pass --allow-unproven to run it for research")

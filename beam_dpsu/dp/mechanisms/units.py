@@ -33,6 +33,15 @@ _NOISE = {"gaussian": "standard deviation σ of the Gaussian noise",
                                  "with probability p(n); no additive noise)"}
 
 
+#: The ``max_items_choice`` field of ``--max-items-per-user auto``.
+MAX_ITEMS_CHOICE = ("Δ0 chosen from a DP estimate of the users' activity (the users counted "
+                    "by their number of distinct items): share, the share of epsilon it "
+                    "spent; epsilon, that ε; rule, how Δ0 follows from it; "
+                    "max_items_per_user, the Δ0 chosen. epsilon and delta above are the "
+                    "whole run's, estimate and release together; the estimate itself is "
+                    "never stated")
+
+
 def _users_needed(threshold: float, weighting: str, max_items: Optional[int],
                   policy: bool) -> str:
     single = math.ceil(threshold)

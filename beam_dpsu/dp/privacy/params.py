@@ -17,7 +17,8 @@ import re
 from typing import Any, Dict, Iterable, Mapping, Optional, Sequence, Tuple
 
 
-__all__ = ["DEFAULT_MAX_ITEMS", "DEFAULT_GW_MAX_ITEMS_PER_EPSILON", "gw_default_max_items",
+__all__ = ["DEFAULT_MAX_ITEMS", "AUTO", "max_items_value", "AUTO_BUCKET_BASE", "AUTO_BUCKETS",
+           "DEFAULT_AUTO_SHARE", "AUTO_RULES", "AUTO_FAMILIES", "DEFAULT_GW_MAX_ITEMS_PER_EPSILON", "gw_default_max_items",
            "DEFAULT_GWKT_MAX_ITEMS", "DEFAULT_GWKT_FRONT_EXTRA_ITEMS",
            "gwkt_default_max_items", "DEFAULT_ALPHA",
            "DEFAULT_GW_ETA", "DEFAULT_TIE_BREAK", "DEFAULT_EMBEDDED_TIE_BREAK",
@@ -150,6 +151,27 @@ CALIBRATED_MIN_SCALES = 5.0
 #: GW-KT on the command line: the share of ε spent on that estimate; 0 keeps κ, M and Δ0
 #: fixed (``DEFAULT_FRONT_SCALE``, ``DEFAULT_FRONT_MARGIN``, ``gwkt_default_max_items``).
 DEFAULT_GWKT_CALIBRATION_SHARE = 0.01
+#: ``--max-items-per-user auto`` (``dp.mechanisms.auto_bound``): Δ0 read from a DP
+#: estimate of the users' activity (``dp.mechanisms.activity``) in finer buckets than
+#: GW-KT's, [1, 2), [2, 4), …, [512, 1024), [1024, ∞), released with
+#: ``DEFAULT_AUTO_SHARE`` of ε; the release runs at the rest.
+AUTO = "auto"
+AUTO_BUCKET_BASE = 2
+AUTO_BUCKETS = 11
+DEFAULT_AUTO_SHARE = 0.05
+#: Each family's rule from the estimate to Δ0: ``(q, c)`` gives Δ0 = c × the estimated
+#: q-quantile of the users' numbers of distinct items, rounded, in [1, ``AUTO_MAX_ITEMS``]
+#: (chosen by leave-one-dataset-out against the best fixed Δ0, benchmarks/RESULTS.md
+#: section 15). ``gw`` uses GW-KT's median rule (``max_items_from_estimate``).
+AUTO_RULES = {"weighted": (0.9, 1.0), "policy": (0.9, 1.0), "sips": (0.9, 1.0),
+              "adaptive": (0.9, 1.0)}
+AUTO_MAX_ITEMS = 1000
+#: The rule family of each mechanism of ``select`` (gw-kt: its own calibration).
+AUTO_FAMILIES = {"weighted-gaussian": "weighted", "weighted-laplace": "weighted",
+                 "count-gaussian": "weighted", "count-laplace": "weighted",
+                 "truncated-geometric": "weighted", "sips": "sips",
+                 "policy-gaussian": "policy", "policy-laplace": "policy",
+                 "adaptive": "adaptive", "adaptive-2r": "adaptive", "gw": "gw"}
 #: GW and GW-KT variant.
 DEFAULT_VARIANT = "cascade-free"
 #: DP-SIPS rounds I and budget ratio r.
@@ -193,6 +215,23 @@ DEFAULT_ESTIMATE_SHARE = 0.2
 #: The top-k command's default method, and the methods it offers.
 TOPK_METHODS = ("limited-domain", "discover-peel")
 DEFAULT_TOPK_METHOD = "limited-domain"
+
+
+class _BadValue(argparse.ArgumentTypeError, ValueError):
+    """A typed value refused: argparse prints its message as it is; elsewhere a ValueError."""
+
+
+def max_items_value(text):
+    """A Δ0 as typed (a flag, a ``compare`` setting): ``'auto'`` (``AUTO``), else the
+    integer (``'100'`` → 100; its range is checked where the mechanism is built)."""
+    if isinstance(text, str):
+        if text.strip().lower() == AUTO:
+            return AUTO
+        try:
+            return int(text)
+        except ValueError:
+            raise _BadValue(f"{text!r} is neither an integer nor 'auto'") from None
+    return text
 
 
 def gw_default_max_items(epsilon: float) -> int:
@@ -251,16 +290,26 @@ MECHANISM_PARAMS: Dict[str, Param] = {p.name: p for p in [
           "the guarantee's δ"),
     Param("rho", float, "ρ > 0 of ρ-zCDP, for zCDP mechanisms", None,
           "the guarantee's ρ (converted to (ε, δ) in the summary)"),
-    Param("max_items", int, f"Δ0, distinct items kept per user (integer in [1, "
-          f"{MAX_MAX_ITEMS:,}]: above, calibration is slow and meaningless)",
+    Param("max_items", max_items_value, f"Δ0, distinct items kept per user (integer in [1, "
+          f"{MAX_MAX_ITEMS:,}]: above, calibration is slow and meaningless), or 'auto': "
+          f"chosen from a DP estimate of the users' activity that spends --auto-share of "
+          f"--epsilon (default {DEFAULT_AUTO_SHARE:g})",
           f"{DEFAULT_MAX_ITEMS}; gw 1 + {DEFAULT_GW_MAX_ITEMS_PER_EPSILON:g}ε rounded "
           f"({gw_default_max_items(3.0)} at ε = 3), gw-kt that + "
           f"{DEFAULT_GWKT_FRONT_EXTRA_ITEMS} ({gwkt_default_max_items(3.0)} at ε = 3; "
           f"{DEFAULT_GWKT_MAX_ITEMS['prefix']} with --kt-selection prefix)",
-          "none: the calibration accounts for Δ0 (a larger Δ0 raises the threshold)",
+          "none: the calibration accounts for Δ0 (a larger Δ0 raises the threshold); "
+          "'auto' spends --auto-share of ε on the estimate, and the release runs at the "
+          "rest (the stated ε is their sum)",
           flag="--max-items-per-user",
           # PipelineDP calls it max_partitions_contributed
           aliases=("max_items_per_user", "max_partitions_contributed")),
+    Param("auto_share", float, "with --max-items-per-user auto: the share of --epsilon in "
+          "(0, 1) spent on the DP estimate of the users' activity from which Δ0 follows",
+          f"{DEFAULT_AUTO_SHARE:g} (gw-kt: its --calibration-share, "
+          f"{DEFAULT_GWKT_CALIBRATION_SHARE:g})",
+          "part of the stated ε: basic composition of the estimate (share·ε) and the "
+          "release (the rest)"),
     Param("alpha", float, "cutoff multiplier α >= 0 of the sequential policies "
           "(Γ = T + α·noise scale) and of adaptive weighting (heavy above 2Γ + 2σ_E)", _text(DEFAULT_ALPHA), _NO_EFFECT),
     Param("rounds", int, "number of DP-SIPS rounds I (integer >= 1)", _text(DEFAULT_ROUNDS),

@@ -1,0 +1,298 @@
+"""Δ0 chosen from the data (``--max-items-per-user auto``): each condition of the proof
+(docs/mechanisms.md section 12) tested directly, on neighbouring datasets and on the
+parameters a user can pass."""
+import json
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from beam_dpsu.dp.evaluation import synthetic
+from beam_dpsu.dp.data.contribution import per_user_counts
+from beam_dpsu.dp.mechanisms import auto_bound
+from beam_dpsu.dp.mechanisms.activity import ActivityBuckets, ScaleEstimate, scale_statistics
+from beam_dpsu.dp.mechanisms.auto_bound import AUTO_LAYOUT, AutoBound, auto_rule
+from beam_dpsu.dp.mechanisms.registry import make_mechanism
+from beam_dpsu.dp.mechanisms.policy import GWKT, max_items_from_estimate
+from beam_dpsu.dp.privacy import calibration as cal
+from beam_dpsu.dp.privacy.params import (AUTO_BUCKETS, AUTO_FAMILIES, AUTO_MAX_ITEMS, AUTO_RULES,
+                                         DEFAULT_AUTO_SHARE, DEFAULT_MAX_ITEMS,
+                                         gw_default_max_items, max_items_value)
+from beam_dpsu.dp.randomness.noise import RunKey
+
+FAMILIES = ["weighted-gaussian", "weighted-laplace", "count-gaussian", "count-laplace",
+            "truncated-geometric", "sips", "policy-gaussian", "policy-laplace", "adaptive",
+            "adaptive-2r", "gw"]
+
+
+@pytest.fixture(scope="module")
+def per_user():
+    return per_user_counts(synthetic.occurrences(1500, seed=8, max_occurrences=300))
+
+
+def _estimate(counts, epsilon=0.05):
+    return ScaleEstimate(tuple(float(c) for c in counts), epsilon, 2)
+
+
+def test_every_mechanism_of_select_has_a_rule():
+    assert sorted(AUTO_FAMILIES) == sorted(FAMILIES)
+    for name in FAMILIES:
+        assert isinstance(make_mechanism(name, epsilon=1.0, delta=1e-6, max_items="auto"),
+                          AutoBound)
+    m = make_mechanism("gw-kt", epsilon=1.0, delta=1e-6, max_items="auto",
+                       public_counts={"a": 3})
+    assert isinstance(m, GWKT) and m.needs_calibration and m.calibration_share == 0.01
+
+
+def test_buckets_against_bit_lengths():
+    # ⌊log2 n⌋ is n's bit length minus 1, capped at the last (open) bucket
+    ns = list(range(1, 5000)) + [2 ** k + d for k in range(1, 40) for d in (-1, 0, 1)]
+    want = [min(n.bit_length() - 1, AUTO_BUCKETS - 1) for n in ns]
+    assert AUTO_LAYOUT.of(np.array(ns)).tolist() == want
+    with pytest.raises(ValueError):
+        AUTO_LAYOUT.of(np.array([2, 0]))
+    for bad in ((1, 3), (2, 0), (2.0, 3), (True, 3)):
+        with pytest.raises(ValueError):
+            ActivityBuckets(*bad)
+
+
+def test_one_user_moves_one_bucket_by_one(per_user):
+    # condition (i): neighbouring datasets D and D + x, whatever x holds
+    before = scale_statistics(per_user.values(), AUTO_LAYOUT)
+    assert before.sum() == len(per_user) and len(before) == AUTO_BUCKETS
+    for x in ({"a": 1}, {"a": 10 ** 6}, {f"x{j}": 3 for j in range(5)},
+              {f"x{j}": 1 for j in range(1023)}, {f"x{j}": 1 for j in range(1024)},
+              {f"x{j}": 2 for j in range(10 ** 5)}):
+        diff = scale_statistics(list(per_user.values()) + [x], AUTO_LAYOUT) - before
+        assert np.abs(diff).sum() == 1 and diff.min() == 0
+
+
+def test_the_estimate_is_laplace_of_one_over_its_epsilon_in_every_bucket():
+    # condition (ii). 3000 keys: |noise|/b is Exp(1) (mean 1, sd 1); each bucket's mean
+    # within 6 standard errors (0.11) and each sign balanced, each check failing with
+    # probability below 3e-9; the 55 pairwise correlations |r| < 6/√3000 likewise: 77
+    # checks, false-failure probability below 3e-7 for the whole test
+    m = make_mechanism("weighted-gaussian", epsilon=2.0, delta=1e-6, max_items="auto")
+    scale = cal.scale_estimate_noise_scale(m.calibration_epsilon)
+    assert scale == pytest.approx(1 / (2.0 * DEFAULT_AUTO_SHARE), rel=1e-12)
+    assert Fraction(1) / Fraction(scale) <= Fraction(m.calibration_epsilon)
+    counts = np.array([900, 50, 0, 7, 3, 1, 0, 0, 0, 0, 2])
+    draws = np.array([m.estimate(counts, RunKey.from_test_seed(s)).buckets
+                      for s in range(3000)]) - counts
+    for b in range(AUTO_BUCKETS):
+        assert abs(np.mean(np.abs(draws[:, b])) / scale - 1) < 6 / math.sqrt(3000)
+        assert abs(np.mean(draws[:, b])) / scale < 6 * math.sqrt(2 / 3000)
+    r = np.corrcoef(draws.T)
+    assert np.abs(r[np.triu_indices(AUTO_BUCKETS, 1)]).max() < 6 / math.sqrt(3000)
+
+
+def test_the_budget_splits_within_the_stated_epsilon_and_delta():
+    # condition (iii): ε₁ + ε₂ ≤ ε and δ₂ + 2^-1074 ≤ δ in exact arithmetic
+    rng = np.random.default_rng(3)
+    with pytest.raises(ValueError, match="2\\^-1074"):
+        make_mechanism("weighted-laplace", epsilon=1.0, delta=5e-324, max_items="auto")
+    with pytest.raises(ValueError, match="too small"):   # refused for the largest Δ0 now,
+        make_mechanism("weighted-laplace", epsilon=1.0, delta=1e-305,  # not after the
+                       max_items="auto")                                 # estimate
+    cases = [(1.0, 1e-5, None), (1e-6, 1e-300, 0.5), (50.0, 0.5, 1e-9), (3.0, 1e-300, 0.999)]
+    cases += [(float(e), float(d), float(s)) for e, d, s in
+              zip(10 ** rng.uniform(-4, 1.5, 300), 10 ** rng.uniform(-300, -0.5, 300),
+                  rng.uniform(1e-6, 0.999, 300))]
+    for eps, delta, share in cases:
+        m = make_mechanism("weighted-laplace", epsilon=eps, delta=delta, max_items="auto",
+                           auto_share=share)
+        e1, e2 = m.calibration_epsilon, m._release_epsilon
+        assert Fraction(e1) + Fraction(e2) <= Fraction(eps) and e1 > 0 and e2 > 0
+        assert Fraction(m._release_delta) + Fraction(2) ** -1074 <= Fraction(delta)
+        assert (m.guarantee.epsilon, m.guarantee.delta) == (eps, delta)
+
+
+def test_the_release_stage_is_the_mechanism_at_the_rest_of_the_budget():
+    # condition (iv): given Δ0, the release is the family's own mechanism at (ε₂, δ₂):
+    # its threshold and noise computed independently by building that mechanism directly
+    est = _estimate([0, 100, 400, 900, 2000, 1500, 800, 300, 100, 20, 5])
+    for name in FAMILIES:
+        m = make_mechanism(name, epsilon=2.0, delta=1e-6, max_items="auto")
+        c = m.calibrated(est)
+        direct = make_mechanism(name, epsilon=m._release_epsilon, delta=m._release_delta,
+                                max_items=c.max_items)
+        assert [r.threshold for r in c.rounds] == [r.threshold for r in direct.rounds]
+        assert [r.noise_scale for r in c.rounds] == [r.noise_scale for r in direct.rounds]
+        assert type(c) is type(direct) and c.guarantee is m.guarantee
+
+
+def test_the_rules_against_a_hand_reading():
+    # 10,000 users, cumulative 100, 500, 1400, 3400, 4900, 6800, 6800, 9800, 10000: the
+    # 0.9-quantile (the 9000th) falls in bucket 7 = [128, 256), with 6800 users before
+    # it and 3000 in it: 2^(7 + 2200/3000)
+    counts = [100, 400, 900, 2000, 1500, 1900, 0, 3000, 200, 0, 0]
+    est = _estimate(counts, epsilon=1.0)
+    assert est.activity_quantile(0.9) == pytest.approx(2 ** (7 + 2200 / 3000), rel=1e-12)
+    for name, family in AUTO_FAMILIES.items():
+        rule = auto_rule(name, 2.0)
+        if family == "gw":
+            assert rule.max_items(est, 2.0) == max_items_from_estimate(est, 2.0)
+            continue
+        q, c = AUTO_RULES[family]
+        cum = np.cumsum(counts)
+        b = int(np.searchsorted(cum, q * cum[-1]))
+        inside = (q * cum[-1] - (cum[b - 1] if b else 0)) / counts[b]
+        want = min(AUTO_MAX_ITEMS, max(1, math.floor(c * 2 ** (b + inside) + 0.5)))
+        assert rule.max_items(est, 2.0) == want
+
+
+def test_an_estimate_of_too_few_users_keeps_the_fallback():
+    eps = 0.05                       # noise scale 20: kept buckets below 100 users say little
+    weak = _estimate([0, 0, 0, 0, 0, 0, 95, 0, 0, 0, 0], eps)
+    assert not weak.informative
+    for name, family in AUTO_FAMILIES.items():
+        m = make_mechanism(name, epsilon=1.0, delta=1e-6, max_items="auto")
+        c = m.calibrated(weak)
+        want = gw_default_max_items(1.0) if family == "gw" else DEFAULT_MAX_ITEMS
+        assert c.max_items == want and "fallback" in c.describe()["max_items_choice"]["rule"]
+
+
+def test_neighbours_with_the_same_estimate_run_the_same_release(per_user, monkeypatch):
+    # condition (v): Δ0 and the whole release stage are functions of the DP output and
+    # public parameters: with the estimate pinned (the exact histograms of D and D + x
+    # differ), D and D + x get the same Δ0, threshold and noise, and every user of D
+    # contributes the same to the histogram in both
+    neighbour = dict(per_user)
+    neighbour["x"] = {f"n{j}": 1 for j in range(700)}
+    assert (scale_statistics(neighbour.values(), AUTO_LAYOUT)
+            != scale_statistics(per_user.values(), AUTO_LAYOUT)).any()
+    key = RunKey.from_test_seed(4)
+    for counts in ([0, 100, 400, 900, 2000, 1500, 800, 300, 100, 20, 5],
+                   [5000, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], [0] * 10 + [800]):
+        seen = []
+        pinned = _estimate(counts)
+        monkeypatch.setattr(auto_bound, "release_scale",
+                            lambda hist, *a: seen.append(tuple(hist)) or pinned)
+        for name in ("weighted-gaussian", "policy-gaussian", "sips", "adaptive-2r", "gw"):
+            m = make_mechanism(name, epsilon=1.0, delta=1e-6, max_items="auto")
+            a, b = m.calibrated_on(per_user, key), m.calibrated_on(neighbour, key)
+            assert seen[-2] != seen[-1]                     # the exact statistics differ
+            assert a.max_items == b.max_items
+            assert [(r.threshold, r.noise_scale) for r in a.rounds] == \
+                [(r.threshold, r.noise_scale) for r in b.rounds]
+        m = make_mechanism("weighted-gaussian", epsilon=1.0, delta=1e-6, max_items="auto")
+        a, b = m.calibrated_on(per_user, key), m.calibrated_on(neighbour, key)
+        ha, hb = a.histogram_local(per_user, key), b.histogram_local(neighbour, key)
+        assert ha.keys() <= hb.keys()
+        x = np.array([hb[i] - ha.get(i, 0.0) for i in hb])    # x's contribution alone:
+        assert x.min() >= -1e-12 and np.linalg.norm(x) <= 1 + 1e-9   # ℓ2 norm at most 1
+        assert np.count_nonzero(x > 1e-12) <= a.max_items            # on at most Δ0 items
+
+
+def test_the_beam_free_run_is_the_estimate_then_the_release(per_user):
+    key = RunKey.from_test_seed(6)
+    for name in ("weighted-gaussian", "sips", "adaptive-2r", "policy-laplace"):
+        m = make_mechanism(name, epsilon=2.0, delta=1e-6, max_items="auto")
+        c = m.calibrated_on(per_user, key)
+        assert m.run_local(per_user, key) == c.run_local(per_user, key)
+        assert 1 <= c.max_items <= AUTO_MAX_ITEMS
+
+
+def test_the_statement_holds_the_share_rule_and_delta0_never_the_estimate(per_user):
+    m = make_mechanism("weighted-gaussian", epsilon=2.0, delta=1e-6, max_items="auto",
+                       auto_share=0.1)
+    before = m.describe()
+    assert before["max_items_per_user"] == "auto" and before["epsilon"] == 2.0
+    est = m.estimate(scale_statistics(per_user.values(), AUTO_LAYOUT), RunKey.from_test_seed(2))
+    d = m.calibrated(est).describe()
+    choice = d["max_items_choice"]
+    assert choice["share"] == 0.1 and choice["epsilon"] == m.calibration_epsilon
+    assert choice["max_items_per_user"] == d["max_items_per_user"] >= 1
+    assert (d["epsilon"], d["delta"]) == (2.0, 1e-6) and "composition" in d["guarantee"]
+    text = json.dumps(d)
+    for value in est.buckets:
+        assert repr(value) not in text and json.dumps(value) not in text
+
+
+def test_bad_parameters_are_refused_at_construction():
+    bad = [dict(max_items="auto", auto_share=0.0), dict(max_items="auto", auto_share=1.0),
+           dict(max_items="auto", auto_share=-1.0), dict(max_items=10, auto_share=0.1),
+           dict(max_items="auto", epsilon=None), dict(max_items="automatic")]
+    for kwargs in bad:
+        args = {"epsilon": 1.0, "delta": 1e-6, **kwargs}
+        with pytest.raises(ValueError):
+            make_mechanism("weighted-gaussian", **{k: v for k, v in args.items()
+                                                   if v is not None})
+    with pytest.raises(ValueError, match="rho"):
+        make_mechanism("sips", rho=0.5, delta=1e-6, max_items="auto")
+    with pytest.raises(ValueError):
+        make_mechanism("gw-kt", epsilon=1.0, delta=1e-6, max_items="auto",
+                       public_counts={"a": 1}, calibration_share=0.0)
+    with pytest.raises(ValueError):   # an estimate of the wrong layout or a larger ε
+        make_mechanism("sips", epsilon=1.0, delta=1e-6, max_items="auto").calibrated(
+            ScaleEstimate((1.0, 2.0, 3.0, 4.0), 0.01))
+    with pytest.raises(ValueError):
+        make_mechanism("sips", epsilon=1.0, delta=1e-6, max_items="auto").calibrated(
+            _estimate([100] * AUTO_BUCKETS, epsilon=0.5))
+    assert max_items_value("AUTO") == "auto" and max_items_value("7") == 7
+    with pytest.raises(ValueError):
+        max_items_value("seven")
+
+
+def test_extreme_budgets_still_give_a_valid_delta0(per_user):
+    for eps, delta in ((1e-4, 1e-12), (40.0, 0.1)):
+        m = make_mechanism("weighted-gaussian", epsilon=eps, delta=delta, max_items="auto")
+        c = m.calibrated_on(per_user, RunKey.from_test_seed(1))
+        assert 1 <= c.max_items <= AUTO_MAX_ITEMS
+    one = {"u": {"a": 1}}
+    m = make_mechanism("policy-gaussian", epsilon=1.0, delta=1e-6, max_items="auto")
+    assert m.calibrated_on(one, RunKey.from_test_seed(1)).max_items == DEFAULT_MAX_ITEMS
+    assert m.run_local({}, RunKey.from_test_seed(1)) == set()
+
+
+def _input_file(per_user, tmp_path):
+    data = tmp_path / "d.tsv"
+    data.write_text("".join(f"{u}\t{i}\n" * n for u, c in per_user.items()
+                            for i, n in c.items()))
+    return data
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("name", ["weighted-gaussian", "policy-gaussian", "sips", "gw"])
+def test_the_command_line_equals_the_beam_free_run_and_states_the_choice(per_user, tmp_path,
+                                                                          name):
+    from beam_dpsu.pipelines import select_partitions
+    data = _input_file(per_user, tmp_path)
+    out = str(tmp_path / "o")
+    extra = ["--tie-break", "item-hash"] if name == "gw" else []
+    select_partitions.run(["--input", str(data), "--output", out, "--mechanism", name,
+                           "--epsilon", "2", "--delta", "1e-6", "--max-items-per-user",
+                           "auto", "--insecure-test-seed", "5", "--quiet"] + extra)
+    m = make_mechanism(name, epsilon=2.0, delta=1e-6, max_items="auto",
+                       **({"tie_break": "item-hash"} if name == "gw" else {}))
+    key = RunKey.from_test_seed(5)
+    want = sorted(m.run_local(per_user, key))
+    got = open(out + "-items-00000-of-00001", encoding="utf-8").read().splitlines()
+    assert want and got == want
+    with open(out + ".json", encoding="utf-8") as f:
+        stated = json.load(f)
+    c = m.calibrated_on(per_user, key)
+    assert stated["max_items_choice"] == c.describe()["max_items_choice"]
+    assert stated["max_items_per_user"] == c.max_items
+    assert (stated["epsilon"], stated["delta"]) == (2.0, 1e-6)
+    est = m.estimate(scale_statistics(per_user.values(), AUTO_LAYOUT), key)
+    text = json.dumps(stated)
+    for value in est.buckets:
+        assert repr(value) not in text and json.dumps(value) not in text
+    assert not [f for f in tmp_path.iterdir() if "PRIVATE-run-counts" in f.name]
+
+
+@pytest.mark.subprocess
+def test_commands_without_auto_refuse_it_in_one_line(tmp_path):
+    import subprocess
+    import sys
+    data = tmp_path / "d.tsv"
+    data.write_text("u\ta\n")
+    for cmd in (["top-k", "--k", "3"], ["hitting-set", "--k", "3"]):
+        done = subprocess.run([sys.executable, "-m", "beam_dpsu.pipelines.cli", *cmd,
+                               "--input", str(data), "--output", str(tmp_path / "o"),
+                               "--epsilon", "1", "--delta", "1e-6",
+                               "--max-items-per-user", "auto"], capture_output=True, text=True)
+        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+        assert "auto" in done.stderr and not list(tmp_path.glob("o*"))
