@@ -296,3 +296,43 @@ def test_commands_without_auto_refuse_it_in_one_line(tmp_path):
                                "--max-items-per-user", "auto"], capture_output=True, text=True)
         assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
         assert "auto" in done.stderr and not list(tmp_path.glob("o*"))
+
+
+@pytest.mark.parametrize("name", ["weighted-gaussian", "adaptive-2r", "policy-gaussian",
+                                  "gw-kt"])
+def test_an_embedded_pipeline_calibrates_then_releases_what_run_local_does(per_user, name):
+    import apache_beam as beam
+    from apache_beam.testing.util import assert_that, equal_to
+    from beam_dpsu.transforms import activity
+    from beam_dpsu.transforms.select import SelectPartitions
+    kwargs = {"public_counts": {f"i{j}": 3000 // j for j in range(1, 200)},
+              "tie_break": "item-hash"} if name == "gw-kt" else {}
+    m = make_mechanism(name, epsilon=2.0, delta=1e-6, max_items="auto", **kwargs)
+    pairs = [(u, i) for u, c in per_user.items() for i, n in c.items() for _ in range(n)]
+    with pytest.raises(ValueError, match="calibrate"):
+        SelectPartitions(m)
+    key = RunKey.from_test_seed(12)
+    c = activity.calibrate(m, lambda p: p | beam.Create(pairs), run_key=key)
+    assert c.max_items == m.calibrated_on(per_user, key).max_items
+    want = sorted(m.run_local(per_user, key))
+    assert want
+    with beam.Pipeline() as p:
+        got = p | beam.Create(pairs) | SelectPartitions(c, run_key=key)
+        assert_that(got, equal_to(want))
+    with pytest.raises(ValueError, match="needs no calibration"):
+        activity.calibrate(c, lambda p: p | beam.Create(pairs))
+
+
+def test_user_activity_counts_each_user_once_in_its_bucket():
+    import apache_beam as beam
+    from apache_beam.testing.util import assert_that, equal_to
+    from beam_dpsu.transforms.activity import UserActivity
+    pairs = [("a", "x"), ("a", "x"), ("a", "y"), ("b", "x")] + \
+        [("c", f"i{j}") for j in range(5000)] + [(7, "z")]
+    with beam.Pipeline() as p:
+        got = p | beam.Create(pairs) | UserActivity(AUTO_LAYOUT)
+        # a: 2 items → [2, 4); b and 7: 1 item → [1, 2); c: 5000 → the open last bucket
+        assert_that(got, equal_to([(2, 1) + (0,) * 8 + (1,)]))
+    with beam.Pipeline() as p:
+        assert_that(p | beam.Create([]) | UserActivity(AUTO_LAYOUT),
+                    equal_to([(0,) * AUTO_BUCKETS]))

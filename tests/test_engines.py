@@ -530,3 +530,37 @@ def test_no_java_is_one_line_and_exit_status_2(engine, tmp_path):
     lines = [ln for ln in done.stderr.splitlines() if "error" in ln]
     assert len(lines) == 1 and "needs Java 17" in lines[0], done.stderr
     assert not list(tmp_path.glob("o*"))
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_delta0_chosen_from_the_data(data, engine, flags, tmp_path):
+    # --max-items-per-user auto: the activity pipeline, then the release, on the engine,
+    # from the command line and embedded (activity.calibrate); both equal the DirectRunner's
+    from beam_dpsu.transforms import activity
+    from beam_dpsu.transforms.select import SelectPartitions
+    from beam_dpsu.transforms.write import WriteRelease
+    path, _ = data
+    common = ["--input", path, "--mechanism", "adaptive-2r", "--epsilon", "3", "--delta",
+              "1e-6", "--max-items-per-user", "auto", "--insecure-test-seed", "21", "--quiet"]
+    outs = {}
+    for label, runner in (("d", ["--runner=DirectRunner"]), ("e", flags)):
+        assert select_partitions.main(common + ["--output", str(tmp_path / label)] + runner) == 0
+        with open(str(tmp_path / label) + ".json", encoding="utf-8") as fh:
+            outs[label] = (_rows(str(tmp_path / label)), json.load(fh)["max_items_choice"])
+    assert outs["d"][0] and outs["e"] == outs["d"]
+    pairs = [(f"u{u}", f"i{(u * 7 + j * j) % 60}") for u in range(400) for j in range(u % 9 + 1)]
+    key = RunKey.from_test_seed(22)
+    m = make_mechanism("weighted-gaussian", epsilon=2.0, delta=1e-5, max_items="auto")
+    options = runners.pipeline_options(flags)
+    calibrated = activity.calibrate(m, lambda p: p | beam.Create(pairs), options, run_key=key)
+    per_user = {}
+    for u, i in pairs:
+        per_user.setdefault(u, {}).setdefault(i, 0)
+        per_user[u][i] += 1
+    assert calibrated.max_items == m.calibrated_on(per_user, key).max_items
+    p = beam.Pipeline(options=options)
+    (p | beam.Create(pairs) | SelectPartitions(calibrated, run_key=key)
+     | WriteRelease(str(tmp_path / "embedded")))
+    p.run().wait_until_finish()
+    with open(tmp_path / "embedded", encoding="utf-8") as fh:
+        assert fh.read().splitlines() == sorted(m.run_local(per_user, key)) != []

@@ -86,6 +86,11 @@ class SelectPartitions(beam.PTransform):
     def __init__(self, mechanism: Mechanism, run_key: Optional[RunKey] = None,
                  per_user: bool = False, label: Optional[str] = None):
         super().__init__(label)
+        if getattr(mechanism, "needs_calibration", False):
+            raise ValueError(f"{mechanism!r} takes its parameters from a DP estimate of the "
+                             "data: calibrate it first with beam_dpsu.transforms.activity."
+                             "calibrate(mechanism, build_input, options), then give "
+                             "SelectPartitions the mechanism it returns")
         if not isinstance(mechanism, Mechanism):
             raise ValueError(f"mechanism must be a beam_dpsu Mechanism, got {mechanism!r}")
         if mechanism.needs_record_order and not per_user:

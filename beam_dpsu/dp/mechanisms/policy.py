@@ -609,8 +609,8 @@ class GWKT(GW):
             return super().policy(run_key)
         if self.needs_calibration:
             raise ValueError("this GW-KT's κ comes from a DP estimate of the data's scale: "
-                             "run it with run_local, the command line, or calibrated(estimate) "
-                             "(beam_dpsu.transforms.columnar.ActivityFromText counts the users)")
+                             "run it with run_local, the command line, or, in a pipeline, "
+                             "calibrate it first (beam_dpsu.transforms.activity.calibrate)")
         return policies.CascadeFreeGreedyPolicy(
             self.cutoff, run_key.subkey("item-order"), self.max_items, self.eta,
             use_public_counts=True, tie_break=self.tie_break, selection=self.kt_selection,
