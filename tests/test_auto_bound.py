@@ -108,6 +108,27 @@ def test_the_budget_splits_within_the_stated_epsilon_and_delta():
         assert (m.guarantee.epsilon, m.guarantee.delta) == (eps, delta)
 
 
+@pytest.mark.parametrize("name", ["weighted-gaussian", "sips"])
+def test_with_rho_the_share_is_of_rho_and_zcdp_composes(name, per_user):
+    # the zCDP route: the estimate ε₁-DP with ε₁²/2 ≤ ρ₁ (so ρ₁-zCDP), the release at
+    # ρ₂, ρ₁ + ρ₂ ≤ ρ and δ₂ + 2^-1074 ≤ δ exactly; the statement is the library's
+    # conversion of (ρ, δ)
+    from beam_dpsu.dp.privacy.accounting import zcdp_guarantee
+    for rho, delta, share in ((0.5, 1e-6, None), (1e-4, 1e-9, 0.3), (8.0, 1e-3, 0.01)):
+        m = make_mechanism(name, rho=rho, delta=delta, max_items="auto", auto_share=share)
+        assert Fraction(m.calibration_rho) + Fraction(m._rho) <= Fraction(rho)
+        assert m.calibration_rho == pytest.approx(rho * (share or DEFAULT_AUTO_SHARE))
+        assert Fraction(m.calibration_epsilon) ** 2 / 2 <= Fraction(m.calibration_rho)
+        assert Fraction(m._release_delta) + Fraction(2) ** -1074 <= Fraction(delta)
+        want = zcdp_guarantee(rho, delta)
+        assert (m.guarantee.epsilon, m.guarantee.delta, m.guarantee.rho) == \
+            (want.epsilon, want.delta, rho)
+        c = m.calibrated_on(per_user, RunKey.from_test_seed(3))
+        assert sum(r.rho for r in c.rounds) == pytest.approx(m._rho, rel=1e-12)
+        assert c.rounds[0].delta <= m._release_delta
+        assert c.describe()["rho"] == rho
+
+
 def test_the_release_stage_is_the_mechanism_at_the_rest_of_the_budget():
     # condition (iv): given Δ0, the release is the family's own mechanism at (ε₂, δ₂):
     # its threshold and noise computed independently by building that mechanism directly
@@ -220,7 +241,9 @@ def test_bad_parameters_are_refused_at_construction():
             make_mechanism("weighted-gaussian", **{k: v for k, v in args.items()
                                                    if v is not None})
     with pytest.raises(ValueError, match="rho"):
-        make_mechanism("sips", rho=0.5, delta=1e-6, max_items="auto")
+        make_mechanism("policy-gaussian", rho=0.5, delta=1e-6, max_items="auto")
+    with pytest.raises(ValueError):
+        make_mechanism("sips", rho=0.5, epsilon=1.0, delta=1e-6, max_items="auto")
     with pytest.raises(ValueError):
         make_mechanism("gw-kt", epsilon=1.0, delta=1e-6, max_items="auto",
                        public_counts={"a": 1}, calibration_share=0.0)

@@ -16,10 +16,11 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+from fractions import Fraction
 from typing import Any, Callable, Dict, Mapping, Optional
 
 from beam_dpsu.dp.privacy import calibration as cal
-from beam_dpsu.dp.privacy.accounting import PrivacyGuarantee
+from beam_dpsu.dp.privacy.accounting import PrivacyGuarantee, zcdp_guarantee
 from beam_dpsu.dp.privacy.params import (AUTO, AUTO_BUCKET_BASE, AUTO_BUCKETS, AUTO_FAMILIES,
                                          AUTO_MAX_ITEMS, AUTO_RULES, DEFAULT_AUTO_SHARE,
                                          CALIBRATED_WIDTH_RANGE, DEFAULT_MAX_ITEMS,
@@ -93,6 +94,16 @@ def auto_rule(name: str, epsilon: float) -> AutoRule:
     return AutoRule(family, float(q), float(c), DEFAULT_MAX_ITEMS)
 
 
+def zcdp_estimate_epsilon(rho: float) -> float:
+    """The largest ε with ε²/2 ≤ ``rho`` in exact arithmetic: an ε-DP estimate is then
+    ρ-zCDP (Bun and Steinke, Proposition 1.4)."""
+    rho = cal.check_epsilon(rho, "rho")
+    eps = math.sqrt(2.0 * rho)
+    while Fraction(eps) ** 2 / 2 > Fraction(rho):
+        eps = math.nextafter(eps, 0.0)
+    return cal.check_epsilon(eps, "the estimate's epsilon")
+
+
 def estimate_delta_room(delta: float) -> float:
     """The δ the release is calibrated to: the largest double below δ. The estimate is
     (ε₁, 2^-1074)-DP (its samplers' floor), so the release's δ plus 2^-1074 is still at
@@ -111,12 +122,17 @@ class AutoBound:
 
     Args:
       name: the registered mechanism's name (``params.AUTO_FAMILIES``).
-      build: ``build(max_items, epsilon, delta) -> Mechanism``: the mechanism at a Δ0
-        and a budget (the registry's builder with the user's other parameters).
-      epsilon, delta: the whole (ε, δ) stated.
-      share: the share s in (0, 1) of ε spent on the estimate (default
+      build: ``build(max_items, epsilon, delta, rho) -> Mechanism``: the mechanism at a
+        Δ0 and a budget (the registry's builder with the user's other parameters;
+        exactly one of epsilon and rho is not None).
+      epsilon, delta: the whole (ε, δ) stated; or, with ``rho``, epsilon None and delta
+        the approximate-zCDP δ.
+      share: the share s in (0, 1) of ε (of ρ) spent on the estimate (default
         ``params.DEFAULT_AUTO_SHARE``). Privacy: the estimate is s·ε-DP, the release
-        runs at ε − s·ε; the stated ε is their sum (basic composition).
+        runs at ε − s·ε; the stated ε is their sum (basic composition). With ρ: the
+        estimate is ε₁-DP with ε₁²/2 ≤ s·ρ, so s·ρ-zCDP; the release runs at ρ − s·ρ;
+        zCDP composes by adding ρ.
+      rho: ρ of a zCDP-calibrated mechanism (``weighted-gaussian``, ``sips``), or None.
 
     ``calibrated(estimate)`` gives the mechanism to run (Beam or ``run_local``):
     the release at (ε₂, δ₂) with the rule's Δ0, its guarantee restated as the whole (ε,
@@ -128,31 +144,53 @@ class AutoBound:
     needs_calibration = True
     ranked = False
 
-    def __init__(self, name: str, build: Callable[[int, float, float], Mechanism],
-                 epsilon: float, delta: float, share: Optional[float] = None):
+    def __init__(self, name: str, build: Callable[..., Mechanism],
+                 epsilon: Optional[float], delta: float, share: Optional[float] = None,
+                 rho: Optional[float] = None):
         self.name = name
-        total = cal.check_epsilon(epsilon)
         delta = cal.check_delta(delta)
         share = DEFAULT_AUTO_SHARE if share is None else share
-        self.calibration_epsilon, self._release_epsilon = cal.split_epsilon(total, share)
         self.calibration_share = float(share)
         self._release_delta = estimate_delta_room(delta)
         self._build = build
-        self.rule = auto_rule(name, total)
-        self.layout = AUTO_LAYOUT
+        self._rho = self.calibration_rho = None
+        if rho is not None:
+            if epsilon is not None:
+                raise ValueError("give epsilon or rho, not both")
+            rho_estimate, self._rho = cal.split_epsilon(cal.check_epsilon(rho, "rho"), share)
+            self.calibration_rho = rho_estimate
+            self.calibration_epsilon = zcdp_estimate_epsilon(rho_estimate)
+            self._release_epsilon = None
+        else:
+            self.calibration_epsilon, self._release_epsilon = cal.split_epsilon(
+                cal.check_epsilon(epsilon), share)
+        if rho is not None:
+            self.guarantee = zcdp_guarantee(
+                rho, delta, note=f"{delta:g}-approximate {rho:g}-zCDP: the activity "
+                f"estimate's {self.calibration_epsilon:.6g}-DP (so "
+                f"{rho_estimate:.6g}-zCDP; its samplers' 2^-1074 within δ) and the "
+                f"release's {self._rho:.6g}-zCDP at the Δ0 it chose, composed; converted "
+                f"to (ε, δ)-DP at δ = 2·{delta:g} (DP-SIPS Corollary 9)")
+        else:
+            self.guarantee = PrivacyGuarantee(
+                cal.check_epsilon(epsilon), delta,
+                note=f"(ε, δ)-DP: basic composition of the activity estimate's "
+                     f"{self.calibration_epsilon:.6g}-DP (up to the samplers' 2^-1074, "
+                     f"within δ) and the release's ({self._release_epsilon:.6g}, "
+                     f"{self._release_delta:g})-DP at the Δ0 it chose")
+        self.rule = auto_rule(name, self.guarantee.epsilon)
         # Built now at the largest Δ0 the rule can give (what a Δ0 limits, e.g. δ's
         # resolution over Δ0 items, holds for every smaller one) and at the fallback:
         # every parameter is refused here, not after the estimate.
-        build(self.rule.largest, self._release_epsilon, self._release_delta)
-        self._probe = build(self.rule.fallback, self._release_epsilon, self._release_delta)
+        self._release(self.rule.largest)
+        self._probe = self._release(self.rule.fallback)
+        self.layout = AUTO_LAYOUT
         self.proven = getattr(self._probe, "proven", True)
         self.needs_record_order = getattr(self._probe, "needs_record_order", False)
-        self.guarantee = PrivacyGuarantee(
-            total, delta,
-            note=f"(ε, δ)-DP: basic composition of the activity estimate's "
-                 f"{self.calibration_epsilon:.6g}-DP (up to the samplers' 2^-1074, within δ) "
-                 f"and the release's ({self._release_epsilon:.6g}, "
-                 f"{self._release_delta:g})-DP at the Δ0 it chose")
+
+    def _release(self, max_items: int) -> Mechanism:
+        """The release stage at ``max_items``: the rest of the budget."""
+        return self._build(max_items, self._release_epsilon, self._release_delta, self._rho)
 
     @property
     def max_items(self) -> str:
@@ -166,7 +204,7 @@ class AutoBound:
             raise ValueError(f"the estimate must be a ScaleEstimate of {self.layout} released "
                              f"with at most ε = {self.calibration_epsilon:.6g}, got {estimate!r}")
         max_items = self.rule.max_items(estimate, self.guarantee.epsilon)
-        mechanism = copy.copy(self._build(max_items, self._release_epsilon, self._release_delta))
+        mechanism = copy.copy(self._release(max_items))
         mechanism.guarantee = self.guarantee
         mechanism.max_items_choice = self._choice(max_items, estimate.informative)
         return mechanism
@@ -198,8 +236,9 @@ class AutoBound:
         """The statement before the estimate: the mechanism at the fallback Δ0, with
         ``max_items_per_user`` 'auto' and the choice's share and rule."""
         d = self._probe.describe()
-        d.update({"epsilon": self.guarantee.epsilon, "delta": self.guarantee.delta,
-                  "rho": None, "zcdp_delta": None, "guarantee": self.guarantee.note,
+        g = self.guarantee
+        d.update({"epsilon": g.epsilon, "delta": g.delta, "rho": g.rho,
+                  "zcdp_delta": g.zcdp_delta, "guarantee": g.note,
                   "max_items_per_user": AUTO,
                   "max_items_choice": {"share": self.calibration_share,
                                        "epsilon": self.calibration_epsilon,

@@ -100,10 +100,8 @@ def make_mechanism(name: str, params: Optional[MechanismParams] = None, **kwargs
 def _auto(name: str, entry: RegisteredMechanism, params: MechanismParams):
     """``max_items='auto'``: GW-KT's own calibration (its share: ``auto_share`` or
     ``calibration_share``), else an ``AutoBound`` around the registered builder."""
-    if params.rho is not None:
-        raise ValueError(f"{flag('max_items')} {AUTO} takes {flag('epsilon')} {flag('delta')}, "
-                         f"not {flag('rho')}")
-    _require(params, name, "epsilon", "delta")
+    if params.rho is None:
+        _require(params, name, "epsilon", "delta")
     if name == "gw-kt":
         if params.auto_share is not None and params.calibration_share is not None:
             raise ValueError(f"give {flag('auto_share')} or {flag('calibration_share')}, not "
@@ -114,11 +112,14 @@ def _auto(name: str, entry: RegisteredMechanism, params: MechanismParams):
         return make_mechanism(name, dataclasses.replace(
             params, max_items=None, auto_share=None,
             calibration_share=DEFAULT_GWKT_CALIBRATION_SHARE if share is None else share))
-    def build(max_items: int, epsilon: float, delta: float) -> Mechanism:
+    def build(max_items: int, epsilon: Optional[float], delta: float,
+              rho: Optional[float]) -> Mechanism:
         return _checked(name, entry.build(dataclasses.replace(
-            params, max_items=max_items, epsilon=epsilon, delta=delta, auto_share=None)), params)
+            params, max_items=max_items, epsilon=epsilon, delta=delta, rho=rho,
+            auto_share=None)), params)
 
-    return AutoBound(name, build, params.epsilon, params.delta, params.auto_share)
+    _require(params, name, "delta")
+    return AutoBound(name, build, params.epsilon, params.delta, params.auto_share, params.rho)
 
 
 def _checked(name: str, mechanism: Mechanism, params: MechanismParams) -> Mechanism:

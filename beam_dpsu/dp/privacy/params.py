@@ -304,8 +304,9 @@ MECHANISM_PARAMS: Dict[str, Param] = {p.name: p for p in [
           flag="--max-items-per-user",
           # PipelineDP calls it max_partitions_contributed
           aliases=("max_items_per_user", "max_partitions_contributed")),
-    Param("auto_share", float, "with --max-items-per-user auto: the share of --epsilon in "
-          "(0, 1) spent on the DP estimate of the users' activity from which Δ0 follows",
+    Param("auto_share", float, "with --max-items-per-user auto: the share of --epsilon (or "
+          "--rho) in (0, 1) spent on the DP estimate of the users' activity from which Δ0 "
+          "follows",
           f"{DEFAULT_AUTO_SHARE:g} (gw-kt: its --calibration-share, "
           f"{DEFAULT_GWKT_CALIBRATION_SHARE:g})",
           "part of the stated ε: basic composition of the estimate (share·ε) and the "
