@@ -482,3 +482,68 @@ def test_relative_paths_are_the_launchers_on_a_cluster(cluster, tmp_path, monkey
     for folder in worker_dirs:                        # nothing on the workers' side
         assert not glob.glob(os.path.join(folder, "rel*")), folder
         assert not glob.glob(os.path.join(folder, "vocabulary.txt*")), folder
+
+
+def _slow_release_write(markers, seconds):
+    """On a worker: the release's write (``write.write_one_file``) marks in ``markers``
+    that it started, sleeps ``seconds``, writes, then marks that it ended."""
+    import time
+    from beam_dpsu.transforms import write
+    original = getattr(write, "_unslowed_write_one_file", write.write_one_file)
+    write._unslowed_write_one_file = original
+
+    def slow(path, parts):
+        open(os.path.join(markers, "started"), "w").close()
+        time.sleep(seconds)
+        try:
+            original(path, parts)
+        finally:
+            open(os.path.join(markers, "ended"), "w").close()
+    write.write_one_file = slow
+
+
+def _restore_release_write():
+    from beam_dpsu.transforms import write
+    write.write_one_file = getattr(write, "_unslowed_write_one_file", write.write_one_file)
+
+
+def test_a_launcher_failing_mid_run_leaves_nothing_anywhere(cluster, tmp_path_factory,
+                                                            tmp_path, monkeypatch):
+    # The launcher is interrupted while a worker writes the release: the job must not
+    # go on to write it (or the run's counts) after the launcher's clean-up, neither
+    # next to --output nor in the workers' directory.
+    import time
+    from apache_beam.runners.dask.dask_runner import DaskRunnerResult
+    markers = str(tmp_path_factory.mktemp("markers"))
+    started, ended = os.path.join(markers, "started"), os.path.join(markers, "ended")
+
+    def interrupted(self, duration=None):  # Ctrl-C once the release's write has begun
+        deadline = time.time() + 120
+        while not os.path.exists(started) and time.time() < deadline:
+            time.sleep(0.01)
+        raise KeyboardInterrupt
+    monkeypatch.setattr(DaskRunnerResult, "wait_until_finish", interrupted)
+    path = tmp_path / "in.tsv"
+    path.write_text("".join(f"u{i}\ti{i % 3}\n" for i in range(200)))
+    with distributed.Client(cluster) as client:
+        worker_dirs = set(client.run(os.getcwd).values())
+        client.run(_slow_release_write, markers, 3.0)
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                select_partitions.run(["--input", str(path), "--output", str(tmp_path / "rel"),
+                                       "--mechanism", "weighted-gaussian", "--epsilon", "2",
+                                       "--delta", "1e-5", "--max-items-per-user", "1",
+                                       "--dead-letter", str(tmp_path / "dead")]
+                                      + dask_flags(cluster))
+            assert os.path.exists(started)
+            deadline = time.time() + 60  # until the job would have finished
+            while not os.path.exists(ended) and time.time() < deadline:
+                time.sleep(0.05)
+            time.sleep(1.0)
+        finally:
+            client.run(_restore_release_write)
+    assert os.path.exists(ended)
+    assert sorted(os.listdir(tmp_path)) == ["in.tsv"]  # no release, counts or temp file
+    for folder in worker_dirs:
+        assert not glob.glob(os.path.join(folder, "rel*")), folder
+        assert not glob.glob(os.path.join(folder, "beam-temp-rel*")), folder

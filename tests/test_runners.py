@@ -275,3 +275,35 @@ def test_the_command_line_never_tries_prism(data, tmp_path, monkeypatch):
     assert one == two and one
     # The failed Prism attempt used to leave beam-temp* and tmp* directories there.
     assert os.listdir(private_tmp) == []
+
+
+def test_a_failed_wait_cancels_the_run():
+    # wait_for cancels a job whose wait failed (the launcher then removes the run's
+    # files: the job must not write them again); a runner that cannot cancel, or a job
+    # already over, is left as it is and the wait's own error goes on
+    import apache_beam as beam
+    from beam_dpsu.transforms.run_key import wait_for
+
+    class Result:
+        def __init__(self, cancel_error=None):
+            self.cancelled, self._error = 0, cancel_error
+
+        def wait_until_finish(self):
+            raise KeyboardInterrupt
+
+        def cancel(self):
+            self.cancelled += 1
+            if self._error:
+                raise self._error
+
+    for result in (Result(), Result(NotImplementedError("no cancel here"))):
+        with pytest.raises(KeyboardInterrupt):
+            wait_for(beam.Pipeline(), result)
+        assert result.cancelled == 1
+
+    class Done(Result):
+        def wait_until_finish(self):
+            return "DONE"
+    done = Done()
+    wait_for(beam.Pipeline(), done)
+    assert done.cancelled == 0

@@ -257,9 +257,18 @@ class Subkey:
 def wait_for(pipeline: beam.Pipeline, result) -> None:
     """Waits for ``result`` to finish, then releases what the runner holds for the run:
     on Dask, the run key shared through the cluster (``run_key.delete_shared_keys``)
-    and the client, which would otherwise retry the scheduler after the run."""
+    and the client, which would otherwise retry the scheduler after the run.
+
+    When the wait fails (the job failed, the launcher lost the cluster, Ctrl-C), the
+    run is cancelled first (``runners.cancel_run``: on Dask, also waiting for its tasks
+    that were already running to end), so that nothing of it writes files after the
+    launcher's clean-up."""
+    from beam_dpsu.transforms import runners
     try:
         result.wait_until_finish()
+    except BaseException:
+        runners.cancel_run(result)
+        raise
     finally:
         client = getattr(result, "client", None)  # the Dask runner's
         if client is not None:

@@ -52,7 +52,7 @@ __all__ = ["DASK_RUNNER", "RUNNER_ALIASES", "Capabilities", "NO_ORDERED_LIST_RUN
            "DASK_PARTITIONS_PER_THREAD", "read_partitions", "EngineNotSetUp",
            "ENGINES_DIR_VARIABLE", "FLINK_VERSION", "FLINK_DISTRIBUTION", "engines_dir",
            "prism_binary", "job_server_artifact", "job_server_dir", "job_server_jar",
-           "flink_home", "find_engine"]
+           "flink_home", "find_engine", "DASK_STOP_TIMEOUT", "cancel_run"]
 
 
 DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
@@ -686,3 +686,85 @@ def join_leaves(pipeline: beam.Pipeline) -> None:
     if len(leaves) > 1:
         tuple(leaves) | "JoinLeaves/Flatten" >> beam.Flatten() | "JoinLeaves/Drop" >> beam.Filter(
             _drop)
+
+
+# -- stopping a run the launcher gave up on -----------------------------------------
+
+#: How long ``cancel_run`` waits, at most, for the tasks of a cancelled Dask run that
+#: were already running to end (a worker thread cannot be interrupted).
+DASK_STOP_TIMEOUT = 300.0
+
+
+def _dask_probes():
+    """The functions ``cancel_run`` runs on a Dask scheduler and its workers, made here so
+    that they travel by value (a scheduler need not have this package installed):
+    the keys of some tasks and every task they depend on; how many of some keys the
+    scheduler still runs or will run; how many a worker's threads run (``cancelled``:
+    released by the scheduler while running, its thread goes on to the task's end)."""
+    def graph_keys(roots, dask_scheduler=None):
+        tasks, seen, stack = dask_scheduler.tasks, set(), list(roots)
+        while stack:
+            key = stack.pop()
+            if key in seen or key not in tasks:
+                continue
+            seen.add(key)
+            stack.extend(dep.key for dep in tasks[key].dependencies)
+        return list(seen)
+
+    def scheduled(keys, dask_scheduler=None):
+        tasks = dask_scheduler.tasks
+        return sum(1 for k in keys if k in tasks and tasks[k].state in (
+            "processing", "waiting", "queued", "no-worker"))
+
+    def running_here(keys, dask_worker=None):
+        keys = set(keys)
+        return sum(1 for ts in list(dask_worker.state.tasks.values()) if ts.key in keys
+                   and ts.state in ("executing", "long-running", "cancelled", "resumed"))
+    return graph_keys, scheduled, running_here
+
+
+def cancel_run(result, timeout: float = DASK_STOP_TIMEOUT) -> bool:
+    """Stops a run whose launcher failed or was interrupted while waiting for it, before
+    the launcher removes the run's files: a job left running could write them again
+    (a release file, counts, staged data) after that clean-up.
+
+    Calls Beam's ``PipelineResult.cancel()`` (a runner that cannot cancel, or a job
+    already over, is left as it is). On Beam's Dask runner, whose result's
+    ``cancel()`` cancels the run's futures (``Client.cancel``): no task of the run
+    starts after that, but a task already running in a worker thread runs to its end
+    (Dask cannot interrupt it), so this then waits, at most ``timeout`` seconds, until
+    the scheduler runs none of the run's tasks and no worker thread runs one. Returns
+    False (with a warning) when that wait ran out, True otherwise.
+    """
+    client = getattr(result, "client", None)
+    keys: list = []
+    if client is not None and import_dask_options():  # the run's tasks, while still known
+        try:
+            from distributed import futures_of
+            roots = [f.key for f in futures_of(result.futures)]
+            keys = client.run_on_scheduler(_dask_probes()[0], roots)
+        except Exception as e:  # noqa: BLE001 (the scheduler is gone: nothing to wait for)
+            logging.getLogger(__name__).debug("the run's tasks are not known: %s", e)
+    try:
+        result.cancel()
+    except Exception as e:  # noqa: BLE001 (no cancel on this runner, or the job is over)
+        logging.getLogger(__name__).debug("the run was not cancelled: %s", e)
+    if not keys:
+        return True
+    import time
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            _, scheduled, running_here = _dask_probes()
+            busy = (client.run_on_scheduler(scheduled, keys)
+                    + sum(client.run(running_here, keys).values()))
+        except Exception:  # noqa: BLE001 (the cluster is gone: nothing runs there)
+            return True
+        if not busy:
+            return True
+        if time.monotonic() > deadline:
+            logging.getLogger(__name__).warning(
+                "%d task(s) of the failed run still run on the Dask cluster after %.0f s: "
+                "files they write after this are not removed", busy, timeout)
+            return False
+        time.sleep(0.1)

@@ -313,9 +313,11 @@ def sample_many(users: Sequence[Tuple[Any, ItemCounts]], max_items: int,
 
 def owner_score_order(owner: np.ndarray, scores: np.ndarray) -> np.ndarray:
     """``np.lexsort((scores, owner))`` (by owner, then score, then position), computed
-    with one sort of a 64-bit key when ``owner`` is sorted (as the samplers pass it):
-    the owner's rank in the high bits and the score's high bits below it, then the
-    rare runs of equal keys re-sorted exactly."""
+    with one stable sort of a 64-bit key when ``owner`` is sorted (as the samplers pass
+    it): the owner's rank in the high bits and the score's high bits below it, so that
+    equal keys stay in position order (a user's repeated item, many in pairs as they
+    come, is one run of equal keys), then the rare runs whose scores differ in the low
+    bits re-sorted exactly, all in one ``lexsort``."""
     n = len(owner)
     if n < 2 or not (owner[1:] >= owner[:-1]).all():
         return np.lexsort((scores, owner))
@@ -329,15 +331,18 @@ def owner_score_order(owner: np.ndarray, scores: np.ndarray) -> np.ndarray:
     scores = scores.astype(np.uint64, copy=False)
     key = scores if bits == 0 else ((rank.astype(np.uint64) << np.uint64(64 - bits))
                                     | (scores >> np.uint64(bits)))
-    order = np.argsort(key)
+    order = np.argsort(key, kind="stable")
     ordered = key[order]
     same = np.flatnonzero(ordered[1:] == ordered[:-1])  # order[j], order[j+1] share a key
-    if len(same):
-        starts = same[np.r_[True, same[1:] != same[:-1] + 1]]
-        ends = same[np.r_[same[1:] != same[:-1] + 1, True]] + 2
-        for a, b in zip(starts.tolist(), ends.tolist()):
-            run = order[a:b]
-            order[a:b] = run[np.lexsort((run, scores[run]))]
+    if len(same) and (scores[order[same]] != scores[order[same + 1]]).any():
+        tied = np.zeros(n, dtype=bool)
+        tied[same] = True
+        tied[same + 1] = True
+        at = np.flatnonzero(tied)
+        run = np.cumsum(np.r_[True, (at[1:] != at[:-1] + 1)
+                              | (ordered[at[1:]] != ordered[at[:-1]])])
+        members = order[at]  # in position order within each run: a stable lexsort keeps it
+        order[at] = members[np.lexsort((scores[members], run))]
     return order
 
 
