@@ -28,21 +28,12 @@ import tempfile
 import time
 import urllib.request
 
-from beam_dpsu.pipelines import flink_cluster
+from beam_dpsu.pipelines import flink_cluster, worker_pool
 
 
 def rest(state, path):
     with urllib.request.urlopen(f"http://localhost:{state['rest_port']}{path}", timeout=5) as r:
         return json.load(r)
-
-
-def started_workers(state):
-    """The workers the cluster's pool has started and not stopped (its journal)."""
-    try:
-        with open(os.path.join(state["dir"], "workers.json"), encoding="utf-8") as fh:
-            return json.load(fh)
-    except (FileNotFoundError, ValueError):
-        return []
 
 
 def release(cmd, out):
@@ -109,8 +100,9 @@ def main():
             else:
                 # right after the pool starts its next worker, before the worker connects
                 # (the window in which Beam's worker pool left the job waiting forever)
-                before = set(started_workers(state))
-                while proc.poll() is None and not set(started_workers(state)) - before:
+                journal = os.path.join(state["dir"], "workers.json")
+                before = set(worker_pool.started_workers(journal))
+                while proc.poll() is None and not set(worker_pool.started_workers(journal)) - before:
                     time.sleep(0.02)
                 os.killpg(current["pool"], signal.SIGKILL)
                 killed = time.time() - start

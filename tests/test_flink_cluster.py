@@ -20,7 +20,7 @@ import urllib.request
 import pytest
 
 from beam_dpsu.dp.evaluation import synthetic
-from beam_dpsu.pipelines import flink_cluster
+from beam_dpsu.pipelines import flink_cluster, worker_pool
 
 from tests.test_engines import _set_up, start_job_server, stop
 from tests.test_runners import data, run  # noqa: F401  (the data fixture)
@@ -153,11 +153,7 @@ def _kill_a_taskmanager(state, job):
 
 
 def _started_workers(state):
-    try:
-        with open(os.path.join(state["dir"], "workers.json"), encoding="utf-8") as fh:
-            return json.load(fh)
-    except (FileNotFoundError, ValueError):
-        return []
+    return worker_pool.started_workers(os.path.join(state["dir"], "workers.json"))
 
 
 def _kill_the_pool_as_it_starts_a_worker(state, job, timeout=120):
@@ -220,7 +216,6 @@ def _request(worker_id, port):
 
 @pytest.fixture
 def sleeping_workers(monkeypatch):
-    from beam_dpsu.pipelines import worker_pool
     monkeypatch.setattr(worker_pool, "_command",
                         lambda request: [sys.executable, "-c", "import time; time.sleep(60)"])
     return worker_pool

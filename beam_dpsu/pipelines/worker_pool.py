@@ -46,7 +46,7 @@ import threading
 import time
 from typing import Dict, List, Optional
 
-__all__ = ["SupervisedWorkerPool", "main"]
+__all__ = ["SupervisedWorkerPool", "started_workers", "serve", "main"]
 
 _LOG = logging.getLogger("beam_dpsu.worker_pool")
 
@@ -57,6 +57,16 @@ def _command(request) -> List[str]:
             "from apache_beam.runners.worker.sdk_worker import SdkHarness; "
             f"SdkHarness({request.control_endpoint.url!r}, worker_id={request.worker_id!r}, "
             "state_cache_size=0, data_buffer_time_limit_ms=-1).run()"]
+
+
+def started_workers(journal: str) -> List[str]:
+    """The journal's workers (started, not stopped), one opaque string each; [] for no
+    journal yet."""
+    try:
+        with open(journal, encoding="utf-8") as fh:
+            return json.load(fh)
+    except FileNotFoundError:
+        return []
 
 
 class SupervisedWorkerPool:
@@ -77,11 +87,8 @@ class SupervisedWorkerPool:
         self._write()
 
     def _read(self) -> list:
-        if not self._journal or not os.path.isfile(self._journal):
-            return []
-        with open(self._journal, encoding="utf-8") as fh:
-            rows = json.load(fh)
-        return [self._pb.StartWorkerRequest.FromString(base64.b64decode(r)) for r in rows]
+        return [self._pb.StartWorkerRequest.FromString(base64.b64decode(r))
+                for r in started_workers(self._journal)] if self._journal else []
 
     def _write(self) -> None:
         if not self._journal:
@@ -126,14 +133,10 @@ class SupervisedWorkerPool:
                              request.worker_id, len(named))
             self._reap()
             self._write()
+        from apache_beam.runners.worker.worker_pool_main import kill_process_gracefully
         for proc in stopping:
             _LOG.info("stopping worker %s", request.worker_id)
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            kill_process_gracefully(proc)  # SIGTERM, then SIGKILL after 10 s
         return self._pb.StopWorkerResponse()
 
     def stop_all(self) -> None:
