@@ -9,7 +9,20 @@ Usage (from the repository root, PYTHONPATH=$PWD; needs ``pip install '.[dask]'`
 For each mechanism the runners alternate (direct, dask, direct, dask, ...); ``prism``
 (``--runner=PrismRunner``, after ``beam-dpsu setup-engines prism``) runs Beam's Go
 runner with its SDK worker in this process (LOOPBACK); its row adds the peak RSS of the
-launcher's child processes (the Prism binary).
+launcher's child processes (the Prism binary). ``flink-1x2`` and ``flink-2x1`` run on
+local Flink session clusters (``beam-dpsu flink-cluster``, started once before the
+runs and stopped after them: one TaskManager of 2 slots, and two of 1 slot sharing
+the worker pool; ``--flink-process-size``/``--flink-task-off-heap`` per TaskManager of
+the 1×2 cluster, half of each for the 2×1 one), each release at parallelism 2 through
+``--runner=FlinkRunner`` (which starts Beam's job server, as a user's run does). Their
+rows add the peak RSS of each TaskManager, of the SDK workers (the largest one, and
+all of them at once), of the launcher's children (the job server), and from Flink's
+REST API when the job started and ended (after the launcher's start) and each
+vertex's duration::
+
+    python benchmarks/bench_dask.py --input /work/u1m.tsv --repeats 2 \
+        --mechanisms weighted-gaussian --runners direct,flink-1x2,dask,flink-2x1,prism
+
 Wall time is that of the whole command-line run
 (``beam_dpsu.pipelines.select_partitions.run``), in this process. Peak memory:
 the maximum RSS, sampled every 0.2 s with psutil during the run, of this
@@ -54,12 +67,16 @@ class PeakRss(threading.Thread):
     """Samples the RSS of ``pids`` every 0.2 s (peak kept); after ``finish()``,
     ``cpu`` holds the CPU seconds (user + system) each used since construction."""
 
-    def __init__(self, pids):
+    def __init__(self, pids, groups=None):
         super().__init__(daemon=True)
         import psutil
         self.procs = [psutil.Process(p) for p in pids]
+        # name -> function giving pids that come and go (SDK workers): peak of the
+        # largest one and of their sum
+        self.groups = groups or {}
+        self.group_max = {g: 0 for g in self.groups}
+        self.group_sum = {g: 0 for g in self.groups}
         self.peak = {p.pid: 0 for p in self.procs}
-        self.children_peak = 0  # the launcher's child processes, summed (Prism)
         self.cpu0 = {p.pid: self._cpu(p) for p in self.procs}
         self.split0 = {p.pid: self._split(p) for p in self.procs}
         self.stop = False
@@ -81,20 +98,21 @@ class PeakRss(threading.Thread):
 
     def run(self):
         import psutil
-        launcher = psutil.Process(os.getpid())
         while not self.stop:
             for p in self.procs:
                 try:
                     self.peak[p.pid] = max(self.peak[p.pid], p.memory_info().rss)
                 except Exception:
                     pass
-            total = 0
-            for child in launcher.children(recursive=True):
-                try:
-                    total += child.memory_info().rss
-                except Exception:
-                    pass
-            self.children_peak = max(self.children_peak, total)
+            for g, pids_of in self.groups.items():
+                rss = []
+                for pid in pids_of():
+                    try:
+                        rss.append(psutil.Process(pid).memory_info().rss)
+                    except Exception:
+                        pass
+                self.group_max[g] = max([self.group_max[g]] + rss)
+                self.group_sum[g] = max(self.group_sum[g], sum(rss))
             time.sleep(0.2)
 
     def finish(self):
@@ -157,6 +175,8 @@ def main():
     ap.add_argument("--warm", action="store_true",
                     help="keep the workers through all runs (a long-lived cluster) after one "
                          "untimed run of each runner; default: restart them before each Dask run")
+    ap.add_argument("--flink-process-size", default="3500m")
+    ap.add_argument("--flink-task-off-heap", default="768m")
     ap.add_argument("--worker-malloc-trim", choices=("dask", "unset"), default="dask",
                     help="dask: the workers get Dask's default MALLOC_TRIM_THRESHOLD_=65536; "
                          "unset: they start without it")
@@ -172,14 +192,67 @@ def main():
                         "--users", str(a.users),
                         "--output", data], check=True, cwd=ROOT)
     import dask
-    from distributed import Client, LocalCluster
-    from beam_dpsu.pipelines import select_partitions
     if a.worker_malloc_trim == "unset":
         dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None})
     rows = []
+    flink = {}  # runner -> cluster state
+    try:
+        for runner in a.runners.split(","):
+            if runner.startswith("flink-"):
+                flink[runner] = start_flink(runner, a)
+        run_all(a, data, rows, flink, mech_flags)
+    finally:
+        from beam_dpsu.pipelines import flink_cluster
+        for state in flink.values():
+            flink_cluster.stop(state["dir"])
+    os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+    with open(out_path, "w") as f:
+        json.dump(rows, f, indent=1)
+    return 0
+
+
+def start_flink(runner, a):
+    """A session cluster for ``flink-TxS`` (T TaskManagers of S slots) under --workdir."""
+    from beam_dpsu.pipelines import flink_cluster
+    tms, slots = (int(x) for x in runner.split("-", 1)[1].split("x"))
+
+    def scaled(size):  # per TaskManager: the 2-slot sizes × slots / 2
+        return f"{int(size[:-1]) * slots // 2}{size[-1]}"
+    folder = os.path.join(a.workdir, f"cluster-{runner}")
+    if os.path.exists(os.path.join(folder, "cluster.json")):
+        flink_cluster.stop(folder)
+    return flink_cluster.start(folder, tms, slots, scaled(a.flink_process_size),
+                               scaled(a.flink_task_off_heap))
+
+
+def flink_rest(state, path):
+    import urllib.request
+    with urllib.request.urlopen(f"http://localhost:{state['rest_port']}{path}", timeout=10) as r:
+        return json.load(r)
+
+
+def flink_job_times(state, t0):
+    """The last job's start and end (seconds after ``t0``) and its vertices' durations."""
+    job = max(flink_rest(state, "/jobs/overview")["jobs"], key=lambda j: j["start-time"])
+    detail = flink_rest(state, f"/jobs/{job['jid']}")
+    vertices = sorted(((v["duration"] / 1000, v["name"][:60]) for v in detail["vertices"]),
+                      reverse=True)
+    return {"job_start_s": round(job["start-time"] / 1000 - t0, 1),
+            "job_end_s": round(job["end-time"] / 1000 - t0, 1),
+            "job_state": job["state"], "vertices": len(vertices),
+            "longest_vertices_s": [(round(d, 1), n) for d, n in vertices[:6]]}
+
+
+def run_all(a, data, rows, flink, mech_flags):
+    import psutil
+    from distributed import Client, LocalCluster
+    from beam_dpsu.pipelines import select_partitions
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                       dashboard_address=None, memory_limit=a.memory_limit) as cluster, Client(cluster) as client:
         def runner_flags(runner):
+            if runner in flink:
+                from beam_dpsu.pipelines import flink_cluster
+                return flink_cluster.flags(flink[runner]) + ["--parallelism=2"]
             return {"direct": ["--runner=DirectRunner"], "prism": ["--runner=PrismRunner"]}.get(
                 runner, ["--runner=DaskRunner", f"--dask_client_address={cluster.scheduler_address}"])
 
@@ -199,7 +272,28 @@ def main():
                         client.restart()
                     pid_of = client.run(os.getpid)  # worker address -> pid
                     worker_pids = sorted(pid_of.values())
-                    mon = PeakRss([os.getpid()] + worker_pids)
+                    state = flink.get(runner)
+                    tm_pids = state["taskmanagers"] if state else []
+
+                    def sdk_workers(state=state):
+                        from beam_dpsu.pipelines import flink_cluster
+                        pool = flink_cluster.read_state(state["dir"])["pool"]
+                        return [c.pid for c in psutil.Process(pool).children(recursive=True)]
+                    def children(word):  # the launcher's child processes naming ``word``
+                        def pids():
+                            found = []
+                            for c in psutil.Process().children(recursive=True):
+                                try:
+                                    if word in " ".join(c.cmdline()):
+                                        found.append(c.pid)
+                                except psutil.Error:
+                                    pass
+                            return found
+                        return pids
+                    groups = ({"sdk": sdk_workers, "job_server": children(
+                        f"localhost:{state['rest_port']}")} if state else
+                        {"prism": children("prism")} if runner == "prism" else {})
+                    mon = PeakRss([os.getpid()] + worker_pids + tm_pids, groups)
                     mon.start()
                     dmem = DaskMemory(client, pid_of) if runner == "dask" else None
                     if dmem:
@@ -213,14 +307,23 @@ def main():
                         dmem.finish()
                     items = open(out + "-items-00000-of-00001").read().split()
                     released[runner] = items
+                    if state:
+                        row_flink = {
+                            "taskmanager_peak_rss_mb": [round(mon.peak[p] / 2**20)
+                                                        for p in tm_pids],
+                            "sdk_worker_peak_rss_mb": round(mon.group_max["sdk"] / 2**20),
+                            "sdk_workers_peak_sum_mb": round(mon.group_sum["sdk"] / 2**20),
+                            "taskmanager_cpu_s": [mon.cpu[p] for p in tm_pids],
+                            **flink_job_times(state, t0)}
                     row = {"mechanism": mech, "runner": runner, "repeat": rep,
                            "wall_s": round(wall, 2), "released": len(items),
                            "input": data, "warm": a.warm,
                            "worker_malloc_trim": a.worker_malloc_trim,
                            "load_1min_before": load,
                            "launcher_peak_rss_mb": round(mon.peak[os.getpid()] / 2**20),
-                           "children_peak_rss_mb": round(mon.children_peak / 2**20)
-                           if runner == "prism" else None,
+                           "children_peak_rss_mb": round(mon.group_sum[
+                               "job_server" if state else "prism"] / 2**20)
+                           if runner == "prism" or state else None,
                            "launcher_cpu_s": mon.cpu[os.getpid()],
                            "worker_cpu_s": [mon.cpu[p] for p in worker_pids],
                            "launcher_user_sys_faults": mon.split[os.getpid()],
@@ -231,7 +334,8 @@ def main():
                            "worker_peak_managed_mb": dmem.peaks_mb(dmem.managed, worker_pids)
                            if dmem else None,
                            "worker_peak_spilled_mb": dmem.peaks_mb(dmem.spilled, worker_pids)
-                           if dmem else None}
+                           if dmem else None,
+                           **(row_flink if state else {})}
                     print(json.dumps(row), flush=True)
                     rows.append(row)
             if len(released) >= 2:
@@ -239,10 +343,6 @@ def main():
                 rows.append({"mechanism": mech, "runners": sorted(released),
                              "same_release": all(r == first for r in released.values())})
                 print(json.dumps(rows[-1]), flush=True)
-    os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
-    with open(out_path, "w") as f:
-        json.dump(rows, f, indent=1)
-    return 0
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ the TaskManagers, an EXTERNAL worker pool), releases the input on the FnApiRunne
 then on the cluster under the same test seed. With ``--fault taskmanager`` it SIGKILLs
 the TaskManager running the job once the job has finished its first tasks and starts a
 replacement (as a cluster manager would); with ``--fault worker-pool`` it SIGKILLs the
-worker pool and its SDK workers and starts the pool again on its port. It prints one
+worker pool and its SDK workers right after the pool has started a worker (before the
+worker connects to its TaskManager) and starts the pool again on its port. It prints one
 line: the outcome (the command's exit status, whether the release equals the
 FnApiRunner's, whether any release file was left), the wall times, and whether Flink
 restarted the job. The cluster is stopped at the end, whatever happens. The suite runs
@@ -27,7 +28,7 @@ import tempfile
 import time
 import urllib.request
 
-from beam_dpsu.pipelines import flink_cluster
+from beam_dpsu.pipelines import flink_cluster, worker_pool
 
 
 def rest(state, path):
@@ -58,6 +59,8 @@ def main():
     p.add_argument("--mechanism", default="sips")
     p.add_argument("--seed", default="9")
     p.add_argument("--timeout", type=float, default=900)
+    p.add_argument("--parallelism", type=int, default=None,
+                   help="the job's (default: TaskManagers × slots)")
     args = p.parse_args()
     folder = tempfile.mkdtemp(prefix="flink-faults-")
     cmd = [sys.executable, "-m", "beam_dpsu.pipelines.cli", "select", "--input",
@@ -73,7 +76,8 @@ def main():
     state = flink_cluster.start(os.path.join(folder, "cluster"), args.taskmanagers, args.slots,
                                 args.process_size, args.task_off_heap)
     try:
-        flags = flink_cluster.flags(state) + [f"--parallelism={args.taskmanagers * args.slots}"]
+        flags = flink_cluster.flags(state) + [
+            f"--parallelism={args.parallelism or args.taskmanagers * args.slots}"]
         out = os.path.join(folder, "flink")
         proc, start = release(cmd + flags, out)
         job, killed = None, None
@@ -94,6 +98,12 @@ def main():
                 killed = time.time() - start
                 flink_cluster.add_taskmanager(state["dir"])
             else:
+                # right after the pool starts its next worker, before the worker connects
+                # (the window in which Beam's worker pool left the job waiting forever)
+                journal = os.path.join(state["dir"], "workers.json")
+                before = set(worker_pool.started_workers(journal))
+                while proc.poll() is None and not set(worker_pool.started_workers(journal)) - before:
+                    time.sleep(0.02)
                 os.killpg(current["pool"], signal.SIGKILL)
                 killed = time.time() - start
                 flink_cluster.start_worker_pool(state["dir"])
@@ -101,8 +111,12 @@ def main():
             _, err = proc.communicate(timeout=args.timeout)
             status = proc.returncode
         except subprocess.TimeoutExpired:
-            proc.kill()
-            _, err = proc.communicate()
+            proc.terminate()  # a Ctrl-C: the command stops the job server it started
+            try:
+                _, err = proc.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                _, err = proc.communicate()
             status = f"still running after {args.timeout:.0f} s (killed)"
         wall = time.time() - start
         restarted = bool(job and rest(state, f"/jobs/{job}/exceptions")[

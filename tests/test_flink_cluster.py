@@ -1,7 +1,8 @@
 """Releases on a local Flink session cluster (``beam-dpsu flink-cluster``): a JobManager,
 two TaskManagers and an EXTERNAL pool of Python SDK workers, each a process of its
 own; then a release with the TaskManager that runs it killed (SIGKILL) in the middle
-and replaced, as a cluster manager would.
+and replaced, as a cluster manager would, and one with the worker pool killed and
+started again.
 
 Marked ``cluster``: they start JVMs and move Beam's job server jars to the cluster
 for every job (measured on two busy cores: 13 s to start, 77 s for three
@@ -19,7 +20,7 @@ import urllib.request
 import pytest
 
 from beam_dpsu.dp.evaluation import synthetic
-from beam_dpsu.pipelines import flink_cluster
+from beam_dpsu.pipelines import flink_cluster, worker_pool
 
 from tests.test_engines import _set_up, start_job_server, stop
 from tests.test_runners import data, run  # noqa: F401  (the data fixture)
@@ -28,13 +29,8 @@ pytestmark = [pytest.mark.cluster, pytest.mark.engines, pytest.mark.subprocess,
               pytest.mark.xdist_group("flink-cluster")]
 
 #: What every release on the cluster adds to the cluster's flags (besides the session's
-#: job server): one slot per job. Beam's TaskManager-side runner names the SDK workers
-#: it asks the EXTERNAL pool for by a counter of its own JVM ("1-1", "2-1", ...): two
-#: TaskManagers of one job sharing one pool ask for workers of the same names, and when
-#: one releases its worker the pool stops whichever it started last under that name.
-#: Measured with --parallelism=2 on two TaskManagers: a job hung (a worker stopped
-#: before it connected), or failed and was restarted. One pool per TaskManager (one per
-#: machine: docs/runners.md) avoids it; on one machine, a job runs in one slot.
+#: job server): one slot per job, which keeps these tests' time small on two cores. The
+#: worker pool test runs a job in both TaskManagers' slots (they share the pool).
 EXTRA = ["--parallelism=1"]
 
 
@@ -156,10 +152,38 @@ def _kill_a_taskmanager(state, job):
     flink_cluster.add_taskmanager(state["dir"])  # the replacement a cluster manager starts
 
 
-# The worker pool killed (SIGKILL, with its workers) in the middle of a job and started
-# again on its port is not tested here: measured, the job neither failed nor finished in
-# 400 s (the TaskManager waits on the dead workers' streams; nothing times out), so the
-# command waits too (docs/runners.md, "Faults": cancel the job and run it again).
+def _started_workers(state):
+    return worker_pool.started_workers(os.path.join(state["dir"], "workers.json"))
+
+
+def _kill_the_pool_as_it_starts_a_worker(state, job, timeout=120):
+    # SIGKILL the pool and its workers right after it has started a worker, before the
+    # worker connects to its TaskManager: with Beam's own pool, the window in which the
+    # TaskManager then waits for that worker forever; then start the pool on its port
+    before = set(_started_workers(state))
+    deadline = time.time() + timeout
+    while not set(_started_workers(state)) - before:
+        assert time.time() < deadline, "the pool started no worker"
+        time.sleep(0.02)
+    os.killpg(flink_cluster.read_state(state["dir"])["pool"], signal.SIGKILL)
+    flink_cluster.start_worker_pool(state["dir"])
+
+
+def test_the_worker_pool_killed_mid_release(cluster, big, tmp_path):
+    # Measured outcome: the pool started again (its journal) starts the workers the
+    # killed one had started, the waiting task goes on (or, for a worker that was
+    # already connected, Flink restarts the job) and the release is the FnApiRunner's.
+    # Two TaskManagers share the pool (parallelism 2).
+    state, flags = cluster
+    flags = [f for f in flags if not f.startswith("--parallelism")] + ["--parallelism=2"]
+    status, err, job, release, _ = _release_with_a_fault(
+        (state, flags), big, tmp_path, _kill_the_pool_as_it_starts_a_worker)
+    assert status == 0, err[-3000:]
+    assert release == big[1]
+    with open(os.path.join(state["dir"], "log", "worker-pool.out"), encoding="utf-8") as fh:
+        assert "again" in fh.read()  # the restarted pool started a killed worker again
+    assert _rest(state, f"/jobs/{job}")["state"] == "FINISHED"
+    assert len(_taskmanagers_of(state, job)) == 2
 
 
 def test_a_taskmanager_killed_mid_release(cluster, big, tmp_path):
@@ -173,6 +197,60 @@ def test_a_taskmanager_killed_mid_release(cluster, big, tmp_path):
     # the job did fail and restart in the middle (the fault landed)
     assert _rest(state, f"/jobs/{job}/exceptions")["exceptionHistory"]["entries"]
     assert _rest(state, f"/jobs/{job}")["state"] == "FINISHED"
+
+
+class _Context:
+    def __init__(self, peer):
+        self._peer = peer
+
+    def peer(self):
+        return self._peer
+
+
+def _request(worker_id, port):
+    from apache_beam.portability.api import beam_fn_api_pb2, endpoints_pb2
+    return beam_fn_api_pb2.StartWorkerRequest(
+        worker_id=worker_id,
+        control_endpoint=endpoints_pb2.ApiServiceDescriptor(url=f"localhost:{port}"))
+
+
+@pytest.fixture
+def sleeping_workers(monkeypatch):
+    monkeypatch.setattr(worker_pool, "_command",
+                        lambda request: [sys.executable, "-c", "import time; time.sleep(60)"])
+    return worker_pool
+
+
+def test_the_pool_stops_the_worker_of_the_taskmanager_that_asks(sleeping_workers):
+    # Two TaskManagers name their first workers alike ("1-1"); each stops its own.
+    pool = sleeping_workers.SupervisedWorkerPool()
+    try:
+        pool.StartWorker(_request("1-1", 1001), _Context("ipv4:127.0.0.1:5001"))
+        pool.StartWorker(_request("1-1", 1002), _Context("ipv4:127.0.0.1:5002"))
+        pool.StopWorker(_request("1-1", 0), _Context("ipv4:127.0.0.1:5001"))
+        left = [w["request"].control_endpoint.url for w in pool._workers.values()]
+        assert left == ["localhost:1002"]
+        # asked on another connection: the name is ambiguous no more, so it is stopped
+        pool.StopWorker(_request("1-1", 0), _Context("ipv4:127.0.0.1:5999"))
+        assert not pool._workers
+    finally:
+        pool.stop_all()
+
+
+def test_a_restarted_pool_starts_the_workers_it_had_not_stopped(sleeping_workers, tmp_path):
+    journal = str(tmp_path / "workers.json")
+    first = sleeping_workers.SupervisedWorkerPool(journal)
+    first.StartWorker(_request("1-1", 1001), _Context("a"))
+    first.StartWorker(_request("2-1", 1001), _Context("b"))
+    first.StopWorker(_request("2-1", 0), _Context("b"))
+    first.stop_all()  # as if killed: the journal still names 1-1
+    second = sleeping_workers.SupervisedWorkerPool(journal)
+    try:
+        assert [(w["request"].worker_id, w["request"].control_endpoint.url)
+                for w in second._workers.values()] == [("1-1", "localhost:1001")]
+        assert all(w["proc"].poll() is None for w in second._workers.values())
+    finally:
+        second.stop_all()
 
 
 def test_stop_spares_a_process_that_took_a_dead_members_pid(tmp_path):

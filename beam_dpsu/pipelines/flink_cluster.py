@@ -12,9 +12,11 @@ Usage::
 ``beam-dpsu setup-engines flink`` unpacked (``runners.flink_home()``): a JobManager
 (``StandaloneSessionClusterEntrypoint``), N TaskManagers (``TaskManagerRunner``, with
 the memory options Flink's own ``BashJavaUtils`` computes from the configuration) and
-an EXTERNAL pool of Beam's Python SDK workers (``apache_beam.runners.worker.
-worker_pool_main``, with this Python's folder first on its PATH, so that its workers
-import this environment's Beam and ``beam_dpsu``). Flink listens on localhost only, on
+an EXTERNAL pool of Beam's Python SDK workers (``beam_dpsu.pipelines.worker_pool``:
+Beam's pool API, its workers on this Python, so that they import this environment's
+Beam and ``beam_dpsu``; the workers it has started and not stopped are in
+DIR/workers.json, which ``worker-pool`` reads to start them again after the pool was
+lost, so that a task waiting for one goes on). Flink listens on localhost only, on
 free ports; the configuration, logs and ``cluster.json`` (ports and process ids) are in
 DIR. It prints the runner flags of a release on it::
 
@@ -27,6 +29,8 @@ gRPC buffers are direct memory; at 1M users the default 0 fails with
 ``OutOfMemoryError: Direct buffer memory``). ``--restart-attempts`` (default 3) sets
 Flink's fixed-delay restart strategy (2 s apart): a job whose TaskManager or SDK
 workers are lost is restarted that many times (docs/runners.md, "Faults").
+``worker-pool`` starts the pool again on its port (after it was lost); the TaskManagers
+share it (one pool on each machine of a real cluster: docs/runners.md).
 ``stop`` ends every process ``cluster.json`` names (SIGTERM, then SIGKILL). Exit
 status 0, 1 when a process did not come up (its log's last lines say why), 2 for a
 usage error (Java or the distribution missing).
@@ -129,9 +133,7 @@ def _config(state: Dict, args) -> str:
         "taskmanager.numberOfTaskSlots": args.slots,
         "taskmanager.memory.process.size": args.process_size,
         "taskmanager.memory.task.off-heap.size": args.task_off_heap,
-        # one TaskManager's slots: the TaskManagers share one worker pool, which serves
-        # the workers of one JVM at a time in a job (docs/runners.md)
-        "parallelism.default": args.slots,
+        "parallelism.default": args.taskmanagers * args.slots,
         "restart-strategy.type": "fixed-delay" if args.restart_attempts else "none",
         "restart-strategy.fixed-delay.attempts": args.restart_attempts,
         "restart-strategy.fixed-delay.delay": "2 s",
@@ -238,9 +240,10 @@ def start_worker_pool(folder: str) -> int:
     state = read_state(folder)
     env = {**os.environ,
            "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
-    pid = _spawn(state, "worker-pool", [sys.executable, "-m",
-                                        "apache_beam.runners.worker.worker_pool_main",
-                                        f"--service_port={state['pool_port']}"], env=env)
+    pid = _spawn(state, "worker-pool", [sys.executable, "-m", "beam_dpsu.pipelines.worker_pool",
+                                        f"--service_port={state['pool_port']}",
+                                        "--journal", os.path.join(folder, "workers.json")],
+                 env=env)
     state["pool"] = pid
 
     def listening():
@@ -359,7 +362,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 return 1
             console.write_line(
                 f"WARNING: the Python worker pool listens on port {state['pool_port']} of "
-                f"every interface (Beam's worker_pool_main has no bind address) and runs "
+                f"every interface (as Beam's worker_pool_main: no bind address) and runs "
                 f"what a job sends it: keep that port closed to other machines")
             print(" ".join(flags(state)))
         elif args.action == "stop":
