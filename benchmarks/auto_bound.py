@@ -14,11 +14,11 @@ left-out figures (``benchmarks/RESULTS.md``):
 
 * the oracle of a cell (dataset, ε, mechanism) is the best fixed Δ0 in hindsight: the
   largest mean released count over the grid, at the full ε;
-* a candidate rule maps the DP activity estimate to Δ0 (``dp.privacy.activity``'s
+* a candidate rule maps the DP activity estimate to Δ0 (``dp.mechanisms.auto_bound``'s
   rule family: a quantile q of the users' distinct items times a factor c). For the
-  choice, each candidate's Δ0 on a dataset is computed from the *exact* activity
-  quantile, and its released count read off the sweep's curve (interpolated in log Δ0):
-  measurement only, never the release path;
+  choice, each candidate's Δ0 on a dataset is computed from the library's DP estimates
+  at the share (one per trial, so the rule pays for the estimate's noise), and its
+  released count read off the sweep's curve (interpolated in log Δ0);
 * for each left-out dataset, the candidate with the largest smallest auto/oracle ratio
   over the other datasets' cells (ties: larger mean) is chosen; then the real ``auto``
   runs on the left-out dataset — the estimate released at the share, the rule applied to
@@ -42,6 +42,8 @@ import numpy as np
 DATASETS = ["commits-ansible", "commits-rails", "movielens-small", "paths-ansible",
             "reddit-titles"]
 MECHANISMS = ["weighted-gaussian", "policy-gaussian", "sips", "adaptive-2r"]
+#: Beyond the issue's grid: the count family's own rule (``--mechanisms``).
+EXTRA_MECHANISMS = ["count-gaussian"]
 EPSILONS = [1.0, 3.0]
 DELTA = 1e-5
 GRID = [1, 2, 3, 5, 8, 10, 15, 20, 30, 50, 75, 100, 150, 200, 300, 500]
@@ -95,7 +97,7 @@ def save_cache(cache):
 def sweep(args):
     cache = load_cache()
     # One dataset per worker at a time keeps each process's data in memory once.
-    tasks = [(args.data_dir, n, m, e, d, t) for n in DATASETS for m in MECHANISMS
+    tasks = [(args.data_dir, n, m, e, d, t) for n in DATASETS for m in args.mechanisms
              for e in EPSILONS for d in GRID for t in range(TRIALS)
              if key(n, m, e, d, t) not in cache]
     print(f"{len(tasks)} runs to do, {len(cache)} cached", file=sys.stderr)
@@ -119,13 +121,24 @@ def curve(cache, name, mech, eps):
 QUANTILES = [0.5, 0.75, 0.8, 0.85, 0.9, 0.95, 0.98, 0.99]
 FACTORS = [0.25, 0.35, 0.5, 0.7, 1.0, 1.4, 2.0, 2.8, 4.0]
 FAMILY = {"weighted-gaussian": "weighted", "policy-gaussian": "policy", "sips": "sips",
-          "adaptive-2r": "adaptive"}
+          "adaptive-2r": "adaptive", "count-gaussian": "count"}
 
 
-def exact_quantiles(data_dir, name):
-    """The users' exact activity quantiles (for choosing among rules only)."""
-    n = np.array([len(v) for v in per_user(data_dir, name).values()])
-    return {q: float(np.quantile(n, q)) for q in QUANTILES}
+def noisy_estimates(data_dir, name, share):
+    """{ε: [the library's DP activity estimate of ``name`` at share·ε, one per trial]}, under
+    the keys of the real ``auto`` runs (``auto_runs``)."""
+    from beam_dpsu.dp.mechanisms.activity import scale_statistics
+    from beam_dpsu.dp.mechanisms.auto_bound import AUTO_LAYOUT
+    from beam_dpsu.dp.mechanisms.registry import make_mechanism
+    from beam_dpsu.transforms.run_key import RunKey
+    hist = scale_statistics(per_user(data_dir, name).values(), AUTO_LAYOUT)
+    out = {}
+    for e in EPSILONS:
+        m = make_mechanism("weighted-gaussian", epsilon=e, delta=DELTA, max_items="auto",
+                           auto_share=share)
+        out[e] = [m.estimate(hist, RunKey.from_test_seed(SEED + 500 + t))
+                  for t in range(TRIALS)]
+    return out
 
 
 def predicted(f, d0):
@@ -134,14 +147,17 @@ def predicted(f, d0):
     return float(np.interp(math.log(max(1, d0)), x, f))
 
 
-def rule_d0(q, c, quantiles):
-    from beam_dpsu.dp.privacy.params import AUTO_MAX_ITEMS
-    return int(min(AUTO_MAX_ITEMS, max(1, math.floor(c * quantiles[q] + 0.5))))
+def rule_d0(q, c, estimate, epsilon):
+    """The library's rule of (q, c) on a DP estimate (its fallback when uninformative)."""
+    from beam_dpsu.dp.mechanisms.auto_bound import AutoRule
+    from beam_dpsu.dp.privacy.params import DEFAULT_MAX_ITEMS
+    return AutoRule("candidate", q, c, DEFAULT_MAX_ITEMS).max_items(estimate, epsilon)
 
 
-def choose(cache, qs, mech, datasets):
+def choose(cache, estimates, mech, datasets):
     """The (q, c) with the largest smallest predicted/oracle ratio over ``datasets`` × ε
-    (ties: the larger mean)."""
+    (ties: the larger mean); a cell's prediction is the mean, over its trials' DP
+    estimates, of the sweep's curve at the rule's Δ0 (so the estimate's noise counts)."""
     best = None
     for q in QUANTILES:
         for c in FACTORS:
@@ -149,7 +165,8 @@ def choose(cache, qs, mech, datasets):
             for n in datasets:
                 for e in EPSILONS:
                     f = curve(cache, n, mech, e)
-                    ratios.append(predicted(f, rule_d0(q, c, qs[n])) / f.max())
+                    ratios.append(np.mean([predicted(f, rule_d0(q, c, est, e))
+                                           for est in estimates[n][e]]) / f.max())
             score = (min(ratios), float(np.mean(ratios)))
             if best is None or score > best[0]:
                 best = (score, (q, c))
@@ -185,11 +202,11 @@ def _auto_task(task):
 
 def evaluate(args):
     cache = load_cache()
-    qs = {n: exact_quantiles(args.data_dir, n) for n in DATASETS}
+    qs = {n: noisy_estimates(args.data_dir, n, args.share) for n in DATASETS}
     print(f"share {args.share}; δ = {DELTA:g}; {TRIALS} trials; oracle: best fixed Δ0 of "
           f"{GRID} at the full ε; default Δ0 = {DEFAULT}")
     tasks, chosen = [], {}
-    for mech in MECHANISMS:
+    for mech in args.mechanisms:
         for left in DATASETS:
             rule, score = choose(cache, qs, mech, [n for n in DATASETS if n != left])
             chosen[mech, left] = (rule, score)
@@ -212,7 +229,7 @@ def evaluate(args):
     print("|---|---|---|---|---|---|---|---|---|---|")
     print("\n".join(sorted(rows)))
     print()
-    for mech in MECHANISMS:
+    for mech in args.mechanisms:
         r = np.array(worst[mech])
         rule, score = choose(cache, qs, mech, DATASETS)
         print(f"{mech}: left-out auto/oracle min {r[:, 0].min():.3f} mean "
@@ -226,6 +243,9 @@ def main():
     p.add_argument("phase", choices=["sweep", "evaluate"])
     p.add_argument("--data-dir", default=os.path.join(HERE, "..", "..", "shared", "data"))
     p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--mechanisms", type=lambda s: s.split(","), default=MECHANISMS,
+                   help=f"comma-separated (default {','.join(MECHANISMS)}; also "
+                        f"{','.join(EXTRA_MECHANISMS)})")
     p.add_argument("--share", type=float, default=None,
                    help="evaluate: the estimate's share of ε (default the library's)")
     args = p.parse_args()

@@ -31,7 +31,7 @@ def per_user():
     return per_user_counts(synthetic.occurrences(1500, seed=8, max_occurrences=300))
 
 
-def _estimate(counts, epsilon=0.05):
+def _estimate(counts, epsilon=0.01):
     return ScaleEstimate(tuple(float(c) for c in counts), epsilon, 2)
 
 
@@ -164,7 +164,7 @@ def test_the_rules_against_a_hand_reading():
 
 
 def test_an_estimate_of_too_few_users_keeps_the_fallback():
-    eps = 0.05                       # noise scale 20: kept buckets below 100 users say little
+    eps = 0.02                       # noise scale 50: a bucket below 100 users counts as 0
     weak = _estimate([0, 0, 0, 0, 0, 0, 95, 0, 0, 0, 0], eps)
     assert not weak.informative
     for name, family in AUTO_FAMILIES.items():

@@ -158,13 +158,13 @@ DEFAULT_GWKT_CALIBRATION_SHARE = 0.01
 AUTO = "auto"
 AUTO_BUCKET_BASE = 2
 AUTO_BUCKETS = 11
-DEFAULT_AUTO_SHARE = 0.05
+DEFAULT_AUTO_SHARE = 0.02
 #: Each family's rule from the estimate to Δ0: ``(q, c)`` gives Δ0 = c × the estimated
 #: q-quantile of the users' numbers of distinct items, rounded, in [1, ``AUTO_MAX_ITEMS``]
 #: (chosen by leave-one-dataset-out against the best fixed Δ0, benchmarks/RESULTS.md
 #: section 15). ``gw`` uses GW-KT's median rule (``max_items_from_estimate``).
-AUTO_RULES = {"weighted": (0.9, 1.0), "policy": (0.9, 1.0), "sips": (0.9, 1.0),
-              "adaptive": (0.9, 1.0)}
+AUTO_RULES = {"weighted": (0.9, 2.8), "policy": (0.5, 4.0), "sips": (0.95, 1.0),
+              "adaptive": (0.95, 4.0), "count": (0.9, 1.0)}
 AUTO_MAX_ITEMS = 1000
 #: The rule family of each mechanism of ``select`` (gw-kt: its own calibration).
 AUTO_FAMILIES = {"weighted-gaussian": "weighted", "weighted-laplace": "weighted",
