@@ -137,6 +137,9 @@ def _config(state: Dict, args) -> str:
         "restart-strategy.type": "fixed-delay" if args.restart_attempts else "none",
         "restart-strategy.fixed-delay.attempts": args.restart_attempts,
         "restart-strategy.fixed-delay.delay": "2 s",
+        # an Error no thread catches (an OutOfMemoryError in a gRPC thread) ends the
+        # process, so Flink restarts or fails the job instead of running it forever
+        "cluster.uncaught-exception-handling": "FAIL",
         # a lost TaskManager is noticed in seconds, not Flink's default 50 s
         "heartbeat.interval": 2000, "heartbeat.timeout": 8000,
         "io.tmp.dirs": os.path.join(state["dir"], "tmp"),
