@@ -164,12 +164,12 @@ DEFAULT_AUTO_SHARE = 0.02
 #: (chosen by leave-one-dataset-out against the best fixed Δ0, benchmarks/RESULTS.md
 #: section 15). ``gw`` uses GW-KT's median rule (``max_items_from_estimate``).
 AUTO_RULES = {"weighted": (0.9, 2.8), "policy": (0.5, 4.0), "sips": (0.95, 1.0),
-              "adaptive": (0.95, 4.0), "count": (0.9, 1.0)}
+              "adaptive": (0.95, 4.0), "count": (0.5, 0.7)}
 AUTO_MAX_ITEMS = 1000
 #: The rule family of each mechanism of ``select`` (gw-kt: its own calibration).
 AUTO_FAMILIES = {"weighted-gaussian": "weighted", "weighted-laplace": "weighted",
-                 "count-gaussian": "weighted", "count-laplace": "weighted",
-                 "truncated-geometric": "weighted", "sips": "sips",
+                 "count-gaussian": "count", "count-laplace": "count",
+                 "truncated-geometric": "count", "sips": "sips",
                  "policy-gaussian": "policy", "policy-laplace": "policy",
                  "adaptive": "adaptive", "adaptive-2r": "adaptive", "gw": "gw"}
 #: GW and GW-KT variant.
