@@ -143,6 +143,50 @@ def test_a_run_that_wrote_no_counts_fails(tmp_path, capsys, monkeypatch):
     assert sorted(os.listdir(tmp_path)) == ["in.tsv"]
 
 
+def _release_run(tmp_path, data):
+    import argparse
+    args = argparse.Namespace(input=data, output=str(tmp_path / "o"), overwrite=False,
+                              insecure_test_seed=1, tabs_in_items=False, trust_columns=False,
+                              dead_letter=None, quiet=True)
+    return runs.ReleaseRun(args, ["--runner=DirectRunner"])
+
+
+def _lines_per_user(p):
+    import apache_beam as beam
+    lines = p | beam.Create([("u1", 2), ("u2", 3)])
+    outputs.tally(lines, "lines", counts_second=True)
+
+
+def test_a_run_counts_in_a_pipeline_of_its_own_and_keeps_no_counts_file(tmp_path):
+    # ReleaseRun.count: the pre-pipeline of a calibration (exact counts, owner-only
+    # files deleted at once)
+    data = small_input(tmp_path)
+    run = _release_run(tmp_path, data)
+    counts = run.count(_lines_per_user)
+    assert counts == {"users": 0, "malformed_lines": 0, "released": 0, "lines": 5}
+    assert sorted(os.listdir(tmp_path)) == ["in.tsv"]
+
+
+def test_a_failed_run_removes_the_counts_files_of_its_pre_pipeline(tmp_path, capsys,
+                                                                  monkeypatch):
+    # the counts of a pre-pipeline (ReleaseRun.count) are files of the run: a failure
+    # before they are read back leaves none of them
+    data = small_input(tmp_path)
+    run = _release_run(tmp_path, data)
+
+    def fail(prefix, names):
+        assert os.path.exists(outputs.counts_file(prefix, "lines"))
+        raise RuntimeError("injected failure")
+
+    def build(p, run_key):
+        monkeypatch.setattr(outputs, "read_counts", fail)
+        run.count(_lines_per_user)
+
+    with pytest.raises(RuntimeError, match="injected failure"):
+        run.run(build, lambda result, released: {})
+    assert sorted(os.listdir(tmp_path)) == ["in.tsv"]
+
+
 def test_write_private_file_is_owner_only_whatever_the_umask(tmp_path):
     path = str(tmp_path / "x.PRIVATE")
     old_umask = os.umask(0)
@@ -234,7 +278,7 @@ def test_an_output_that_cannot_be_created_exits_2_before_reading(tmp_path, capsy
     def never(*args, **kwargs):
         raise AssertionError("the input was read")
 
-    monkeypatch.setattr(runs, "run_pipeline", never)
+    monkeypatch.setattr(runs.ReleaseRun, "run_pipeline", never)
     data = small_input(tmp_path)
     argv = ["--input", data, "--output", str(tmp_path / "o")] + SELECT
     argv = (["--input", data, "--output", "/proc/x/y"] + SELECT if flag == "--output"

@@ -53,8 +53,7 @@ def run(argv: Optional[Sequence[str]] = None) -> dict:
     args, mechanism, beam_args = arguments.parse_hitting_set(argv)
     run_budget.warn_guarantee(mechanism.epsilon, mechanism.delta)
     # The same read -> count -> release -> write graph as top-k's discover-peel method.
-    return runs.run_release(
-        args, beam_args,
+    return runs.ReleaseRun(args, beam_args).run(
         lambda p, run_key: top_k.build_pipeline(p, args.input, args.output, mechanism,
                                                 run_key, args.dead_letter),
         lambda result, released: public_fields(mechanism, released))

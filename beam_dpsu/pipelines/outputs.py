@@ -1,4 +1,8 @@
-"""The files of a release: where they go, what is checked before a run, how they are written.
+"""The files of a release: their names, the checks of a location, the steps that write them.
+
+What every run of a release command (``runs.ReleaseRun``, which owns a run's files
+from its checks to its final files) writes, and how; nothing here keeps the state of
+a run:
 
 * the release is ONE file, ``PREFIX-items-00000-of-00001``, whose line order
   is a function of the released set alone (sorted; top-k: rank order), never
@@ -11,10 +15,11 @@
   run details, the dead-letter file ``PATH.PRIVATE-dead-letter-00000-of-00001``
   (raw input lines) and the counts the pipeline itself writes,
   ``PREFIX.PRIVATE-run-counts-NAME.json`` (``tally`` / ``write_counts``), which the
-  launcher reads into the run details and deletes;
-* every location is checked before anything is read or created, and a
-  pipeline never writes a second release under a prefix: outputs of an
-  earlier run are refused, or deleted first with ``--overwrite``.
+  run reads into the run details and deletes (``read_counts``);
+* every location is checked before anything is read or created (``check_input``,
+  ``check_columns``, ``check_output``), and a pipeline never writes a second
+  release under a prefix: outputs of an earlier run are refused, or deleted first
+  with ``--overwrite`` (``runs.ReleaseRun.check``).
 """
 from __future__ import annotations
 
@@ -36,15 +41,17 @@ from beam_dpsu.transforms.write import TEMP_PREFIX, WriteRelease, sorted_text, w
 
 
 __all__ = ["SHARD", "ITEMS_SUFFIX", "TOPK_KIND", "SUB_RELEASE_KINDS", "PUBLIC_SUFFIX",
-           "PRIVATE_SUFFIX", "COUNTS_SUFFIX", "counts_file", "COUNT_NAMES", "DEAD_LETTER_SUFFIX",
-           "NEVER_PUBLISH_NOTE", "PUBLIC_NOTE", "RELEASE_UNITS", "write_private_file",
-           "replace_local",
-           "WritePrivateFile", "dead_letter_file", "write_dead_letter", "tally", "write_counts",
-           "read_counts", "check_input", "check_output", "prepare_output", "remove_empty",
-           "earlier_outputs", "check_earlier_outputs", "run_files", "delete_files",
-           "write_items", "count_output_lines", "write_public", "write_private",
-           "check_locations", "staging_directory", "check_columns"]
+           "PRIVATE_SUFFIX", "COUNTS_SUFFIX", "COUNT_NAMES", "counts_file", "DEAD_LETTER_SUFFIX",
+           "dead_letter_file", "NEVER_PUBLISH_NOTE", "PUBLIC_NOTE", "RELEASE_UNITS",
+           "run_files", "temp_files", "is_remote",
+           "check_input", "check_columns", "check_output", "check_locations", "prepare_output",
+           "remove_empty", "delete_files",
+           "write_private_file", "replace_local", "WritePrivateFile", "staging_directory",
+           "write_items", "count_output_lines", "write_dead_letter", "tally_users",
+           "tally", "write_counts", "read_counts"]
 
+
+# -- the names of a run's files ----------------------------------------------------
 
 #: The one shard of a release file.
 SHARD = "-00000-of-00001"
@@ -77,6 +84,10 @@ PRIVATE_SUFFIX = ".PRIVATE-run-details.json"
 COUNTS_SUFFIX = ".PRIVATE-run-counts"
 
 
+#: What ``write_counts`` always writes (0 when nothing was tallied under a name).
+COUNT_NAMES = ("users", "malformed_lines", "released")
+
+
 def counts_file(prefix: str, name: str) -> str:
     """The file of the count ``name`` of a run under ``prefix`` (``write_counts``)."""
     return f"{prefix}{COUNTS_SUFFIX}-{name}.json"
@@ -85,6 +96,12 @@ def counts_file(prefix: str, name: str) -> str:
 #: The one dead-letter file of ``--dead-letter PATH``: ``PATH`` + this (raw private
 #: input lines, owner-only).
 DEAD_LETTER_SUFFIX = ".PRIVATE-dead-letter" + SHARD
+
+
+def dead_letter_file(path: str) -> str:
+    """The one dead-letter file of ``--dead-letter PATH``:
+    ``PATH.PRIVATE-dead-letter-00000-of-00001``."""
+    return path + DEAD_LETTER_SUFFIX
 
 
 NEVER_PUBLISH_NOTE = (
@@ -112,9 +129,234 @@ RELEASE_UNITS = {
 }
 
 
+def run_files(prefix: str, dead_letter: Optional[str] = None) -> List[str]:
+    """The files a run under ``prefix`` (with ``--dead-letter`` ``dead_letter``)
+    writes, whether or not they exist: release files, summaries, counts, dead letter."""
+    return ([prefix + ITEMS_SUFFIX] + [f"{prefix}-{kind}{SHARD}" for kind in SUB_RELEASE_KINDS]
+            + [prefix + PUBLIC_SUFFIX, prefix + PRIVATE_SUFFIX]
+            + [counts_file(prefix, name) for name in COUNT_NAMES]
+            + [counts_file(prefix, f"released_{kind}") for kind in SUB_RELEASE_KINDS]
+            + ([dead_letter_file(dead_letter)] if dead_letter else []))
+
+
+def temp_files(prefixes: Sequence[str]) -> set:
+    """The local temporary files and directories a run under these prefixes (or
+    ``--dead-letter`` paths) makes next to them: those of ``write.write_one_file``
+    for the release files (``beam-temp-PREFIX-items-00000-of-00001-<hex>``), of
+    ``write_private_file`` and the staging directories (``beam-temp-PREFIX.PRIVATE-...``);
+    never another prefix's, such as ``PREFIX-2``'s or ``PREFIX2``'s."""
+    out = set()
+    for prefix in prefixes:
+        if not prefix or is_remote(prefix):
+            continue
+        parent = os.path.dirname(os.path.abspath(prefix))
+        base = TEMP_PREFIX + os.path.basename(prefix)
+        starts = tuple(f"{base}-{kind}{SHARD}-" for kind in ("items", *SUB_RELEASE_KINDS)
+                       ) + (base + ".PRIVATE-",)
+        try:
+            out |= {os.path.join(parent, n) for n in os.listdir(parent) if n.startswith(starts)}
+        except OSError:
+            pass
+    return out
+
+
+def is_remote(path: str) -> bool:
+    """Whether ``path`` is on a remote filesystem (``gs://``, ``s3://`` ...): no file modes,
+    no local directories."""
+    return "://" in path
+
+
+# -- before a run: the checks of its locations, then its directories ---------------
+
+def check_input(input_pattern: str) -> List[str]:
+    """The input files; UsageError unless each is a readable file (nothing is read).
+
+    A directory (``--input data`` instead of ``--input 'data/*'``), a file that
+    cannot be opened (permissions, a socket) or a pattern matching nothing is
+    refused. Remote files (``gs://`` ...) are only matched.
+    """
+    try:
+        paths = match_files(input_pattern)
+    except Exception as e:  # a filesystem that refuses the pattern
+        raise UsageError(f"cannot list input {input_pattern!r}: {_last_line(e)}") from None
+    if not paths:
+        raise UsageError(f"no input file matches {input_pattern!r}")
+    for path in paths:
+        if is_remote(path):
+            continue
+        if os.path.isdir(path):
+            raise UsageError(f"input {path!r} is a directory; give files or a glob, e.g. "
+                             f"--input '{os.path.join(path, '*')}'")
+        try:  # opening reads nothing (O_NONBLOCK: a FIFO does not block here)
+            os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))
+        except OSError as e:
+            raise UsageError(f"cannot read input file {path!r}: {e.strerror}") from None
+        if not os.access(path, os.R_OK):
+            raise UsageError(f"cannot read input file {path!r}: permission denied")
+    return paths
+
+
+def check_columns(paths: Sequence[str], tabs_in_items: bool = False,
+                  trust_columns: bool = False) -> None:
+    """UsageError when the first MiB of the first local input file shows a column mistake:
+
+    * a line with more than two tab-separated fields (``user<TAB>item<TAB>1``), whose
+      item would be glued to the rest of the line (``item<TAB>1``), unless
+      ``tabs_in_items`` (``--tabs-in-items``) says the rest of the line is the item;
+    * columns that look swapped (``dp.data.lines.looks_swapped``: the second column comes in
+      runs as a user's lines do): the release would publish user ids and protect items,
+      not people; unless ``trust_columns`` (``--trust-columns``).
+
+    And before both, whatever the flags: input that is not text at all (binary, or
+    compressed without the name that says so: ``dp.data.lines.not_text_reason``).
+
+    Remote files are not read here. Nothing else of the input is checked.
+    """
+    local = [p for p in paths if not is_remote(p)]
+    if not local:
+        return
+    path = local[0]
+    try:
+        reason = lines_mod.not_text_reason(lines_mod.sniff_head(path))
+    except (OSError, EOFError) as e:  # unreadable or corrupt: the read reports it
+        logging.debug("text check skipped for %s: %s", path, e)
+        reason = None
+    if reason is not None:
+        raise UsageError(f"{path} is not user<TAB>item text: {reason}")
+    if tabs_in_items and trust_columns:
+        return
+    try:
+        lines = lines_mod.sniff_lines(path)
+    except (OSError, EOFError) as e:  # unreadable or corrupt: the read reports it
+        logging.debug("column check skipped for %s: %s", path, e)
+        return
+    if not tabs_in_items:
+        k = lines_mod.first_extra_column(lines)
+        if k is not None:
+            fields = lines[k].count(b"\t") + 1
+            raise UsageError(
+                f"line {k + 1} of {path} has {fields} tab-separated fields, so its item would "
+                f"be everything after the first tab; give user<TAB>item lines (e.g. cut -f1,2), "
+                f"or pass --tabs-in-items if the rest of the line is the item")
+    if not trust_columns and lines_mod.looks_swapped(lines):
+        user_runs, item_runs = lines_mod.column_runs(lines)
+        raise UsageError(
+            f"the columns of {path} look swapped: the first column must be the person (the "
+            f"user id), but there the second column comes in runs of {item_runs:.1f} lines "
+            f"as a user's lines do, the first in runs of {user_runs:.1f}; the release would "
+            f"publish user ids. Swap them (awk -F'\\t' '{{print $2\"\\t\"$1}}') or, if the first "
+            f"column is the person (a file sorted by item looks the same), pass --trust-columns")
+
+
+def check_output(prefix: str, flag: str = "--output") -> None:
+    """UsageError unless files ``PREFIX...`` can be created; creates and leaves nothing.
+
+    On a local disk the nearest existing ancestor of the prefix's directory
+    must be a directory we may write; then the missing directories are really
+    created, an empty probe file is created in the prefix's directory, and all
+    of them are removed again (permission bits do not tell everything: ``/proc``
+    or a read-only mount refuse what ``os.access`` allows). The directories are
+    created for good only when the run starts (``prepare_output``). On other
+    filesystems an empty probe file is created and deleted.
+    """
+    if prefix.endswith(("/", os.sep)):
+        raise UsageError(f"{flag} {prefix!r} ends with a separator; it is a file prefix, "
+                         f"e.g. {os.path.join(prefix, 'release')!r}")
+    if is_remote(prefix):
+        probe = f"{prefix}.beam-dpsu-probe-{uuid.uuid4().hex}"
+        try:
+            with FileSystems.create(probe) as f:
+                f.write(b"")
+        except Exception as e:  # any filesystem's refusal
+            raise UsageError(f"cannot write to {prefix!r}: {_last_line(e)}") from None
+        finally:
+            try:
+                if FileSystems.exists(probe):
+                    FileSystems.delete([probe])
+            except Exception:  # nothing more we can do
+                pass
+        return
+    ancestor = os.path.dirname(os.path.abspath(prefix))
+    while not os.path.exists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor):
+        raise UsageError(f"cannot write to {prefix!r}: {ancestor!r} is not a directory")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise UsageError(f"cannot write to {prefix!r}: no permission to create files in "
+                         f"{ancestor!r}")
+    _probe_local(prefix)
+
+
+def _probe_local(prefix: str) -> None:
+    """Creates the prefix's missing directories and a probe file in it, then removes
+    them all; UsageError (with the system's reason) when any step fails."""
+    directory = os.path.dirname(os.path.abspath(prefix))
+    missing = []
+    parent = directory
+    while not os.path.exists(parent):
+        missing.append(parent)
+        parent = os.path.dirname(parent)
+    made: List[str] = []
+    step = ""
+    try:
+        for path in reversed(missing):  # outermost first
+            step = f"cannot create directory {path!r}"
+            os.mkdir(path)
+            made.append(path)
+        step = f"cannot create files in {directory!r}"
+        probe = os.path.join(directory, f".beam-dpsu-probe-{uuid.uuid4().hex}")
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        os.remove(probe)
+    except OSError as e:
+        raise UsageError(f"cannot write to {prefix!r}: {step}: {e.strerror or e}") from None
+    finally:
+        remove_empty(made)
+
+
+def check_locations(input_pattern: str, *output_prefixes: Optional[str]) -> None:
+    """UsageError unless the input is readable files and each output can be written."""
+    check_input(input_pattern)
+    for prefix in output_prefixes:
+        if prefix:
+            check_output(prefix)
+
+
+def prepare_output(prefix: str) -> List[str]:
+    """Creates the prefix's directory (local disks), after every check passed.
+
+    Returns the directories it created, outermost first (for ``remove_empty``).
+    """
+    if is_remote(prefix):
+        return []
+    missing = []
+    parent = os.path.dirname(os.path.abspath(prefix))
+    while not os.path.exists(parent):
+        missing.append(parent)
+        parent = os.path.dirname(parent)
+    os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
+    return missing[::-1]
+
+
+def remove_empty(directories: Sequence[str]) -> None:
+    """Removes the directories a failed run created, innermost first, if still empty."""
+    for path in reversed(directories):
+        try:
+            os.rmdir(path)
+        except OSError:
+            pass
+
+
+def delete_files(paths: Sequence[str]) -> None:
+    """Deletes ``paths`` (on any filesystem)."""
+    if paths:
+        FileSystems.delete(list(paths))
+
+
+# -- owner-only files, appearing whole or not at all -------------------------------
+
 def _temp_name(path: str) -> str:
     """A temporary file next to ``path``: ``beam-temp-NAME-<hex>`` (``write.TEMP_PREFIX``),
-    which a failed run's clean-up finds (``_temp_dirs``)."""
+    which a failed run's clean-up finds (``temp_files``)."""
     directory, name = FileSystems.split(path)
     return FileSystems.join(directory, f"{TEMP_PREFIX}{name}-{uuid.uuid4().hex}")
 
@@ -130,7 +372,7 @@ def write_private_file(path: str, parts) -> None:
     ``transforms.write.write_one_file``. ``parts`` is iterated once (it may be
     a runner's lazy iterable of grouped values).
     """
-    if _is_remote(path):
+    if is_remote(path):
         write_one_file(path, parts)
         return
 
@@ -205,10 +447,54 @@ class WritePrivateFile(beam.PTransform):
                 | "Write" >> beam.ParDo(_WritePrivateFileDoFn(self._path, self._to_parts)))
 
 
-def dead_letter_file(path: str) -> str:
-    """The one dead-letter file of ``--dead-letter PATH``:
-    ``PATH.PRIVATE-dead-letter-00000-of-00001``."""
-    return path + DEAD_LETTER_SUFFIX
+def staging_directory(prefix: str) -> Optional[str]:
+    """A new owner-only directory next to the release for the run's staged shuffles
+    (``transforms.staging``: private data derived from the input),
+    ``beam-temp-NAME.PRIVATE-staging-<hex>``, which the run removes when it ends,
+    whether it succeeds or fails (``runs.ReleaseRun.run_pipeline``); None for a prefix on a
+    remote filesystem (the run then shuffles through the runner)."""
+    if is_remote(prefix):
+        return None
+    directory = os.path.dirname(os.path.abspath(prefix))
+    name = f"{TEMP_PREFIX}{os.path.basename(prefix)}.PRIVATE-staging-{uuid.uuid4().hex}"
+    return staging.make_directory(os.path.join(directory, name))
+
+
+# -- the steps of a release pipeline that write its files --------------------------
+
+def write_items(lines: beam.PCollection, prefix: str,
+                arrange: Callable[[List[Any]], List[str]] = sorted_text,
+                label: str = "", kind: str = "items") -> None:
+    """Writes a release as ONE file ``PREFIX-KIND-00000-of-00001`` (default kind
+    ``items``; a further release of the run: one of ``SUB_RELEASE_KINDS``).
+
+    The released elements are collected (the release is small next to the
+    data) and ``arrange`` turns the whole list into the file's text (default:
+    sorted lines), so the order of lines never depends on the order in which
+    the runner produced them, which could reflect the input order and so
+    individual users. ``label`` prefixes the steps' labels (a second release
+    of the same pipeline needs its own).
+
+    Written by ``transforms.write.WriteRelease`` on every runner: one step
+    collects the lines, one writes them to a temporary file next to the release
+    and renames it, so the file appears whole or not at all (an empty release
+    writes no file; ``runs.ReleaseRun`` then creates it empty).
+
+    The released elements are also counted (``tally``: ``released`` for the
+    items, ``released_KIND`` for a further release) in the run's counts files.
+    """
+    tally(lines, "released" if kind == "items" else f"released_{kind}")
+    lines | label + "WriteItems" >> WriteRelease(f"{prefix}-{kind}{SHARD}", arrange)
+
+
+def count_output_lines(prefix: str, kind: str = "items") -> int:
+    """Non-empty lines of the release file ``PREFIX-KIND-00000-of-00001`` (this file
+    only: a glob would also match other runs' files); 0 if it does not exist."""
+    path = f"{prefix}-{kind}{SHARD}"
+    if not FileSystems.exists(path):
+        return 0
+    with FileSystems.open(path) as f:
+        return sum(1 for line in f if line.strip())
 
 
 def _each_occurrence(grouped):
@@ -233,13 +519,20 @@ def write_dead_letter(malformed: beam.PCollection, path: Optional[str]) -> None:
                                                           _each_occurrence)
 
 
+def tally_users(users: beam.PCollection) -> None:
+    """Counts a run's users (``tally``: ``users``) from a columnar transform's users per
+    group."""
+    tally(users | "UsersPerGroup" >> beam.Map(_group_count), "users", counts_second=True)
+
+
+def _group_count(n: int):
+    return None, n
+
+
 # -- the counts of a run, written by the pipeline itself ---------------------------
 
 #: pipeline -> {name: PCollections of (name, n) to add up in the count's file}
 _TALLIES: "weakref.WeakKeyDictionary[beam.Pipeline, dict]" = weakref.WeakKeyDictionary()
-
-#: What ``write_counts`` always writes (0 when nothing was tallied under a name).
-COUNT_NAMES = ("users", "malformed_lines", "released")
 
 
 class _TallyDoFn(beam.DoFn):
@@ -324,333 +617,3 @@ def read_counts(prefix: str, names: Sequence[str] = ()) -> Dict[str, int]:
             counts.update({k: int(v) for k, v in json.loads(f.read().decode("utf-8")).items()})
     FileSystems.delete(paths)
     return counts
-
-
-def _is_remote(path: str) -> bool:
-    return "://" in path
-
-
-def check_input(input_pattern: str) -> List[str]:
-    """The input files; UsageError unless each is a readable file (nothing is read).
-
-    A directory (``--input data`` instead of ``--input 'data/*'``), a file that
-    cannot be opened (permissions, a socket) or a pattern matching nothing is
-    refused. Remote files (``gs://`` ...) are only matched.
-    """
-    try:
-        paths = match_files(input_pattern)
-    except Exception as e:  # a filesystem that refuses the pattern
-        raise UsageError(f"cannot list input {input_pattern!r}: {_last_line(e)}") from None
-    if not paths:
-        raise UsageError(f"no input file matches {input_pattern!r}")
-    for path in paths:
-        if _is_remote(path):
-            continue
-        if os.path.isdir(path):
-            raise UsageError(f"input {path!r} is a directory; give files or a glob, e.g. "
-                             f"--input '{os.path.join(path, '*')}'")
-        try:  # opening reads nothing (O_NONBLOCK: a FIFO does not block here)
-            os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))
-        except OSError as e:
-            raise UsageError(f"cannot read input file {path!r}: {e.strerror}") from None
-        if not os.access(path, os.R_OK):
-            raise UsageError(f"cannot read input file {path!r}: permission denied")
-    return paths
-
-
-def check_columns(paths: Sequence[str], tabs_in_items: bool = False,
-                  trust_columns: bool = False) -> None:
-    """UsageError when the first MiB of the first local input file shows a column mistake:
-
-    * a line with more than two tab-separated fields (``user<TAB>item<TAB>1``), whose
-      item would be glued to the rest of the line (``item<TAB>1``), unless
-      ``tabs_in_items`` (``--tabs-in-items``) says the rest of the line is the item;
-    * columns that look swapped (``dp.data.lines.looks_swapped``: the second column comes in
-      runs as a user's lines do): the release would publish user ids and protect items,
-      not people; unless ``trust_columns`` (``--trust-columns``).
-
-    And before both, whatever the flags: input that is not text at all (binary, or
-    compressed without the name that says so: ``dp.data.lines.not_text_reason``).
-
-    Remote files are not read here. Nothing else of the input is checked.
-    """
-    local = [p for p in paths if not _is_remote(p)]
-    if not local:
-        return
-    path = local[0]
-    try:
-        reason = lines_mod.not_text_reason(lines_mod.sniff_head(path))
-    except (OSError, EOFError) as e:  # unreadable or corrupt: the read reports it
-        logging.debug("text check skipped for %s: %s", path, e)
-        reason = None
-    if reason is not None:
-        raise UsageError(f"{path} is not user<TAB>item text: {reason}")
-    if tabs_in_items and trust_columns:
-        return
-    try:
-        lines = lines_mod.sniff_lines(path)
-    except (OSError, EOFError) as e:  # unreadable or corrupt: the read reports it
-        logging.debug("column check skipped for %s: %s", path, e)
-        return
-    if not tabs_in_items:
-        k = lines_mod.first_extra_column(lines)
-        if k is not None:
-            fields = lines[k].count(b"\t") + 1
-            raise UsageError(
-                f"line {k + 1} of {path} has {fields} tab-separated fields, so its item would "
-                f"be everything after the first tab; give user<TAB>item lines (e.g. cut -f1,2), "
-                f"or pass --tabs-in-items if the rest of the line is the item")
-    if not trust_columns and lines_mod.looks_swapped(lines):
-        user_runs, item_runs = lines_mod.column_runs(lines)
-        raise UsageError(
-            f"the columns of {path} look swapped: the first column must be the person (the "
-            f"user id), but there the second column comes in runs of {item_runs:.1f} lines "
-            f"as a user's lines do, the first in runs of {user_runs:.1f}; the release would "
-            f"publish user ids. Swap them (awk -F'\\t' '{{print $2\"\\t\"$1}}') or, if the first "
-            f"column is the person (a file sorted by item looks the same), pass --trust-columns")
-
-
-def check_output(prefix: str, flag: str = "--output") -> None:
-    """UsageError unless files ``PREFIX...`` can be created; creates and leaves nothing.
-
-    On a local disk the nearest existing ancestor of the prefix's directory
-    must be a directory we may write; then the missing directories are really
-    created, an empty probe file is created in the prefix's directory, and all
-    of them are removed again (permission bits do not tell everything: ``/proc``
-    or a read-only mount refuse what ``os.access`` allows). The directories are
-    created for good only when the run starts (``prepare_output``). On other
-    filesystems an empty probe file is created and deleted.
-    """
-    if prefix.endswith(("/", os.sep)):
-        raise UsageError(f"{flag} {prefix!r} ends with a separator; it is a file prefix, "
-                         f"e.g. {os.path.join(prefix, 'release')!r}")
-    if _is_remote(prefix):
-        probe = f"{prefix}.beam-dpsu-probe-{uuid.uuid4().hex}"
-        try:
-            with FileSystems.create(probe) as f:
-                f.write(b"")
-        except Exception as e:  # any filesystem's refusal
-            raise UsageError(f"cannot write to {prefix!r}: {_last_line(e)}") from None
-        finally:
-            try:
-                if FileSystems.exists(probe):
-                    FileSystems.delete([probe])
-            except Exception:  # nothing more we can do
-                pass
-        return
-    ancestor = os.path.dirname(os.path.abspath(prefix))
-    while not os.path.exists(ancestor):
-        ancestor = os.path.dirname(ancestor)
-    if not os.path.isdir(ancestor):
-        raise UsageError(f"cannot write to {prefix!r}: {ancestor!r} is not a directory")
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise UsageError(f"cannot write to {prefix!r}: no permission to create files in "
-                         f"{ancestor!r}")
-    _probe_local(prefix)
-
-
-def _probe_local(prefix: str) -> None:
-    """Creates the prefix's missing directories and a probe file in it, then removes
-    them all; UsageError (with the system's reason) when any step fails."""
-    directory = os.path.dirname(os.path.abspath(prefix))
-    missing = []
-    parent = directory
-    while not os.path.exists(parent):
-        missing.append(parent)
-        parent = os.path.dirname(parent)
-    made: List[str] = []
-    step = ""
-    try:
-        for path in reversed(missing):  # outermost first
-            step = f"cannot create directory {path!r}"
-            os.mkdir(path)
-            made.append(path)
-        step = f"cannot create files in {directory!r}"
-        probe = os.path.join(directory, f".beam-dpsu-probe-{uuid.uuid4().hex}")
-        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-        os.remove(probe)
-    except OSError as e:
-        raise UsageError(f"cannot write to {prefix!r}: {step}: {e.strerror or e}") from None
-    finally:
-        remove_empty(made)
-
-
-def prepare_output(prefix: str) -> List[str]:
-    """Creates the prefix's directory (local disks), after every check passed.
-
-    Returns the directories it created, outermost first (for ``remove_empty``).
-    """
-    if _is_remote(prefix):
-        return []
-    missing = []
-    parent = os.path.dirname(os.path.abspath(prefix))
-    while not os.path.exists(parent):
-        missing.append(parent)
-        parent = os.path.dirname(parent)
-    os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
-    return missing[::-1]
-
-
-def remove_empty(directories: Sequence[str]) -> None:
-    """Removes the directories a failed run created, innermost first, if still empty."""
-    for path in reversed(directories):
-        try:
-            os.rmdir(path)
-        except OSError:
-            pass
-
-
-def _existing(paths: Sequence[str]) -> List[str]:
-    return [p for p in paths if FileSystems.exists(p)]
-
-
-def run_files(prefix: str, dead_letter: Optional[str] = None) -> List[str]:
-    """The files a run under ``prefix`` (with ``--dead-letter`` ``dead_letter``)
-    writes, whether or not they exist: release files, summaries, counts, dead letter."""
-    return ([prefix + ITEMS_SUFFIX] + [f"{prefix}-{kind}{SHARD}" for kind in SUB_RELEASE_KINDS]
-            + [prefix + PUBLIC_SUFFIX, prefix + PRIVATE_SUFFIX]
-            + [counts_file(prefix, name) for name in COUNT_NAMES]
-            + [counts_file(prefix, f"released_{kind}") for kind in SUB_RELEASE_KINDS]
-            + ([dead_letter_file(dead_letter)] if dead_letter else []))
-
-
-def earlier_outputs(prefix: str, dead_letter: Optional[str] = None) -> List[str]:
-    """Files an earlier run left under ``prefix``: items, summaries, counts, dead letters.
-
-    The dead-letter files are ``dead_letter``'s (``dead_letter_file``) and those
-    the earlier run's private details name.
-    """
-    # the items' shards (one; an older version wrote several), never
-    # another run's files such as PREFIX-items-x-items-00000-of-00001
-    found = match_files(prefix + "-items-[0-9][0-9][0-9][0-9][0-9]-of-[0-9][0-9][0-9][0-9][0-9]")
-    found += _existing([p for p in run_files(prefix, dead_letter) if p not in found])
-    patterns = []
-    if prefix + PRIVATE_SUFFIX in found:
-        try:
-            with FileSystems.open(prefix + PRIVATE_SUFFIX) as f:
-                earlier = json.loads(f.read().decode("utf-8")).get("dead_letter_files")
-            # this version records the file; an older one a pattern PATH-*
-            if isinstance(earlier, str) and earlier.endswith((DEAD_LETTER_SUFFIX, "-*")):
-                patterns.append(earlier)
-        except Exception:  # unreadable or not ours: its own path is still refused
-            pass
-    for pattern in patterns:
-        found += match_files(pattern)
-    return sorted(set(found))
-
-
-def check_earlier_outputs(prefix: str, dead_letter: Optional[str], overwrite: bool
-                          ) -> List[str]:
-    """UsageError when an earlier run's outputs exist and ``overwrite`` is off.
-
-    Returns the files to delete (with ``overwrite``) before the run; two
-    releases under one prefix would otherwise be read as one, and cost twice.
-    """
-    found = earlier_outputs(prefix, dead_letter)
-    if found and not overwrite:
-        raise UsageError(
-            f"{len(found)} output file(s) of an earlier run exist (e.g. {found[0]!r}); a new "
-            f"release must not be mixed with them: choose another --output, or pass "
-            f"--overwrite to delete them first")
-    return found
-
-
-def delete_files(paths: Sequence[str]) -> None:
-    if paths:
-        FileSystems.delete(list(paths))
-
-
-def write_items(lines: beam.PCollection, prefix: str,
-                arrange: Callable[[List[Any]], List[str]] = sorted_text,
-                label: str = "", kind: str = "items") -> None:
-    """Writes a release as ONE file ``PREFIX-KIND-00000-of-00001`` (default kind
-    ``items``; a further release of the run: one of ``SUB_RELEASE_KINDS``).
-
-    The released elements are collected (the release is small next to the
-    data) and ``arrange`` turns the whole list into the file's text (default:
-    sorted lines), so the order of lines never depends on the order in which
-    the runner produced them, which could reflect the input order and so
-    individual users. ``label`` prefixes the steps' labels (a second release
-    of the same pipeline needs its own).
-
-    Written by ``transforms.write.WriteRelease`` on every runner: one step
-    collects the lines, one writes them to a temporary file next to the release
-    and renames it, so the file appears whole or not at all (an empty release
-    writes no file; ``run_release`` then creates it empty).
-
-    The released elements are also counted (``tally``: ``released`` for the
-    items, ``released_KIND`` for a further release) in the run's counts files.
-    """
-    tally(lines, "released" if kind == "items" else f"released_{kind}")
-    lines | label + "WriteItems" >> WriteRelease(f"{prefix}-{kind}{SHARD}", arrange)
-
-
-def _temp_dirs(prefixes: Sequence[str]) -> set:
-    """The local temporary files and directories a run under these prefixes (or
-    ``--dead-letter`` paths) makes next to them: those of ``write.write_one_file``
-    for the release files (``beam-temp-PREFIX-items-00000-of-00001-<hex>``), of
-    ``write_private_file`` and the staging directories (``beam-temp-PREFIX.PRIVATE-...``);
-    never another prefix's, such as ``PREFIX-2``'s or ``PREFIX2``'s."""
-    out = set()
-    for prefix in prefixes:
-        if not prefix or _is_remote(prefix):
-            continue
-        parent = os.path.dirname(os.path.abspath(prefix))
-        base = TEMP_PREFIX + os.path.basename(prefix)
-        starts = tuple(f"{base}-{kind}{SHARD}-" for kind in ("items", *SUB_RELEASE_KINDS)
-                       ) + (base + ".PRIVATE-",)
-        try:
-            out |= {os.path.join(parent, n) for n in os.listdir(parent) if n.startswith(starts)}
-        except OSError:
-            pass
-    return out
-
-
-def staging_directory(prefix: str) -> Optional[str]:
-    """A new owner-only directory next to the release for the run's staged shuffles
-    (``transforms.staging``: private data derived from the input),
-    ``beam-temp-NAME.PRIVATE-staging-<hex>``, which the run removes when it ends,
-    whether it succeeds or fails (``runs.run_pipeline``); None for a prefix on a
-    remote filesystem (the run then shuffles through the runner)."""
-    if _is_remote(prefix):
-        return None
-    directory = os.path.dirname(os.path.abspath(prefix))
-    name = f"{TEMP_PREFIX}{os.path.basename(prefix)}.PRIVATE-staging-{uuid.uuid4().hex}"
-    return staging.make_directory(os.path.join(directory, name))
-
-
-def count_output_lines(prefix: str, kind: str = "items") -> int:
-    """Non-empty lines of the release file ``PREFIX-KIND-00000-of-00001`` (this file
-    only: a glob would also match other runs' files); 0 if it does not exist."""
-    path = f"{prefix}-{kind}{SHARD}"
-    if not FileSystems.exists(path):
-        return 0
-    with FileSystems.open(path) as f:
-        return sum(1 for line in f if line.strip())
-
-
-def write_public(prefix: str, summary: Dict[str, Any]) -> None:
-    with FileSystems.create(prefix + PUBLIC_SUFFIX) as f:
-        f.write((json.dumps(summary, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
-
-
-def write_private(prefix: str, details: Dict[str, Any]) -> None:
-    """Writes the owner-only details; on a local disk the file is created with mode 0600."""
-    data = (json.dumps(details, indent=2, ensure_ascii=False, default=str) + "\n").encode("utf-8")
-    path = prefix + PRIVATE_SUFFIX
-    if _is_remote(path):  # object stores have no file modes: their ACLs apply
-        with FileSystems.create(path) as f:
-            f.write(data)
-        return
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.fchmod(fd, 0o600)  # also when the file existed
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-
-
-def check_locations(input_pattern: str, *output_prefixes: Optional[str]) -> None:
-    """UsageError unless the input is readable files and each output can be written."""
-    check_input(input_pattern)
-    for prefix in output_prefixes:
-        if prefix:
-            check_output(prefix)

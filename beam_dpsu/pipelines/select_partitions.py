@@ -69,8 +69,6 @@ from beam_dpsu.dp.mechanisms import Mechanism
 from beam_dpsu.dp.mechanisms.on_blocks import runs_columnar
 from beam_dpsu.transforms.columnar import ActivityFromText, RankFromText, SelectFromText
 from beam_dpsu.dp.randomness.noise import RunKey
-from beam_dpsu.transforms import runners
-from beam_dpsu.transforms.run_key import wait_for
 from beam_dpsu.transforms.write import ranked_lines
 from beam_dpsu.dp.mechanisms.topk import TopKMechanism
 from beam_dpsu.pipelines import arguments, run_budget, top_k as top_k_pipeline, outputs, runs
@@ -102,10 +100,10 @@ def build_pipeline(p: beam.Pipeline, input_pattern: str, output_prefix: str,
     if not runs_columnar(mechanism):
         raise ValueError(f"the command line's pipeline runs the columnar path's mechanisms; "
                          f"got {mechanism!r}: use SelectPartitions")
-    layout = runs.columnar_layout(p, input_pattern, output_prefix)
+    layout = runs.columnar_layout(p, input_pattern)
     items, malformed, users = p | "SelectFromText" >> SelectFromText(
         input_pattern, mechanism, run_key, **layout)
-    runs.tally_users(users)
+    outputs.tally_users(users)
     outputs.write_dead_letter(malformed, dead_letter)
     outputs.write_items(items, output_prefix)
     if top_k is not None:  # the same files again; their users and malformed lines once
@@ -195,20 +193,21 @@ def run(argv: Optional[Sequence[str]] = None) -> dict:
             args.progress_notes = ["top-k: " + out["top_k"]["stop_reason"]]
         return out
 
+    release = runs.ReleaseRun(
+        args, beam_args, sub_releases=(outputs.TOPK_KIND,) if plan.top_k is not None else ())
+
     def build(p, run_key):
         if getattr(plan.mechanism, "needs_calibration", False):
-            plan.mechanism = calibrate(plan.mechanism, args, p.options)
+            plan.mechanism = calibrate(plan.mechanism, release)
             if plan.budget is not None:  # its statement shows the calibrated parameters
                 plan.budget.restate("select", plan.mechanism)
         build_pipeline(p, args.input, args.output, plan.mechanism, run_key, args.dead_letter,
                        plan.top_k)
 
-    return runs.run_release(
-        args, beam_args, build, fields,
-        sub_releases=(outputs.TOPK_KIND,) if plan.top_k is not None else ())
+    return release.run(build, fields)
 
 
-def calibrate(mechanism, args, options):
+def calibrate(mechanism, release: runs.ReleaseRun):
     """A mechanism whose parameters come from a DP estimate of the users' activity
     (``--max-items-per-user auto``; GW-KT's calibration share): runs the small pipeline
     that counts the input's users by their number of distinct items in the mechanism's
@@ -217,19 +216,15 @@ def calibrate(mechanism, args, options):
     seed's key with ``--insecure-test-seed``, so that the run equals ``run_local``; else
     under a fresh OS-random key drawn here) and returns the calibrated mechanism. The
     exact counts pass through this process only, in owner-only files deleted at once,
-    like the run's other counts."""
-    p = beam.Pipeline(options=options)
-    groups = p | "ActivityFromText" >> ActivityFromText(args.input, mechanism.layout)
-    for b in range(mechanism.layout.count):
-        outputs.tally(groups | f"Bucket{b}" >> beam.Map(lambda h, b=b: (None, h[b])),
-                      f"activity_users_{b}", counts_second=True)
-    names = outputs.write_counts(p, args.output)
-    runners.join_leaves(p)  # a runner computing only the last branch computes every count
-    runners.check_pipeline(p)
-    wait_for(p, p.run())
-    counts = outputs.read_counts(args.output, names)  # every file it wrote, deleted
-    key = (RunKey.from_test_seed(args.insecure_test_seed)
-           if args.insecure_test_seed is not None else RunKey.fresh())
+    like the run's other counts (``release.count``)."""
+    def count(p):
+        groups = p | "ActivityFromText" >> ActivityFromText(release.input, mechanism.layout)
+        for b in range(mechanism.layout.count):
+            outputs.tally(groups | f"Bucket{b}" >> beam.Map(lambda h, b=b: (None, h[b])),
+                          f"activity_users_{b}", counts_second=True)
+    counts = release.count(count)  # every file it wrote, deleted
+    key = (RunKey.from_test_seed(release.seed)
+           if release.seed is not None else RunKey.fresh())
     histogram = [counts[f"activity_users_{b}"] for b in range(mechanism.layout.count)]
     return mechanism.calibrated(mechanism.estimate(histogram, key))
 

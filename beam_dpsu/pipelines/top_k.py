@@ -88,8 +88,8 @@ def build_pipeline(p: beam.Pipeline, input_pattern: str, output_prefix: str,
     (``runs.columnar_layout``)."""
     rows, malformed, users = p | "RankFromText" >> RankFromText(
         input_pattern, mechanism, run_key,
-        **runs.columnar_layout(p, input_pattern, output_prefix))
-    runs.tally_users(users)
+        **runs.columnar_layout(p, input_pattern))
+    outputs.tally_users(users)
     outputs.write_dead_letter(malformed, dead_letter)
     outputs.write_items(rows, output_prefix, arrange=ranked_lines)
 
@@ -136,8 +136,7 @@ def run(argv: Optional[Sequence[str]] = None) -> dict:
                 "the budget the query was calibrated from: total, share, stated guarantee"))
         return out
 
-    return runs.run_release(
-        args, beam_args,
+    return runs.ReleaseRun(args, beam_args).run(
         lambda p, run_key: build_pipeline(p, args.input, args.output, mechanism, run_key,
                                           args.dead_letter), fields)
 
