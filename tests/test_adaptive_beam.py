@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
-from beam_dpsu.dp.data import columnar
+from beam_dpsu.dp.data import columnar, columnar_text
 from beam_dpsu.dp.data.contribution import per_user_counts, sample_items
 from beam_dpsu.dp.mechanisms.adaptive import (RELEASED, Adaptive, adaptive_histogram,
                                               adaptive_pairs_histogram, marks_arrays,
@@ -96,7 +96,7 @@ def test_the_columnar_adaptive_histogram_is_the_dict_one():
             for u in range(300)}
     users = [u for u, c in data.items() for _ in c]
     items = [i for c in data.values() for i in c]
-    block = columnar.pair_blocks(columnar.arrays_block(pa.array(users), pa.array(items)), 1)[0]
+    block = columnar.pair_blocks(columnar_text.arrays_block(pa.array(users), pa.array(items)), 1)[0]
     pairs = columnar.group_pairs([block])
     key = RunKey.from_test_seed(3).subkey("sample/0")
     for trial in range(20):

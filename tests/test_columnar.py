@@ -12,7 +12,7 @@ from apache_beam.testing.util import assert_that, equal_to
 from scipy import stats
 
 from beam_dpsu.dp.randomness import buffers
-from beam_dpsu.dp.data import columnar
+from beam_dpsu.dp.data import columnar, columnar_sampling, columnar_text
 from beam_dpsu.dp.mechanisms import on_blocks
 from beam_dpsu.dp.evaluation import synthetic
 from beam_dpsu.dp.data.contribution import (item_scores, per_user_counts, sample_items,
@@ -68,7 +68,7 @@ def test_parse_block_is_parse_line_on_every_line(seed):
     weights = [8, 8, 3, 2, 2, 2, 1, 1, 1, 8, 2, 1]
     lines = [b"".join(rnd.choices(alphabet, weights, k=rnd.randint(0, 9)))
              for _ in range(5000)]
-    parsed = columnar.parse_block(b"\n".join(lines))
+    parsed = columnar_text.parse_block(b"\n".join(lines))
     pairs, bad = _expected_parse(lines)
     assert list(zip(parsed.users.to_pylist(), parsed.items.to_pylist())) == pairs
     assert parsed.malformed == bad
@@ -78,11 +78,11 @@ def test_parse_block_is_parse_line_on_every_line(seed):
 def test_parse_block_edge_lines():
     lines = [b"u\titem\twith\ttabs", b"u\t", b"\tno-user", b"no-tab", b"", b"u\titem\r",
              b"u\titem\r\r", b"u\r\titem", "ü\t✓".encode(), b"u\t\xff"]
-    parsed = columnar.parse_block(b"\n".join(lines))
+    parsed = columnar_text.parse_block(b"\n".join(lines))
     pairs, bad = _expected_parse(lines)
     assert list(zip(parsed.users.to_pylist(), parsed.items.to_pylist())) == pairs
     assert parsed.malformed == bad
-    empty = columnar.parse_block(b"")
+    empty = columnar_text.parse_block(b"")
     assert len(empty.users) == 0 and empty.malformed == {b"": 1}
 
 
@@ -93,7 +93,7 @@ def _columnar_histogram(per_user, max_items, weighting, key, groups=5, block_byt
     text = "".join(f"{u}\t{i}\n" for u, counts in per_user.items() for i in counts).encode()
     by_group = {}
     for block in iter_raw_blocks(io.BytesIO(text), block_bytes):
-        for g, pb in columnar.pair_blocks(columnar.parse_block(block), groups).items():
+        for g, pb in columnar.pair_blocks(columnar_text.parse_block(block), groups).items():
             by_group.setdefault(g, []).append(columnar.PairBlock.from_bytes(pb.to_bytes()))
     hist, users = {}, 0
     for blocks in by_group.values():
@@ -156,7 +156,7 @@ def _blocks_of(lines, groups, block_bytes, counted=False):
     text = "".join(f"{u}\t{i}\n" for u, i in lines).encode()
     by_group, base = {}, 0
     for block in iter_raw_blocks(io.BytesIO(text), block_bytes):
-        parsed = columnar.parse_block(block)
+        parsed = columnar_text.parse_block(block)
         made = (columnar.counted_pair_blocks(parsed, groups, base) if counted
                 else columnar.pair_blocks(parsed, groups))
         for g, pb in made.items():
@@ -176,7 +176,7 @@ def test_presampled_blocks_give_the_same_sample_and_weights(monkeypatch, coarse,
     from beam_dpsu.dp.data import contribution
     if coarse:
         scores = contribution.item_scores
-        for module in (contribution, columnar):
+        for module in (contribution, columnar_sampling):
             monkeypatch.setattr(module, "item_scores",
                                 lambda *a, **k: scores(*a, **k) >> np.uint64(63))
     rnd = random.Random(5)
@@ -200,7 +200,7 @@ def test_blocks_presampled_whole_are_the_groups_presampled(counted):
     rnd = random.Random(8)
     text = "\n".join(f"user{rnd.randrange(40)}\tit{rnd.randrange(90)}"
                      for _ in range(5000)).encode()
-    parsed, key = columnar.parse_block(text), RK.subkey("sample/0")
+    parsed, key = columnar_text.parse_block(text), RK.subkey("sample/0")
 
     def make(sample):
         return (columnar.counted_pair_blocks(parsed, 4, 0, sample) if counted
@@ -311,7 +311,7 @@ def test_columnar_release_is_run_local(mechanism):
     text = "".join(f"{u}\t{i}\n" for u, counts in per_user.items() for i in counts).encode()
     groups = {}
     for block in iter_raw_blocks(io.BytesIO(text), 30000):
-        for g, pb in columnar.pair_blocks(columnar.parse_block(block), 7).items():
+        for g, pb in columnar.pair_blocks(columnar_text.parse_block(block), 7).items():
             groups.setdefault(g, []).append(columnar.PairBlock.from_bytes(pb.to_bytes()))
     shards = {}
     for blocks in groups.values():
@@ -433,7 +433,7 @@ def test_identity_is_exact_even_when_groups_collide():
     hist, users = _columnar_histogram(per_user, None, "count", RK.subkey("s"), groups=1)
     assert users == len(names)
     assert hist == {i: float(len(names)) for i in names}
-    assert columnar.string_groups(pa.array(names), 1).tolist() == [0] * len(names)
+    assert columnar_text.string_groups(pa.array(names), 1).tolist() == [0] * len(names)
 
 
 def test_the_numpy_fallbacks_equal_the_compiled_kernels(monkeypatch):
@@ -446,7 +446,7 @@ def test_the_numpy_fallbacks_equal_the_compiled_kernels(monkeypatch):
     lines = [f"u{rnd.randrange(50)}\t{'x' * rnd.randrange(4)}{rnd.randrange(30)}".encode()
              for _ in range(3000)]
     block = b"\n".join(lines)
-    with_kernels = columnar.pair_blocks(columnar.parse_block(block), 3)
+    with_kernels = columnar.pair_blocks(columnar_text.parse_block(block), 3)
     data = np.frombuffer(block, np.uint8)
     a = np.array([0, 5, 9, 100]); b = np.array([5, 0, 9, 101]); n = np.array([3, 3, 0, 2])
     expected = [block[x:x + k] == block[y:y + k] for x, y, k in zip(a, b, n)]
@@ -454,7 +454,7 @@ def test_the_numpy_fallbacks_equal_the_compiled_kernels(monkeypatch):
     assert compiled.kernel("compare_spans", 1) is not None
     monkeypatch.setattr(compiled, "kernel", lambda name, work: None)
     assert columnar._spans_equal(data, a, b, n).tolist() == expected
-    fallback = columnar.pair_blocks(columnar.parse_block(block), 3)
+    fallback = columnar.pair_blocks(columnar_text.parse_block(block), 3)
     assert set(fallback) == set(with_kernels)
     # the line scan: every kind of line, CR, tabs in the item, no tab, non-ASCII, empty
     odd = b"\n".join([b"a\tb", b"", b"\r", b"u\t\tx\r", b"nolinetab", b"\tx", b"\xc3\xa9\t1",
@@ -464,14 +464,14 @@ def test_the_numpy_fallbacks_equal_the_compiled_kernels(monkeypatch):
         monkeypatch.undo()
         monkeypatch.setattr(compiled, "WORK_BEFORE_COMPILING", 0)
         count = text.count(b"\n") + 1
-        compiled_spans = columnar._line_spans(buf, count)
-        compiled_parse = columnar.parse_block(text)
+        compiled_spans = columnar_text._line_spans(buf, count)
+        compiled_parse = columnar_text.parse_block(text)
         monkeypatch.setattr(compiled, "kernel", lambda name, work: None)
-        numpy_spans = columnar._line_spans(buf, count)
+        numpy_spans = columnar_text._line_spans(buf, count)
         for x, y in zip(compiled_spans[:3], numpy_spans[:3]):
             assert x.tolist() == y.tolist()
         assert bool(compiled_spans[3]) == numpy_spans[3]
-        numpy_parse = columnar.parse_block(text)
+        numpy_parse = columnar_text.parse_block(text)
         assert compiled_parse.users.equals(numpy_parse.users)
         assert compiled_parse.items.equals(numpy_parse.items)
         assert compiled_parse.malformed == numpy_parse.malformed
@@ -492,10 +492,10 @@ def test_the_numpy_fallbacks_equal_the_compiled_kernels(monkeypatch):
     odd_lines = [b"a\tb", b"", b"u\t\tx\r", b"\tx", b"\xc3\xa9\t1", b"\xff\tbad", b"u\t",
                  b"v\tw\r\r", b"a\tb\r", b"u\t\xc3\xa9", b"nolinetab"]
     text = b"\n".join(rnd.choice(odd_lines) for _ in range(400))
-    fallback = columnar.pair_blocks(columnar.parse_block(text), 2)
+    fallback = columnar.pair_blocks(columnar_text.parse_block(text), 2)
     monkeypatch.undo()
     monkeypatch.setattr(compiled, "WORK_BEFORE_COMPILING", 0)
-    with_kernels = columnar.pair_blocks(columnar.parse_block(text), 2)
+    with_kernels = columnar.pair_blocks(columnar_text.parse_block(text), 2)
     assert set(pairs_of(with_kernels)) == set(pairs_of(fallback))
     assert len(pairs_of(with_kernels)) == len(set(pairs_of(fallback))) == 6
 
@@ -545,14 +545,14 @@ def test_encode_and_gather_spans_are_exact(monkeypatch, compiled_kernels):
         numbering = {}
         expected = [numbering.setdefault(s, len(numbering)) for s in strings]
         # the compiled table's hash start (drawn per process) only places strings
-        for basis in ((columnar._TABLE_BASIS, 1, 2**64 - 1) if compiled_kernels else (None,)):
+        for basis in ((columnar_text._TABLE_BASIS, 1, 2**64 - 1) if compiled_kernels else (None,)):
             if basis is not None:
-                monkeypatch.setattr(columnar, "_TABLE_BASIS", np.uint64(basis))
-            codes, firsts = columnar.encode_spans(buf, starts, lengths)
+                monkeypatch.setattr(columnar_text, "_TABLE_BASIS", np.uint64(basis))
+            codes, firsts = columnar_text.encode_spans(buf, starts, lengths)
             assert codes.tolist() == expected
             assert [strings[k] for k in firsts.tolist()] == list(numbering)
         order = np.random.default_rng(n).permutation(n).astype(np.int64)
-        got = columnar.gather_spans(buf, starts[order], lengths[order])
+        got = columnar_text.gather_spans(buf, starts[order], lengths[order])
         assert got.to_pylist() == [strings[k].decode() for k in order.tolist()]
 
 
@@ -622,9 +622,9 @@ def test_the_smallest_distinct_scores_kernel_equals_its_numpy_form(monkeypatch):
     for owner, scores in cases:
         for max_items in (1, 2, 3, 10, 5000):
             monkeypatch.setattr(compiled, "WORK_BEFORE_COMPILING", 0)
-            fast = columnar._smallest_distinct(owner, scores, max_items)
+            fast = columnar_sampling._smallest_distinct(owner, scores, max_items)
             monkeypatch.setattr(compiled, "kernel", lambda name, work: None)
-            slow = columnar._smallest_distinct(owner, scores, max_items)
+            slow = columnar_sampling._smallest_distinct(owner, scores, max_items)
             monkeypatch.undo()
             # independent: per owner, the max_items-th smallest distinct score is the cut
             expected = np.ones(len(owner), bool)
@@ -704,8 +704,8 @@ def test_presample_keeps_sample_items_subset_whoever_holds_most_pairs(
     # among 200 small ones): both keep each big user's sample_items subset, every
     # pair of a user at or below Δ0, with the compiled cut or its numpy form.
     gathered = []
-    big_user_scores = columnar._big_user_scores
-    monkeypatch.setattr(columnar, "_big_user_scores",
+    big_user_scores = columnar_sampling._big_user_scores
+    monkeypatch.setattr(columnar_sampling, "_big_user_scores",
                         lambda *a: gathered.append(1) or big_user_scores(*a))
     per_user = {f"big{u}": [f"x{u}.{k}" for k in range(50)] for u in range(big_users)}
     per_user.update({f"small{u}": [f"y{k}" for k in range(2)] for u in range(small_users)})
@@ -741,9 +741,9 @@ def test_a_reader_reusing_its_arrays_gets_what_fresh_arrays_give(monkeypatch):
     scratch = buffers.Scratch()
     for sample in (None, (3, b"k" * 16)):
         for text in blocks:
-            fresh_parse = columnar.parse_block(text)
+            fresh_parse = columnar_text.parse_block(text)
             fresh = columnar.pair_blocks(fresh_parse, 4, sample)
-            parsed = columnar.parse_block(text, scratch)
+            parsed = columnar_text.parse_block(text, scratch)
             assert parsed.malformed == fresh_parse.malformed and len(parsed.malformed) == 2
             reused = columnar.pair_blocks(parsed, 4, sample, scratch)
             assert {g: b.to_bytes() for g, b in reused.items()} == {
@@ -782,8 +782,8 @@ def test_a_block_parses_the_same_from_a_memoryview(compiled_kernels):
                            for _ in range(rnd.randrange(1, 80)))
         buffer = bytearray(b"#" + block + b"#")
         view = memoryview(buffer)[1:-1].toreadonly()
-        assert columnar.count_byte(np.frombuffer(view, np.uint8), 10) == block.count(b"\n")
-        want, got = columnar.parse_block(block), columnar.parse_block(view)
+        assert columnar_text.count_byte(np.frombuffer(view, np.uint8), 10) == block.count(b"\n")
+        want, got = columnar_text.parse_block(block), columnar_text.parse_block(view)
         assert got.malformed == want.malformed
         assert all(type(line) is bytes for line in got.malformed)
         assert got.users.to_pylist() == want.users.to_pylist()
@@ -793,7 +793,7 @@ def test_a_block_parses_the_same_from_a_memoryview(compiled_kernels):
             g: (b.users.to_pylist(), b.items.to_pylist(), b.user_index.tolist())
             for g, b in columnar.pair_blocks(want, 3).items()}
         # what leaves the block holds none of its buffer: the reader may overwrite it
-        out = columnar.pair_blocks(columnar.parse_block(view), 3,
+        out = columnar.pair_blocks(columnar_text.parse_block(view), 3,
                                    rnd.choice([None, (1, bytes(range(16)))]))
         sent = {g: b.to_bytes() for g, b in out.items()}
         buffer[:] = b"\t" * len(buffer)
@@ -905,7 +905,7 @@ def test_a_pair_buffer_sends_everything_once_it_holds_enough_pairs():
     rnd = random.Random(14)
     lines = [(f"user{rnd.randrange(60)}", f"it{rnd.randrange(90)}") for _ in range(5000)]
     text = "".join(f"{u}\t{i}\n" for u, i in lines).encode()
-    by_block = [columnar.pair_blocks(columnar.parse_block(b), 4)
+    by_block = [columnar.pair_blocks(columnar_text.parse_block(b), 4)
                 for b in iter_raw_blocks(io.BytesIO(text), 2500)]
     sizes = [sum(len(pb.user_index) for pb in made.values()) for made in by_block]
     limit = 3 * max(sizes)

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
-from beam_dpsu.dp.data import columnar, columnar_policy
+from beam_dpsu.dp.data import columnar, columnar_policy, columnar_text
 from beam_dpsu.dp.mechanisms import on_blocks
 from beam_dpsu.dp.evaluation import synthetic
 from beam_dpsu.dp.data.contribution import per_user_counts
@@ -52,7 +52,7 @@ def _group_pairs(pairs, groups: int, parts: int):
     cut = np.linspace(0, len(pairs), parts + 1).astype(int)
     for a, b in zip(cut[:-1], cut[1:]):
         text = "\n".join(f"{u}\t{i}" for u, i in pairs[a:b]).encode()
-        for g, block in columnar.counted_pair_blocks(columnar.parse_block(text), groups,
+        for g, block in columnar.counted_pair_blocks(columnar_text.parse_block(text), groups,
                                                      base).items():
             blocks.setdefault(g, []).append(columnar.PairBlock.from_bytes(block.to_bytes()))
         base += len(text) + 1
@@ -122,16 +122,16 @@ def test_only_the_sampled_mechanisms_are_presampled():
 
 
 def test_line_positions_order_files_then_offsets_and_refuse_what_does_not_fit():
-    positions = [columnar.line_position(f, o) for f in (0, 1, 7) for o in (0, 5, 1 << 40)]
+    positions = [columnar_text.line_position(f, o) for f in (0, 1, 7) for o in (0, 5, 1 << 40)]
     assert positions == sorted(positions) and len(set(positions)) == len(positions)
-    last = columnar.MAX_FILES - 1
-    assert columnar.line_position(last, (1 << columnar.FILE_SHIFT) - 2, 1) < 1 << 63
+    last = columnar_text.MAX_FILES - 1
+    assert columnar_text.line_position(last, (1 << columnar_text.FILE_SHIFT) - 2, 1) < 1 << 63
     with pytest.raises(ValueError, match="input files"):
-        columnar.line_position(columnar.MAX_FILES, 0)
+        columnar_text.line_position(columnar_text.MAX_FILES, 0)
     with pytest.raises(ValueError, match="bytes of text"):
-        columnar.line_position(0, (1 << columnar.FILE_SHIFT) - 10, 10)
+        columnar_text.line_position(0, (1 << columnar_text.FILE_SHIFT) - 10, 10)
     with pytest.raises(ValueError, match="bytes of text"):
-        columnar.line_position(0, -1)
+        columnar_text.line_position(0, -1)
 
 
 def test_prepare_refuses_pairs_without_counts_or_positions():

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
-from beam_dpsu.dp.data import columnar
+from beam_dpsu.dp.data import columnar, columnar_text
 from beam_dpsu.dp.evaluation import synthetic
 from beam_dpsu.dp.data.contribution import per_user_counts
 from beam_dpsu.dp.mechanisms.peeling import (DiscoverPeelHittingSet, DiscoverPeelTopK,
@@ -134,7 +134,7 @@ def test_a_blocks_pairs_within_the_domain_are_exact():
     text = b"".join(f"{u}\t{x}\n".encode() for u, c in per_user.items() for x in c)
 
     def within(domain):
-        blocks = columnar.pair_blocks(columnar.parse_block(text), 2,
+        blocks = columnar.pair_blocks(columnar_text.parse_block(text), 2,
                                       within=pa.array(domain, pa.string())).values()
         return columnar.group_pairs(blocks)
     inside = within(["a", "e\u0301", "zz"])
@@ -249,8 +249,8 @@ def test_select_from_pairs_refuses_what_it_does_not_run():
     [b"", b"\xff", 0, -(10 ** 20), ("x",), (), ("a", (1, b"z")), "\x00", "\x00s", "\udcff"],
 ])
 def test_id_strings_read_back_and_tell_ids_apart(values):
-    strings = columnar.id_strings(values, "item").to_pylist()
-    assert [columnar.from_id_string(s) for s in strings] == values
+    strings = columnar_text.id_strings(values, "item").to_pylist()
+    assert [columnar_text.from_id_string(s) for s in strings] == values
     assert len(set(strings)) == len(set(map(repr, values)))
     plain = [v for v, s in zip(values, strings) if s == v]
     assert all(type(v) is str for v in plain)
@@ -258,7 +258,7 @@ def test_id_strings_read_back_and_tell_ids_apart(values):
 
 def test_ids_too_large_for_arrow_integers_take_the_escaped_path():
     ids = [2 ** 64 + 1, 1, -(2 ** 70)]
-    assert [columnar.from_id_string(t) for t in columnar.id_strings(ids).to_pylist()] == ids
+    assert [columnar_text.from_id_string(t) for t in columnar_text.id_strings(ids).to_pylist()] == ids
     pairs = [(2 ** 64 + u, "x") for u in range(60)]
     m = WeightedLaplace(8.0, 1e-6, 10)
     assert m.run_local(per_user_counts(pairs), RK) == {"x"}

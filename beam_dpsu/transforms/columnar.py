@@ -59,7 +59,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from beam_dpsu.dp.randomness import buffers
-from beam_dpsu.dp.data import columnar, columnar_policy
+from beam_dpsu.dp.data import columnar, columnar_policy, columnar_text
 from beam_dpsu.dp.mechanisms import on_blocks
 from beam_dpsu.dp.data.columnar import COLUMNAR_ITEM_SHARDS, COLUMNAR_USER_GROUPS
 from beam_dpsu.dp.data.lines import BLOCK_BYTES, block_buffers, read_blocks
@@ -150,13 +150,13 @@ class _ReadPairsDoFn(beam.DoFn):
         with open_binary(path) as f, closing(read_blocks(
                 f, self._block_bytes, buffers=read_buffers)) as blocks:
             for block in blocks:
-                parsed = columnar.parse_block(block, scratch)
+                parsed = columnar_text.parse_block(block, scratch)
                 for line, n in ({} if self._within else parsed.malformed).items():
                     self._malformed.inc(n)
                     yield runners.tag((line, n), _MALFORMED, self._envelope)
                 if self._counted:
                     base = (None if file_index is None
-                            else columnar.line_position(file_index, offset, len(block)))
+                            else columnar_text.line_position(file_index, offset, len(block)))
                     by_group = columnar.counted_pair_blocks(parsed, self._groups, base, plan)
                 else:
                     by_group = columnar.pair_blocks(parsed, self._groups, plan, scratch,
@@ -708,7 +708,7 @@ class _GatherPairsDoFn(beam.DoFn):
 
 class _PairsToBlocksDoFn(beam.DoFn):
     """``(users, items)`` lists → ``(group, PairBlock bytes)``, the messages
-    ``_ReadPairsDoFn`` makes of text: the ids as strings (``columnar.id_strings``),
+    ``_ReadPairsDoFn`` makes of text: the ids as strings (``columnar_text.id_strings``),
     the pairs split by user group and presampled under the mechanism's plan where
     it has one (``counted``: with each pair's number of lines, for the sequential
     policies), a group's blocks held (``columnar.PairBuffer``) and sent a few times
@@ -723,8 +723,8 @@ class _PairsToBlocksDoFn(beam.DoFn):
 
     def process(self, lists, key_bytes):
         users, items = lists
-        parsed = columnar.arrays_block(columnar.id_strings(users, "user id"),
-                                       columnar.id_strings(items, "item"))
+        parsed = columnar_text.arrays_block(columnar_text.id_strings(users, "user id"),
+                                            columnar_text.id_strings(items, "item"))
         plan = self._plan(key_bytes)
         yield from self._send(self._held.add(
             columnar.counted_pair_blocks(parsed, self._groups, None, plan) if self._counted
@@ -747,7 +747,7 @@ class SelectFromPairs(_Rounds):
     The pairs are gathered in batches, each batch turned into the pair blocks
     ``SelectFromText`` makes of text (counted pairs for a sequential policy; user
     ids and items as strings,
-    ``dp.data.columnar.id_strings``: a ``str`` as itself, another id as an escaped
+    ``dp.data.columnar_text.id_strings``: a ``str`` as itself, another id as an escaped
     string read back on output), and released by the same stages. For ``str``
     ids the release is ``SelectPartitions``'s per-user one under the same key;
     other ids are hashed through their escaped strings (another draw of the same
@@ -789,7 +789,7 @@ class SelectFromPairs(_Rounds):
                                         self._staging, counted=policy),
                      keys.key_side_input(pcoll, self._run_key)))
         released, _ = (self._policy if policy else self._select)(pairs, envelope)
-        return released | "Ids" >> beam.Map(columnar.from_id_string)
+        return released | "Ids" >> beam.Map(columnar_text.from_id_string)
 
 
 def _same_key(run_key: RunKey) -> RunKey:

@@ -1,5 +1,6 @@
 """The data path: lines of ``user<TAB>item`` (``lines``), blocks of Arrow and numpy arrays
-(``columnar``, ``columnar_policy``), contribution bounding (``contribution``), histogram
+(``columnar_text``: a block of text as arrays; ``columnar_sampling``: the Δ0 sampler on
+arrays; ``columnar``: pair blocks, the group stage and the shards; ``columnar_policy``), contribution bounding (``contribution``), histogram
 weights (``weights``) and the sequential passes over ordered users (``sequential``, with
 their compiled ``kernels``).
 

@@ -3,11 +3,9 @@
 A block of ``user<TAB>item`` text goes through four pure steps, each on
 numpy and Arrow arrays (``pyarrow``, a dependency of Beam):
 
-1. ``parse_block``: the lines of a block → where each well-formed line's user id
-   and item lie in the block's bytes (and, on demand, two Arrow string arrays),
-   and the malformed lines, with exactly the semantics of
-   ``dp.data.lines.parse_line`` (split at the FIRST tab, one trailing ``\\r``
-   removed, an empty user id, no tab or invalid UTF-8 is malformed).
+1. ``columnar_text.parse_block``: the lines of a block → where each well-formed
+   line's user id and item lie in the block's bytes, and the malformed lines
+   (``dp.data.columnar_text``).
 2. ``pair_blocks``: the block's ``(user, item)`` pairs (a user's repeated lines
    mostly removed; the group stage removes the rest), split into
    ``PairBlock`` s by user group (``string_groups`` of the user id), each a
@@ -18,22 +16,18 @@ numpy and Arrow arrays (``pyarrow``, a dependency of Beam):
    ``FLUSH_PAIRS`` pairs in all, or at the end of its file.
 3. ``bounded_histogram``: all the pair blocks of one user group → each user's
    distinct items, at most Δ0 of them kept by ``contribution.sample_items``'s
-   own rule (the same keyed scores, the same subset), each kept item
-   weighted by ``weights.user_weight``; the group's partial histogram.
+   own rule (the same keyed scores, the same subset: ``dp.data.columnar_sampling``),
+   each kept item weighted by ``weights.user_weight``; the group's partial histogram.
 4. ``sum_histograms``: the partial histograms of one item shard (the shards
    split by ``string_groups`` of the item) → one weight per item, decided by a
    release rule's vectorised ``decide_bits`` (``release_shard``).
 
 Identity is exact: users and items are compared as strings wherever they
-meet (Arrow's dictionary encoding, or ``encode_spans`` on a block's bytes),
-never through a hash. The hashes here are public and only place strings:
+meet, never through a hash. The hashes here are public and only place strings:
 ``string_groups`` chooses the group of a user or the shard of an item to spread
-work (a collision there only puts two users in one group), and ``mixed_fnv``
-orders a block's lines so that a user's repeated lines are neighbours, compared
-byte for byte (a collision only leaves a repeat for the group stage). The compiled
-``encode_spans`` places strings by the same FNV-1a started from a per-process
-random value (``_TABLE_BASIS``), so that crafted user ids cannot pile up in one
-probe chain.
+work, and ``mixed_fnv`` orders a block's lines so that a user's repeated lines are
+neighbours, compared byte for byte (a collision only leaves a repeat for the group
+stage).
 
 The per-user data and the histogram equal those of the dict path
 (``dp.data.lines`` → ``contribution.sample_items`` → ``weights``), so a seeded run
@@ -42,13 +36,9 @@ weights are summed, which the tests show does not change a release).
 """
 from __future__ import annotations
 
-import ast
-import collections
-import functools
-import os
 import threading
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -57,28 +47,21 @@ import pyarrow.compute as pc
 from beam_dpsu.dp.randomness import compiled
 from beam_dpsu.dp.randomness.buffers import Scratch, empty
 from beam_dpsu.dp.privacy.calibration import check_positive_int
-from beam_dpsu.dp.data.contribution import (canonical_id, item_scores, owner_score_order, ranks_in_runs,
-                                       sample_items, sampling_keys, smallest_scores,
-                                       user_keys)
-from beam_dpsu.dp.randomness.noise import STR_TAG, encode_value
-from beam_dpsu.dp.randomness.siphash import siphash24_many
 from beam_dpsu.dp.data.weights import check_weighting
+from beam_dpsu.dp.data.columnar_sampling import presample_mask, sample_big_users
+from beam_dpsu.dp.data.columnar_text import (ParsedBlock, concat_strings, encode_strings,
+                                             gather_spans, string_groups, string_spans,
+                                             users_by_group, work_array)
 
-__all__ = ["COLUMNAR_USER_GROUPS", "COLUMNAR_ITEM_SHARDS", "BYTES_PER_USER_GROUP",
-           "MIN_USER_GROUPS", "MAX_USER_GROUPS", "user_groups_for", "GROUPS_PER_ITEM_SHARD",
-           "item_shards_for", "ParsedBlock", "count_byte", "parse_block",
-           "encode_spans", "gather_spans", "mixed_fnv", "string_spans", "string_groups",
-           "PairBlock", "pair_blocks", "presample", "FLUSH_PAIRS", "merge_pair_blocks",
-           "PairBuffer", "FILE_SHIFT", "MAX_FILES", "line_position",
-           "ID_ESCAPE", "id_strings", "from_id_string", "arrays_block",
-           "counted_pair_blocks", "GroupPairs", "group_pairs", "without_items",
-           "item_users_of_pairs", "held_pairs", "read_held_pairs", "top_candidates",
-           "pairs_histogram",
-           "sampled_pairs", "GroupHistogram", "bounded_histogram", "sum_histograms",
-           "split_by_shard", "release_shard", "IPC_COMPRESSION"]
+__all__ = ["COLUMNAR_USER_GROUPS", "BYTES_PER_USER_GROUP", "MIN_USER_GROUPS",
+           "MAX_USER_GROUPS", "COLUMNAR_ITEM_SHARDS", "GROUPS_PER_ITEM_SHARD",
+           "user_groups_for", "item_shards_for", "IPC_COMPRESSION", "PairBlock",
+           "FLUSH_PAIRS", "merge_pair_blocks", "PairBuffer", "mixed_fnv", "pair_blocks",
+           "presample", "counted_pair_blocks", "GroupHistogram", "GroupPairs",
+           "group_pairs", "without_items", "item_users_of_pairs", "held_pairs",
+           "read_held_pairs", "top_candidates", "pairs_histogram", "sampled_pairs",
+           "bounded_histogram", "split_by_shard", "sum_histograms", "release_shard"]
 
-
-_NL, _TAB, _CR = 10, 9, 13
 
 #: Users are split into this many groups (one ``bounded_histogram`` call each).
 COLUMNAR_USER_GROUPS = 64
@@ -92,59 +75,6 @@ COLUMNAR_ITEM_SHARDS = 16
 #: ``item_shards_for``: one item shard per this many user groups, at least
 #: ``COLUMNAR_ITEM_SHARDS``.
 GROUPS_PER_ITEM_SHARD = 4
-
-
-def _empty(scratch: Optional[Scratch], name: str, n: int, dtype) -> np.ndarray:
-    return empty(n, dtype) if scratch is None else scratch.take(name, n, dtype)
-
-
-@dataclass
-class ParsedBlock:
-    """The well-formed lines of a block, in line order: line k's user id is
-    ``buf[offsets[k]:user_ends[k]]`` and its item ``buf[item_starts[k]:item_ends[k]]``
-    (``buf``: the block's bytes; ``offsets[k]``, where the line starts, is where its
-    user id starts), and the malformed lines: ``{raw line: occurrences}``.
-    ``users`` and ``items`` are the same as two Arrow string arrays (made on first
-    use)."""
-    buf: np.ndarray
-    offsets: np.ndarray
-    user_ends: np.ndarray
-    item_starts: np.ndarray
-    item_ends: np.ndarray
-    malformed: Dict[bytes, int]
-
-    def __len__(self) -> int:
-        return len(self.offsets)
-
-    @functools.cached_property
-    def users(self) -> pa.Array:
-        return _gather(self.buf, self.offsets, self.user_ends)
-
-    @functools.cached_property
-    def items(self) -> pa.Array:
-        return _gather(self.buf, self.item_starts, self.item_ends)
-
-
-def _gather(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> pa.Array:
-    """The disjoint byte ranges ``buf[starts[k]:ends[k]]`` (in increasing order) as one
-    Arrow string array, copied into one contiguous buffer.
-
-    ``buf`` is viewed, without a copy, as an Arrow binary array whose elements are the
-    ranges and the gaps between them (offsets ``starts[0], ends[0], starts[1], ...``),
-    and Arrow's ``take`` of the even elements copies the ranges. The gaps (which may
-    hold malformed lines) are never read; the ranges are valid UTF-8 (``parse_block``
-    checked every line it keeps), so the result is viewed as strings."""
-    n = len(starts)
-    large = len(buf) >= 1 << 31
-    offsets = np.empty(2 * n + 1, np.int64 if large else np.int32)
-    offsets[0:-1:2] = starts
-    offsets[1:-1:2] = ends
-    offsets[-1] = len(buf)
-    kind = pa.large_binary() if large else pa.binary()
-    spans = pa.Array.from_buffers(kind, 2 * n, [None, pa.py_buffer(offsets),
-                                                pa.py_buffer(buf)])
-    picked = spans.take(pa.array(np.arange(0, 2 * n, 2, dtype=np.int64)))
-    return picked.view(pa.large_string() if large else pa.string())
 
 
 def user_groups_for(input_bytes: Optional[int]) -> int:
@@ -183,182 +113,6 @@ def _spans_equal(data: np.ndarray, a: np.ndarray, b: np.ndarray,
     differ = data[np.repeat(a, lengths) + rank] != data[np.repeat(b, lengths) + rank]
     owner = np.repeat(np.arange(len(a)), lengths)
     return np.bincount(owner[differ], minlength=len(a)) == 0
-
-
-def _line_spans(buf: np.ndarray, lines: int, scratch: Optional[Scratch] = None):
-    """``(starts, ends, tabs, high)`` of a block of ``lines`` lines: where each
-    starts, where it ends (its ``\\n``, or the block's end, before a ``\\r`` just
-    before it), its first tab (``len(buf) + 1`` when it has none) and whether any
-    byte of the block is >= 0x80. The compiled kernel ``line_spans`` (one pass, into
-    ``scratch``'s arrays when given) once the process has enough work, else numpy."""
-    n = len(buf)
-    kernel = compiled.kernel("line_spans", n)
-    if kernel is not None:
-        starts = _empty(scratch, "line_starts", lines, np.int64)
-        ends = _empty(scratch, "line_ends", lines, np.int64)
-        tabs = _empty(scratch, "line_tabs", lines, np.int64)
-        return starts, ends, tabs, bool(kernel(buf, starts, ends, tabs))
-    newlines = np.flatnonzero(buf == _NL)
-    starts = np.empty(len(newlines) + 1, np.int64)
-    starts[0] = 0
-    starts[1:] = newlines + 1
-    ends = np.empty_like(starts)
-    ends[:-1] = newlines
-    ends[-1] = n
-    nonempty = ends > starts
-    ends[nonempty] -= buf[ends[nonempty] - 1] == _CR
-    tabs = np.flatnonzero(buf == _TAB)
-    if len(tabs):
-        tab = np.append(tabs, n + 1)[np.searchsorted(tabs, starts)]  # first at or after start
-        tab[tab > ends] = n + 1  # in a later line: none in this one
-    else:
-        tab = np.full(len(starts), n + 1, np.int64)
-    return starts, ends, tab, bool((buf >= 0x80).any())
-
-
-def count_byte(buf: np.ndarray, byte: int) -> int:
-    """How many elements of the uint8 array ``buf`` equal ``byte``: the compiled
-    kernel once the process has enough work (a tenth of ``bytes.count``'s time),
-    else numpy."""
-    kernel = compiled.kernel("count_byte", len(buf))
-    if kernel is not None:
-        return int(kernel(buf, byte))
-    return int(np.count_nonzero(buf == byte))
-
-
-def parse_block(block, scratch: Optional[Scratch] = None) -> ParsedBlock:
-    """Parses a block of lines (``\\n``-separated, as ``dp.data.lines.iter_raw_blocks``
-    and ``dp.data.lines.read_blocks`` yield them: no final newline; bytes or a
-    ``memoryview``) into user ids and items.
-
-    Exactly ``dp.data.lines.parse_line`` on each line: a trailing ``\\r`` is removed,
-    the user id is everything before the first tab and must be non-empty, the
-    item everything after it (further tabs included), and a line that is not
-    valid UTF-8 (strict: no surrogates) is malformed, as is an empty line.
-    ``scratch``: the arrays of the result are ``scratch``'s (valid until it parses
-    the next block), else new. The result's ``buf`` views ``block`` (no copy).
-    """
-    buf = np.frombuffer(block, dtype=np.uint8)
-    starts, ends, tab, high = _line_spans(buf, count_byte(buf, _NL) + 1, scratch)
-    ok = np.greater(tab, starts, out=_empty(scratch, "line_ok", len(starts), np.bool_))
-    ok &= np.less(tab, ends, out=_empty(scratch, "line_in", len(starts), np.bool_))
-    if high:  # check the UTF-8 of the lines that hold a non-ASCII byte
-        try:
-            str(block, "utf-8")
-        except UnicodeDecodeError:
-            non_ascii = np.flatnonzero(buf >= 0x80)
-            lines = np.unique(np.searchsorted(starts, non_ascii, side="right") - 1)
-            for k in lines[ok[lines]].tolist():
-                try:
-                    str(block[starts[k]:ends[k]], "utf-8")
-                except UnicodeDecodeError:
-                    ok[k] = False
-    bad = np.zeros(0, np.int64) if ok.all() else np.flatnonzero(~ok)
-    malformed: Dict[bytes, int] = {}
-    if len(bad):
-        # a line's raw end (its \r kept) is where the next line starts, less its \n
-        last = len(starts) - 1
-        malformed = dict(collections.Counter(
-            bytes(block[starts[k]:(starts[k + 1] - 1 if k < last else len(block))])
-            for k in bad.tolist()))
-        keep = np.flatnonzero(ok)
-        starts, ends, tab = starts[keep], ends[keep], tab[keep]
-    item_starts = np.add(tab, 1, out=_empty(scratch, "item_starts", len(tab), np.int64))
-    return ParsedBlock(buf, starts, tab, item_starts, ends, malformed)
-
-
-#: The compiled dictionary encoding's hash start, drawn once per process: input
-#: crafted to collide in a public hash (user ids all in one slot chain) would make
-#: the encoding quadratic; an unknown start places strings anew in every process.
-#: The codes do not depend on it (they number strings in order of appearance).
-_TABLE_BASIS = np.uint64(int.from_bytes(os.urandom(8), "little"))
-
-
-def encode_spans(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
-                 scratch: Optional[Scratch] = None) -> Tuple[np.ndarray, np.ndarray]:
-    """Exact dictionary encoding of the byte strings ``buf[starts[k]:starts[k] +
-    lengths[k]]``: ``(codes, firsts)``, string k's code (int64; 0, 1, ... in order of
-    first appearance) and the index of the first string of each code. Two strings
-    get one code exactly when their bytes are equal. The compiled kernel once the
-    process has enough work (its hash table starts from ``_TABLE_BASIS``; its
-    results in ``scratch``'s arrays when given), else Arrow's ``dictionary_encode``
-    (the same codes)."""
-    kernel = compiled.kernel("encode_spans", len(starts))
-    starts = np.asarray(starts, np.int64)
-    lengths = np.asarray(lengths, np.int64)
-    if kernel is not None:
-        codes = _empty(scratch, "codes", len(starts), np.int64)
-        firsts = _empty(scratch, "firsts", len(starts), np.int64)
-        distinct = kernel(buf, starts, lengths, _TABLE_BASIS, codes, firsts)
-        return codes, (firsts[:distinct] if scratch is not None
-                       else firsts[:distinct].copy())
-    encoded = pc.dictionary_encode(
-        gather_spans(buf, starts, lengths).cast(pa.large_binary()))
-    codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-    firsts = np.full(len(encoded.dictionary), len(codes), np.int64)
-    np.minimum.at(firsts, codes, np.arange(len(codes), dtype=np.int64))
-    return codes, firsts
-
-
-def gather_spans(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> pa.Array:
-    """The byte strings ``buf[starts[k]:starts[k] + lengths[k]]`` (valid UTF-8, not
-    overlapping, in any order) as one Arrow string array, copied into one buffer.
-    The compiled kernel once the process has enough work, else Arrow (``_gather``
-    of the spans in increasing order, then ``take`` back to the order asked)."""
-    starts = np.asarray(starts, np.int64)
-    lengths = np.asarray(lengths, np.int64)
-    kernel = compiled.kernel("gather_spans", len(starts))
-    total = int(lengths.sum())
-    if kernel is None or total >= 1 << 31:
-        order = np.argsort(starts, kind="stable")
-        picked = _gather(buf, starts[order], starts[order] + lengths[order])
-        if len(order) and (order[1:] < order[:-1]).any():
-            inverse = np.empty_like(order)
-            inverse[order] = np.arange(len(order))
-            picked = picked.take(pa.array(inverse))
-        return picked
-    offsets = empty(len(starts) + 1, np.int32)
-    data = kernel(buf, starts, lengths, offsets, empty(total, np.uint8))
-    return pa.Array.from_buffers(pa.string(), len(starts),
-                                 [None, pa.py_buffer(offsets), pa.py_buffer(data)])
-
-
-def string_spans(array: pa.Array) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(data, starts, lengths)`` of an Arrow string array without nulls: element k
-    is ``data[starts[k]:starts[k] + lengths[k]]`` (no copy of the bytes)."""
-    if array.null_count:
-        raise ValueError("string arrays of user ids and items hold no nulls")
-    if isinstance(array, pa.ChunkedArray):
-        array = array.combine_chunks()
-    large = pa.types.is_large_string(array.type) or pa.types.is_large_binary(array.type)
-    _, offsets_buf, data_buf = array.buffers()
-    offsets = np.frombuffer(offsets_buf, np.int64 if large else np.int32)
-    offsets = offsets[array.offset:array.offset + len(array) + 1]
-    data = (np.frombuffer(data_buf, np.uint8) if data_buf is not None
-            else np.zeros(0, np.uint8))
-    starts = _int64(offsets[:-1])
-    return data, starts, np.subtract(offsets[1:], offsets[:-1],
-                                     out=empty(len(array), np.int64))
-
-
-def _int64(a: np.ndarray) -> np.ndarray:
-    """``a`` as a new int64 array (its memory from Arrow's pool, ``buffers.empty``)."""
-    out = empty(len(a), np.int64)
-    out[:] = a
-    return out
-
-
-# A public, fixed key: ``string_groups`` spreads work and has no privacy role.
-_GROUP_KEY = b"beam_dpsu/groups"
-
-
-def string_groups(array: pa.Array, groups: int) -> np.ndarray:
-    """The group in [0, groups) of every string of an Arrow string array: SipHash-2-4
-    of its UTF-8 bytes under a fixed public key, modulo ``groups``. It only spreads
-    users over groups and items over shards (no privacy role)."""
-    data, starts, lengths = string_spans(array)
-    h = siphash24_many(_GROUP_KEY, data, starts, lengths)
-    return np.remainder(h, np.uint64(groups), out=h).view(np.int64)  # < groups: int64 as is
 
 
 #: Compression of the pair blocks between stages, ``'zstd'`` (the default) or None
@@ -478,7 +232,7 @@ FLUSH_PAIRS = 1 << 20
 def _users_of_pairs(blocks: List[PairBlock]) -> Tuple[pa.Array, np.ndarray]:
     """``(users, codes)``: the distinct users of ``blocks`` (exact strings) and the
     user code of each of their pairs, block after block (a new int64 array)."""
-    users, code = _encode(_concat([b.users for b in blocks]))
+    users, code = encode_strings(concat_strings([b.users for b in blocks]))
     codes = empty(sum(len(b.user_index) for b in blocks), np.int64)
     user_off = pair_off = 0
     for b in blocks:
@@ -505,7 +259,7 @@ def merge_pair_blocks(blocks: List[PairBlock]) -> PairBlock:
         if any(p is None for p in parts) != all(p is None for p in parts):
             raise ValueError(f"merge_pair_blocks: some blocks have {name} and some do not")
         columns[name] = None if parts[0] is None else np.concatenate(parts)
-    return PairBlock(users, _concat([b.items for b in blocks]), index, **columns)
+    return PairBlock(users, concat_strings([b.items for b in blocks]), index, **columns)
 
 
 class PairBuffer:
@@ -532,12 +286,6 @@ class PairBuffer:
     def flush(self) -> Dict[int, PairBlock]:
         held, self._held, self._pairs = self._held, {}, 0
         return {group: merge_pair_blocks(blocks) for group, blocks in sorted(held.items())}
-
-
-def _encode(array: pa.Array) -> Tuple[pa.Array, np.ndarray]:
-    """``(distinct strings, index of each element in them)`` (exact string equality)."""
-    encoded = pc.dictionary_encode(array)
-    return encoded.dictionary, _int64(encoded.indices.to_numpy(zero_copy_only=False))
 
 
 def _distinct_codes(codes: np.ndarray) -> np.ndarray:
@@ -582,7 +330,7 @@ def _item_keys(buf, starts, lengths, line_code, bits: int, index_bits: int = 0,
     kernel = compiled.kernel("item_keys", len(starts))
     if kernel is not None:
         return kernel(buf, starts, lengths, line_code, bits, index_bits,
-                      _empty(scratch, "item_keys", len(starts), np.uint64))
+                      work_array(scratch, "item_keys", len(starts), np.uint64))
     keys = ((line_code.astype(np.uint64) << np.uint64(64 - bits))
             | (mixed_fnv(buf, starts, lengths) >> np.uint64(bits)))
     if index_bits:
@@ -627,9 +375,9 @@ def _drop_repeats(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
     keys.sort()
     kernel = compiled.kernel("without_repeats", n)
     if kernel is not None:
-        out = (_empty(scratch, "kept_codes", n, line_code.dtype),
-               _empty(scratch, "kept_starts", n, starts.dtype),
-               _empty(scratch, "kept_lengths", n, lengths.dtype))
+        out = (work_array(scratch, "kept_codes", n, line_code.dtype),
+               work_array(scratch, "kept_starts", n, starts.dtype),
+               work_array(scratch, "kept_lengths", n, lengths.dtype))
         m = kernel(data, starts, lengths, keys, index_bits, line_code, *out)
         return tuple(a[:m] for a in out)
     order = (keys & np.uint64((1 << index_bits) - 1)).astype(np.int64)
@@ -652,10 +400,10 @@ def pair_blocks(parsed: ParsedBlock, groups: int, sample: Optional[Tuple[int, by
     exact string equality), e.g. a discovered domain; None: every item."""
     if len(parsed) == 0:
         return {}
-    users, group, line_code = _users_by_group(parsed, groups, scratch)
+    users, group, line_code = users_by_group(parsed, groups, scratch)
     starts = parsed.item_starts
     lengths = np.subtract(parsed.item_ends, starts,
-                          out=_empty(scratch, "item_lengths", len(starts), np.int64))
+                          out=work_array(scratch, "item_lengths", len(starts), np.int64))
     if compiled.kernel("item_keys", len(line_code)) is not None:
         line_code, starts, lengths = _drop_repeats(parsed.buf, starts, lengths, line_code,
                                                    len(users), scratch)
@@ -663,12 +411,12 @@ def pair_blocks(parsed: ParsedBlock, groups: int, sample: Optional[Tuple[int, by
         order = np.argsort(line_code, kind="stable")
         line_code, starts, lengths = line_code[order], starts[order], lengths[order]
     if sample is not None:
-        keep = _presample_mask(users, (parsed.buf, starts, lengths), line_code, *sample,
-                               scratch=scratch)
+        keep = presample_mask(users, (parsed.buf, starts, lengths), line_code, *sample,
+                              scratch=scratch)
         if keep is not None:
             m = int(np.count_nonzero(keep))
             starts, lengths, line_code = (
-                np.compress(keep, a, out=_empty(scratch, name, m, a.dtype)) for a, name in (
+                np.compress(keep, a, out=work_array(scratch, name, m, a.dtype)) for a, name in (
                     (starts, "sampled_starts"), (lengths, "sampled_lengths"),
                     (line_code, "sampled_codes")))
     block = PairBlock(users, gather_spans(parsed.buf, starts, lengths), line_code)
@@ -677,90 +425,6 @@ def pair_blocks(parsed: ParsedBlock, groups: int, sample: Optional[Tuple[int, by
         block = PairBlock(users, block.items.filter(pa.array(inside)),
                           np.compress(inside, block.user_index))
     return _split_groups(block, group)
-
-
-#: The first character of the string that stands for a user id or item that is not a
-#: plain UTF-8 ``str`` (``id_strings``), followed by the hex of its canonical bytes.
-ID_ESCAPE = "\x00"
-
-
-def id_strings(values: List[Any], what: str = "user id") -> pa.Array:
-    """User ids or items (``dp.data.contribution.canonical_id``'s types) as an Arrow string
-    array with the same identities: two values get one string exactly when they are
-    one id. ``str`` values are themselves (one pass in Arrow when they all are);
-    any other id (``bytes``, ``int``, tuples, a ``str`` with a lone surrogate or
-    starting with ``ID_ESCAPE``) is ``ID_ESCAPE`` and the hex of its canonical
-    bytes (``noise.encode_value``), read back by ``from_id_string``. A type the
-    library refuses raises ``IdTypeError`` (naming the type, never the value)."""
-    try:
-        array = pa.array(values)
-    except Exception:  # not all str (an int of 2**64, a lone surrogate, ...): one by one
-        array = None
-    if (array is not None and array.type == pa.string() and not array.null_count
-            and not pc.any(pc.starts_with(array, ID_ESCAPE)).as_py()):
-        return array
-    return pa.array([_id_string(v, what) for v in values], pa.string())
-
-
-def _id_string(value: Any, what: str) -> str:
-    value = canonical_id(value, what)
-    if type(value) is str and not value.startswith(ID_ESCAPE):
-        try:
-            value.encode("utf-8")
-            return value
-        except UnicodeEncodeError:  # a lone surrogate: not a valid Arrow string
-            pass
-    return ID_ESCAPE + encode_value(value).hex()
-
-
-def from_id_string(text: str) -> Any:
-    """The id ``id_strings`` wrote as ``text``."""
-    if not text.startswith(ID_ESCAPE):
-        return text
-    raw = bytes.fromhex(text[len(ID_ESCAPE):])
-    kind, body = raw[:1], raw[1:]
-    if kind == b"s":
-        return body.decode("utf-8", "surrogatepass")
-    if kind == b"b":
-        return body
-    name, _, shown = body.decode("utf-8", "surrogatepass").partition(":")
-    value = ast.literal_eval(shown)
-    if type(value).__name__ != name:
-        raise ValueError(f"not an id string: a {name} that reads back as a "
-                         f"{type(value).__name__}")
-    return value
-
-
-def arrays_block(users: pa.Array, items: pa.Array) -> ParsedBlock:
-    """Pairs given as two string arrays (pair k is ``(users[k], items[k])``) as a
-    ``ParsedBlock`` of well-formed lines, for ``pair_blocks``: the same pairs as a
-    block of the text ``users[k]<TAB>items[k]`` lines would give (the bytes of both
-    arrays copied into one buffer)."""
-    if len(users) != len(items):
-        raise ValueError(f"{len(users)} users for {len(items)} items")
-    udata, ustarts, ulengths = string_spans(users)
-    idata, istarts, ilengths = string_spans(items)
-    buf = np.concatenate([udata, idata])
-    istarts = istarts + len(udata)
-    return ParsedBlock(buf, ustarts, ustarts + ulengths, istarts, istarts + ilengths, {})
-
-
-def _users_by_group(parsed: ParsedBlock, groups: int, scratch: Optional[Scratch] = None):
-    """``(users, group, line_code)``: the block's distinct users numbered group by group
-    (a group's users are one range of codes), each one's group, each line's user code."""
-    offsets = parsed.offsets
-    lengths = np.subtract(parsed.user_ends, offsets,
-                          out=_empty(scratch, "user_lengths", len(offsets), np.int64))
-    u, firsts = encode_spans(parsed.buf, offsets, lengths, scratch)
-    users = _gather(parsed.buf, offsets[firsts], parsed.user_ends[firsts])
-    group = string_groups(users, groups)
-    by_group = np.argsort(group, kind="stable")
-    code = np.empty(len(users), np.int64)
-    code[by_group] = np.arange(len(users))
-    return (users.take(pa.array(by_group)), group[by_group],
-            # (mode="clip": the codes are all in range, and "raise" copies through a
-            # temporary of the whole length)
-            np.take(code, u, out=_empty(scratch, "line_code", len(u), np.int64), mode="clip"))
 
 
 def _split_groups(block: PairBlock, group: np.ndarray) -> Dict[int, PairBlock]:
@@ -799,93 +463,14 @@ def presample(block: PairBlock, max_items: int, sample_key: bytes) -> PairBlock:
 
     Only for a one-round sample with ``sample_key``: DP-SIPS's later rounds
     sample again under other keys from all the pairs."""
-    keep = _presample_mask(block.users, string_spans(block.items), block.user_index,
-                           max_items, sample_key)
+    keep = presample_mask(block.users, string_spans(block.items), block.user_index,
+                          max_items, sample_key)
     if keep is None:
         return block
     chosen = pa.array(np.flatnonzero(keep))
     return PairBlock(block.users, block.items.take(chosen), block.user_index[keep],
                      None if block.counts is None else block.counts[keep],
                      None if block.first is None else block.first[keep])
-
-
-def _presample_mask(users: pa.Array, spans, user_index: np.ndarray, max_items: int,
-                    sample_key: bytes, scratch: Optional[Scratch] = None
-                    ) -> Optional[np.ndarray]:
-    """Which pairs ``presample`` keeps (a boolean mask; None: all). Pair k is
-    ``(users[user_index[k]], item k)``, item k the bytes ``data[starts[k]:starts[k] +
-    lengths[k]]`` of ``spans = (data, starts, lengths)``. ``scratch``: holds the
-    scores (the mask is new)."""
-    num = np.bincount(user_index, minlength=len(users))
-    big = np.flatnonzero(num > max_items)
-    if not len(big):
-        return None
-    owner = np.asarray(user_index, np.int64)
-    if 2 * int(num[big].sum()) >= len(owner):
-        # most pairs are the big users': score every pair in place (no gathered copies);
-        # the other users keep all their pairs whatever their (unkeyed) scores
-        data, starts, lengths = spans
-        k0, k1 = _user_key_arrays(users, big, sample_key)
-        scores = item_scores(k0, k1, data, starts, lengths, prefix=STR_TAG, owner=owner,
-                             out=_empty(scratch, "scores", len(owner), np.uint64))
-        keep = _smallest_distinct(owner, scores, max_items)
-    else:
-        pairs, pu, scores = _big_user_scores(users, spans, owner, None, big, sample_key)
-        keep = np.ones(len(owner), dtype=bool)
-        keep[pairs] = _smallest_distinct(pu, scores, max_items)
-    return None if keep.all() else keep
-
-
-def _is_sorted(a: np.ndarray) -> bool:
-    """Whether ``a`` is in non-decreasing order (the compiled check when loaded)."""
-    kernel = compiled.kernel("is_sorted", len(a))
-    if kernel is not None:
-        return bool(kernel(a))
-    return len(a) < 2 or bool((a[1:] >= a[:-1]).all())
-
-
-def _smallest_distinct(owner: np.ndarray, scores: np.ndarray, max_items: int) -> np.ndarray:
-    """Whether each element's score is among the ``max_items`` smallest distinct
-    scores of its owner's (a repeated item: one score; ties share a rank). The
-    compiled kernel when ``owner`` is sorted (as the presample passes it: pairs in
-    user order), else one sort by owner, then score. ``max_items`` >= 1."""
-    if max_items < 1:
-        raise ValueError(f"max_items must be at least 1; got {max_items}")
-    kernel = compiled.kernel("smallest_distinct", len(owner))
-    if kernel is not None and _is_sorted(owner):
-        return kernel(owner, scores, max_items, empty(len(owner), np.bool_))
-    order = owner_score_order(owner, scores)  # by owner, then score
-    ss = scores[order]
-    # rank among the owner's distinct scores, 0 = smallest
-    rank = ranks_in_runs(owner[order], np.r_[True, ss[1:] != ss[:-1]])
-    keep = np.empty(len(owner), dtype=bool)
-    keep[order] = rank < max_items
-    return keep
-
-
-#: ``counted_pair_blocks``: a file's first line is at position ``file_index << FILE_SHIFT``;
-#: a file's text may be up to 2^44 bytes (16 TiB) long.
-FILE_SHIFT = 44
-
-
-#: ``line_position``: at most this many input files (the positions fit in an int64).
-MAX_FILES = 1 << (63 - FILE_SHIFT)
-
-
-def line_position(file_index: int, offset: int, length: int = 0) -> int:
-    """The position in the whole input of the line at byte ``offset`` of the text of
-    the ``file_index``-th input file (files sorted by path): positions order lines by
-    file, then by place in the file (the record order). ``length``: the bytes from
-    ``offset`` that must stay within the file's range (a block's length), so that
-    no position of the block reaches the next file's. ValueError beyond
-    ``MAX_FILES`` files or 2^``FILE_SHIFT`` bytes of text in one file."""
-    if not 0 <= file_index < MAX_FILES:
-        raise ValueError(f"the record order covers at most {MAX_FILES} input files; "
-                         f"got file number {file_index}")
-    if not (0 <= offset and offset + length < 1 << FILE_SHIFT):
-        raise ValueError(f"the record order covers at most 2^{FILE_SHIFT} bytes of text "
-                         f"per input file; file {file_index} is longer")
-    return (file_index << FILE_SHIFT) + offset
 
 
 def _merge_pairs(codes: np.ndarray, counts: np.ndarray, first: Optional[np.ndarray]):
@@ -911,8 +496,8 @@ def counted_pair_blocks(parsed: ParsedBlock, groups: int, base: Optional[int] = 
     ``pair_blocks``."""
     if len(parsed) == 0:
         return {}
-    users, group, code = _users_by_group(parsed, groups)
-    items, i = _encode(parsed.items)
+    users, group, code = users_by_group(parsed, groups)
+    items, i = encode_strings(parsed.items)
     width = max(len(items), 1)
     key, counts, first = _merge_pairs(code * width + i, np.ones(len(i), np.int64),
                                       None if base is None else base + parsed.offsets)
@@ -927,15 +512,6 @@ class GroupHistogram:
     items: pa.Array
     weights: np.ndarray
     num_users: int
-
-
-def _concat(arrays: List[pa.Array]) -> pa.Array:
-    if len(arrays) == 1:
-        return arrays[0]
-    kinds = {a.type for a in arrays}
-    if len(kinds) > 1 or sum(a.nbytes for a in arrays) >= 1 << 30:
-        arrays = [a.cast(pa.large_string()) for a in arrays]
-    return pa.concat_arrays(arrays)
 
 
 def _user_weights(num_items: np.ndarray, weighting: str) -> np.ndarray:
@@ -991,7 +567,7 @@ def group_pairs(blocks: Iterable[PairBlock]) -> GroupPairs:
         none = pa.array([], pa.string())
         return GroupPairs(none, none, np.zeros(0, np.int64), np.zeros(0, np.int64))
     users, u = _users_of_pairs(blocks)  # each pair's user code
-    items, i = _encode(_concat([b.items for b in blocks]))
+    items, i = encode_strings(concat_strings([b.items for b in blocks]))
     width = max(len(items), 1)
     u *= width  # the pair's code: user code * width + item code
     u += i
@@ -1118,8 +694,8 @@ def _sampled_mask(pairs: GroupPairs, max_items: Optional[int], sample_key: Optio
     big = np.flatnonzero(num > max_items)
     if not len(big):
         return None
-    return _sample_big_users(pairs.users, pairs.items, pairs.u, pairs.i, big, max_items,
-                             sample_key, np.ones(len(pairs.u), dtype=bool))
+    return sample_big_users(pairs.users, pairs.items, pairs.u, pairs.i, big, max_items,
+                            sample_key, np.ones(len(pairs.u), dtype=bool))
 
 
 def bounded_histogram(blocks: Iterable[PairBlock], max_items: Optional[int], weighting: str,
@@ -1128,48 +704,6 @@ def bounded_histogram(blocks: Iterable[PairBlock], max_items: Optional[int], wei
     group): ``pairs_histogram(group_pairs(blocks), ...)``."""
     check_weighting(weighting)
     return pairs_histogram(group_pairs(blocks), max_items, weighting, sample_key)
-
-
-def _big_user_scores(users: pa.Array, spans, u: np.ndarray,
-                     i: Optional[np.ndarray], big: np.ndarray, sample_key: bytes):
-    """The sampler's scores of the pairs of the users ``big``: ``(pairs, owners,
-    scores)``, the positions of those pairs, their users and the keyed scores
-    ``sample_items`` gives them (SipHash-2-4 of the item under the user's own key).
-    Pair k is ``(users[u[k]], item i[k])`` (item k when ``i`` is None); item j is
-    ``data[starts[j]:starts[j] + lengths[j]]`` of ``spans = (data, starts, lengths)``."""
-    k0, k1 = _user_key_arrays(users, big, sample_key)
-    is_big = np.zeros(len(users), dtype=bool)
-    is_big[big] = True
-    pairs = np.flatnonzero(is_big[u])
-    data, starts, lengths = spans
-    pu, pi = u[pairs], (pairs if i is None else i[pairs])
-    return pairs, pu, item_scores(k0, k1, data, starts[pi], lengths[pi], prefix=STR_TAG,
-                                  owner=pu)
-
-
-def _user_key_arrays(users: pa.Array, big: np.ndarray, sample_key: bytes):
-    """``(k0, k1)``: the halves of the sampler's key of each user of ``big``
-    (``user_keys``), indexed like ``users``; 0 for the other users."""
-    k0, k1 = np.zeros(len(users), np.uint64), np.zeros(len(users), np.uint64)
-    k0[big], k1[big] = user_keys(sampling_keys(sample_key),
-                                 *string_spans(users.take(pa.array(big))), prefix=STR_TAG)
-    return k0, k1
-
-
-def _sample_big_users(users, items, u, i, big, max_items, sample_key, keep):
-    """Marks in ``keep`` the pairs of the users ``big`` that ``sample_items`` keeps:
-    the Δ0 items of smallest score under the user's own key, computed for all
-    their pairs at once."""
-    pairs, pu, scores = _big_user_scores(users, string_spans(items), u, i, big, sample_key)
-    kept, tied = smallest_scores(pu, scores, max_items)
-    keep[pairs] = kept
-    for user in tied.tolist():  # a tie at the cut (p ≈ n²/2^65): sample_items settles it
-        mine = pairs[pu == user]
-        names = items.take(pa.array(i[mine])).to_pylist()
-        kept = sample_items(users[user].as_py(), dict.fromkeys(names, 1), max_items,
-                            sample_key)
-        keep[mine] = [name in kept for name in names]
-    return keep
 
 
 def split_by_shard(hist: GroupHistogram, shards: int) -> Dict[int, bytes]:
@@ -1195,7 +729,7 @@ def sum_histograms(blobs: Iterable[bytes]) -> Tuple[pa.Array, np.ndarray]:
     batches = [_from_ipc(b) for b in blobs]
     if not batches:
         return pa.array([], pa.string()), np.zeros(0)
-    items, code = _encode(_concat([b.column(0) for b in batches]))
+    items, code = encode_strings(concat_strings([b.column(0) for b in batches]))
     weights = np.concatenate([b.column(1).to_numpy() for b in batches],
                              out=empty(len(code), np.float64))
     return items, np.bincount(code, weights=weights, minlength=len(items))

@@ -276,8 +276,8 @@ class Adaptive(Mechanism):
 
     def estimate_shard(self, items, weights, run_key: RunKey):
         """``estimate`` of a shard's items (an Arrow string array), on their UTF-8 bytes."""
-        from beam_dpsu.dp.data import columnar
-        data, starts, lengths = columnar.string_spans(items)
+        from beam_dpsu.dp.data import columnar_text
+        data, starts, lengths = columnar_text.string_spans(items)
         weights = np.asarray(weights, np.float64)
         rule = self.estimate_rule(run_key)
         noisy = weights + rule.noise_spans(data, starts, lengths)
@@ -289,10 +289,10 @@ class Adaptive(Mechanism):
     def decide_shard(self, items, adaptive, noisy, run_key: RunKey) -> np.ndarray:
         """The adaptive round's decisions on a shard's items (an Arrow string array) of
         adaptive weights ``adaptive`` and noisy estimates ``noisy``."""
-        from beam_dpsu.dp.data import columnar
+        from beam_dpsu.dp.data import columnar_text
         if len(items) == 0:
             return np.zeros(0, bool)
-        data, starts, lengths = columnar.string_spans(items)
+        data, starts, lengths = columnar_text.string_spans(items)
         return self.adaptive_rule(run_key).exceeds_spans(
             data, starts, lengths, self.adapted_weight(adaptive, noisy))
 

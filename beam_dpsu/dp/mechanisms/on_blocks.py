@@ -16,8 +16,9 @@ import pyarrow as pa
 from beam_dpsu.dp.data import sequential as policies
 from beam_dpsu.dp.data.columnar import (COLUMNAR_ITEM_SHARDS, COLUMNAR_USER_GROUPS, GroupPairs,
                                         PairBlock, PairBuffer, group_pairs, pair_blocks,
-                                        pairs_histogram, parse_block, release_shard,
-                                        split_by_shard, sum_histograms, without_items)
+                                        pairs_histogram, release_shard, split_by_shard,
+                                        sum_histograms, without_items)
+from beam_dpsu.dp.data.columnar_text import parse_block
 from beam_dpsu.dp.mechanisms.adaptive import Adaptive
 from beam_dpsu.dp.mechanisms.histogram_threshold import HistogramMechanism
 from beam_dpsu.dp.mechanisms.policy import PolicyMechanism

@@ -1,10 +1,11 @@
 """numba kernels of the columnar path and of SipHash-2-4 (needs numba: the ``fast`` extra).
 
 Each has a numpy twin that gives the same results (``dp.randomness.siphash._numpy_many``,
-``dp.data.columnar._spans_equal``, ``dp.data.columnar.count_byte``, ``dp.data.columnar._line_spans``,
-``dp.data.columnar.encode_spans``, ``dp.data.columnar.gather_spans``, ``dp.data.columnar._item_keys``
-(``mixed_fnv``), ``dp.data.columnar._sorted_repeats``, ``dp.data.columnar._smallest_distinct``; the
-tests compare them; ``without_repeats`` applies ``sorted_repeats`` and also finds a
+``dp.data.columnar_text.count_byte``, ``dp.data.columnar_text._line_spans``,
+``dp.data.columnar_text.encode_spans``, ``dp.data.columnar_text.gather_spans``,
+``dp.data.columnar._spans_equal``, ``dp.data.columnar._item_keys`` (``mixed_fnv``),
+``dp.data.columnar._sorted_repeats``, ``dp.data.columnar_sampling._smallest_distinct``;
+the tests compare them; ``without_repeats`` applies ``sorted_repeats`` and also finds a
 repeat a few lines back within a run of equal keys, so it may leave fewer repeats than
 its numpy form (never another set of distinct lines); the columnar path itself
 runs the last two only with the kernels). The kernels release the GIL
