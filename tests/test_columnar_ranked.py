@@ -1,4 +1,4 @@
-"""Ranked releases on the columnar path (``transforms.columnar.RankFromText``): top-k,
+"""Ranked releases on the columnar path (``transforms.columnar_rank.RankFromText``): top-k,
 discovery then peeling and the hitting set from text files release what the per-user
 path releases under the same key, and the array pieces behind them are exact."""
 import random
@@ -16,7 +16,7 @@ from beam_dpsu.dp.mechanisms.peeling import (DiscoverPeelHittingSet, DiscoverPee
                                              pair_rounds, peeling_rounds, _domain_order)
 from beam_dpsu.dp.mechanisms.topk import TopKMechanism
 from beam_dpsu.dp.randomness.noise import RunKey
-from beam_dpsu.transforms.columnar import RankFromText
+from beam_dpsu.transforms.columnar_rank import RankFromText
 
 from conftest import local_pipeline
 
@@ -286,15 +286,15 @@ def test_a_shard_sends_at_most_its_true_top_whatever_the_ties(tmp_path):
     m = TopKMechanism(3, 4.0, 1e-6, k_bar=5)
     expected = m.run_local(per_user_counts(pairs), RK)
     sent = []
-    from beam_dpsu.transforms import columnar as transforms_columnar
-    original = transforms_columnar._ShardTopDoFn.process
+    from beam_dpsu.transforms import columnar_rank
+    original = columnar_rank._ShardTopDoFn.process
 
     def counting(self, element, key_bytes):
         for out in original(self, element, key_bytes):
             sent.append(len(out[1]))
             yield out
     import unittest.mock
-    with unittest.mock.patch.object(transforms_columnar._ShardTopDoFn, "process", counting):
+    with unittest.mock.patch.object(columnar_rank._ShardTopDoFn, "process", counting):
         with local_pipeline() as p:
             rows, _, _ = p | RankFromText(_files(tmp_path, pairs), m, RK, item_shards=2)
             assert_that(rows, equal_to(expected))
@@ -305,7 +305,7 @@ def test_the_peeled_top_k_keeps_every_discovered_item_a_candidate():
     # (the files are read twice: an item the second read does not find stays in the
     # exponential mechanism's domain, with 0 users, as item_users gives it)
     from beam_dpsu.dp.randomness.noise import test_seed_material
-    from beam_dpsu.transforms.columnar import _PeelDoFn
+    from beam_dpsu.transforms.columnar_rank import _PeelDoFn
     m = DiscoverPeelTopK(4, 2.0, 1e-6)
     domain = ["a", "b", "c", "held-by-none"]
     parts = [("counts", (["a", "b"], [5, 2])), ("counts", (["c", "a"], [1, 1]))]

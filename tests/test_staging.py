@@ -23,7 +23,8 @@ from beam_dpsu.dp.mechanisms.sips import Sips
 from beam_dpsu.dp.randomness.noise import RunKey
 from beam_dpsu.pipelines import outputs, select_partitions
 from beam_dpsu.transforms import runners, staging
-from beam_dpsu.transforms.columnar import SelectFromText, _ReadPairsDoFn
+from beam_dpsu.transforms.columnar import SelectFromText
+from beam_dpsu.transforms.columnar_read import _ReadPairsDoFn
 
 from conftest import local_pipeline
 

@@ -67,7 +67,9 @@ import apache_beam as beam
 
 from beam_dpsu.dp.mechanisms import Mechanism
 from beam_dpsu.dp.mechanisms.on_blocks import runs_columnar
-from beam_dpsu.transforms.columnar import ActivityFromText, RankFromText, SelectFromText
+from beam_dpsu.transforms.columnar import SelectFromText
+from beam_dpsu.transforms.columnar_rank import RankFromText
+from beam_dpsu.transforms.columnar_read import ActivityFromText
 from beam_dpsu.dp.randomness.noise import RunKey
 from beam_dpsu.transforms.write import ranked_lines
 from beam_dpsu.dp.mechanisms.topk import TopKMechanism
@@ -90,7 +92,7 @@ def build_pipeline(p: beam.Pipeline, input_pattern: str, output_prefix: str,
     (``transforms.columnar.SelectFromText``: blocks of arrays from the files to the
     release), laid out for the input's size (``runs.columnar_layout``: user groups,
     item shards, and its shuffles staged through files where the runner holds a
-    shuffle in memory). With ``top_k``, ``transforms.columnar.RankFromText`` reads
+    shuffle in memory). With ``top_k``, ``transforms.columnar_rank.RankFromText`` reads
     the files too and releases the top-k query to ``PREFIX-top-k-00000-of-00001``
     in rank order; both releases use the one ``run_key`` under distinct purposes
     (the set-union mechanisms' and top-k's subkeys differ), so their randomness is
@@ -211,10 +213,11 @@ def calibrate(mechanism, release: runs.ReleaseRun):
     """A mechanism whose parameters come from a DP estimate of the users' activity
     (``--max-items-per-user auto``; GW-KT's calibration share): runs the small pipeline
     that counts the input's users by their number of distinct items in the mechanism's
-    buckets (``columnar.ActivityFromText``, on the same runner), releases that histogram
-    at the mechanism's ``calibration_epsilon`` (``mechanism.estimate``: under the test
-    seed's key with ``--insecure-test-seed``, so that the run equals ``run_local``; else
-    under a fresh OS-random key drawn here) and returns the calibrated mechanism. The
+    buckets (``columnar_read.ActivityFromText``, on the same runner), releases that
+    histogram at the mechanism's ``calibration_epsilon`` (``mechanism.estimate``: under
+    the test seed's key with ``--insecure-test-seed``, so that the run equals
+    ``run_local``; else under a fresh OS-random key drawn here) and returns the
+    calibrated mechanism. The
     exact counts pass through this process only, in owner-only files deleted at once,
     like the run's other counts (``release.count``)."""
     def count(p):

@@ -68,7 +68,7 @@ from typing import Optional, Sequence
 import apache_beam as beam
 
 from beam_dpsu.dp.randomness.noise import RunKey
-from beam_dpsu.transforms.columnar import RankFromText
+from beam_dpsu.transforms.columnar_rank import RankFromText
 from beam_dpsu.dp.mechanisms.peeling import DiscoverThenPeel
 from beam_dpsu.dp.mechanisms.topk import TopKMechanism
 from beam_dpsu.transforms.write import ranked_lines
@@ -83,7 +83,7 @@ PROG = "top_k"
 def build_pipeline(p: beam.Pipeline, input_pattern: str, output_prefix: str,
                    mechanism, run_key: RunKey, dead_letter: Optional[str] = None) -> None:
     """Adds the read → rank → write graph to ``p`` (one output file, rank order): the
-    columnar path (``transforms.columnar.RankFromText``) for a ``TopKMechanism`` and
+    columnar path (``transforms.columnar_rank.RankFromText``) for a ``TopKMechanism`` and
     for discovery then peeling (top-k or hitting set), laid out for the input's size
     (``runs.columnar_layout``)."""
     rows, malformed, users = p | "RankFromText" >> RankFromText(

@@ -49,7 +49,6 @@ outputs travel as ``(tag, value)`` envelopes, ``runners.tag``).
 """
 from __future__ import annotations
 
-from contextlib import closing
 from typing import Any, Iterator, Optional, Tuple
 
 import apache_beam as beam
@@ -58,153 +57,31 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from beam_dpsu.dp.randomness import buffers
 from beam_dpsu.dp.data import columnar, columnar_policy, columnar_text
 from beam_dpsu.dp.mechanisms import on_blocks
 from beam_dpsu.dp.data.columnar import COLUMNAR_ITEM_SHARDS, COLUMNAR_USER_GROUPS
-from beam_dpsu.dp.data.lines import BLOCK_BYTES, block_buffers, read_blocks
+from beam_dpsu.dp.data.lines import BLOCK_BYTES
 from beam_dpsu.dp.mechanisms.adaptive import (LOW_BUCKET, RELEASED, Adaptive,
                                               adaptive_pairs_histogram, marks_arrays,
                                               marks_message)
-from beam_dpsu.dp.mechanisms.peeling import DiscoverPeelHittingSet, DiscoverThenPeel
-from beam_dpsu.dp.mechanisms.activity import SCALE_BUCKETS, ActivityBuckets
 from beam_dpsu.dp.mechanisms.policy import PolicyMechanism
 from beam_dpsu.dp.mechanisms.sips import Sips
-from beam_dpsu.dp.mechanisms.topk import DEFAULT_PURPOSE as TOPK_PURPOSE, TopKMechanism, true_top
 from beam_dpsu.dp.randomness.noise import RunKey
 from beam_dpsu.transforms import run_key as keys
 from beam_dpsu.transforms import ordered, runners, staging
 from beam_dpsu.transforms.release import ApplyReleaseRule
 from beam_dpsu.transforms.bounding import check_global_window
-from beam_dpsu.transforms.textio import input_files, open_binary
+from beam_dpsu.transforms.textio import input_files
 from beam_dpsu.transforms.write import local_absolute
+from beam_dpsu.transforms.columnar_read import (_MALFORMED, _USERS, _PresamplePlan,
+                                                _ReadPairsDoFn, _apply, _check_count,
+                                                _presampled, _same_key)
 
-__all__ = ["SelectFromText", "SelectFromPairs", "RankFromText", "ActivityFromText"]
+__all__ = ["SelectFromText", "SelectFromPairs"]
 
-_MALFORMED, _USERS, _IDS = "malformed", "users", "ids"
+
+_IDS = "ids"
 _MARKS, _FIRST = "marks", "first"
-
-
-class _ReadPairsDoFn(beam.DoFn):
-    """A file (a path, or ``(file index, path)`` with ``positions``) → ``(group,
-    PairBlock bytes)``: a user group's pairs, one message per group at each flush
-    of a ``columnar.PairBuffer`` (every ``columnar.FLUSH_PAIRS`` pairs read, and at
-    the end of the file); ``(raw line, occurrences)`` per distinct malformed line
-    of a block on ``_MALFORMED``. ``counted``: the blocks
-    of ``columnar.counted_pair_blocks`` (with each pair's first line position when
-    ``positions``), else ``columnar.pair_blocks``. ``mechanism``: the mechanism
-    whose ``on_blocks.presample_plan`` (under the run key, a side input) presamples
-    every block; None: no presampling (``plan``: a picklable ``run_key → (Δ0, key)``
-    instead of the mechanism's). ``within``: the element is ``(file, items)``
-    and only the pairs of those items are sent (no malformed lines: a second read
-    of files read before)."""
-
-    def __init__(self, groups: int, block_bytes: int, envelope: bool, counted: bool = False,
-                 positions: bool = False, mechanism=None, stage=None, within: bool = False,
-                 plan=None):
-        self._groups, self._block_bytes, self._envelope = groups, block_bytes, envelope
-        self._within = within
-        self._staging = stage
-        self._counted, self._positions = counted, positions
-        # (Δ0, key) of on_blocks.presample_plan, built on the worker from the run key
-        self._plan = keys.KeyedCache(_PresamplePlan(mechanism) if plan is None else plan)
-        self._malformed = beam.metrics.Metrics.counter("beam_dpsu", "malformed_lines")
-        self._files = beam.metrics.Metrics.counter("beam_dpsu", "input_files")
-        self._memory = None  # (Scratch, read buffers): made on the worker, kept file to file
-
-    def process(self, element, key_bytes):
-        self._files.inc()
-        if self._staging is None:
-            yield from self._read(element, key_bytes, None)
-            return
-        # the file's blocks go to one staged file, closed before any reference leaves
-        with self._staging.writer() as sink:
-            yield from self._read(element, key_bytes, sink)
-        for ref in sink.refs:
-            yield runners.main_output(ref, self._envelope)
-
-    def finish_bundle(self):
-        self._memory = None  # not held through the later stages
-
-    def _read(self, element, key_bytes, sink):
-        """The file's malformed lines (tagged) and its pair blocks: emitted, or added
-        to ``sink`` (a ``staging.StagedWriter``) when given."""
-        plan = self._plan(key_bytes)
-        domain = None
-        if self._within:  # (path, items): only the pairs of those items; the malformed
-            element, items = element  # lines were reported by the first read
-            domain = pa.array(list(items), pa.string())
-        file_index, path = element if self._positions else (None, element)
-        offset = 0  # of the block in the file's text
-        # one block's arrays and read buffers, reused by the next block and file: taken
-        # for this file and given back only once it is read whole (a read abandoned on an
-        # error keeps them, its reader thread may still hold them)
-        memory, self._memory = self._memory, None
-        if memory is None:
-            memory = buffers.Scratch(), block_buffers()
-        scratch, read_buffers = memory
-        held = columnar.PairBuffer()  # the file's groups, sent a few times per file
-        # the reader thread is stopped and joined (closing) before the file is closed;
-        # a block's buffer may be read into again once the next block is asked for: what
-        # leaves an iteration is copied out of it (the messages' bytes, malformed lines)
-        with open_binary(path) as f, closing(read_blocks(
-                f, self._block_bytes, buffers=read_buffers)) as blocks:
-            for block in blocks:
-                parsed = columnar_text.parse_block(block, scratch)
-                for line, n in ({} if self._within else parsed.malformed).items():
-                    self._malformed.inc(n)
-                    yield runners.tag((line, n), _MALFORMED, self._envelope)
-                if self._counted:
-                    base = (None if file_index is None
-                            else columnar_text.line_position(file_index, offset, len(block)))
-                    by_group = columnar.counted_pair_blocks(parsed, self._groups, base, plan)
-                else:
-                    by_group = columnar.pair_blocks(parsed, self._groups, plan, scratch,
-                                                    within=domain)
-                offset += len(block) + 1
-                yield from self._send(held.add(by_group), sink)
-        yield from self._send(held.flush(), sink)
-        self._memory = memory
-
-    def _send(self, by_group, sink):
-        """``{group: PairBlock}`` as messages: emitted, or added to ``sink``."""
-        for group, pairs in by_group.items():
-            if sink is None:
-                yield runners.main_output((group, pairs.to_bytes()), self._envelope)
-            else:
-                sink.add(group, pairs.to_bytes())
-
-
-def _presampled(mechanism):
-    """``mechanism`` if the read stage presamples for it (``on_blocks.presample_plan``
-    gives a plan; the plan's keys are drawn on the workers), else None (nothing of
-    it is shipped to the read stage)."""
-    return (mechanism if on_blocks.presample_plan(mechanism, ordered.UPDATE_ONLY_KEY)
-            is not None else None)
-
-
-class _PresamplePlan:
-    """``run_key → on_blocks.presample_plan(mechanism, run_key)`` (picklable; None
-    without a mechanism)."""
-
-    def __init__(self, mechanism):
-        self._mechanism = mechanism
-
-    def __call__(self, run_key: RunKey):
-        if self._mechanism is None:
-            return None
-        return on_blocks.presample_plan(self._mechanism, run_key)
-
-
-class _TopKSample:
-    """``run_key → (Δ, key)`` of a top-k query's Δ sample (``TopK``'s: the key of
-    ``purpose + '/sample'``), the read stage's presample plan (picklable)."""
-
-    def __init__(self, max_items: int, purpose: str):
-        self._max_items, self._purpose = max_items, purpose
-
-    def __call__(self, run_key: RunKey):
-        return self._max_items, run_key.subkey(self._purpose + "/sample")
 
 
 class _BoundHistogramDoFn(beam.DoFn):
@@ -460,12 +337,6 @@ class _DecideShardDoFn(beam.DoFn):
         if chosen.size:
             self._released.inc(int(chosen.size))
             yield from items.take(pa.array(chosen)).to_pylist()
-
-
-def _check_count(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    return value
 
 
 class _Rounds(beam.PTransform):
@@ -792,293 +663,6 @@ class SelectFromPairs(_Rounds):
         return released | "Ids" >> beam.Map(columnar_text.from_id_string)
 
 
-def _same_key(run_key: RunKey) -> RunKey:
-    return run_key
-
-
-class _ShardTopDoFn(beam.DoFn):
-    """``(shard, [partial histogram bytes])`` → ``(None, top)``: the shard's true top
-    ``n`` ``(item, users)`` by the query's ``RankKey`` (count, then the keyed tie
-    hash: a total order), from the items that can be among them
-    (``columnar.top_candidates``). The item shards partition the items, so the true
-    top n is among the shards' top n."""
-
-    def __init__(self, n: int, purpose: str, stage=None):
-        self._n, self._staging = n, stage
-        self._purpose = purpose
-        self._run_key = keys.KeyedCache(_same_key)
-
-    def process(self, element, key_bytes):
-        items, counts = columnar.sum_histograms(staging.unstaged(self._staging, element[1]))
-        top = true_top(columnar.top_candidates(items, counts, self._n), self._n,
-                       self._run_key(key_bytes), self._purpose)
-        if top:
-            yield None, top
-
-
-class _TopKReleaseDoFn(beam.DoFn):
-    """``(None, [candidates, ...])`` → ``TopKMechanism.release``'s ranked rows (the
-    true top k̄ + 1 re-ranked there with the query's keyed tie-break)."""
-
-    def __init__(self, mechanism, purpose: str):
-        self._mechanism, self._purpose = mechanism, purpose
-        self._run_key = keys.KeyedCache(_same_key)
-        self._released = beam.metrics.Metrics.counter("beam_dpsu", "released")
-
-    def process(self, element, key_bytes):
-        top = [pair for part in element[1] for pair in part]
-        rows = self._mechanism.release(top, self._run_key(key_bytes), self._purpose)
-        self._released.inc(len(rows))
-        yield from rows
-
-
-class _InDomainDoFn(beam.DoFn):
-    """``(group, [PairBlock bytes])`` of the discovered domain's pairs → ``(None, part)``
-    for the peeling stage's one worker: ``('counts', (items, users per item))`` for
-    top-k, ``('pairs', (number of pairs, columnar.held_pairs message or its staged
-    reference))`` for the hitting set."""
-
-    def __init__(self, hitting: bool, stage=None):
-        self._hitting, self._staging = hitting, stage
-
-    def process(self, element):
-        pairs = columnar.group_pairs(columnar.PairBlock.from_bytes(b)
-                                     for b in staging.unstaged(self._staging, element[1]))
-        if not len(pairs):
-            return
-        if self._hitting:
-            for _, blob in staging.staged(self._staging, [(None, columnar.held_pairs(pairs))]):
-                yield None, ("pairs", (len(pairs), blob))
-        else:
-            yield None, ("counts", columnar.item_users_of_pairs(pairs))
-
-
-class _PeelDoFn(beam.DoFn):
-    """``(None, [("domain", item) or part, ...])`` → the peeling stage's ranked rows: top-k
-    on the summed user counts (``DiscoverPeelTopK.peel``), the hitting set on the
-    groups' pairs (``DiscoverPeelHittingSet.peel_pairs``)."""
-
-    def __init__(self, mechanism, stage=None):
-        self._mechanism, self._staging = mechanism, stage
-        self._run_key = keys.KeyedCache(_same_key)
-        self._released = beam.metrics.Metrics.counter("beam_dpsu", "released")
-
-    def process(self, element, key_bytes):
-        run_key = self._run_key(key_bytes)
-        domain = [value for kind, value in element[1] if kind == "domain"]
-        parts = [value for kind, value in element[1] if kind != "domain"]
-        if isinstance(self._mechanism, DiscoverPeelHittingSet):
-            # one group's pairs read at a time, into arrays of the total's size
-            rows = self._mechanism.peel_pairs(
-                (columnar.read_held_pairs(staging.unstaged(self._staging, [blob])[0])
-                 for _, blob in parts), domain, run_key, total_pairs=sum(n for n, _ in parts))
-        else:  # every discovered item is a candidate, held or not (as item_users)
-            counts = dict.fromkeys(domain, 0)
-            for items, users in parts:
-                for item, n in zip(items, users):
-                    counts[item] = counts.get(item, 0) + n
-            rows = self._mechanism.peel(counts, run_key)
-        self._released.inc(len(rows))
-        yield from rows
-
-
-class RankFromText(beam.PTransform):
-    """Text files of ``user_id<TAB>item`` lines → a ranked release: the rows of a
-    top-k query (``TopKMechanism``) or of discovery then peeling (top-k over an
-    unknown domain, ``DiscoverPeelTopK``, or the k-hitting set,
-    ``DiscoverPeelHittingSet``), on blocks of arrays as ``SelectFromText``.
-
-    ``p | RankFromText(pattern, mechanism, key)`` releases what ``p |
-    ReadUserItems(pattern) | TopK(mechanism, key, per_user=True)`` (or
-    ``DiscoverThenPeelTransform``) releases under the same key: the same users'
-    distinct items, the same Δ sample (``TopK``'s purpose), the same true top k̄ + 1
-    (each item shard's candidates, re-ranked on one worker), the same discovered
-    domain (Weighted Gaussian's columnar release, ``SelectFromText``) and the same
-    peeling on each user's items within it (the files read a second time for the
-    domain's pairs only; one worker, over arrays of item indices).
-    Returns ``(rows, malformed, users)``: the ranked rows (``(rank, item)`` or
-    ``(rank, item, noisy_count)``, in no order: write them with
-    ``write.ranked_lines``), the malformed lines as ``(raw line bytes,
-    occurrences)`` (private) and one ``int`` per user group, its number of users
-    (private).
-
-    Args:
-      file_pattern, run_key, user_groups, item_shards, block_bytes, staging_dir,
-        label: as for ``SelectFromText`` (none affects the release).
-      mechanism: a ``TopKMechanism``, ``DiscoverPeelTopK`` or
-        ``DiscoverPeelHittingSet``; its guarantee is the release's.
-      purpose: a top-k query's key purpose (default ``'topk/0'``, ``TopK``'s);
-        two queries under one key need distinct purposes.
-
-    Memory: top-k holds one candidate list per item shard on one worker, and a
-    worker one user group's distinct pairs (all of them without Δ; with Δ, read
-    presampled as ``SelectFromText`` reads them); discovery then
-    peeling holds what ``SelectFromText`` holds, then one group's pairs within the
-    domain, and the hitting set one int32 per (user, discovered item) pair and one
-    offset per user on the peeling's worker.
-
-    Privacy: the mechanism's ``guarantee`` under add/remove-one-user neighbours,
-    provided each user id identifies one person and the run key is secret and used
-    for one release only. Discovery then peeling reads the files twice: they must
-    not change during the run (every discovered item stays a candidate of the
-    peeling whatever the second read finds).
-    """
-
-    def __init__(self, file_pattern: str, mechanism, run_key: Optional[RunKey] = None,
-                 user_groups: int = COLUMNAR_USER_GROUPS,
-                 item_shards: int = COLUMNAR_ITEM_SHARDS, block_bytes: int = BLOCK_BYTES,
-                 staging_dir: Optional[str] = None, purpose: str = TOPK_PURPOSE,
-                 label: Optional[str] = None):
-        super().__init__(label)
-        if not isinstance(file_pattern, str) or not file_pattern:
-            raise ValueError(f"file_pattern must be a non-empty string, got {file_pattern!r}")
-        if not isinstance(mechanism, (TopKMechanism, DiscoverThenPeel)):
-            raise ValueError(f"RankFromText runs a TopKMechanism, DiscoverPeelTopK or "
-                             f"DiscoverPeelHittingSet; got {mechanism!r}")
-        if not isinstance(purpose, str) or not purpose:
-            raise ValueError(f"purpose must be a non-empty string, got {purpose!r}")
-        self._pattern = local_absolute(file_pattern)  # the workers may run elsewhere
-        self._mechanism, self._purpose = mechanism, purpose
-        self._run_key = keys.for_pipeline(run_key)
-        self._groups = _check_count(user_groups, "user_groups")
-        self._shards = _check_count(item_shards, "item_shards")
-        self._block_bytes = _check_count(block_bytes, "block_bytes")
-        self._staging = None if staging_dir is None else staging.Staging(staging_dir)
-
-    def expand(self, pbegin):
-        m = self._mechanism
-        if not isinstance(m, TopKMechanism):
-            return self._discover_then_peel(pbegin)
-        envelope = not runners.capabilities(pbegin.pipeline).tagged_outputs
-        files = input_files(pbegin, self._pattern)
-        # with Δ, the blocks presampled under the query's own sampling key; without,
-        # every distinct item of a user counts
-        plan = None if m.max_items is None else _TopKSample(m.max_items, self._purpose)
-        pairs, malformed = _apply(files, "ReadPairs", _ReadPairsDoFn(
-            self._groups, self._block_bytes, envelope, stage=self._staging, plan=plan),
-            envelope, _MALFORMED,
-            _NO_KEY if plan is None else keys.key_side_input(files, self._run_key))
-        grouped = pairs | "GroupUsers" >> beam.GroupByKey()
-        partials, users = _apply(grouped, "UsersPerItem", _BoundHistogramDoFn(
-            m.max_items, "count", self._purpose + "/sample", self._shards, envelope,
-            self._staging), envelope, _USERS, keys.key_side_input(grouped, self._run_key))
-        rows = (partials
-                | "GroupShards" >> beam.GroupByKey()
-                | "ShardTop" >> beam.ParDo(
-                    _ShardTopDoFn(m.k_bar + 1, self._purpose, self._staging),
-                    keys.key_side_input(grouped, self._run_key))
-                | "Collect" >> beam.GroupByKey()
-                | "Release" >> beam.ParDo(_TopKReleaseDoFn(m, self._purpose),
-                                          keys.key_side_input(grouped, self._run_key)))
-        return rows, malformed, users
-
-    def _discover_then_peel(self, pbegin):
-        """Discovery as ``SelectFromText`` releases Weighted Gaussian (its Δ0 sample
-        presampled as the files are read), then the files read again keeping only
-        the discovered items' pairs (a user's pairs outside the domain are never
-        held), each group's within-domain pairs to the one worker of the peeling."""
-        m = self._mechanism
-        envelope = not runners.capabilities(pbegin.pipeline).tagged_outputs
-        layout = {"user_groups": self._groups, "item_shards": self._shards,
-                  "block_bytes": self._block_bytes,
-                  "staging_dir": None if self._staging is None else self._staging.directory}
-        domain, malformed, users = pbegin | "Discover" >> SelectFromText(
-            self._pattern, m.discovery, self._run_key, **layout)
-        files = (input_files(pbegin, self._pattern, label="FilesAgain", ordered=True)
-                 | "ByIndex" >> beam.Map(_file_key))
-        with_domain = files | "WithDomain" >> runners.WithList(domain, _FILE_KEYS, _with_items)
-        pairs, _ = _apply(with_domain, "ReadDomainPairs", _ReadPairsDoFn(
-            self._groups, self._block_bytes, envelope, stage=self._staging, within=True),
-            envelope, _MALFORMED, _NO_KEY)
-        parts = (pairs
-                 | "GroupDomainPairs" >> beam.GroupByKey()
-                 | "InDomain" >> beam.ParDo(_InDomainDoFn(
-                     isinstance(m, DiscoverPeelHittingSet), self._staging)))
-        # the domain travels with the parts (no side input: some runners evaluate one
-        # again in every task)
-        rows = ((domain | "TagDomain" >> beam.Map(_tag_domain), parts)
-                | "Together" >> beam.Flatten()
-                | "Collect" >> beam.GroupByKey()
-                | "Peel" >> beam.ParDo(_PeelDoFn(m, self._staging),
-                                       keys.key_side_input(parts, self._run_key)))
-        return rows, malformed, users
-
-
-#: the keys the files of the second read are spread over to meet the domain
-#: (``runners.WithList``: one per file up to this many)
-_FILE_KEYS = 16
-
-
-def _file_key(element):
-    index, path = element
-    return index % _FILE_KEYS, path
-
-
-def _with_items(key: int, path: str, items):
-    yield path, items
-
-
-def _tag_domain(item: str):
-    return None, ("domain", item)
-
-
-#: What ``ActivityFromText``'s read stage gets instead of a run key (it samples nothing).
-_NO_KEY = b"beam_dpsu: this stage uses no key"
-
-
-class _GroupActivityDoFn(beam.DoFn):
-    """``(group, [PairBlock bytes])`` → the group's activity histogram in ``buckets`` (a
-    tuple of ints): its users counted by their number of distinct items."""
-
-    def __init__(self, buckets: ActivityBuckets):
-        self._buckets = buckets
-
-    def process(self, element):
-        pairs = columnar.group_pairs(columnar.PairBlock.from_bytes(b) for b in element[1])
-        distinct = np.bincount(pairs.u, minlength=len(pairs.users))
-        yield tuple(int(n) for n in self._buckets.histogram(distinct[distinct > 0]))
-
-
-class ActivityFromText(beam.PTransform):
-    """Text files of ``user_id<TAB>item`` lines → one activity histogram per user group
-    (a tuple of ``buckets.count`` ints; their sum over the groups is the histogram of
-    every user by its number of distinct items), read as ``SelectFromText`` reads: the
-    exact statistic of the DP activity estimate (``mechanisms.activity.release_scale``)
-    of GW-KT and of ``--max-items-per-user auto``.
-
-    Args:
-      file_pattern: as for ``SelectFromText``.
-      buckets: the bucket layout (``mechanisms.activity.ActivityBuckets``); default
-        GW-KT's ``SCALE_BUCKETS``.
-      user_groups, block_bytes: as for ``SelectFromText``; no effect on the result.
-
-    Privacy: the output is exact and private; only its noised release may leave the
-    owner's hands.
-    """
-
-    def __init__(self, file_pattern: str, buckets: ActivityBuckets = SCALE_BUCKETS,
-                 user_groups: int = COLUMNAR_USER_GROUPS, block_bytes: int = BLOCK_BYTES,
-                 label: Optional[str] = None):
-        super().__init__(label)
-        if not isinstance(file_pattern, str) or not file_pattern:
-            raise ValueError(f"file_pattern must be a non-empty string, got {file_pattern!r}")
-        if not isinstance(buckets, ActivityBuckets):
-            raise ValueError(f"buckets must be an ActivityBuckets, got {buckets!r}")
-        self._buckets = buckets
-        self._pattern = local_absolute(file_pattern)  # the workers may run elsewhere
-        self._groups = _check_count(user_groups, "user_groups")
-        self._block_bytes = _check_count(block_bytes, "block_bytes")
-
-    def expand(self, pbegin):
-        envelope = not runners.capabilities(pbegin.pipeline).tagged_outputs
-        files = input_files(pbegin, self._pattern)
-        # no presampling, so no key: a public placeholder stands where the run key goes
-        pairs, _ = _apply(files, "ReadPairs", _ReadPairsDoFn(
-            self._groups, self._block_bytes, envelope), envelope, _MALFORMED, _NO_KEY)
-        return (pairs | "GroupUsers" >> beam.GroupByKey()
-                | "Activity" >> beam.ParDo(_GroupActivityDoFn(self._buckets)))
-
-
 class _RoundRule:
     """``run_key → mechanism.release_rule(run_key, round_index)`` (picklable)."""
 
@@ -1087,17 +671,3 @@ class _RoundRule:
 
     def __call__(self, run_key: RunKey):
         return self._mechanism.release_rule(run_key, round_index=self._index)
-
-
-def _apply(pcoll, label: str, dofn, envelope: bool, tags, *side_inputs):
-    """``pcoll | label >> ParDo(dofn)`` with a main output and the output(s) ``tags`` (a
-    tag or a tuple of tags): ``(main, tagged...)``; in envelope mode (Dask) the one
-    output is split."""
-    tags = (tags,) if isinstance(tags, str) else tuple(tags)
-    if envelope:
-        out = pcoll | label >> beam.ParDo(dofn, *side_inputs).with_output_types(Any)
-        split = runners.split_envelopes(out, f"{label}/Split", (None,) + tags)
-        return tuple(split[t] for t in (None,) + tags)
-    out = pcoll | label >> beam.ParDo(dofn, *side_inputs).with_output_types(Any).with_outputs(
-        *tags, main="main")
-    return (out.main,) + tuple(out[t] for t in tags)

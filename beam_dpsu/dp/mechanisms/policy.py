@@ -432,7 +432,7 @@ class GWKT(GW):
         s·ε-DP; the stated guarantee is their basic composition, (ε, δ). Δ0, M and κ
         then depend on DP output and public data only (condition (a′) of
         ``docs/gw.md``). Run it with ``run_local`` (which estimates first) or, in Beam,
-        after ``calibrated(estimate)`` (``transforms.columnar.ActivityFromText`` gives
+        after ``calibrated(estimate)`` (``transforms.columnar_read.ActivityFromText`` gives
         the exact histogram to release).
     """
 
