@@ -2,7 +2,7 @@
 
 What ``SelectPartitions`` does to each bundle of ``(user, item)`` pairs on the blocks
 path (``transforms.columnar.SelectFromPairs``: batches of 65,536 pairs turned into
-Arrow strings, ``columnar.arrays_block`` and ``columnar.pair_blocks`` with the Δ0
+Arrow strings, ``columnar_text.arrays_block`` and ``columnar.pair_blocks`` with the Δ0
 presample), on every line of a ``user<TAB>item`` file, in this process. Prints the
 CPU seconds of that work (the file's reading and splitting not counted). Run it once
 per tree, alternating, to compare two trees (each imports the ``beam_dpsu`` beside it).
@@ -22,7 +22,7 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from beam_dpsu.dp.data import columnar  # noqa: E402
+from beam_dpsu.dp.data import columnar, columnar_text  # noqa: E402
 from beam_dpsu.dp.randomness.noise import RunKey  # noqa: E402
 
 DEFAULT_INPUT = ROOT.parent / "shared" / "data" / "commits-rails.pairs.tsv.gz"
@@ -41,8 +41,9 @@ def main(argv=None) -> int:
     start = time.process_time()
     for a in range(0, len(pairs), BATCH):
         batch = pairs[a:a + BATCH]
-        parsed = columnar.arrays_block(columnar.id_strings([p[0] for p in batch]),
-                                       columnar.id_strings([p[1] for p in batch], "item"))
+        parsed = columnar_text.arrays_block(
+            columnar_text.id_strings([p[0] for p in batch]),
+            columnar_text.id_strings([p[1] for p in batch], "item"))
         columnar.pair_blocks(parsed, columnar.COLUMNAR_USER_GROUPS, sample)
     print(f"{ROOT.name}: {len(pairs)} pairs, pair blocks CPU {time.process_time() - start:.2f} s")
     return 0
