@@ -48,7 +48,7 @@ from typing import Dict, List, Optional
 
 __all__ = ["SupervisedWorkerPool", "started_workers", "serve", "main"]
 
-_LOG = logging.getLogger("beam_dpsu.worker_pool")
+_LOG = logging.getLogger(__name__)
 
 
 def _command(request) -> List[str]:
