@@ -326,7 +326,7 @@ def test_commands_without_auto_refuse_it_in_one_line(tmp_path):
 def test_an_embedded_pipeline_calibrates_then_releases_what_run_local_does(per_user, name):
     import apache_beam as beam
     from apache_beam.testing.util import assert_that, equal_to
-    from beam_dpsu.transforms import activity
+    from beam_dpsu.transforms import activity, runners
     from beam_dpsu.transforms.select import SelectPartitions
     kwargs = {"public_counts": {f"i{j}": 3000 // j for j in range(1, 200)},
               "tie_break": "item-hash"} if name == "gw-kt" else {}
@@ -339,7 +339,7 @@ def test_an_embedded_pipeline_calibrates_then_releases_what_run_local_does(per_u
     assert c.max_items == m.calibrated_on(per_user, key).max_items
     want = sorted(m.run_local(per_user, key))
     assert want
-    with beam.Pipeline() as p:
+    with beam.Pipeline(options=runners.pipeline_options([])) as p:
         got = p | beam.Create(pairs) | SelectPartitions(c, run_key=key)
         assert_that(got, equal_to(want))
     with pytest.raises(ValueError, match="needs no calibration"):
@@ -349,13 +349,32 @@ def test_an_embedded_pipeline_calibrates_then_releases_what_run_local_does(per_u
 def test_user_activity_counts_each_user_once_in_its_bucket():
     import apache_beam as beam
     from apache_beam.testing.util import assert_that, equal_to
+    from beam_dpsu.transforms import runners
     from beam_dpsu.transforms.activity import UserActivity
     pairs = [("a", "x"), ("a", "x"), ("a", "y"), ("b", "x")] + \
         [("c", f"i{j}") for j in range(5000)] + [(7, "z")]
-    with beam.Pipeline() as p:
+    with beam.Pipeline(options=runners.pipeline_options([])) as p:
         got = p | beam.Create(pairs) | UserActivity(AUTO_LAYOUT)
         # a: 2 items → [2, 4); b and 7: 1 item → [1, 2); c: 5000 → the open last bucket
         assert_that(got, equal_to([(2, 1) + (0,) * 8 + (1,)]))
-    with beam.Pipeline() as p:
+    with beam.Pipeline(options=runners.pipeline_options([])) as p:
         assert_that(p | beam.Create([]) | UserActivity(AUTO_LAYOUT),
                     equal_to([(0,) * AUTO_BUCKETS]))
+
+
+def test_calibrate_never_tries_prism_by_default(per_user, monkeypatch):
+    # Beam's default DirectRunner tries Prism first (and, failing to download it, leaves a
+    # process-wide Prism job server without a binary behind); the library's own
+    # pipeline runs on the DirectRunner's FnApiRunner
+    import apache_beam as beam
+    from apache_beam.runners.direct import direct_runner
+    from apache_beam.runners.portability import prism_runner
+    from beam_dpsu.transforms import activity
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("went through Beam's SwitchingDirectRunner or Prism")
+    monkeypatch.setattr(direct_runner.SwitchingDirectRunner, "run_pipeline", refuse)
+    monkeypatch.setattr(prism_runner.PrismRunner, "run_pipeline", refuse)
+    m = make_mechanism("sips", epsilon=1.0, delta=1e-6, max_items="auto")
+    pairs = [(u, i) for u, c in list(per_user.items())[:50] for i in c]
+    assert activity.calibrate(m, lambda p: p | beam.Create(pairs)).max_items >= 1

@@ -99,8 +99,9 @@ def calibrate(mechanism, build_input: Callable[[beam.Pipeline], beam.PCollection
         calibration share).
       build_input: ``build_input(pipeline)`` → the PCollection you will give
         ``SelectPartitions`` (the same source; it is read once more, here).
-      options: the ``PipelineOptions`` of the small pipeline (default: Beam's, the
-        DirectRunner); give your own to count on your runner.
+      options: the ``PipelineOptions`` of the small pipeline (default:
+        ``runners.pipeline_options([])``, the DirectRunner's FnApiRunner); give your own
+        to count on your runner.
       run_key: the key of the estimate's noise. None (default): a fresh OS-random key
         drawn here. ``RunKey.from_test_seed(s)`` only in tests (then the estimate is
         the one ``mechanism.run_local`` draws under that key).
@@ -128,7 +129,9 @@ def calibrate(mechanism, build_input: Callable[[beam.Pipeline], beam.PCollection
         tempfile.mkdtemp(prefix="beam-dpsu-activity-PRIVATE-")
     path = FileSystems.join(folder, "activity.PRIVATE.json")
     try:
-        p = beam.Pipeline(options=options)
+        from beam_dpsu.transforms import runners
+        p = beam.Pipeline(options=options if options is not None
+                          else runners.pipeline_options([]))
         (build_input(p)
          | "UserActivity" >> UserActivity(mechanism.layout, per_user)
          | "AsJson" >> beam.Map(json.dumps)
