@@ -312,12 +312,14 @@ def test_commands_without_auto_refuse_it_in_one_line(tmp_path):
     import sys
     data = tmp_path / "d.tsv"
     data.write_text("u\ta\n")
-    for cmd in (["top-k", "--k", "3"], ["hitting-set", "--k", "3"]):
+    for cmd in (["top-k", "--k", "3", "--input", str(data), "--output", str(tmp_path / "o")],
+                ["hitting-set", "--k", "3", "--input", str(data), "--output",
+                 str(tmp_path / "o")],
+                ["audit", "--mechanism", "weighted-gaussian", "--trials", "10"]):
         done = subprocess.run([sys.executable, "-m", "beam_dpsu.pipelines.cli", *cmd,
-                               "--input", str(data), "--output", str(tmp_path / "o"),
                                "--epsilon", "1", "--delta", "1e-6",
                                "--max-items-per-user", "auto"], capture_output=True, text=True)
-        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
         assert "auto" in done.stderr and not list(tmp_path.glob("o*"))
 
 

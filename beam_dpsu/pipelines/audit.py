@@ -93,6 +93,10 @@ def parse_args(argv: Sequence[str], broken: Optional[Mapping[str, Callable]] = N
         raise UsageError(f"--trials must be an integer >= 1, got {args.trials}")
     if not (0 < args.confidence < 1):
         raise UsageError(f"--confidence must be in (0, 1), got {args.confidence}")
+    if args.max_items == params.AUTO:
+        raise UsageError("--max-items-per-user auto: audit the release at a fixed Δ0 (the "
+                         "activity estimate is a separate ε-DP stage, docs/mechanisms.md "
+                         "section 12)")
     try:
         if args.mechanism in RANKED:
             mechanism = _ranked(args)
