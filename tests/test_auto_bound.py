@@ -11,7 +11,8 @@ import pytest
 from beam_dpsu.dp.evaluation import synthetic
 from beam_dpsu.dp.data.contribution import per_user_counts
 from beam_dpsu.dp.mechanisms import auto_bound
-from beam_dpsu.dp.mechanisms.activity import ActivityBuckets, ScaleEstimate, scale_statistics
+from beam_dpsu.dp.mechanisms.activity import (ActivityBuckets, ScaleEstimate,
+                                              estimate_delta_tail, scale_statistics)
 from beam_dpsu.dp.mechanisms.auto_bound import AUTO_LAYOUT, AutoBound, auto_rule
 from beam_dpsu.dp.mechanisms.registry import make_mechanism
 from beam_dpsu.dp.mechanisms.policy import GWKT, max_items_from_estimate
@@ -88,9 +89,10 @@ def test_the_estimate_is_laplace_of_one_over_its_epsilon_in_every_bucket():
 
 
 def test_the_budget_splits_within_the_stated_epsilon_and_delta():
-    # condition (iii): ε₁ + ε₂ ≤ ε and δ₂ + 2^-1074 ≤ δ in exact arithmetic
+    # condition (iii): ε₁ + ε₂ ≤ ε and δ₂ + δ₁ ≤ δ in exact arithmetic, δ₁ the estimate's
+    # sampler tail (at least (e^ε₁ + 2)·2^-1074)
     rng = np.random.default_rng(3)
-    with pytest.raises(ValueError, match="2\\^-1074"):
+    with pytest.raises(ValueError, match="too small to hold"):
         make_mechanism("weighted-laplace", epsilon=1.0, delta=5e-324, max_items="auto")
     with pytest.raises(ValueError, match="too small"):   # refused for the largest Δ0 now,
         make_mechanism("weighted-laplace", epsilon=1.0, delta=1e-305,  # not after the
@@ -104,7 +106,8 @@ def test_the_budget_splits_within_the_stated_epsilon_and_delta():
                            auto_share=share)
         e1, e2 = m.calibration_epsilon, m._release_epsilon
         assert Fraction(e1) + Fraction(e2) <= Fraction(eps) and e1 > 0 and e2 > 0
-        assert Fraction(m._release_delta) + Fraction(2) ** -1074 <= Fraction(delta)
+        assert Fraction(m._release_delta) + estimate_delta_tail(e1) <= Fraction(delta)
+        assert estimate_delta_tail(e1) >= (Fraction(math.exp(e1)) + 2) * Fraction(2) ** -1074
         assert (m.guarantee.epsilon, m.guarantee.delta) == (eps, delta)
 
 
@@ -119,7 +122,8 @@ def test_with_rho_the_share_is_of_rho_and_zcdp_composes(name, per_user):
         assert Fraction(m.calibration_rho) + Fraction(m._rho) <= Fraction(rho)
         assert m.calibration_rho == pytest.approx(rho * (share or DEFAULT_AUTO_SHARE))
         assert Fraction(m.calibration_epsilon) ** 2 / 2 <= Fraction(m.calibration_rho)
-        assert Fraction(m._release_delta) + Fraction(2) ** -1074 <= Fraction(delta)
+        assert Fraction(m._release_delta) + estimate_delta_tail(m.calibration_epsilon) \
+            <= Fraction(delta)
         want = zcdp_guarantee(rho, delta)
         assert (m.guarantee.epsilon, m.guarantee.delta, m.guarantee.rho) == \
             (want.epsilon, want.delta, rho)
@@ -380,3 +384,72 @@ def test_calibrate_never_tries_prism_by_default(per_user, monkeypatch):
     m = make_mechanism("sips", epsilon=1.0, delta=1e-6, max_items="auto")
     pairs = [(u, i) for u, c in list(per_user.items())[:50] for i in c]
     assert activity.calibrate(m, lambda p: p | beam.Create(pairs)).max_items >= 1
+
+
+def test_a_share_too_small_for_its_noise_is_refused_at_construction():
+    # ε₁ = share·ε subnormal: 1/ε₁ is not a double; refused now, not after the data
+    for kwargs in ({"auto_share": 1e-320}, {"epsilon": 1e-300, "auto_share": 1e-9}):
+        args = {"epsilon": 1.0, "delta": 1e-6, "max_items": "auto", **kwargs}
+        with pytest.raises(ValueError, match="estimate"):
+            make_mechanism("weighted-gaussian", **args)
+    with pytest.raises(ValueError, match="estimate"):
+        GWKT(1.0, 1e-6, {"a": 3}, calibration_share=1e-320)
+
+
+def test_gw_kt_checks_every_delta0_its_estimate_can_choose_at_construction():
+    # at ε = 10 the estimate may choose Δ0 up to 2·(1 + 5ε) = 102; a δ too small for that
+    # many items is refused when GW-KT is built, as gw's auto is
+    small = 7.1e-306
+    GWKT(10.0, small, {"a": 3}, max_items=55)               # a fixed Δ0 of 55 is fine
+    for name, extra in (("gw-kt", {"public_counts": {"a": 3}}), ("gw", {})):
+        with pytest.raises(ValueError, match="too small"):
+            make_mechanism(name, epsilon=10.0, delta=small, max_items="auto", **extra)
+    m = GWKT(3.0, 1e-6, {"a": 3}, calibration_share=0.01)
+    assert Fraction(m._release_delta) + estimate_delta_tail(m.calibration_epsilon) \
+        <= Fraction(1e-6) and m.guarantee.delta == 1e-6
+
+
+def test_the_estimates_purpose_is_its_own(per_user):
+    # no release draws under the estimate's purpose: its noise is independent of theirs
+    from beam_dpsu.dp.mechanisms import base
+    from beam_dpsu.dp.randomness import noise
+    assert auto_bound.ESTIMATE_PURPOSE == "activity"
+    used = []
+    real = noise.RunKey.subkey
+
+    def record(self, purpose, *args, **kwargs):
+        used.append(purpose)
+        return real(self, purpose, *args, **kwargs)
+    for name in FAMILIES:
+        m = make_mechanism(name, epsilon=2.0, delta=1e-6, max_items="auto")
+        c = m.calibrated(_estimate([0, 100, 400, 900, 2000, 1500, 800, 300, 100, 20, 5]))
+        used.clear()
+        try:
+            noise.RunKey.subkey = record
+            c.run_local(per_user, RunKey.from_test_seed(1))
+        finally:
+            noise.RunKey.subkey = real
+        assert used and auto_bound.ESTIMATE_PURPOSE not in used, (name, used)
+    assert base.noise_purpose(0) != auto_bound.ESTIMATE_PURPOSE
+
+
+def test_calibrate_draws_a_fresh_key_per_call(per_user, monkeypatch):
+    import apache_beam as beam
+    from beam_dpsu.transforms import activity
+    m = make_mechanism("weighted-gaussian", epsilon=2.0, delta=1e-6, max_items="auto")
+    pairs = [(u, i) for u, c in list(per_user.items())[:300] for i in c]
+    with pytest.raises(ValueError, match="fresh key"):
+        activity.calibrate(m, lambda p: p | beam.Create(pairs), run_key=RunKey.fresh())
+    drawn = []
+    real = RunKey.fresh
+
+    def fresh():
+        drawn.append(real())
+        return drawn[-1]
+    monkeypatch.setattr(activity.RunKey, "fresh", staticmethod(fresh))
+    seen = []
+    monkeypatch.setattr(auto_bound, "release_scale",
+                        lambda hist, eps, key, *a: seen.append(key) or _estimate([0] * 11))
+    for _ in range(2):
+        activity.calibrate(m, lambda p: p | beam.Create(pairs))
+    assert len(drawn) == 2 and seen == drawn and drawn[0].test_seed is None

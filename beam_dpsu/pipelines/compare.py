@@ -212,6 +212,9 @@ def _validate(args, beam_args):
             raise UsageError(f"--task {args.task} runs on --engine core only")
         if args.k is None:
             raise UsageError(f"--task {args.task} needs --k")
+        if getattr(args, "max_items", None) is not None:
+            raise UsageError(f"--max-items-per-user does not apply to --task {args.task}: "
+                             "give it per method (e.g. discover-peel:max_items=50)")
         specs = compare_ranked.parse_methods(args.mechanisms, args.task)
         built = compare_ranked.build(args.task, specs, args.k, epsilons, args.delta)
         args.privacy_cost = privacy_cost(args, specs, epsilons, built,

@@ -74,6 +74,9 @@ def build(task: str, specs, k: int, epsilons: List[float], delta: float) -> Dict
     for name, own in specs:
         for eps in epsilons:
             try:
+                if own.get("max_items") == params.AUTO:
+                    raise ValueError("max_items auto applies to select's mechanisms; give "
+                                     "an integer")
                 if name == "limited-domain":
                     m = TopKMechanism(k, eps, delta, k_bar=own.get("k_bar"),
                                       max_items=own.get("max_items"))

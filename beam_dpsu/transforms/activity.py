@@ -102,9 +102,11 @@ def calibrate(mechanism, build_input: Callable[[beam.Pipeline], beam.PCollection
       options: the ``PipelineOptions`` of the small pipeline (default:
         ``runners.pipeline_options([])``, the DirectRunner's FnApiRunner); give your own
         to count on your runner.
-      run_key: the key of the estimate's noise. None (default): a fresh OS-random key
-        drawn here. ``RunKey.from_test_seed(s)`` only in tests (then the estimate is
-        the one ``mechanism.run_local`` draws under that key).
+      run_key: None (default): the estimate's noise comes from a fresh OS-random key drawn
+        here, one per call. ``RunKey.from_test_seed(s)`` only in tests (then the estimate
+        is the one ``mechanism.run_local`` draws under that key). Any other key is
+        refused: two calibrations under one key draw the same noise, and their
+        difference would give the exact counts away.
       per_user: as for ``SelectPartitions``.
       work_dir: a folder, new, that every worker can write and only you can read, for
         the one file of exact counts (deleted before this returns). Default: a new
@@ -124,7 +126,10 @@ def calibrate(mechanism, build_input: Callable[[beam.Pipeline], beam.PCollection
     if not callable(build_input):
         raise ValueError("build_input must be a function of a pipeline that returns the "
                          "input PCollection")
-    key = RunKey.fresh() if run_key is None else RunKey.resolve(run_key)
+    if run_key is not None and getattr(run_key, "test_seed", None) is None:
+        raise ValueError("calibrate draws a fresh key for each estimate: pass run_key only "
+                         "as RunKey.from_test_seed(s), in tests")
+    key = RunKey.fresh() if run_key is None else run_key
     folder = make_directory(work_dir) if work_dir is not None else \
         tempfile.mkdtemp(prefix="beam-dpsu-activity-PRIVATE-")
     path = FileSystems.join(folder, "activity.PRIVATE.json")

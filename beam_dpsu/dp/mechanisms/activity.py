@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from fractions import Fraction
 from typing import Any, Iterable
 
 import numpy as np
@@ -26,7 +27,49 @@ from beam_dpsu.dp.privacy.params import (ACTIVITY_BUCKET_BASE, ACTIVITY_BUCKETS,
 from beam_dpsu.dp.randomness.noise import KeyedGridLaplace, RunKey
 
 __all__ = ["ActivityBuckets", "SCALE_BUCKETS", "activity_buckets", "activity_histogram",
-           "ScaleEstimate", "scale_statistics", "release_scale"]
+           "ScaleEstimate", "scale_statistics", "release_scale", "check_estimate_epsilon",
+           "estimate_delta_tail", "estimate_delta_room"]
+
+#: The largest ε of an estimate (e^ε must stay a finite double in ``estimate_delta_tail``).
+MAX_ESTIMATE_EPSILON = 700.0
+
+
+def check_estimate_epsilon(epsilon: float) -> float:
+    """The estimate's ε₁, or ValueError when its noise scale 1/ε₁ would not be a finite
+    double far from overflow (a tiny share of a tiny ε) or ε₁ > ``MAX_ESTIMATE_EPSILON``:
+    refused when the mechanism is built, never after the data is read."""
+    epsilon = cal.check_epsilon(epsilon, "the activity estimate's epsilon")
+    if epsilon > MAX_ESTIMATE_EPSILON:
+        raise ValueError(f"the activity estimate's epsilon (share × ε) must be at most "
+                         f"{MAX_ESTIMATE_EPSILON:g}, got {epsilon!r}")
+    scale = cal.scale_estimate_noise_scale(epsilon) if epsilon >= 1e-300 else math.inf
+    if not scale <= 1e300:
+        raise ValueError(f"the activity estimate's epsilon (share × ε) is {epsilon!r}: too "
+                         "small for its noise scale 1/ε to be a double; give a larger share")
+    return epsilon
+
+
+def estimate_delta_tail(epsilon: float) -> Fraction:
+    """A bound on the δ the estimate spends: its sampler's exponential stops at 744 scales
+    (below 2^-1074), so on neighbouring datasets an output may lie up to one count beyond
+    the other's support: δ₁ ≤ (e^ε₁ + 2)·2^-1074, exact (a rational)."""
+    epsilon = check_estimate_epsilon(epsilon)
+    return (Fraction(math.ceil(math.exp(epsilon))) + 2) * Fraction(2) ** -1074
+
+
+def estimate_delta_room(delta: float, epsilon: float) -> float:
+    """The δ₂ a release after an ε₁ estimate is calibrated to: the largest double with
+    δ₂ + ``estimate_delta_tail(ε₁)`` ≤ δ in exact arithmetic (one ulp below δ, or a few,
+    for every δ the mechanisms accept)."""
+    delta = cal.check_delta(delta)
+    tail = estimate_delta_tail(epsilon)
+    room = float(Fraction(delta) - tail)
+    while room > 0.0 and Fraction(room) + tail > Fraction(delta):
+        room = math.nextafter(room, 0.0)
+    if not room > 0.0:
+        raise ValueError("delta is too small to hold the activity estimate's share of it "
+                         f"({float(tail):.3g}): give a larger delta")
+    return room
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,13 +25,14 @@ from beam_dpsu.dp.privacy.params import (AUTO, AUTO_BUCKET_BASE, AUTO_BUCKETS, A
                                          AUTO_MAX_ITEMS, AUTO_RULES, DEFAULT_AUTO_SHARE,
                                          CALIBRATED_WIDTH_RANGE, DEFAULT_MAX_ITEMS,
                                          MAX_MAX_ITEMS, gw_default_max_items)
-from beam_dpsu.dp.mechanisms.activity import (ActivityBuckets, ScaleEstimate, release_scale,
-                                              scale_statistics)
+from beam_dpsu.dp.mechanisms.activity import (ActivityBuckets, ScaleEstimate,
+                                              check_estimate_epsilon, estimate_delta_room,
+                                              release_scale, scale_statistics)
 from beam_dpsu.dp.mechanisms.base import Mechanism
 from beam_dpsu.dp.mechanisms.policy import max_items_from_estimate
 from beam_dpsu.dp.randomness.noise import RunKey
 
-__all__ = ["AUTO_LAYOUT", "AutoRule", "auto_rule", "estimate_delta_room", "AutoBound"]
+__all__ = ["AUTO_LAYOUT", "AutoRule", "auto_rule", "zcdp_estimate_epsilon", "AutoBound"]
 
 #: The estimate's buckets: [1, 2), [2, 4), …, [1024, ∞).
 AUTO_LAYOUT = ActivityBuckets(AUTO_BUCKET_BASE, AUTO_BUCKETS)
@@ -104,18 +105,6 @@ def zcdp_estimate_epsilon(rho: float) -> float:
     return cal.check_epsilon(eps, "the estimate's epsilon")
 
 
-def estimate_delta_room(delta: float) -> float:
-    """The δ the release is calibrated to: the largest double below δ. The estimate is
-    (ε₁, 2^-1074)-DP (its samplers' floor), so the release's δ plus 2^-1074 is still at
-    most the stated δ in exact arithmetic."""
-    delta = cal.check_delta(delta)
-    room = math.nextafter(delta, 0.0)
-    if room <= 0.0:
-        raise ValueError("with max_items_per_user 'auto', delta must exceed 2^-1074 (the "
-                         "activity estimate's samplers spend that much of it)")
-    return room
-
-
 class AutoBound:
     """A set-union mechanism whose Δ0 is chosen from the data: ``--max-items-per-user
     auto`` (build one with ``registry.make_mechanism(name, max_items='auto', ...)``).
@@ -151,7 +140,6 @@ class AutoBound:
         delta = cal.check_delta(delta)
         share = DEFAULT_AUTO_SHARE if share is None else share
         self.calibration_share = float(share)
-        self._release_delta = estimate_delta_room(delta)
         self._build = build
         self._rho = self.calibration_rho = None
         if rho is not None:
@@ -164,18 +152,20 @@ class AutoBound:
         else:
             self.calibration_epsilon, self._release_epsilon = cal.split_epsilon(
                 cal.check_epsilon(epsilon), share)
+        check_estimate_epsilon(self.calibration_epsilon)
+        self._release_delta = estimate_delta_room(delta, self.calibration_epsilon)
         if rho is not None:
             self.guarantee = zcdp_guarantee(
                 rho, delta, note=f"{delta:g}-approximate {rho:g}-zCDP: the activity "
                 f"estimate's {self.calibration_epsilon:.6g}-DP (so "
-                f"{rho_estimate:.6g}-zCDP; its samplers' 2^-1074 within δ) and the "
+                f"{rho_estimate:.6g}-zCDP; its samplers' tail within δ) and the "
                 f"release's {self._rho:.6g}-zCDP at the Δ0 it chose, composed; converted "
                 f"to (ε, δ)-DP at δ = 2·{delta:g} (DP-SIPS Corollary 9)")
         else:
             self.guarantee = PrivacyGuarantee(
                 cal.check_epsilon(epsilon), delta,
                 note=f"(ε, δ)-DP: basic composition of the activity estimate's "
-                     f"{self.calibration_epsilon:.6g}-DP (up to the samplers' 2^-1074, "
+                     f"{self.calibration_epsilon:.6g}-DP (up to its samplers' tail, "
                      f"within δ) and the release's ({self._release_epsilon:.6g}, "
                      f"{self._release_delta:g})-DP at the Δ0 it chose")
         self.rule = auto_rule(name, self.guarantee.epsilon)

@@ -22,8 +22,9 @@ import numpy as np
 from beam_dpsu.dp.privacy import calibration as cal
 from beam_dpsu.dp.data import sequential as policies
 from beam_dpsu.dp.privacy.accounting import PrivacyGuarantee
-from beam_dpsu.dp.mechanisms.activity import (SCALE_BUCKETS, ScaleEstimate, release_scale,
-                                              scale_statistics)
+from beam_dpsu.dp.mechanisms.activity import (SCALE_BUCKETS, ScaleEstimate,
+                                              check_estimate_epsilon, estimate_delta_room,
+                                              release_scale, scale_statistics)
 from beam_dpsu.dp.mechanisms.base import RoundCalibration, ThresholdMechanism
 from beam_dpsu.dp.mechanisms.histogram_threshold import WeightedGaussian, WeightedLaplace
 from beam_dpsu.dp.randomness.noise import RunKey
@@ -452,9 +453,11 @@ class GWKT(GW):
                 raise ValueError("give front_scale or calibration_share > 0, not both: with "
                                  "a share, κ comes from the DP estimate")
         total_epsilon = cal.check_epsilon(epsilon)
-        estimate_epsilon = None
+        estimate_epsilon, release_delta = None, delta
         if share:
             estimate_epsilon, epsilon = cal.split_epsilon(total_epsilon, share)
+            # the estimate's sampler tail fits inside δ: the release takes the rest
+            release_delta = estimate_delta_room(delta, check_estimate_epsilon(estimate_epsilon))
         if check_variant(variant) == "published":
             given = [n for n, v in (("kt_selection", kt_selection), ("front_scale", front_scale),
                                     ("front_margin", front_margin)) if v is not None]
@@ -480,14 +483,14 @@ class GWKT(GW):
             max_items_given = max_items
             if max_items is None:  # with a share: stands until calibrated() sets Δ0
                 max_items = gwkt_default_max_items(total_epsilon, self.kt_selection)
-        super().__init__(epsilon, delta, alpha, state, tie_break, max_items=max_items, eta=eta,
-                         variant=variant, _name="gw-kt")
+        super().__init__(epsilon, release_delta, alpha, state, tie_break, max_items=max_items,
+                         eta=eta, variant=variant, _name="gw-kt")
         self.public_counts = public_counts
         self._loaded = None
         self.calibration_share = share
         self.calibration_epsilon = estimate_epsilon
         self.scale_estimate: Optional[ScaleEstimate] = None
-        self._release_epsilon = epsilon
+        self._release_epsilon, self._release_delta = epsilon, release_delta
         #: with a share: what the caller fixed (None: from the estimate, ``calibrated``)
         self._fixed = {"max_items": max_items_given, "front_margin": front_margin}
         if share:
@@ -495,8 +498,12 @@ class GWKT(GW):
             self.guarantee = PrivacyGuarantee(
                 total_epsilon, float(delta),
                 note=f"(ε, δ)-DP: basic composition of the scale estimate's "
-                     f"{estimate_epsilon:.6g}-DP and the release's ({epsilon:.6g}, "
-                     f"{float(delta):g})-DP")
+                     f"{estimate_epsilon:.6g}-DP (up to its samplers' tail, within δ) and "
+                     f"the release's ({epsilon:.6g}, {release_delta:g})-DP")
+            if max_items_given is None:  # every Δ0 the estimate can choose, checked now
+                largest = max(self.max_items, min(MAX_MAX_ITEMS, math.floor(
+                    CALIBRATED_WIDTH_RANGE[1] * gw_default_max_items(total_epsilon) + 0.5)))
+                cal.gw_cascade_free_threshold(epsilon, release_delta, largest)
 
     @property
     def needs_calibration(self) -> bool:
@@ -529,7 +536,7 @@ class GWKT(GW):
         max_items = cal.check_max_items(max_items)
         if max_items != self.max_items:
             threshold = cal.gw_cascade_free_threshold(self._release_epsilon,
-                                                      self.guarantee.delta, max_items)
+                                                      self._release_delta, max_items)
             other.rounds = [dataclasses.replace(self.rounds[0], threshold=threshold,
                                                 max_items=max_items)]
             other.cutoff = cal.policy_cutoff(threshold, self.rounds[0].noise_scale, self.alpha)

@@ -35,8 +35,8 @@ _NOISE = {"gaussian": "standard deviation σ of the Gaussian noise",
 
 #: The ``max_items_choice`` field of ``--max-items-per-user auto``.
 MAX_ITEMS_CHOICE = ("Δ0 chosen from a DP estimate of the users' activity (the users counted "
-                    "by their number of distinct items): share, the share of epsilon it "
-                    "spent; epsilon, that ε; rule, how Δ0 follows from it; "
+                    "by their number of distinct items): share, the share of epsilon (of rho "
+                    "with --rho) it spent; epsilon, the ε of that estimate; rule, how Δ0 follows from it; "
                     "max_items_per_user, the Δ0 chosen. epsilon and delta above are the "
                     "whole run's, estimate and release together; the estimate itself is "
                     "never stated")
