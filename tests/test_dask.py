@@ -23,7 +23,7 @@ import apache_beam as beam  # noqa: E402
 
 from beam_dpsu.transforms import runners  # noqa: E402
 from beam_dpsu.pipelines import select_partitions, top_k  # noqa: E402
-from tests.test_runners import CASES, data, reference  # noqa: E402,F401  (fixtures)
+from tests.test_runners import data, family_cases, reference  # noqa: E402,F401  (fixtures)
 from tests.test_runners import run as run_select  # noqa: E402  (one items file, sorted)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -56,7 +56,7 @@ def items_of(prefix):
 
 
 
-@pytest.mark.parametrize("name", CASES)
+@pytest.mark.parametrize("name", family_cases())
 def test_dask_releases_what_the_direct_runner_releases(cluster, data, reference, name,
                                                       tmp_path):
     direct, items = reference(name)

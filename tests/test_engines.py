@@ -35,7 +35,8 @@ from beam_dpsu.dp.mechanisms.registry import REGISTRY, make_mechanism
 from beam_dpsu.pipelines import hitting_set, select_partitions, top_k
 from beam_dpsu.transforms import ordered, runners
 
-from tests.test_runners import CASES, FLAGS, data, reference, run  # noqa: F401  (fixtures)
+from tests.test_runners import (CASES, FAMILIES, FLAGS, data, reference,  # noqa: F401
+                                run)
 
 pytestmark = [pytest.mark.engines, pytest.mark.subprocess]
 
@@ -44,15 +45,6 @@ ENGINE_FLAGS = {
     "flink": ["--runner=FlinkRunner", "--flink_master=[local]"],
     "spark": ["--runner=SparkRunner"],
 }
-
-#: One mechanism of each family: the count and the weighted histogram, DP-SIPS, adaptive,
-#: adaptive-2r, a sequential policy (the ordered-user transform, on the runner's state),
-#: GW and GW-KT. Flink and Spark run them all in one embedded pipeline, and each from the
-#: command line but the weighted histogram, which their budget plan's select runs (and
-#: Flink's run with no other flag).
-FAMILIES = ["count-laplace", "weighted-gaussian", "sips", "adaptive", "adaptive-2r",
-            "policy-gaussian", "gw", "gw-kt"]
-
 
 def _set_up(engine):
     if engine == "prism":
@@ -91,6 +83,13 @@ def wait_for_port(port: int, proc: subprocess.Popen, log: str, timeout: float = 
     raise RuntimeError(f"nothing listens on port {port} after {timeout} s")
 
 
+#: The JVM options of the suite's own JVMs (its job servers, its Flink cluster): the JIT's
+#: C1 compiler alone. A job of a few seconds spends most of its JVM time compiling (five
+#: Flink jobs on 600 users, measured: the job server's CPU 31 s with Java's default, 17 s
+#: with C1 alone; Spark 30 s and 14 s). A run with no job endpoint starts Beam's job
+#: server as a user's does, with Java's default.
+SUITE_JVM = ["-XX:TieredStopAtLevel=1"]
+
 #: How the session's job server of each Java engine is started (its master: in-process).
 JOB_SERVER_MASTERS = {"flink": ["--flink-master=[local]"], "spark": ["--spark-master-url=local[2]"]}
 
@@ -102,7 +101,7 @@ def start_job_server(engine: str, folder, master=None) -> tuple:
     ports = [free_port() for _ in range(3)]
     log = os.path.join(folder, "job-server.log")
     with open(log, "w") as out:
-        proc = subprocess.Popen(["java", "-jar", runners.job_server_jar(engine)]
+        proc = subprocess.Popen(["java"] + SUITE_JVM + ["-jar", runners.job_server_jar(engine)]
                                 + (master or JOB_SERVER_MASTERS[engine])
                                 + [f"--job-port={ports[0]}", f"--artifact-port={ports[1]}",
                                    f"--expansion-port={ports[2]}",
@@ -248,17 +247,23 @@ def test_a_budget_plan(data, engine, flags, tmp_path):
     assert outs["d"][0] and outs["d"][1] and outs["e"] == outs["d"]
 
 
-def _embedded(options, folder, pairs, public):
-    """A user's own pipeline: ``SelectPartitions`` of one mechanism of each family on
-    (user, item) pairs, each release written with the library's one-file writer; returns
-    {name: release lines} and the ordered transform's resolved state."""
+#: The (user, item) pairs of the embedded pipelines: 400 users of 1 to 6 items out of 60.
+EMBEDDED_PAIRS = [(f"u{u}", f"i{(u * 7 + j * j) % 60}") for u in range(400)
+                  for j in range(u % 6 + 1)]
+
+
+def _embedded(options, folder, pairs, public, names=FAMILIES):
+    """A user's own pipeline: ``SelectPartitions`` of each mechanism of ``names`` (default:
+    one of each family) on (user, item) pairs, each release written with the library's
+    one-file writer; returns {name: release lines} and the ordered transform's resolved
+    state."""
     from beam_dpsu.transforms.select import SelectPartitions
     from beam_dpsu.transforms.write import WriteRelease
     key = RunKey.from_test_seed(5)
     os.makedirs(folder)
     p = beam.Pipeline(options=options)
     source = p | beam.Create(pairs)
-    for name in FAMILIES:
+    for name in names:
         params = dict(epsilon=2.0, delta=1e-5)
         if name not in ("gw", "gw-kt"):
             params["max_items"] = 5
@@ -269,14 +274,14 @@ def _embedded(options, folder, pairs, public):
     state = ordered.resolve_state("auto", p)
     p.run().wait_until_finish()
     return {name: open(os.path.join(folder, name), encoding="utf-8").read().splitlines()
-            for name in FAMILIES}, state
+            for name in names}, state
 
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_embedded_in_a_users_pipeline(data, engine, flags, tmp_path):
     # runners.pipeline_options finds the engine; every family in one pipeline (one job)
     assert set(FAMILIES) <= set(REGISTRY)
-    pairs = [(f"u{u}", f"i{(u * 7 + j * j) % 60}") for u in range(400) for j in range(u % 6 + 1)]
+    pairs = EMBEDDED_PAIRS
     want, direct_state = _embedded(runners.pipeline_options(["--runner=DirectRunner"]),
                                    str(tmp_path / "d"), pairs, data[1])
     got, state = _embedded(runners.pipeline_options(flags), str(tmp_path / "e"), pairs, data[1])

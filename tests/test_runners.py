@@ -42,6 +42,20 @@ FLAGS = {
 }
 CASES = list(FLAGS)
 
+#: One mechanism of each family: the count and the weighted histogram, DP-SIPS, adaptive,
+#: adaptive-2r, a sequential policy (the ordered-user transform, on the runner's state),
+#: GW and GW-KT. The mechanisms of one family differ in the core (``beam_dpsu.dp``), not
+#: in the transforms a runner executes: a runner's test runs these in CI and the rest of
+#: ``CASES`` as ``exhaustive`` (every case still runs on the DirectRunner and Prism).
+FAMILIES = ["count-laplace", "weighted-gaussian", "sips", "adaptive", "adaptive-2r",
+            "policy-gaussian", "gw", "gw-kt"]
+
+
+def family_cases():
+    """``CASES`` for a runner's test: those outside ``FAMILIES`` marked ``exhaustive``."""
+    return [n if n in FAMILIES else pytest.param(n, marks=pytest.mark.exhaustive)
+            for n in CASES]
+
 
 @pytest.fixture(scope="module")
 def data(runners_data):
@@ -95,21 +109,14 @@ def _same_release(reference, data, name, flags, out):
     return summary
 
 
-@pytest.mark.parametrize("name", CASES)
+@pytest.mark.parametrize("name", family_cases())
 def test_multiprocess_releases_the_same_set(reference, data, name, tmp_path):
     _same_release(reference, data, name, MULTI, str(tmp_path / "multi"))
 
 
-#: The portable job API, in process: one case per family here; every case runs through
-#: the same job API on Prism, Flink and Spark (tests/test_engines.py), so the rest are
-#: ``exhaustive``.
-PORTABLE_CASES = ("weighted-gaussian", "sips", "adaptive-2r", "policy-gaussian", "gw-kt")
-
-
-@pytest.mark.parametrize("name", [n if n in PORTABLE_CASES
-                                  else pytest.param(n, marks=pytest.mark.exhaustive)
-                                  for n in CASES])
+@pytest.mark.parametrize("name", family_cases())
 def test_portable_releases_the_same_set(reference, data, name, tmp_path):
+    # the portable job API, in process (every case runs through the same job API on Prism)
     _same_release(reference, data, name, PORTABLE, str(tmp_path / "portable"))
 
 

@@ -4,6 +4,7 @@ Usage::
 
     beam-dpsu flink-cluster start DIR [--taskmanagers N] [--slots S]
         [--process-size 3500m] [--task-off-heap 768m] [--restart-attempts A]
+        [--conf KEY=VALUE ...]
     beam-dpsu flink-cluster add-taskmanager DIR     # one more (e.g. replacing a lost one)
     beam-dpsu flink-cluster worker-pool DIR         # the worker pool again, on its port
     beam-dpsu flink-cluster stop DIR
@@ -29,6 +30,11 @@ gRPC buffers are direct memory; at 1M users the default 0 fails with
 ``OutOfMemoryError: Direct buffer memory``). ``--restart-attempts`` (default 3) sets
 Flink's fixed-delay restart strategy (2 s apart): a job whose TaskManager or SDK
 workers are lost is restarted that many times (docs/runners.md, "Faults").
+``--conf KEY=VALUE`` (repeatable) adds a row to the cluster's ``flink-conf.yaml`` or
+overrides one of the above, as in Flink's own configuration; ``env.java.opts.all``,
+``env.java.opts.jobmanager`` and ``env.java.opts.taskmanager`` are added to the JVMs'
+command lines, as Flink's start scripts do (e.g. ``-XX:TieredStopAtLevel=1``: for short
+jobs, the JIT's C1 compiler alone about halves the JVMs' CPU time).
 ``worker-pool`` starts the pool again on its port (after it was lost); the TaskManagers
 share it (one pool on each machine of a real cluster: docs/runners.md).
 ``stop`` ends every process ``cluster.json`` names (SIGTERM, then SIGKILL). Exit
@@ -145,6 +151,7 @@ def _config(state: Dict, args) -> str:
         "io.tmp.dirs": os.path.join(state["dir"], "tmp"),
         "web.tmpdir": os.path.join(state["dir"], "tmp"),
     }
+    rows.update(state["conf"])
     return "".join(f"{k}: {v}\n" for k, v in rows.items())
 
 
@@ -157,11 +164,21 @@ def _spawn(state: Dict, name: str, argv: List[str], env: Optional[Dict] = None) 
     return proc.pid
 
 
+#: Flink's configuration keys of extra JVM options, for every process and per role.
+JAVA_OPTS_KEYS = {"jobmanager": ("env.java.opts.all", "env.java.opts.jobmanager"),
+                  "taskmanager": ("env.java.opts.all", "env.java.opts.taskmanager")}
+
+
+def _java_opts(state: Dict, role: str) -> List[str]:
+    return [opt for key in JAVA_OPTS_KEYS[role] for opt in state["conf"].get(key, "").split()]
+
+
 def _java_process(state: Dict, name: str, main_class: str, jvm: List[str],
                   program: List[str]) -> int:
     home, conf = state["flink_home"], os.path.join(state["dir"], "conf")
     log_file = os.path.join(state["dir"], "log", f"{name}.log")
-    return _spawn(state, name, [_java()] + _opens() + jvm + [
+    role = "jobmanager" if main_class == _ENTRYPOINT else "taskmanager"
+    return _spawn(state, name, [_java()] + _opens() + jvm + _java_opts(state, role) + [
         f"-Dlog.file={log_file}",
         f"-Dlog4j.configurationFile=file:{os.path.join(conf, 'log4j.properties')}",
         "-cp", os.path.join(home, "lib", "*"), main_class, "--configDir", conf] + program)
@@ -259,8 +276,9 @@ def start_worker_pool(folder: str) -> int:
 
 def start(folder: str, taskmanagers: int = 1, slots: int = 2, process_size: str = "3500m",
           task_off_heap: str = "768m", restart_attempts: int = 3,
-          say=lambda message: None) -> Dict:
-    """Starts a session cluster in ``folder`` (created); returns its state (ports, pids)."""
+          say=lambda message: None, conf: Optional[Dict[str, str]] = None) -> Dict:
+    """Starts a session cluster in ``folder`` (created); returns its state (ports, pids).
+    ``conf``: rows of ``flink-conf.yaml`` added to (or replacing) the defaults above."""
     folder = os.path.abspath(folder)
     if os.path.isfile(os.path.join(folder, _STATE)):
         raise UsageError(f"{folder} holds a cluster already: stop it first")
@@ -270,7 +288,7 @@ def start(folder: str, taskmanagers: int = 1, slots: int = 2, process_size: str 
                               task_off_heap=task_off_heap, restart_attempts=restart_attempts)
     state = {"dir": folder, "flink_home": _home(), "rpc_port": _free_port(),
              "rest_port": _free_port(), "blob_port": _free_port(), "pool_port": _free_port(),
-             "jobmanager": None, "taskmanagers": [], "pool": None}
+             "jobmanager": None, "taskmanagers": [], "pool": None, "conf": dict(conf or {})}
     with open(os.path.join(folder, "conf", "flink-conf.yaml"), "w", encoding="utf-8") as fh:
         fh.write(_config(state, args))
     with open(os.path.join(folder, "conf", "log4j.properties"), "w", encoding="utf-8") as fh:
@@ -350,6 +368,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                    help="start: taskmanager.memory.task.off-heap.size (default 768m)")
     p.add_argument("--restart-attempts", type=int, default=3,
                    help="start: Flink's fixed-delay restart attempts (default 3; 0: none)")
+    p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                   help="start: a row of flink-conf.yaml, added or replacing a default; "
+                        "env.java.opts.all/.jobmanager/.taskmanager reach the JVMs (repeatable)")
     args = p.parse_args(argv)
 
     def body() -> int:
@@ -357,9 +378,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.action == "start":
             if args.taskmanagers < 1 or args.slots < 1:
                 raise UsageError("--taskmanagers and --slots must be at least 1")
+            bad = [c for c in args.conf if "=" not in c or not c.split("=", 1)[0].strip()]
+            if bad:
+                raise UsageError(f"--conf {bad[0]!r}: expected KEY=VALUE")
+            conf = dict((k.strip(), v.strip()) for k, v in (c.split("=", 1) for c in args.conf))
             try:
                 state = start(args.dir, args.taskmanagers, args.slots, args.process_size,
-                              args.task_off_heap, args.restart_attempts, say)
+                              args.task_off_heap, args.restart_attempts, say, conf)
             except ClusterError as e:
                 console.write_line(f"{p.prog}: failed: {e}")
                 return 1
