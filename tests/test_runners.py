@@ -9,7 +9,9 @@ test seed on the DirectRunner, the portable runner and the multi-process
 DirectRunner, and the released sets must be identical (the randomness derives
 from the run key carried inside the pipeline, not from process state).
 """
+import fcntl
 import glob
+import json
 import os
 import tempfile
 
@@ -86,13 +88,28 @@ def run(data, name, runner_flags, out):
 @pytest.fixture(scope="session")
 def reference(runners_data, tmp_path_factory):
     """``reference(name)``: the DirectRunner's (summary, items) for case ``name``, run once
-    per session; every runner's test compares its own release with it."""
+    per session and shared by the xdist workers (through a file per case, under a lock);
+    every runner's test compares its own release with it."""
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # this session's folder, above each worker's own
+    folder = shared / "direct-references"
+    folder.mkdir(exist_ok=True)
     cache = {}
 
     def get(name):
         if name not in cache:
-            out = str(tmp_path_factory.mktemp("direct") / name)
-            cache[name] = run(runners_data, name, ["--runner=DirectRunner"], out)
+            with open(folder / f"{name}.lock", "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                done = folder / f"{name}.json"
+                if done.exists():
+                    cache[name] = tuple(json.loads(done.read_text(encoding="utf-8")))
+                else:
+                    out = str(tmp_path_factory.mktemp("direct") / name)
+                    cache[name] = run(runners_data, name, ["--runner=DirectRunner"], out)
+                    part = folder / f"{name}.part"
+                    part.write_text(json.dumps(cache[name]), encoding="utf-8")
+                    part.replace(done)
         return cache[name]
     return get
 

@@ -6,8 +6,11 @@ module's ``main``. What the commands share (errors, exit statuses, progress, log
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
+import signal
 import sys
+import threading
 from typing import List, Optional, Sequence
 
 from beam_dpsu.pipelines.console import (_PROG, COMMANDS, MODULE_COMMANDS, configure_logging,
@@ -51,6 +54,23 @@ def _check(command: str, argv: Sequence[str]) -> None:
         arguments.check(command, argv)
 
 
+@contextlib.contextmanager
+def _signals_held():
+    """Holds Ctrl-C (SIGINT) and SIGTERM back while the command's libraries are imported,
+    in the main thread: a Ctrl-C inside a C extension's import (numpy's, measured) became
+    an ImportError that the extension also printed, and the run failed with exit status 1.
+    Held, the signal arrives once the imports are done: one line, exit status 130."""
+    if (threading.current_thread() is not threading.main_thread()
+            or not hasattr(signal, "pthread_sigmask")):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def run_command(command: str, argv: Sequence[str], prog: Optional[str] = None) -> int:
     """Runs subcommand ``command`` with ``argv`` (its flags); returns the exit status.
 
@@ -65,11 +85,12 @@ def run_command(command: str, argv: Sequence[str], prog: Optional[str] = None) -
     try:
         # A mistake in a flag is reported before the command's pipeline (and with it
         # Apache Beam, which takes seconds) is imported.
-        status = run_main(COMMANDS[command][0].rpartition(".")[2],
-                          lambda: _check(command, argv))
+        with _signals_held():
+            status = run_main(COMMANDS[command][0].rpartition(".")[2],
+                              lambda: _check(command, argv))
+            module = None if status else importlib.import_module(COMMANDS[command][0])
         if status:
             return status
-        module = importlib.import_module(COMMANDS[command][0])
         return module.main(argv)
     finally:
         _PROG.reset(token)
