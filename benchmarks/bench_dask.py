@@ -18,7 +18,7 @@ the 1×2 cluster, half of each for the 2×1 one), each release at parallelism 2 
 rows add the peak RSS of each TaskManager, of the SDK workers (the largest one, and
 all of them at once), of the launcher's children (the job server), and from Flink's
 REST API when the job started and ended (after the launcher's start) and each
-vertex's duration::
+vertex's duration and end (after the job's start)::
 
     python benchmarks/bench_dask.py --input /work/u1m.tsv --repeats 2 \
         --mechanisms weighted-gaussian --runners direct,flink-1x2,dask,flink-2x1,prism
@@ -43,6 +43,15 @@ see docs/runners.md, "Dask"). Every run
 uses --insecure-test-seed 1 and the released sets of the two runners are
 compared. One JSON line per run is printed, and all rows are written to
 ``--out``.
+
+Bounding a run: ``--fresh-flink`` starts each Flink cluster just before its run and
+stops it right after (outside the timing), so that only one cluster holds memory at a
+time. A run is stopped after ``--run-timeout`` seconds, when the file WORKDIR/stop-run
+appears (it is removed), or, for Prism, when the Prism binary's RSS passes
+``--prism-rss-limit-mb``: a Flink run's jobs are cancelled through the REST API (and its
+job server killed if the run does not end within 60 s), Prism's processes are killed.
+A run that fails or is stopped gets a row with ``outcome`` (the reason) and the peaks
+seen; the other runs go on, and its release is left out of the comparison.
 """
 import argparse
 import json
@@ -83,12 +92,18 @@ class PeakRss(threading.Thread):
 
     @staticmethod
     def _cpu(p):
-        t = p.cpu_times()
+        try:
+            t = p.cpu_times()
+        except Exception:  # noqa: BLE001 -- the process died (a lost TaskManager)
+            return float("nan")
         return t.user + t.system
 
     @staticmethod
     def _split(p):
-        t = p.cpu_times()
+        try:
+            t = p.cpu_times()
+        except Exception:  # noqa: BLE001 -- the process died (a lost TaskManager)
+            return float("nan"), float("nan"), 0
         try:
             with open(f"/proc/{p.pid}/stat") as f:
                 faults = int(f.read().rsplit(")", 1)[1].split()[7])
@@ -177,6 +192,12 @@ def main():
                          "untimed run of each runner; default: restart them before each Dask run")
     ap.add_argument("--flink-process-size", default="3500m")
     ap.add_argument("--flink-task-off-heap", default="768m")
+    ap.add_argument("--fresh-flink", action="store_true",
+                    help="start each Flink cluster just before its run, stop it after")
+    ap.add_argument("--run-timeout", type=float, default=None,
+                    help="stop a run after this many seconds (default: no limit)")
+    ap.add_argument("--prism-rss-limit-mb", type=float, default=None,
+                    help="stop a Prism run when the Prism binary's RSS passes this")
     ap.add_argument("--worker-malloc-trim", choices=("dask", "unset"), default="dask",
                     help="dask: the workers get Dask's default MALLOC_TRIM_THRESHOLD_=65536; "
                          "unset: they start without it")
@@ -199,12 +220,13 @@ def main():
     try:
         for runner in a.runners.split(","):
             if runner.startswith("flink-"):
-                flink[runner] = start_flink(runner, a)
+                flink[runner] = None if a.fresh_flink else start_flink(runner, a)
         run_all(a, data, rows, flink, mech_flags)
     finally:
         from beam_dpsu.pipelines import flink_cluster
         for state in flink.values():
-            flink_cluster.stop(state["dir"])
+            if state:
+                flink_cluster.stop(state["dir"])
     os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
     with open(out_path, "w") as f:
         json.dump(rows, f, indent=1)
@@ -240,7 +262,86 @@ def flink_job_times(state, t0):
     return {"job_start_s": round(job["start-time"] / 1000 - t0, 1),
             "job_end_s": round(job["end-time"] / 1000 - t0, 1),
             "job_state": job["state"], "vertices": len(vertices),
-            "longest_vertices_s": [(round(d, 1), n) for d, n in vertices[:6]]}
+            "longest_vertices_s": [(round(d, 1), n) for d, n in vertices[:6]],
+            # when each vertex ended, after the job's start (in batch all start at once;
+            # None: no end time yet when asked)
+            "vertex_ends_s": sorted(((round((v["end-time"] - job["start-time"]) / 1000, 1)
+                                      if v["end-time"] > 0 else None, v["name"][:60])
+                                     for v in detail["vertices"]),
+                                    key=lambda e: (e[0] is None, e[0] or 0))}
+
+
+class Watchdog(threading.Thread):
+    """Stops a run (see the module's docstring) and samples the 1-minute load every
+    minute of it (``loads``)."""
+
+    def __init__(self, a, runner, state, mon, groups, t0):
+        super().__init__(daemon=True)
+        self.a, self.runner, self.state, self.mon, self.groups = a, runner, state, mon, groups
+        self.t0, self.stop, self.reason, self.loads = t0, False, None, []
+        self.flag = os.path.join(a.workdir, "stop-run")
+
+    def run(self):
+        next_load = self.t0 + 60
+        while not self.stop:
+            now = time.time()
+            if now >= next_load:
+                self.loads.append(round(os.getloadavg()[0], 2))
+                next_load += 60
+            if self.reason is None:
+                if self.a.run_timeout and now - self.t0 > self.a.run_timeout:
+                    self.reason = f"--run-timeout {self.a.run_timeout:g} s"
+                elif os.path.exists(self.flag):
+                    os.remove(self.flag)
+                    self.reason = f"{self.flag} at {now - self.t0:.0f} s"
+                elif (self.runner == "prism" and self.a.prism_rss_limit_mb and
+                      self.mon.group_sum.get("prism", 0) / 2**20 > self.a.prism_rss_limit_mb):
+                    self.reason = (f"Prism RSS {self.mon.group_sum['prism'] / 2**20:.0f} MB > "
+                                   f"{self.a.prism_rss_limit_mb:g} MB")
+                if self.reason:
+                    self.stopped_at = now
+                    print(json.dumps({"stopping": self.runner, "reason": self.reason}),
+                          flush=True)
+                    self.end_run(kill=self.runner == "prism")
+            elif now - self.stopped_at > (2 if self.runner == "prism" else 60):
+                # Beam starts a killed Prism again (3 attempts): kill it again
+                self.end_run(kill=True)
+                self.stopped_at = now
+            time.sleep(1.0)
+
+    def end_run(self, kill):
+        import signal
+        if self.state and not kill:
+            cancelled = 0
+            try:
+                for job in flink_rest(self.state, "/jobs/overview")["jobs"]:
+                    if job["state"] not in ("FINISHED", "FAILED", "CANCELED"):
+                        import urllib.request
+                        urllib.request.urlopen(urllib.request.Request(
+                            f"http://localhost:{self.state['rest_port']}/jobs/{job['jid']}"
+                            "?mode=cancel", method="PATCH"), timeout=10).read()
+                        cancelled += 1
+            except Exception as e:  # noqa: BLE001
+                print(json.dumps({"cancel_failed": str(e)}), flush=True)
+            if cancelled:  # else no job reached Flink yet: the job server goes
+                return
+        group = "job_server" if self.state else "prism" if self.runner == "prism" else None
+        for pid in (self.groups[group]() if group else []):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+    def finish(self):
+        self.stop = True
+        self.join()
+
+
+def flink_times_or_error(state, t0):
+    try:
+        return flink_job_times(state, t0)
+    except Exception as e:  # noqa: BLE001 -- e.g. no job reached the cluster
+        return {"flink_rest_error": str(e)[:200]}
 
 
 def run_all(a, data, rows, flink, mech_flags):
@@ -268,6 +369,8 @@ def run_all(a, data, rows, flink, mech_flags):
             for rep in range(a.repeats):
                 for runner in a.runners.split(","):
                     out = os.path.join(a.workdir, f"{mech}-{runner}-{rep}")
+                    if a.fresh_flink and runner in flink:
+                        flink[runner] = start_flink(runner, a)
                     if runner == "dask" and not a.warm:
                         client.restart()
                     pid_of = client.run(os.getpid)  # worker address -> pid
@@ -300,13 +403,25 @@ def run_all(a, data, rows, flink, mech_flags):
                         dmem.start()
                     load = os.getloadavg()[0]
                     t0 = time.time()
-                    select(mech, runner, out)
+                    guard = Watchdog(a, runner, state, mon, groups, t0)
+                    guard.start()
+                    outcome = "ok"
+                    try:
+                        select(mech, runner, out)
+                    except Exception as e:  # noqa: BLE001 -- recorded, the others go on
+                        outcome = (f"stopped: {guard.reason}; " if guard.reason else
+                                   "failed: ") + (str(e).strip().splitlines() or [""])[-1][:300]
                     wall = time.time() - t0
+                    guard.finish()
+                    if guard.reason and outcome == "ok":
+                        outcome = f"stopped: {guard.reason} (the run ended anyway)"
                     mon.finish()
                     if dmem:
                         dmem.finish()
-                    items = open(out + "-items-00000-of-00001").read().split()
-                    released[runner] = items
+                    items = []
+                    if outcome == "ok":
+                        items = open(out + "-items-00000-of-00001").read().split()
+                        released[runner] = items
                     if state:
                         row_flink = {
                             "taskmanager_peak_rss_mb": [round(mon.peak[p] / 2**20)
@@ -314,13 +429,20 @@ def run_all(a, data, rows, flink, mech_flags):
                             "sdk_worker_peak_rss_mb": round(mon.group_max["sdk"] / 2**20),
                             "sdk_workers_peak_sum_mb": round(mon.group_sum["sdk"] / 2**20),
                             "taskmanager_cpu_s": [mon.cpu[p] for p in tm_pids],
-                            **flink_job_times(state, t0)}
+                            **flink_times_or_error(state, t0)}
+                        if a.fresh_flink:
+                            from beam_dpsu.pipelines import flink_cluster
+                            flink_cluster.stop(state["dir"])
+                            flink[runner] = None
                     row = {"mechanism": mech, "runner": runner, "repeat": rep,
-                           "wall_s": round(wall, 2), "released": len(items),
+                           "outcome": outcome,
+                           "wall_s": round(wall, 2),
+                           "released": len(items) if outcome == "ok" else None,
                            "input": data, "warm": a.warm,
                            "worker_malloc_trim": a.worker_malloc_trim,
                            "load_1min_before": load,
                            "launcher_peak_rss_mb": round(mon.peak[os.getpid()] / 2**20),
+                           "load_1min_during": guard.loads,
                            "children_peak_rss_mb": round(mon.group_sum[
                                "job_server" if state else "prism"] / 2**20)
                            if runner == "prism" or state else None,
