@@ -17,9 +17,11 @@ from beam_dpsu.dp.mechanisms.auto_bound import AUTO_LAYOUT, AutoBound, auto_rule
 from beam_dpsu.dp.mechanisms.registry import make_mechanism
 from beam_dpsu.dp.mechanisms.policy import GWKT, max_items_from_estimate
 from beam_dpsu.dp.privacy import calibration as cal
-from beam_dpsu.dp.privacy.params import (AUTO_BUCKETS, AUTO_FAMILIES, AUTO_MAX_ITEMS, AUTO_RULES,
-                                         DEFAULT_AUTO_SHARE, DEFAULT_MAX_ITEMS,
-                                         gw_default_max_items, max_items_value)
+from beam_dpsu.dp.privacy.params import (ACTIVITY_EMPTY_BELOW, AUTO_BUCKETS, AUTO_EMPTY_BELOW,
+                                         AUTO_FAMILIES, AUTO_MAX_ITEMS, AUTO_RULES,
+                                         CALIBRATED_MIN_SCALES, DEFAULT_AUTO_SHARE,
+                                         DEFAULT_MAX_ITEMS, gw_default_max_items,
+                                         max_items_value)
 from beam_dpsu.dp.randomness.noise import RunKey
 
 FAMILIES = ["weighted-gaussian", "weighted-laplace", "count-gaussian", "count-laplace",
@@ -167,10 +169,87 @@ def test_the_rules_against_a_hand_reading():
         assert rule.max_items(est, 2.0) == want
 
 
+def _hand_rule(counts, q, c, scale):
+    """Δ0 of the rule (q, c) read by hand: buckets below AUTO_EMPTY_BELOW scales empty,
+    the q-quantile interpolated geometrically in its bucket, c times it, rounded, in
+    [1, AUTO_MAX_ITEMS]; None when the kept buckets hold fewer than
+    CALIBRATED_MIN_SCALES scales of users (the fallback)."""
+    kept = [x if x >= AUTO_EMPTY_BELOW * scale else 0.0 for x in counts]
+    total = sum(kept)
+    if total < CALIBRATED_MIN_SCALES * scale:
+        return None
+    cum = np.cumsum(kept)
+    b = min(int(np.searchsorted(cum, q * total)), len(kept) - 1)
+    inside = min(1.0, max(0.0, (q * total - (cum[b - 1] if b else 0)) / kept[b]))
+    return min(AUTO_MAX_ITEMS, max(1, math.floor(c * 2 ** (b + inside) + 0.5)))
+
+
+def test_the_rule_family_on_extreme_estimates():
+    # Δ0 is a function of the estimate and public constants, in [1, AUTO_MAX_ITEMS] for
+    # every estimate, read by the rule's own floor: all zero, all noise (negative and
+    # below the floor), one bucket (first, middle, last), a bucket between GW-KT's floor
+    # and auto's, huge counts
+    eps = 0.02
+    scale = cal.scale_estimate_noise_scale(eps)                         # 50 users
+    one = [[0.0] * AUTO_BUCKETS for _ in range(3)]
+    one[0][0], one[1][5], one[2][-1] = 5000.0, 800.0, 300.0
+    floor = AUTO_EMPTY_BELOW * scale
+    below, above = [0.0] * AUTO_BUCKETS, [0.0] * AUTO_BUCKETS
+    below[3] = above[3] = 1000.0
+    below[9], above[9] = math.nextafter(floor, 0.0), floor    # a top bucket at the floor
+    cases = {"zero": [0.0] * AUTO_BUCKETS,
+             "noise": [-120.0, 40.0, -3.0, 49.0, 0.0, -60.0, 20.0, 10.0, -1.0, 30.0, 45.0],
+             "first": one[0], "middle": one[1], "last": one[2], "below": below,
+             "above": above, "huge": [1e12] * AUTO_BUCKETS}
+    for label, counts in cases.items():
+        est = _estimate(counts, eps)
+        for name, family in AUTO_FAMILIES.items():
+            if family == "gw":
+                continue
+            q, c = AUTO_RULES[family]
+            rule = auto_rule(name, 1.0)
+            want = _hand_rule(counts, q, c, scale)
+            got = rule.max_items(est, 1.0)
+            assert 1 <= got <= AUTO_MAX_ITEMS and isinstance(got, int), (label, name)
+            assert got == (DEFAULT_MAX_ITEMS if want is None else want), (label, name)
+            assert rule.informative(est) == (want is not None)
+    # the hand reading of the three cases that matter most, for each family's (q, c)
+    for family, (q, c) in AUTO_RULES.items():
+        name = next(n for n, f in AUTO_FAMILIES.items() if f == family)
+        rule = auto_rule(name, 1.0)
+        assert rule.max_items(_estimate(cases["zero"], eps), 1.0) == DEFAULT_MAX_ITEMS
+        assert rule.max_items(_estimate(cases["noise"], eps), 1.0) == DEFAULT_MAX_ITEMS
+        # every user in [32, 64): the q-quantile is 2^(5 + q)
+        assert rule.max_items(_estimate(one[1], eps), 1.0) == \
+            min(AUTO_MAX_ITEMS, max(1, math.floor(c * 2 ** (5 + q) + 0.5)))
+        # the open last bucket is read as [1024, 2048): Δ0 capped at AUTO_MAX_ITEMS
+        assert rule.max_items(_estimate(one[2], eps), 1.0) == \
+            min(AUTO_MAX_ITEMS, max(1, math.floor(c * 2 ** (10 + q) + 0.5)))
+    # the floor decides: just below it the top bucket is dropped, at it the bucket counts
+    # and the high quantiles move into it
+    for family, (q, c) in AUTO_RULES.items():
+        name = next(n for n, f in AUTO_FAMILIES.items() if f == family)
+        rule = auto_rule(name, 1.0)
+        assert rule.max_items(_estimate(below, eps), 1.0) <= \
+            rule.max_items(_estimate(above, eps), 1.0)
+    assert _estimate(below, eps).kept(AUTO_EMPTY_BELOW)[9] == 0.0
+    assert _estimate(above, eps).kept(AUTO_EMPTY_BELOW)[9] == floor
+    # gw reads at GW-KT's floor, whatever auto's
+    est = _estimate(above, eps)
+    assert auto_rule("gw", 1.0).empty_below == ACTIVITY_EMPTY_BELOW
+    assert auto_rule("gw", 1.0).max_items(est, 1.0) == max_items_from_estimate(est, 1.0)
+    for bad in (-1.0, math.inf, math.nan):
+        with pytest.raises(ValueError):
+            est.kept(bad)
+
+
 def test_an_estimate_of_too_few_users_keeps_the_fallback():
-    eps = 0.02                       # noise scale 50: a bucket below 100 users counts as 0
+    eps = 0.02     # noise scale 50: a bucket below 100 users (2 scales) counts as 0
     weak = _estimate([0, 0, 0, 0, 0, 0, 95, 0, 0, 0, 0], eps)
-    assert not weak.informative
+    assert not weak.informative and not weak.holds_enough_users(AUTO_EMPTY_BELOW)
+    below = _estimate([0, 0, 0, 0, 0, 95, 95, 95, 0, 0, 0], eps)   # 285 users, each
+    assert below.holds_enough_users(0.0)                             # bucket below the floor
+    assert not below.holds_enough_users(AUTO_EMPTY_BELOW)
     for name, family in AUTO_FAMILIES.items():
         m = make_mechanism(name, epsilon=1.0, delta=1e-6, max_items="auto")
         c = m.calibrated(weak)

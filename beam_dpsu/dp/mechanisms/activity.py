@@ -157,12 +157,16 @@ class ScaleEstimate:
     def layout(self) -> ActivityBuckets:
         return ActivityBuckets(self.base, len(self.buckets))
 
-    def kept(self) -> np.ndarray:
-        """The buckets read by the rules: a noisy count below ``ACTIVITY_EMPTY_BELOW``
-        noise scales counts as 0 (post-processing: noise alone rarely reaches it, so
-        empty buckets add little error to the sums)."""
+    def kept(self, empty_below: float = ACTIVITY_EMPTY_BELOW) -> np.ndarray:
+        """The buckets read by the rules: a noisy count below ``empty_below`` noise
+        scales (GW-KT's ``ACTIVITY_EMPTY_BELOW``; ``--max-items-per-user auto``'s
+        ``AUTO_EMPTY_BELOW``) counts as 0 (post-processing: noise alone rarely reaches
+        it, so empty buckets add little error to the sums)."""
+        empty_below = float(empty_below)
+        if not empty_below >= 0.0 or not math.isfinite(empty_below):
+            raise ValueError(f"empty_below is a finite number >= 0, got {empty_below!r}")
         b = np.array(self.buckets)
-        floor = ACTIVITY_EMPTY_BELOW * cal.scale_estimate_noise_scale(self.epsilon)
+        floor = empty_below * cal.scale_estimate_noise_scale(self.epsilon)
         return np.where(b < floor, 0.0, b)
 
     @property
@@ -172,20 +176,24 @@ class ScaleEstimate:
 
     @property
     def informative(self) -> bool:
-        """Whether the kept buckets hold at least ``CALIBRATED_MIN_SCALES`` noise scales
-        of users: below, the noise is comparable to the counts, and a rule reading the
-        estimate keeps its fixed fallback."""
-        return float(self.kept().sum()) >= CALIBRATED_MIN_SCALES * \
+        """``holds_enough_users()`` at GW-KT's floor (``ACTIVITY_EMPTY_BELOW``)."""
+        return self.holds_enough_users()
+
+    def holds_enough_users(self, empty_below: float = ACTIVITY_EMPTY_BELOW) -> bool:
+        """Whether the buckets kept at ``empty_below`` noise scales hold at least
+        ``CALIBRATED_MIN_SCALES`` noise scales of users: below, the noise is comparable
+        to the counts, and a rule reading the estimate keeps its fixed fallback."""
+        return float(self.kept(empty_below).sum()) >= CALIBRATED_MIN_SCALES * \
             cal.scale_estimate_noise_scale(self.epsilon)
 
-    def activity_quantile(self, q: float) -> float:
+    def activity_quantile(self, q: float, empty_below: float = ACTIVITY_EMPTY_BELOW) -> float:
         """The q-quantile (0 < q < 1) of the users' number of distinct items, read from
-        the kept buckets: geometric interpolation inside the bucket [B^b, B^(b+1)) where
-        the cumulative count crosses q·N̂ (the last bucket read as [B^(K-1), B^K)); 1
-        when every bucket is empty."""
+        the buckets kept at ``empty_below`` noise scales: geometric interpolation inside
+        the bucket [B^b, B^(b+1)) where the cumulative count crosses q·N̂ (the last
+        bucket read as [B^(K-1), B^K)); 1 when every bucket is empty."""
         if not 0.0 < q < 1.0:
             raise ValueError(f"a quantile is in (0, 1), got {q!r}")
-        c = self.kept()
+        c = self.kept(empty_below)
         total = float(c.sum())
         if total <= 0.0:
             return 1.0

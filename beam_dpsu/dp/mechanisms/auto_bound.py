@@ -21,7 +21,8 @@ from typing import Any, Callable, Dict, Mapping, Optional
 
 from beam_dpsu.dp.privacy import calibration as cal
 from beam_dpsu.dp.privacy.accounting import PrivacyGuarantee, zcdp_guarantee
-from beam_dpsu.dp.privacy.params import (AUTO, AUTO_BUCKET_BASE, AUTO_BUCKETS, AUTO_FAMILIES,
+from beam_dpsu.dp.privacy.params import (ACTIVITY_EMPTY_BELOW, AUTO, AUTO_BUCKET_BASE,
+                                         AUTO_BUCKETS, AUTO_EMPTY_BELOW, AUTO_FAMILIES,
                                          AUTO_MAX_ITEMS, AUTO_RULES, DEFAULT_AUTO_SHARE,
                                          CALIBRATED_WIDTH_RANGE, DEFAULT_MAX_ITEMS,
                                          MAX_MAX_ITEMS, gw_default_max_items)
@@ -49,8 +50,9 @@ class AutoRule:
       family: ``params.AUTO_FAMILIES``' name of it (``weighted``, ``policy``, ``sips``,
         ``adaptive``, ``gw``).
       quantile, factor: Δ0 = factor × the estimated ``quantile`` of the users' numbers
-        of distinct items, rounded, in [1, ``params.AUTO_MAX_ITEMS``] (``gw``: GW-KT's
-        ``max_items_from_estimate``, the median within GW's band).
+        of distinct items (a noisy bucket below ``params.AUTO_EMPTY_BELOW`` noise scales
+        read as empty), rounded, in [1, ``params.AUTO_MAX_ITEMS``] (``gw``: GW-KT's
+        ``max_items_from_estimate``, the median within GW's band, at GW-KT's floor).
       fallback: Δ0 when the estimate is not ``informative`` (too few users for its noise).
     """
     family: str
@@ -58,14 +60,23 @@ class AutoRule:
     factor: Optional[float]
     fallback: int
 
+    @property
+    def empty_below(self) -> float:
+        """The noise scales below which a bucket reads as empty (``gw``: GW-KT's)."""
+        return ACTIVITY_EMPTY_BELOW if self.family == "gw" else AUTO_EMPTY_BELOW
+
+    def informative(self, estimate: ScaleEstimate) -> bool:
+        """Whether ``estimate`` holds enough users, at this rule's floor, to be read."""
+        return estimate.holds_enough_users(self.empty_below)
+
     def max_items(self, estimate: ScaleEstimate, epsilon: float) -> int:
         """Δ0 from ``estimate`` (and, for ``gw``, the whole ε). Privacy: none beyond the
         estimate's (a function of DP output and public parameters)."""
-        if not estimate.informative:
+        if not self.informative(estimate):
             return self.fallback
         if self.family == "gw":
             return max_items_from_estimate(estimate, epsilon)
-        value = self.factor * estimate.activity_quantile(self.quantile)
+        value = self.factor * estimate.activity_quantile(self.quantile, self.empty_below)
         return int(min(AUTO_MAX_ITEMS, max(1, math.floor(value + 0.5))))
 
     @property
@@ -80,7 +91,8 @@ class AutoRule:
         if self.family == "gw":
             return "GW-KT's: the median activity / 1.5, within [1/4, 2] × (1 + 5ε)"
         return (f"{self.factor:g} × the {self.quantile:g}-quantile of the users' numbers of "
-                f"distinct items, rounded, in [1, {AUTO_MAX_ITEMS}]")
+                f"distinct items (a bucket below {self.empty_below:g} noise scales read as "
+                f"empty), rounded, in [1, {AUTO_MAX_ITEMS}]")
 
 
 def auto_rule(name: str, epsilon: float) -> AutoRule:
@@ -196,7 +208,7 @@ class AutoBound:
         max_items = self.rule.max_items(estimate, self.guarantee.epsilon)
         mechanism = copy.copy(self._release(max_items))
         mechanism.guarantee = self.guarantee
-        mechanism.max_items_choice = self._choice(max_items, estimate.informative)
+        mechanism.max_items_choice = self._choice(max_items, self.rule.informative(estimate))
         return mechanism
 
     def estimate(self, histogram, run_key: RunKey) -> ScaleEstimate:

@@ -18,7 +18,7 @@ from typing import Any, Dict, Iterable, Mapping, Optional, Sequence, Tuple
 
 
 __all__ = ["DEFAULT_MAX_ITEMS", "AUTO", "max_items_value", "AUTO_BUCKET_BASE", "AUTO_BUCKETS",
-           "DEFAULT_AUTO_SHARE", "AUTO_RULES", "AUTO_FAMILIES", "DEFAULT_GW_MAX_ITEMS_PER_EPSILON", "gw_default_max_items",
+           "DEFAULT_AUTO_SHARE", "AUTO_RULES", "AUTO_EMPTY_BELOW", "AUTO_FAMILIES", "DEFAULT_GW_MAX_ITEMS_PER_EPSILON", "gw_default_max_items",
            "DEFAULT_GWKT_MAX_ITEMS", "DEFAULT_GWKT_FRONT_EXTRA_ITEMS",
            "gwkt_default_max_items", "DEFAULT_ALPHA",
            "DEFAULT_GW_ETA", "DEFAULT_TIE_BREAK", "DEFAULT_EMBEDDED_TIE_BREAK",
@@ -162,9 +162,16 @@ DEFAULT_AUTO_SHARE = 0.02
 #: Each family's rule from the estimate to Δ0: ``(q, c)`` gives Δ0 = c × the estimated
 #: q-quantile of the users' numbers of distinct items, rounded, in [1, ``AUTO_MAX_ITEMS``]
 #: (chosen by leave-one-dataset-out against the best fixed Δ0, benchmarks/RESULTS.md
-#: section 15). ``gw`` uses GW-KT's median rule (``max_items_from_estimate``).
+#: section 15), the quantile read from the buckets kept at ``AUTO_EMPTY_BELOW``. ``gw``
+#: uses GW-KT's median rule (``max_items_from_estimate``) at GW-KT's floor.
 AUTO_RULES = {"weighted": (0.9, 2.8), "policy": (0.5, 4.0), "sips": (0.95, 1.0),
               "adaptive": (0.95, 4.0), "count": (0.5, 0.7)}
+#: The rules read the estimate with a noisy bucket below this many noise scales as empty
+#: (the same as GW-KT's ``ACTIVITY_EMPTY_BELOW``). At 1, the top buckets of a small
+#: dataset count too (better on movielens-small at ε = 1) but so does more noise in a
+#: sparse tail (worse on paths-ansible at ε = 1): measured in benchmarks/RESULTS.md
+#: section 15, not adopted.
+AUTO_EMPTY_BELOW = 2.0
 AUTO_MAX_ITEMS = 1000
 #: The rule family of each mechanism of ``select`` (gw-kt: its own calibration).
 AUTO_FAMILIES = {"weighted-gaussian": "weighted", "weighted-laplace": "weighted",
