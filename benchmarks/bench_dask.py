@@ -49,8 +49,9 @@ stops it right after (outside the timing), so that only one cluster holds memory
 time. A run is stopped after ``--run-timeout`` seconds, when the file WORKDIR/stop-run
 appears (it is removed), or, for Prism, when the Prism binary's RSS passes
 ``--prism-rss-limit-mb``: a Flink run's jobs are cancelled through the REST API (and its
-job server killed if the run does not end within 60 s), Prism's processes are killed.
-A run that fails or is stopped gets a row with ``outcome`` (the reason) and the peaks
+job server killed if the run does not end within 60 s), Prism's processes are killed;
+a DirectRunner or Dask run is not stopped: it goes on to its end and is then marked
+stopped. ``--fresh-flink`` does not go with ``--warm``. A run that fails or is stopped gets a row with ``outcome`` (the reason) and the peaks
 seen; the other runs go on, and its release is left out of the comparison.
 """
 import argparse
@@ -202,6 +203,8 @@ def main():
                     help="dask: the workers get Dask's default MALLOC_TRIM_THRESHOLD_=65536; "
                          "unset: they start without it")
     a = ap.parse_args()
+    if a.fresh_flink and a.warm:
+        ap.error("--fresh-flink and --warm: the warm-up runs need the clusters started first")
 
     def mech_flags(mech):
         return a.flags.split() if a.flags else FLAGS[mech]

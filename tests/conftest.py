@@ -157,12 +157,29 @@ def pytest_collection_modifyitems(config, items):
             items[:] = kept
 
 
+
 def pytest_runtest_setup(item):
     """A test of an ``xdist_group`` must run on its group's worker (one job server, one
     Flink cluster per engine); pytest 9.2's node ids broke that grouping in pytest-xdist
     3.8 with no error (pytest-dev/pytest-xdist#1386: every engine then started twice).
-    Such a test fails here rather than run ungrouped."""
-    if (getattr(item.config.option, "loadgroup", False)
-            and item.get_closest_marker("xdist_group") and "@" not in item.nodeid):
-        pytest.fail(f"--dist loadgroup did not group {item.nodeid} (pytest-xdist#1386; the "
-                    f"test extra pins pytest below 9.2)", pytrace=False)
+    The first worker to run a test of a group owns the group (a file in the session's
+    folder, under a lock); a test of it on another worker fails here."""
+    import fcntl
+    import json
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    groups = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                     for m in item.iter_markers("xdist_group")})
+    if not (worker and groups and getattr(item.config.option, "loadgroup", False)):
+        return
+    folder = pathlib.Path(item.config.option.basetemp).parent  # the session's, above gwN
+    group = "_".join(groups)
+    with open(folder / "xdist-groups.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        table = folder / "xdist-groups.json"
+        owners = json.loads(table.read_text()) if table.exists() else {}
+        owner = owners.setdefault(group, worker)
+        table.write_text(json.dumps(owners))
+    if owner != worker:
+        pytest.fail(f"--dist loadgroup ran {item.nodeid} on {worker}, its group {group!r} on "
+                    f"{owner} (pytest-xdist#1386; the test extra pins pytest below 9.2)",
+                    pytrace=False)

@@ -1,4 +1,5 @@
-"""Every mechanism and top-k on Beam's Dask runner, on a real two-process cluster.
+"""Every mechanism (one of each family in CI, every one with ``pytest -m exhaustive``) and
+top-k on Beam's Dask runner, on a real two-process cluster.
 
 A ``distributed.LocalCluster`` with two worker processes (one thread each) is
 started once for the module; every pipeline runs through the command line

@@ -287,11 +287,35 @@ def test_conf_rows_replace_defaults_and_java_options_reach_each_role(tmp_path):
     assert flink_cluster._java_opts(state, "taskmanager") == ["-Da=1", "-Db=2", "-Dc=3"]
 
 
-def test_a_conf_without_a_key_is_one_line_and_exit_status_2(tmp_path, capsys):
-    assert flink_cluster.main(["start", str(tmp_path / "c"), "--conf", "=1"]) == 2
+@pytest.mark.parametrize("conf, says", [
+    ("=1", "expected KEY=VALUE"), ("heartbeat.timeout=", "both non-empty"),
+    ("heartbeat.timeout", "expected KEY=VALUE"), ("rest.port=8081", "sets it itself"),
+    ("taskmanager.numberOfTaskSlots=4", "use --slots"),
+    ("env.java.opts=-Xss4m", "env.java.opts.all")])
+def test_a_conf_the_command_cannot_take_is_one_line_and_exit_status_2(tmp_path, capsys, conf,
+                                                                     says):
+    assert flink_cluster.main(["start", str(tmp_path / "c"), "--conf", conf]) == 2
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
-    assert len(err) == 1 and "expected KEY=VALUE" in err[0]
+    assert len(err) == 1 and says in err[0], err
     assert not (tmp_path / "c").exists()
+    with pytest.raises(flink_cluster.UsageError):  # the same refusal from the API
+        flink_cluster.start(str(tmp_path / "d"), conf=dict([conf.split("=", 1)])
+                            if "=" in conf else {conf: ""})
+    assert not (tmp_path / "d").exists()
+
+
+def test_conf_values_keep_their_equals_signs_and_lose_quotes_around_jvm_options():
+    assert flink_cluster.check_conf({" a.b ": "x=y", "env.java.opts.all": "'-Da=1 -Db'"}) == {
+        "a.b": "x=y", "env.java.opts.all": "-Da=1 -Db"}
+
+
+def test_a_cluster_json_written_before_conf_still_adds_taskmanagers_options(tmp_path):
+    # an older cluster.json has no "conf": no extra JVM options, the defaults' rows
+    state = {"dir": str(tmp_path), "rpc_port": 1, "rest_port": 2, "blob_port": 3}
+    assert flink_cluster._java_opts(state, "taskmanager") == []
+    args = flink_cluster.argparse.Namespace(taskmanagers=1, slots=2, process_size="3500m",
+                                            task_off_heap="768m", restart_attempts=3)
+    assert "heartbeat.timeout: 8000" in flink_cluster._config(state, args).splitlines()
 
 
 def test_stop_spares_a_process_that_took_a_dead_members_pid(tmp_path):

@@ -179,6 +179,41 @@ def test_ctrl_c_during_start_up_is_one_line(data, tmp_path):
         assert len(lines) <= 1 and "Traceback" not in err, err
 
 
+@pytest.mark.parametrize("signum", ["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("during", ["_check", "import_module"])
+@pytest.mark.parametrize("entry", ["run_command", "run_module"])
+def test_a_signal_while_the_command_starts_is_one_line_and_130(monkeypatch, capsys, signum,
+                                                               during, entry):
+    # The signal arrives while the flags are checked or the command's module is imported
+    # (held there: inside a C extension's import it became an ImportError), then comes
+    # through once they are done: one line, 130, whichever signal and entry.
+    import importlib
+    import signal
+    from beam_dpsu.pipelines import cli
+    sig = getattr(signal, signum)
+    if during == "_check":
+        real_check = cli._check
+
+        def check(command, argv):
+            os.kill(os.getpid(), sig)
+            return real_check(command, argv)
+        monkeypatch.setattr(cli, "_check", check)
+    else:
+        real_import = importlib.import_module
+
+        def import_module(name, *args):  # the command's module, once
+            monkeypatch.setattr(cli.importlib, "import_module", real_import)
+            os.kill(os.getpid(), sig)
+            return real_import(name, *args)
+        monkeypatch.setattr(cli.importlib, "import_module", import_module)
+    argv = ["--users", "5", "--output", "/nonexistent/never-written"]
+    status = (cli.run_command("generate", argv) if entry == "run_command"
+              else cli.run_module("generate", argv))
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert status == 130 and len(err) == 1 and err[0].endswith("interrupted"), err
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
 def test_the_first_compilation_is_announced_only_where_it_is_ahead(tmp_path):
     import importlib.util
     from beam_dpsu.dp.randomness import compiled

@@ -1,4 +1,5 @@
-"""Every mechanism on the portable job API and on the multi-process DirectRunner.
+"""Every mechanism on the portable job API and on the multi-process DirectRunner (one of
+each family in CI, ``FAMILIES``; every one with ``pytest -m exhaustive``).
 
 Flink and Dataflow run pipelines through the same portable path as
 ``--runner=PortableRunner --job_endpoint=embed --environment_type=LOOPBACK``;

@@ -59,7 +59,9 @@ def _signals_held():
     """Holds Ctrl-C (SIGINT) and SIGTERM back while the command's libraries are imported,
     in the main thread: a Ctrl-C inside a C extension's import (numpy's, measured) became
     an ImportError that the extension also printed, and the run failed with exit status 1.
-    Held, the signal arrives once the imports are done: one line, exit status 130."""
+    Held, the signal arrives once the imports are done, inside ``run_main`` (whose handlers
+    make a SIGTERM a Ctrl-C): one line, exit status 130. Nothing starts a process in the
+    window (a child would inherit the held signals)."""
     if (threading.current_thread() is not threading.main_thread()
             or not hasattr(signal, "pthread_sigmask")):
         yield
@@ -85,13 +87,17 @@ def run_command(command: str, argv: Sequence[str], prog: Optional[str] = None) -
     try:
         # A mistake in a flag is reported before the command's pipeline (and with it
         # Apache Beam, which takes seconds) is imported.
-        with _signals_held():
-            status = run_main(COMMANDS[command][0].rpartition(".")[2],
-                              lambda: _check(command, argv))
-            module = None if status else importlib.import_module(COMMANDS[command][0])
+        loaded = []
+
+        def check_and_import() -> int:
+            with _signals_held():
+                _check(command, argv)
+                loaded.append(importlib.import_module(COMMANDS[command][0]))
+            return 0
+        status = run_main(COMMANDS[command][0].rpartition(".")[2], check_and_import)
         if status:
             return status
-        return module.main(argv)
+        return loaded[0].main(argv)
     finally:
         _PROG.reset(token)
 

@@ -31,10 +31,11 @@ gRPC buffers are direct memory; at 1M users the default 0 fails with
 Flink's fixed-delay restart strategy (2 s apart): a job whose TaskManager or SDK
 workers are lost is restarted that many times (docs/runners.md, "Faults").
 ``--conf KEY=VALUE`` (repeatable) adds a row to the cluster's ``flink-conf.yaml`` or
-overrides one of the above, as in Flink's own configuration; ``env.java.opts.all``,
-``env.java.opts.jobmanager`` and ``env.java.opts.taskmanager`` are added to the JVMs'
-command lines, as Flink's start scripts do (e.g. ``-XX:TieredStopAtLevel=1``: for short
-jobs, the JIT's C1 compiler alone about halves the JVMs' CPU time).
+overrides a default (not the rows the command derives from its flags and ports:
+``check_conf``); ``env.java.opts.all``, ``env.java.opts.jobmanager`` and
+``env.java.opts.taskmanager`` are added to the JVMs' command lines, as Flink's start
+scripts add them (e.g. ``-XX:TieredStopAtLevel=1``, the JIT's C1 compiler alone: for
+short jobs it about halved the CPU time of Beam's job servers, measured here).
 ``worker-pool`` starts the pool again on its port (after it was lost); the TaskManagers
 share it (one pool on each machine of a real cluster: docs/runners.md).
 ``stop`` ends every process ``cluster.json`` names (SIGTERM, then SIGKILL). Exit
@@ -58,7 +59,7 @@ from beam_dpsu.pipelines import console
 from beam_dpsu.pipelines.console import UsageError, run_main
 
 __all__ = ["start", "add_taskmanager", "start_worker_pool", "stop", "flags", "read_state",
-           "main", "ClusterError"]
+           "check_conf", "main", "ClusterError"]
 
 _ENTRYPOINT = "org.apache.flink.runtime.entrypoint.StandaloneSessionClusterEntrypoint"
 _TASKMANAGER = "org.apache.flink.runtime.taskexecutor.TaskManagerRunner"
@@ -151,7 +152,7 @@ def _config(state: Dict, args) -> str:
         "io.tmp.dirs": os.path.join(state["dir"], "tmp"),
         "web.tmpdir": os.path.join(state["dir"], "tmp"),
     }
-    rows.update(state["conf"])
+    rows.update(state.get("conf", {}))
     return "".join(f"{k}: {v}\n" for k, v in rows.items())
 
 
@@ -169,8 +170,49 @@ JAVA_OPTS_KEYS = {"jobmanager": ("env.java.opts.all", "env.java.opts.jobmanager"
                   "taskmanager": ("env.java.opts.all", "env.java.opts.taskmanager")}
 
 
+#: Rows ``start`` sets from its own flags or state (ports, addresses, folders, slots,
+#: memory, restarts): a ``--conf`` of one of them would leave ``cluster.json`` and the
+#: printed flags wrong. Their flag where there is one.
+_DERIVED_KEYS = {
+    "taskmanager.numberOfTaskSlots": "--slots", "parallelism.default": "--slots",
+    "taskmanager.memory.process.size": "--process-size",
+    "taskmanager.memory.task.off-heap.size": "--task-off-heap",
+    "restart-strategy.type": "--restart-attempts",
+    "restart-strategy.fixed-delay.attempts": "--restart-attempts",
+    "jobmanager.rpc.address": None, "jobmanager.bind-host": None, "jobmanager.rpc.port": None,
+    "rest.address": None, "rest.bind-address": None, "rest.port": None,
+    "blob.server.port": None, "taskmanager.host": None, "taskmanager.bind-host": None,
+    "io.tmp.dirs": None, "web.tmpdir": None,
+}
+
+
+def check_conf(conf: Dict[str, str]) -> Dict[str, str]:
+    """``conf`` (rows of ``flink-conf.yaml`` for ``start``) checked: no empty key or value
+    (Flink skips a row without a value, so a default would silently come back), none of
+    ``_DERIVED_KEYS``, and JVM options only under ``JAVA_OPTS_KEYS``' keys; surrounding
+    quotes of a JVM options value are dropped, as Flink's scripts do. Raises UsageError."""
+    checked = {}
+    for key, value in conf.items():
+        key, value = str(key).strip(), str(value).strip()
+        if not key or not value:
+            raise UsageError(f"--conf {key}={value}: expected KEY=VALUE, both non-empty")
+        if key in _DERIVED_KEYS:
+            flag = _DERIVED_KEYS[key]
+            raise UsageError(f"--conf {key}: flink-cluster sets it itself"
+                             + (f" (use {flag})" if flag else ""))
+        if key.startswith("env.java.") and key not in JAVA_OPTS_KEYS["taskmanager"] + \
+                JAVA_OPTS_KEYS["jobmanager"]:
+            raise UsageError(f"--conf {key}: give JVM options as env.java.opts.all, "
+                             f"env.java.opts.jobmanager or env.java.opts.taskmanager")
+        if key.startswith("env.java.opts.") and value[:1] == value[-1:] and value[:1] in "'\"":
+            value = value[1:-1].strip()
+        checked[key] = value
+    return checked
+
+
 def _java_opts(state: Dict, role: str) -> List[str]:
-    return [opt for key in JAVA_OPTS_KEYS[role] for opt in state["conf"].get(key, "").split()]
+    conf = state.get("conf", {})  # (a cluster.json written before --conf has none)
+    return [opt for key in JAVA_OPTS_KEYS[role] for opt in conf.get(key, "").split()]
 
 
 def _java_process(state: Dict, name: str, main_class: str, jvm: List[str],
@@ -279,6 +321,7 @@ def start(folder: str, taskmanagers: int = 1, slots: int = 2, process_size: str 
           say=lambda message: None, conf: Optional[Dict[str, str]] = None) -> Dict:
     """Starts a session cluster in ``folder`` (created); returns its state (ports, pids).
     ``conf``: rows of ``flink-conf.yaml`` added to (or replacing) the defaults above."""
+    conf = check_conf(conf or {})
     folder = os.path.abspath(folder)
     if os.path.isfile(os.path.join(folder, _STATE)):
         raise UsageError(f"{folder} holds a cluster already: stop it first")
@@ -288,7 +331,8 @@ def start(folder: str, taskmanagers: int = 1, slots: int = 2, process_size: str 
                               task_off_heap=task_off_heap, restart_attempts=restart_attempts)
     state = {"dir": folder, "flink_home": _home(), "rpc_port": _free_port(),
              "rest_port": _free_port(), "blob_port": _free_port(), "pool_port": _free_port(),
-             "jobmanager": None, "taskmanagers": [], "pool": None, "conf": dict(conf or {})}
+             "jobmanager": None, "taskmanagers": [], "pool": None,
+             "conf": conf}
     with open(os.path.join(folder, "conf", "flink-conf.yaml"), "w", encoding="utf-8") as fh:
         fh.write(_config(state, args))
     with open(os.path.join(folder, "conf", "log4j.properties"), "w", encoding="utf-8") as fh:
@@ -378,10 +422,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.action == "start":
             if args.taskmanagers < 1 or args.slots < 1:
                 raise UsageError("--taskmanagers and --slots must be at least 1")
-            bad = [c for c in args.conf if "=" not in c or not c.split("=", 1)[0].strip()]
+            bad = [c for c in args.conf if "=" not in c]
             if bad:
                 raise UsageError(f"--conf {bad[0]!r}: expected KEY=VALUE")
-            conf = dict((k.strip(), v.strip()) for k, v in (c.split("=", 1) for c in args.conf))
+            conf = check_conf(dict(c.split("=", 1) for c in args.conf))
             try:
                 state = start(args.dir, args.taskmanagers, args.slots, args.process_size,
                               args.task_off_heap, args.restart_attempts, say, conf)
