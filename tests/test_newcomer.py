@@ -165,9 +165,12 @@ def test_ctrl_c_during_start_up_is_one_line(data, tmp_path):
     import signal
     import time
     for delay in (0.3, 0.6):  # while Python imports Beam
+        # a terminal's SIGINT disposition, even when the tests run with SIGINT ignored (a
+        # background job's): Python then installs no handler and the run ignores Ctrl-C
         proc = subprocess.Popen([sys.executable, "-m", "beam_dpsu.pipelines.cli", "select",
                                  "--input", data, "--output", str(tmp_path / "o"), *SELECT],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         time.sleep(delay)
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=120)
@@ -191,6 +194,8 @@ def test_a_signal_while_the_command_starts_is_one_line_and_130(monkeypatch, caps
     import signal
     from beam_dpsu.pipelines import cli
     sig = getattr(signal, signum)
+    # Python's own Ctrl-C handler, even in a worker started with SIGINT ignored
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
     if during == "_check":
         real_check = cli._check
 
@@ -207,8 +212,11 @@ def test_a_signal_while_the_command_starts_is_one_line_and_130(monkeypatch, caps
             return real_import(name, *args)
         monkeypatch.setattr(cli.importlib, "import_module", import_module)
     argv = ["--users", "5", "--output", "/nonexistent/never-written"]
-    status = (cli.run_command("generate", argv) if entry == "run_command"
-              else cli.run_module("generate", argv))
+    try:
+        status = (cli.run_command("generate", argv) if entry == "run_command"
+                  else cli.run_module("generate", argv))
+    finally:
+        signal.signal(signal.SIGINT, inherited)
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert status == 130 and len(err) == 1 and err[0].endswith("interrupted"), err
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
