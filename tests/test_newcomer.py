@@ -192,15 +192,20 @@ def test_a_signal_while_the_command_starts_is_one_line_and_130(monkeypatch, caps
     # through once they are done: one line, 130, whichever signal and entry.
     import importlib
     import signal
+    import threading
     from beam_dpsu.pipelines import cli
     sig = getattr(signal, signum)
-    # Python's own Ctrl-C handler, even in a worker started with SIGINT ignored
-    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    pair = {signal.SIGINT, signal.SIGTERM}
+
+    def send():
+        # to the main thread, as in the command's own process (its only thread then): a
+        # signal to this process could go to one of the test runner's threads instead
+        signal.pthread_kill(threading.main_thread().ident, sig)
     if during == "_check":
         real_check = cli._check
 
         def check(command, argv):
-            os.kill(os.getpid(), sig)
+            send()
             return real_check(command, argv)
         monkeypatch.setattr(cli, "_check", check)
     else:
@@ -209,20 +214,28 @@ def test_a_signal_while_the_command_starts_is_one_line_and_130(monkeypatch, caps
         def import_module(name, *args):  # the command's module, once (not another's)
             if name == "beam_dpsu.pipelines.generate":
                 monkeypatch.setattr(cli.importlib, "import_module", real_import)
-                os.kill(os.getpid(), sig)
+                send()
             return real_import(name, *args)
         monkeypatch.setattr(cli.importlib, "import_module", import_module)
     argv = ["--users", "5", "--output", "/nonexistent/never-written"]
+    # Python's own Ctrl-C handler (even in a worker started with SIGINT ignored), the
+    # default SIGTERM, neither signal blocked: a process's state at its start
+    handlers = {s: signal.signal(s, h) for s, h in ((signal.SIGINT, signal.default_int_handler),
+                                                    (signal.SIGTERM, signal.SIG_DFL))}
+    mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, pair)
     try:
         status = (cli.run_command("generate", argv) if entry == "run_command"
                   else cli.run_module("generate", argv))
+        after = signal.getsignal(signal.SIGTERM)
     except KeyboardInterrupt:  # escaped the command: a failure of this test, not the run's end
         pytest.fail("the signal escaped the command as a KeyboardInterrupt")
     finally:
-        signal.signal(signal.SIGINT, inherited)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        for s, h in handlers.items():
+            signal.signal(s, h)
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert status == 130 and len(err) == 1 and err[0].endswith("interrupted"), err
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    assert after is signal.SIG_DFL  # the command put SIGTERM's handler back
 
 
 def test_the_first_compilation_is_announced_only_where_it_is_ahead(tmp_path):
