@@ -264,8 +264,8 @@ def _file_key(element):
     return spread % _FILE_KEYS, file
 
 
-def _with_items(key: int, path: str, items):
-    yield path, items
+def _with_items(key: int, file, items):
+    yield file, items  # a path, or a byte range of it
 
 
 def _tag_domain(item: str):
