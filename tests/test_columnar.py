@@ -351,6 +351,111 @@ def test_select_from_text_releases_what_select_partitions_releases(tmp_path, mec
         assert_that(users | beam.CombineGlobally(sum), equal_to([1500]), label="users")
 
 
+@pytest.mark.parametrize("dask", [False, True], ids=["reshuffled", "dask-dealt"])
+def test_select_from_text_reads_one_file_in_byte_ranges_to_the_same_release(
+        tmp_path, monkeypatch, dask):
+    # One file cut into ranges of 700 bytes (a BOM, CRLF lines, malformed lines) beside a
+    # gz file read whole: the release, malformed lines and users of the whole files'
+    # read; every file counted once in input_files. Spread by a Reshuffle, or (Dask's
+    # capabilities patched in) matched and dealt when the graph is built.
+    import gzip
+    from apache_beam.metrics.metric import MetricsFilter
+    from beam_dpsu.transforms import runners, textio
+    if dask:
+        caps = runners.capabilities("DaskRunner")
+        monkeypatch.setattr(runners, "capabilities", lambda _: caps)
+    pairs = list(synthetic.occurrences(1500, seed=11))
+    lines = [f"{u}\t{i}".encode() for u, i in pairs]
+    half = len(lines) // 2
+    crlf = [x + b"\r" if k % 3 == 0 else x for k, x in enumerate(lines[1:half])]
+    _write(tmp_path, "a.tsv", [b"\xef\xbb\xbf" + lines[0]] + crlf[:300] + [b"bad", b""]
+           + crlf[300:] + [b"\tno-user", b"bad"])
+    (tmp_path / "b.tsv.gz").write_bytes(gzip.compress(b"".join(x + b"\n" for x in lines[half:])))
+    pattern = str(tmp_path / "*.tsv*")
+    sized = textio.match_sized(pattern)
+    ranged, _ = textio.file_ranges(sized, [path for path, _ in sized], 700)
+    assert sum(path.endswith(".gz") for path, _ in ranged) == 1 and len(ranged) > 10
+    mechanism = MECHANISMS[4]
+    expected = mechanism.run_local(per_user_counts(pairs), RK)
+    p = local_pipeline()
+    released, malformed, users = p | SelectFromText(pattern, mechanism, RK, user_groups=3,
+                                                    item_shards=2, block_bytes=256,
+                                                    range_bytes=700)
+    assert_that(released, equal_to(sorted(expected)), label="released")
+    assert_that(malformed | beam.CombinePerKey(sum), equal_to(
+        [(b"bad", 2), (b"", 1), (b"\tno-user", 1)]), label="malformed")
+    assert_that(users | beam.CombineGlobally(sum), equal_to([1500]), label="users")
+    result = p.run()
+    result.wait_until_finish()
+    files = result.metrics().query(MetricsFilter().with_name("input_files"))["counters"]
+    assert sum(c.committed for c in files) == 2
+
+
+def test_only_uncompressed_files_larger_than_a_range_are_cut():
+    from beam_dpsu.transforms import textio
+    sized = [("a.tsv", 25), ("b.tsv", 10), ("c.tsv.gz", 99), ("d.bz2", 99), ("e.tsv", None)]
+    got_sized, got = textio.file_ranges(sized, list(enumerate(p for p, _ in sized)), 10)
+    assert got == [(0, ("a.tsv", 0, 10)), (0, ("a.tsv", 10, 20)), (0, ("a.tsv", 20, None)),
+                   (1, "b.tsv"), (2, "c.tsv.gz"), (3, "d.bz2"), (4, "e.tsv")]
+    assert [size for _, size in got_sized] == [10, 10, 5, 10, 99, 99, None]
+    assert textio.file_ranges(sized, [p for p, _ in sized], None) == (sized,
+                                                                        [p for p, _ in sized])
+    assert textio.file_of("a.tsv") == ("a.tsv", 0, None)
+    assert textio.file_of(("a.tsv", 10, 20)) == ("a.tsv", 10, 20)
+
+
+#: The command line's mechanisms whose release from byte ranges is compared with the
+#: whole file's (the policies' record order, GW's first-occurrence tie-break, included).
+RANGED_CLI = {"weighted-gaussian": [], "adaptive-2r": [],
+              "policy-gaussian": ["--alpha", "5"],
+              "gw": ["--alpha", "5", "--tie-break", "first-occurrence"]}
+
+
+@pytest.mark.parametrize("name", list(RANGED_CLI))
+def test_the_command_line_releases_the_same_from_byte_ranges_of_one_file(
+        tmp_path, monkeypatch, capsys, name):
+    import json
+    import os
+    from beam_dpsu.pipelines import outputs, runs, select_partitions
+    from beam_dpsu.transforms import textio
+    pairs = list(synthetic.occurrences(2000, seed=3))
+    lines = [f"{u}\t{i}".encode() + (b"\r" if k % 5 == 0 else b"")
+             for k, (u, i) in enumerate(pairs)]
+    for k in range(len(lines) - 1, 0, -450):
+        lines.insert(k, b"bad line")  # malformed lines, spread over the ranges
+    bad = lines.count(b"bad line")
+    data = _write(tmp_path, "in.tsv", [b"\xef\xbb\xbf" + lines[0]] + lines[1:])
+    range_bytes = os.path.getsize(data) // 9 + 1
+    assert len(textio.file_ranges([(data, os.path.getsize(data))], [data], range_bytes)[1]) == 9
+    layout, used = runs.columnar_layout, []
+
+    def ranged_layout(p, pattern):
+        used.append(pattern)
+        return dict(layout(p, pattern), range_bytes=range_bytes)
+
+    got = {}
+    for split in (False, True):
+        if split:
+            monkeypatch.setattr(runs, "columnar_layout", ranged_layout)
+        prefix, dead = str(tmp_path / f"out-{split}"), str(tmp_path / f"dead-{split}")
+        assert select_partitions.main([
+            "--input", data, "--output", prefix, "--mechanism", name, "--epsilon", "1",
+            "--delta", "1e-5", "--max-items-per-user", "4", "--insecure-test-seed", "5",
+            "--dead-letter", dead, *RANGED_CLI[name]]) == 0
+        capsys.readouterr()
+        with open(prefix + outputs.PRIVATE_SUFFIX) as f:
+            details = json.load(f)
+        with open(prefix + "-items-00000-of-00001", "rb") as f:
+            items = f.read()
+        with open(outputs.dead_letter_file(dead), "rb") as f:
+            dead_lines = sorted(f.read().split(b"\n"))
+        got[split] = (items, details["num_users"], details["malformed_lines"], dead_lines)
+    assert used  # the second run read the file in ranges
+    assert got[True] == got[False]
+    items, users, malformed, _ = got[True]
+    assert users == 2000 and malformed == bad > 3 and items.count(b"\n") >= 3
+
+
 # -- DP-SIPS -------------------------------------------------------------------------
 
 

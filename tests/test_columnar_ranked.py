@@ -149,6 +149,22 @@ def test_a_blocks_pairs_within_the_domain_are_exact():
 
 
 @pytest.mark.parametrize("mechanism", [MECHANISMS[1], MECHANISMS[4]], ids=repr)
+def test_rank_from_text_reads_files_in_byte_ranges_to_the_same_release(tmp_path, mechanism):
+    # ranges of 900 bytes: top-k's read, and discovery's read and the second read of
+    # the domain's pairs (ranges that meet the domain), give the whole files' release
+    pairs = list(synthetic.occurrences(1500, seed=13))
+    expected = mechanism.run_local(per_user_counts(pairs), RK)
+    with local_pipeline() as p:
+        rows, malformed, users = p | RankFromText(_files(tmp_path, pairs), mechanism, RK,
+                                                  user_groups=3, item_shards=2,
+                                                  block_bytes=300, range_bytes=900)
+        assert_that(rows, equal_to(expected), label="rows")
+        assert_that(malformed | beam.CombinePerKey(sum), equal_to([(b"bad", 1), (b"x\r", 1)]),
+                    label="malformed")
+        assert_that(users | beam.CombineGlobally(sum), equal_to([1500]), label="users")
+
+
+@pytest.mark.parametrize("mechanism", [MECHANISMS[1], MECHANISMS[4]], ids=repr)
 def test_rank_from_text_stages_its_shuffles_to_the_same_release(tmp_path, mechanism):
     from beam_dpsu.transforms import staging
     pairs = list(synthetic.occurrences(900, seed=5))

@@ -522,3 +522,99 @@ def test_a_reader_keeps_its_buffers_from_file_to_file():
     # at most two
     with pytest.raises(ValueError, match="depth \\+ 2 = 3 buffers; got 4"):
         lines.read_blocks(io.BytesIO(b"a\tb"), 500, 1, buffers)
+
+
+# -- byte ranges of one file ---------------------------------------------------------
+
+
+def _range_lines(f, start, end, block):
+    """``(text offset, line)`` of every line ``read_range_blocks`` gives for [start, end)."""
+    out = []
+    offset, blocks = lines.read_range_blocks(f, start, end, block, lines.READ_AHEAD_BLOCKS)
+    with contextlib.closing(blocks):
+        for view in blocks:
+            for line in bytes(view).split(b"\n"):
+                out.append((offset, line))
+                offset += len(line) + 1
+    return out
+
+
+def _owned(text):
+    """The file's lines as the whole-file read gives them, with their text offsets and
+    the file offset of their first byte (a BOM belongs to the first line)."""
+    mark = 3 if text.startswith(BOM) else 0
+    body = text[mark:]
+    pieces = body.split(b"\n")
+    if pieces[-1] == b"":
+        pieces.pop()
+    out, at = [], 0
+    for k, line in enumerate(pieces):
+        out.append((at, line, 0 if k == 0 else at + mark))
+        at += len(line) + 1
+    return out
+
+
+def _tiles(cuts):
+    bounds = [0] + sorted(set(cuts))
+    return [(a, b) for a, b in zip(bounds, bounds[1:])] + [(bounds[-1], None)]
+
+
+def _check_ranges(text, ranges, block, make):
+    every = []
+    owned = _owned(text)
+    for start, end in ranges:
+        got = _range_lines(make(text), start, end, block)
+        # exactly the lines whose first byte is in [start, end), with the whole read's
+        # text offsets
+        assert got == [(at, line) for at, line, first in owned
+                       if first >= start and (end is None or first < end)], (text, start, end)
+        every += got
+    assert every == [(at, line) for at, line, _ in owned], (text, ranges)
+    # the reference is the whole-file read's
+    with contextlib.closing(lines.read_blocks(make(text), block)) as views:
+        whole = [line for view in views for line in bytes(view).split(b"\n")]
+    assert [line for _, line in every] == whole, (text, ranges)
+
+
+def test_byte_ranges_read_every_line_once_wherever_they_are_cut():
+    # every cut of a text with a BOM, CRLF, empty lines, a line longer than a block and
+    # a last line without a newline: on a newline, a line's first byte, inside a line,
+    # between \r and \n, past the end; single cuts and every range size
+    text = BOM + b"u1\ta\r\nu2\tb\n\nbad\n" + b"u3\t" + b"x" * 40 + b"\r\nu4\tlast"
+    for block in (1, 4, 64):
+        for cut in range(1, len(text) + 2):
+            _check_ranges(text, _tiles([cut]), block, io.BytesIO)
+        for size in range(1, len(text) + 2):
+            _check_ranges(text, lines.byte_ranges(len(text), size), block, io.BytesIO)
+    for tail in (b"\n", b"\r\n", b"\n\n"):  # a last line with its newline
+        t = text + tail
+        for cut in range(1, len(t) + 1):
+            _check_ranges(t, _tiles([cut]), 8, io.BytesIO)
+
+
+def test_byte_ranges_of_random_texts_on_any_file_object():
+    rnd = random.Random(17)
+    for _ in range(300):
+        parts = [rnd.choice([b"u\ti", b"", b"\n", b"\r\n", b"\n\n", b"x" * rnd.randrange(40),
+                             BOM, BOM[:2], b"\xff"]) for _ in range(rnd.randrange(14))]
+        text = b"".join(parts)
+        cuts = [rnd.randrange(1, len(text) + 3) for _ in range(rnd.randrange(1, 6))]
+        block = rnd.choice([1, 3, 8, 64])
+        for make in (io.BytesIO, lambda t: _ShortReads(t, rnd), _ReadOnly, _RawReadOnly):
+            _check_ranges(text, _tiles(cuts), block, make)
+
+
+def test_an_empty_or_small_file_is_one_range_and_an_empty_range_reads_nothing():
+    assert lines.byte_ranges(0, 10) == [(0, None)]
+    assert lines.byte_ranges(None, 10) == [(0, None)]
+    assert lines.byte_ranges(10, 10) == [(0, None)]
+    assert lines.byte_ranges(25, 10) == [(0, 10), (10, 20), (20, None)]
+    assert _range_lines(io.BytesIO(b""), 0, None, 8) == []
+    assert _range_lines(io.BytesIO(b"a\tb\n"), 0, None, 8) == [(0, b"a\tb")]
+    assert _range_lines(io.BytesIO(b"a\tb\n"), 3, 4, 8) == []  # no line starts there
+    assert _range_lines(io.BytesIO(b"a\tb\n"), 50, None, 8) == []  # past the end
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(ValueError, match="range_bytes"):
+            lines.byte_ranges(100, bad)
+    with pytest.raises(ValueError, match="start < end"):
+        lines.read_range_blocks(io.BytesIO(b""), 5, 5)

@@ -60,7 +60,7 @@ import pyarrow.compute as pc
 from beam_dpsu.dp.data import columnar, columnar_policy, columnar_text
 from beam_dpsu.dp.mechanisms import on_blocks
 from beam_dpsu.dp.data.columnar import COLUMNAR_ITEM_SHARDS, COLUMNAR_USER_GROUPS
-from beam_dpsu.dp.data.lines import BLOCK_BYTES
+from beam_dpsu.dp.data.lines import BLOCK_BYTES, RANGE_BYTES
 from beam_dpsu.dp.mechanisms.adaptive import (LOW_BUCKET, RELEASED, Adaptive,
                                               adaptive_pairs_histogram, marks_arrays,
                                               marks_message)
@@ -485,6 +485,14 @@ class SelectFromText(_Rounds):
         (default ``COLUMNAR_ITEM_SHARDS``, 16). No privacy effect.
       block_bytes: the size of the text blocks a file is read in (default
         8 MiB). No privacy effect.
+      range_bytes: an uncompressed file larger than this is read in byte ranges of
+        this size, one task each (``lines.byte_ranges``; a range reads the lines
+        that start in it), spread over the workers where the runner redistributes
+        (``runners.Capabilities.redistributes``; on Dask the ranges are dealt as
+        files are), so that one large file is read in parallel; a ``.gz`` or
+        ``.bz2`` file is read whole. Default ``lines.RANGE_BYTES`` (64 MiB). No
+        privacy effect: every line is read once, in the same record order (the
+        first-occurrence tie-break's positions are the whole file's).
       staging_dir: None (default): the pair blocks, partial histograms (and
         DP-SIPS's groups between rounds) go through the runner's shuffles. A
         directory (an existing one every worker reads and writes,
@@ -505,7 +513,8 @@ class SelectFromText(_Rounds):
     def __init__(self, file_pattern: str, mechanism,
                  run_key: Optional[RunKey] = None, user_groups: int = COLUMNAR_USER_GROUPS,
                  item_shards: int = COLUMNAR_ITEM_SHARDS, block_bytes: int = BLOCK_BYTES,
-                 staging_dir: Optional[str] = None, label: Optional[str] = None):
+                 staging_dir: Optional[str] = None, label: Optional[str] = None,
+                 range_bytes: int = RANGE_BYTES):
         if not isinstance(file_pattern, str) or not file_pattern:
             raise ValueError(f"file_pattern must be a non-empty string, got {file_pattern!r}")
         if not on_blocks.runs_columnar(mechanism):
@@ -517,6 +526,7 @@ class SelectFromText(_Rounds):
         super().__init__(mechanism, run_key, user_groups, item_shards, staging_dir, label)
         self._pattern = local_absolute(file_pattern)  # the workers may run elsewhere
         self._block_bytes = _check_count(block_bytes, "block_bytes")
+        self._range_bytes = _check_count(range_bytes, "range_bytes")
 
     def expand(self, pbegin):
         envelope = not runners.capabilities(pbegin.pipeline).tagged_outputs
@@ -530,7 +540,8 @@ class SelectFromText(_Rounds):
                     positions: bool = False):
         """The files' pair blocks by user group, presampled where the mechanism allows
         (``_ReadPairsDoFn``): ``(pairs, malformed)``."""
-        files = input_files(pbegin, self._pattern, ordered=positions)
+        files = input_files(pbegin, self._pattern, ordered=positions,
+                            range_bytes=self._range_bytes)
         return _apply(files, "ReadPairs", _ReadPairsDoFn(
             self._groups, self._block_bytes, envelope, counted, positions,
             _presampled(self._mechanism), self._staging), envelope, _MALFORMED,

@@ -17,7 +17,7 @@ import apache_beam as beam
 
 from beam_dpsu.dp.data import columnar
 from beam_dpsu.dp.data.columnar import COLUMNAR_ITEM_SHARDS, COLUMNAR_USER_GROUPS
-from beam_dpsu.dp.data.lines import BLOCK_BYTES
+from beam_dpsu.dp.data.lines import BLOCK_BYTES, RANGE_BYTES
 from beam_dpsu.dp.mechanisms.peeling import DiscoverPeelHittingSet, DiscoverThenPeel
 from beam_dpsu.dp.mechanisms.topk import DEFAULT_PURPOSE as TOPK_PURPOSE, TopKMechanism, true_top
 from beam_dpsu.dp.randomness.noise import RunKey
@@ -151,7 +151,7 @@ class RankFromText(beam.PTransform):
 
     Args:
       file_pattern, run_key, user_groups, item_shards, block_bytes, staging_dir,
-        label: as for ``SelectFromText`` (none affects the release).
+        label, range_bytes: as for ``SelectFromText`` (none affects the release).
       mechanism: a ``TopKMechanism``, ``DiscoverPeelTopK`` or
         ``DiscoverPeelHittingSet``; its guarantee is the release's.
       purpose: a top-k query's key purpose (default ``'topk/0'``, ``TopK``'s);
@@ -175,7 +175,7 @@ class RankFromText(beam.PTransform):
                  user_groups: int = COLUMNAR_USER_GROUPS,
                  item_shards: int = COLUMNAR_ITEM_SHARDS, block_bytes: int = BLOCK_BYTES,
                  staging_dir: Optional[str] = None, purpose: str = TOPK_PURPOSE,
-                 label: Optional[str] = None):
+                 label: Optional[str] = None, range_bytes: int = RANGE_BYTES):
         super().__init__(label)
         if not isinstance(file_pattern, str) or not file_pattern:
             raise ValueError(f"file_pattern must be a non-empty string, got {file_pattern!r}")
@@ -190,6 +190,7 @@ class RankFromText(beam.PTransform):
         self._groups = _check_count(user_groups, "user_groups")
         self._shards = _check_count(item_shards, "item_shards")
         self._block_bytes = _check_count(block_bytes, "block_bytes")
+        self._range_bytes = _check_count(range_bytes, "range_bytes")
         self._staging = None if staging_dir is None else staging.Staging(staging_dir)
 
     def expand(self, pbegin):
@@ -197,7 +198,7 @@ class RankFromText(beam.PTransform):
         if not isinstance(m, TopKMechanism):
             return self._discover_then_peel(pbegin)
         envelope = not runners.capabilities(pbegin.pipeline).tagged_outputs
-        files = input_files(pbegin, self._pattern)
+        files = input_files(pbegin, self._pattern, range_bytes=self._range_bytes)
         # with Δ, the blocks presampled under the query's own sampling key; without,
         # every distinct item of a user counts
         plan = None if m.max_items is None else _TopKSample(m.max_items, self._purpose)
@@ -227,11 +228,12 @@ class RankFromText(beam.PTransform):
         m = self._mechanism
         envelope = not runners.capabilities(pbegin.pipeline).tagged_outputs
         layout = {"user_groups": self._groups, "item_shards": self._shards,
-                  "block_bytes": self._block_bytes,
+                  "block_bytes": self._block_bytes, "range_bytes": self._range_bytes,
                   "staging_dir": None if self._staging is None else self._staging.directory}
         domain, malformed, users = pbegin | "Discover" >> SelectFromText(
             self._pattern, m.discovery, self._run_key, **layout)
-        files = (input_files(pbegin, self._pattern, label="FilesAgain", ordered=True)
+        files = (input_files(pbegin, self._pattern, label="FilesAgain", ordered=True,
+                             range_bytes=self._range_bytes)
                  | "ByIndex" >> beam.Map(_file_key))
         with_domain = files | "WithDomain" >> runners.WithList(domain, _FILE_KEYS, _with_items)
         pairs, _ = _apply(with_domain, "ReadDomainPairs", _ReadPairsDoFn(
@@ -257,12 +259,13 @@ _FILE_KEYS = 16
 
 
 def _file_key(element):
-    index, path = element
-    return index % _FILE_KEYS, path
+    index, file = element  # a path, or a byte range of it: (path, start, end)
+    spread = index if isinstance(file, str) else hash((index, file[1]))
+    return spread % _FILE_KEYS, file
 
 
-def _with_items(key: int, path: str, items):
-    yield path, items
+def _with_items(key: int, file, items):
+    yield file, items  # a path, or a byte range of it
 
 
 def _tag_domain(item: str):

@@ -24,12 +24,13 @@ from beam_dpsu.dp.randomness import buffers
 from beam_dpsu.dp.data import columnar, columnar_text
 from beam_dpsu.dp.mechanisms import on_blocks
 from beam_dpsu.dp.data.columnar import COLUMNAR_USER_GROUPS
-from beam_dpsu.dp.data.lines import BLOCK_BYTES, block_buffers, read_blocks
+from beam_dpsu.dp.data.lines import (BLOCK_BYTES, RANGE_BYTES, block_buffers,
+                                     read_range_blocks)
 from beam_dpsu.dp.mechanisms.activity import SCALE_BUCKETS, ActivityBuckets
 from beam_dpsu.dp.randomness.noise import RunKey
 from beam_dpsu.transforms import run_key as keys
 from beam_dpsu.transforms import ordered, runners
-from beam_dpsu.transforms.textio import input_files, open_binary
+from beam_dpsu.transforms.textio import file_of, input_files, open_binary
 from beam_dpsu.transforms.write import local_absolute
 
 __all__ = ["ActivityFromText"]
@@ -39,11 +40,14 @@ _MALFORMED, _USERS = "malformed", "users"
 
 
 class _ReadPairsDoFn(beam.DoFn):
-    """A file (a path, or ``(file index, path)`` with ``positions``) → ``(group,
+    """A file (a path, or ``(file index, path)`` with ``positions``; in place of the
+    path, a byte range of it, ``textio.file_ranges``' ``(path, start, end)``: the
+    lines that start in the range, ``lines.read_range_blocks``) → ``(group,
     PairBlock bytes)``: a user group's pairs, one message per group at each flush
     of a ``columnar.PairBuffer`` (every ``columnar.FLUSH_PAIRS`` pairs read, and at
-    the end of the file); ``(raw line, occurrences)`` per distinct malformed line
-    of a block on ``_MALFORMED``. ``counted``: the blocks
+    the end of the file or range); ``(raw line, occurrences)`` per distinct malformed
+    line of a block on ``_MALFORMED``. The metric ``input_files`` counts a file once
+    (a whole file, or its range that starts at 0). ``counted``: the blocks
     of ``columnar.counted_pair_blocks`` (with each pair's first line position when
     ``positions``), else ``columnar.pair_blocks``. ``mechanism``: the mechanism
     whose ``on_blocks.presample_plan`` (under the run key, a side input) presamples
@@ -66,7 +70,9 @@ class _ReadPairsDoFn(beam.DoFn):
         self._memory = None  # (Scratch, read buffers): made on the worker, kept file to file
 
     def process(self, element, key_bytes):
-        self._files.inc()
+        file = element[0] if self._within else element
+        if file_of(file[1] if self._positions else file)[1] == 0:
+            self._files.inc()
         if self._staging is None:
             yield from self._read(element, key_bytes, None)
             return
@@ -87,8 +93,8 @@ class _ReadPairsDoFn(beam.DoFn):
         if self._within:  # (path, items): only the pairs of those items; the malformed
             element, items = element  # lines were reported by the first read
             domain = pa.array(list(items), pa.string())
-        file_index, path = element if self._positions else (None, element)
-        offset = 0  # of the block in the file's text
+        file_index, file = element if self._positions else (None, element)
+        path, start, end = file_of(file)
         # one block's arrays and read buffers, reused by the next block and file: taken
         # for this file and given back only once it is read whole (a read abandoned on an
         # error keeps them, its reader thread may still hold them)
@@ -100,22 +106,26 @@ class _ReadPairsDoFn(beam.DoFn):
         # the reader thread is stopped and joined (closing) before the file is closed;
         # a block's buffer may be read into again once the next block is asked for: what
         # leaves an iteration is copied out of it (the messages' bytes, malformed lines)
-        with open_binary(path) as f, closing(read_blocks(
-                f, self._block_bytes, buffers=read_buffers)) as blocks:
-            for block in blocks:
-                parsed = columnar_text.parse_block(block, scratch)
-                for line, n in ({} if self._within else parsed.malformed).items():
-                    self._malformed.inc(n)
-                    yield runners.tag((line, n), _MALFORMED, self._envelope)
-                if self._counted:
-                    base = (None if file_index is None
-                            else columnar_text.line_position(file_index, offset, len(block)))
-                    by_group = columnar.counted_pair_blocks(parsed, self._groups, base, plan)
-                else:
-                    by_group = columnar.pair_blocks(parsed, self._groups, plan, scratch,
-                                                    within=domain)
-                offset += len(block) + 1
-                yield from self._send(held.add(by_group), sink)
+        with open_binary(path) as f:
+            # offset: of the block in the file's text (the whole file's, for a range)
+            offset, blocks = read_range_blocks(f, start, end, self._block_bytes,
+                                               buffers=read_buffers)
+            with closing(blocks):
+                for block in blocks:
+                    parsed = columnar_text.parse_block(block, scratch)
+                    for line, n in ({} if self._within else parsed.malformed).items():
+                        self._malformed.inc(n)
+                        yield runners.tag((line, n), _MALFORMED, self._envelope)
+                    if self._counted:
+                        base = (None if file_index is None else
+                                columnar_text.line_position(file_index, offset, len(block)))
+                        by_group = columnar.counted_pair_blocks(parsed, self._groups, base,
+                                                                plan)
+                    else:
+                        by_group = columnar.pair_blocks(parsed, self._groups, plan, scratch,
+                                                        within=domain)
+                    offset += len(block) + 1
+                    yield from self._send(held.add(by_group), sink)
         yield from self._send(held.flush(), sink)
         self._memory = memory
 
@@ -201,7 +211,8 @@ class ActivityFromText(beam.PTransform):
       file_pattern: as for ``SelectFromText``.
       buckets: the bucket layout (``mechanisms.activity.ActivityBuckets``); default
         GW-KT's ``SCALE_BUCKETS``.
-      user_groups, block_bytes: as for ``SelectFromText``; no effect on the result.
+      user_groups, block_bytes, range_bytes: as for ``SelectFromText``; no effect on the
+        result.
 
     Privacy: the output is exact and private; only its noised release may leave the
     owner's hands.
@@ -209,7 +220,7 @@ class ActivityFromText(beam.PTransform):
 
     def __init__(self, file_pattern: str, buckets: ActivityBuckets = SCALE_BUCKETS,
                  user_groups: int = COLUMNAR_USER_GROUPS, block_bytes: int = BLOCK_BYTES,
-                 label: Optional[str] = None):
+                 label: Optional[str] = None, range_bytes: int = RANGE_BYTES):
         super().__init__(label)
         if not isinstance(file_pattern, str) or not file_pattern:
             raise ValueError(f"file_pattern must be a non-empty string, got {file_pattern!r}")
@@ -219,10 +230,11 @@ class ActivityFromText(beam.PTransform):
         self._pattern = local_absolute(file_pattern)  # the workers may run elsewhere
         self._groups = _check_count(user_groups, "user_groups")
         self._block_bytes = _check_count(block_bytes, "block_bytes")
+        self._range_bytes = _check_count(range_bytes, "range_bytes")
 
     def expand(self, pbegin):
         envelope = not runners.capabilities(pbegin.pipeline).tagged_outputs
-        files = input_files(pbegin, self._pattern)
+        files = input_files(pbegin, self._pattern, range_bytes=self._range_bytes)
         # no presampling, so no key: a public placeholder stands where the run key goes
         pairs, _ = _apply(files, "ReadPairs", _ReadPairsDoFn(
             self._groups, self._block_bytes, envelope), envelope, _MALFORMED, _NO_KEY)

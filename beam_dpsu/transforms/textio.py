@@ -29,15 +29,16 @@ from apache_beam.io.filesystems import FileSystems
 from beam_dpsu.transforms import runners
 from beam_dpsu.dp.privacy.calibration import check_flag, check_positive_int
 from beam_dpsu.dp.data.contribution import DEFAULT_FLUSH_PAIRS, ItemCounts
-from beam_dpsu.dp.data.lines import (BLOCK_BYTES, group_line_counts, gzip_reader, iter_line_blocks,
-                                iter_line_counts, iter_raw_blocks, pack_user_groups,
-                                read_user_items, with_positions)
+from beam_dpsu.dp.data.lines import (BLOCK_BYTES, byte_ranges, group_line_counts, gzip_reader,
+                                is_compressed, iter_line_blocks, iter_line_counts,
+                                iter_raw_blocks, pack_user_groups, read_user_items,
+                                with_positions)
 from beam_dpsu.transforms.bounding import MergeItemCountsFn, mark_canonical_ids
 from beam_dpsu.transforms.write import local_absolute
 
 __all__ = ["DEFAULT_COMPLETE_MAX_PAIRS", "MAX_FILE_PARTITIONS", "DEFAULT_READ_GROUPS",
            "open_binary", "MergeUserGroups", "MergeOrderedItemCountsFn", "read_per_user",
-           "match_files", "match_sized",
+           "match_files", "match_sized", "file_ranges", "file_of",
            "balanced_bins", "input_files", "dealt_files", "ReadUserItems"]
 
 
@@ -345,12 +346,46 @@ def balanced_bins(sizes: Sequence[int], bins: int) -> List[int]:
     return out
 
 
-def _match_dealt(pattern: str, workers: int, ordered: bool, counted: bool):
+def file_ranges(sized: Sequence[Tuple[str, Optional[int]]], elements: list,
+                range_bytes: Optional[int]) -> Tuple[list, list]:
+    """``(sized, elements)`` (one element per file of ``sized``, ``match_sized``'s ``(path,
+    size)``, in its order; an element a path or ``(file index, path)``) with each file
+    that is not compressed (``lines.is_compressed``) and larger than ``range_bytes``
+    as one element per byte range (``lines.byte_ranges``): the path replaced by
+    ``(path, start, end)`` (``end`` None for the last range: to the end of the file),
+    its size by the range's. ``range_bytes`` None: as given (whole files)."""
+    if range_bytes is None:
+        return list(sized), list(elements)
+    out_sized, out = [], []
+    for (path, size), element in zip(sized, elements):
+        ranges = [(0, None)] if is_compressed(path) else byte_ranges(size, range_bytes)
+        if len(ranges) == 1:
+            out_sized.append((path, size))
+            out.append(element)
+            continue
+        for start, end in ranges:
+            part = (path, start, end)
+            out.append((element[0], part) if isinstance(element, tuple) else part)
+            out_sized.append((path, (size if end is None else end) - start))
+    return out_sized, out
+
+
+def file_of(file) -> Tuple[str, int, Optional[int]]:
+    """A read element's file (a path, or ``file_ranges``' ``(path, start, end)``) as
+    ``(path, start, end)``: a whole file is ``(path, 0, None)``."""
+    return (file, 0, None) if isinstance(file, str) else tuple(file)
+
+
+def _match_dealt(pattern: str, workers: int, ordered: bool, counted: bool,
+                 range_bytes: Optional[int] = None):
     """The matching files as ``(bin, element)``: ``balanced_bins`` of their sizes over
-    ``workers`` bins, elements by ``_file_elements``."""
+    ``workers`` bins, elements by ``_file_elements`` (with ``range_bytes``, a large
+    uncompressed file's byte ranges, ``file_ranges``)."""
     sized = match_sized(pattern)
+    elements = _file_elements([path for path, _ in sized], ordered, counted)
+    sized, elements = file_ranges(sized, elements, range_bytes)
     bins = balanced_bins([size or 0 for _, size in sized], workers)
-    return zip(bins, _file_elements([path for path, _ in sized], ordered, counted))
+    return zip(bins, elements)
 
 
 class _SpreadFiles(beam.PTransform):
@@ -360,19 +395,24 @@ class _SpreadFiles(beam.PTransform):
     (``runners.dealt_workers``: the multi-worker DirectRunner), in one group per
     worker whose files' sizes add up to about the same total (``balanced_bins``),
     so that a few large files do not all land on one worker. Which worker reads
-    which file changes only the time a run takes."""
+    which file changes only the time a run takes. ``range_bytes``: each large
+    uncompressed file is matched and cut into byte ranges when the pipeline runs
+    (``file_ranges``), one element each; None: whole files."""
 
-    def __init__(self, pattern: str, ordered: bool, counted: bool):
+    def __init__(self, pattern: str, ordered: bool, counted: bool,
+                 range_bytes: Optional[int] = None):
         super().__init__()
-        self._args = (pattern, ordered, counted)
+        if counted and range_bytes is not None:
+            raise ValueError("a counted read (complete users) reads whole files")
+        self._args = (pattern, ordered, counted, range_bytes)
 
     def expand(self, pbegin):
-        pattern, ordered, counted = self._args
+        pattern, ordered, counted, range_bytes = self._args
         workers = runners.dealt_workers(pbegin.pipeline)
         matched = (pbegin
                    | "Pattern" >> beam.Create([pattern])
                    | "MatchFiles" >> beam.FlatMap(_match_dealt, max(workers, 1), ordered,
-                                                  counted))
+                                                  counted, range_bytes))
         if workers > 1:
             return (matched
                     | "DealFiles" >> beam.GroupByKey()
@@ -382,20 +422,28 @@ class _SpreadFiles(beam.PTransform):
                 | "SpreadFiles" >> beam.Reshuffle())
 
 
-def input_files(pbegin, file_pattern: str, label: str = "Files", ordered: bool = False):
+def input_files(pbegin, file_pattern: str, label: str = "Files", ordered: bool = False,
+                range_bytes: Optional[int] = None):
     """The paths matching ``file_pattern`` as a PCollection spread over the workers:
     ``_SpreadFiles`` (matched when the pipeline runs) where the runner redistributes
-    and the pattern matches several files now; else matched now, in the launcher,
-    and dealt into as many ``Create``s as the runner's read wants (``dealt_files``;
-    a lone file needs no redistribution). Which worker reads which file changes
-    only the time a run takes. ``ordered``: the elements are ``(file index, path)``,
-    the index the file's place in the sorted list of matches (the record order of
-    the input)."""
+    and the pattern matches several files now, or one that is cut into byte ranges;
+    else matched now, in the launcher, and dealt into as many ``Create``s as the
+    runner's read wants (``dealt_files``; a lone whole file needs no
+    redistribution). Which worker reads which file changes only the time a run
+    takes. ``ordered``: the elements are ``(file index, path)``, the index the
+    file's place in the sorted list of matches (the record order of the input).
+    ``range_bytes``: each uncompressed file larger than it is given as its byte
+    ranges (``file_ranges``: ``(path, start, end)`` in place of the path; read with
+    ``lines.read_range_blocks``), so that one large file is read by several
+    workers; None (default): whole files."""
     sized = match_sized(file_pattern)
-    if runners.capabilities(pbegin.pipeline).redistributes and len(sized) != 1:
-        return pbegin | label >> _SpreadFiles(file_pattern, ordered, False)
-    return dealt_files(pbegin, sized, _file_elements([p for p, _ in sized], ordered, False),
-                       label)
+    paths = [p for p, _ in sized]
+    if runners.capabilities(pbegin.pipeline).redistributes and (
+            len(sized) != 1 or len(file_ranges(sized, paths, range_bytes)[1]) > 1):
+        return pbegin | label >> _SpreadFiles(file_pattern, ordered, False, range_bytes)
+    # Dask: matched and cut now, the ranges dealt as files are
+    sized, elements = file_ranges(sized, _file_elements(paths, ordered, False), range_bytes)
+    return dealt_files(pbegin, sized, elements, label)
 
 
 def dealt_files(pbegin, sized: Sequence[Tuple[str, Optional[int]]], elements: list,

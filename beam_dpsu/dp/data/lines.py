@@ -28,6 +28,7 @@ from beam_dpsu.dp.data.contribution import DEFAULT_FLUSH_PAIRS, ItemCounts, pack
 
 __all__ = ["gzip_reader", "open_local_binary", "BLOCK_BYTES", "UTF8_BOM",
            "iter_line_blocks", "iter_raw_blocks", "read_blocks", "block_buffers",
+           "RANGE_BYTES", "is_compressed", "byte_ranges", "read_range_blocks",
            "read_ahead", "parse_line", "group_line_counts", "read_user_items",
            "iter_line_counts", "pack_user_groups", "with_positions", "SNIFF_BYTES",
            "sniff_lines", "first_extra_column", "column_runs", "MIN_RUNS", "looks_swapped",
@@ -48,6 +49,16 @@ def gzip_reader(fileobj):
     return _gzip.GzipFile(fileobj=fileobj, mode="rb")
 
 
+#: The names' endings of the files the readers decompress (``is_compressed``).
+COMPRESSED_SUFFIXES = (".gz", ".bz2")
+
+
+def is_compressed(path: str) -> bool:
+    """Whether the readers decompress ``path`` (its name ends in ``.gz`` or ``.bz2``): such
+    a file is read whole, from its start, never in byte ranges (``byte_ranges``)."""
+    return path.endswith(COMPRESSED_SUFFIXES)
+
+
 def open_local_binary(path: str):
     """Opens a local file for binary reading, decompressing ``.gz`` and ``.bz2`` by suffix."""
     if path.endswith(".gz"):
@@ -59,6 +70,10 @@ def open_local_binary(path: str):
 
 #: The size of the blocks a file is read in.
 BLOCK_BYTES = 8 << 20
+
+#: The size of the byte ranges an uncompressed file larger than it is read in, one
+#: range per task (``byte_ranges``), so that one large file is read by several workers.
+RANGE_BYTES = 64 << 20
 
 #: The UTF-8 byte-order mark, removed at the start of a file.
 UTF8_BOM = b"\xef\xbb\xbf"
@@ -146,7 +161,8 @@ def iter_raw_blocks(f, block_bytes: int = BLOCK_BYTES) -> Iterator[bytes]:
 
 
 def read_blocks(f, block_bytes: int = BLOCK_BYTES, depth: int = READ_AHEAD_BLOCKS,
-                buffers: Optional[List[Optional[bytearray]]] = None) -> Iterator[memoryview]:
+                buffers: Optional[List[Optional[bytearray]]] = None,
+                at_start: bool = True) -> Iterator[memoryview]:
     """``iter_raw_blocks``' blocks, read by a reader thread (``read_ahead``) into
     ``depth + 2`` buffers used in turn: each is a read-only ``memoryview`` into a
     buffer that the reader may fill again as soon as the consumer asks for the next
@@ -160,13 +176,16 @@ def read_blocks(f, block_bytes: int = BLOCK_BYTES, depth: int = READ_AHEAD_BLOCK
     filled and replaced here) that a reader keeps from file to file, so that its
     buffers are allocated once; the next file may start once this generator is closed (its
     reader thread joined) and its last block dropped. None: new buffers.
-    As with ``read_ahead``, close this generator before the file."""
+    ``at_start``: ``f`` is read from the file's first byte, so a byte-order mark
+    there is removed (default True; False for a stream that starts at a line within
+    the file, ``read_range_blocks``). As with ``read_ahead``, close this generator
+    before the file."""
     if buffers is None:
         buffers = block_buffers(depth)
     elif len(buffers) != depth + 2:
         raise ValueError(f"read_blocks needs depth + 2 = {depth + 2} buffers; got "
                          f"{len(buffers)}")
-    return read_ahead(_block_views(f, block_bytes, buffers), depth)
+    return read_ahead(_block_views(f, block_bytes, buffers, at_start), depth)
 
 
 def block_buffers(depth: int = READ_AHEAD_BLOCKS) -> List[Optional[bytearray]]:
@@ -205,21 +224,22 @@ def _read_into(f, view: memoryview) -> int:
     return done
 
 
-def _block_views(f, block_bytes: int, pool: List[Optional[bytearray]]
-                 ) -> Iterator[memoryview]:
+def _block_views(f, block_bytes: int, pool: List[Optional[bytearray]],
+                 at_start: bool = True) -> Iterator[memoryview]:
     """The blocks of ``iter_raw_blocks`` as read-only views into the buffers of
     ``pool`` used in turn (a view is overwritten when ``len(pool)`` more blocks
     have been read); an empty slot, or a buffer too small for a block, is
     replaced by a new buffer (never resized: views may hold it). Each block holds
     the text left after the previous one's last line end (copied to the front of
     its buffer), then ``block_bytes`` more, cut after its last line end; without
-    one, ``block_bytes`` more again (a larger buffer)."""
+    one, ``block_bytes`` more again (a larger buffer). ``at_start``: ``f`` starts at
+    the file's first byte (a byte-order mark there is removed)."""
     buffers = len(pool)
     if block_bytes < 1 or buffers < 1:
         raise ValueError(f"block_bytes and buffers must be at least 1; got "
                          f"{block_bytes}, {buffers}")
     rest = b""  # the text after the last line end read so far
-    first = True  # the block starts at offset 0 of the file
+    first = at_start  # the block starts at offset 0 of the file
     turn = 0
     while True:
         target = len(rest) + block_bytes
@@ -255,6 +275,146 @@ def _block_views(f, block_bytes: int, pool: List[Optional[bytearray]]
         rest = bytes(view[cut + 1:end])
         yield view[skip:cut].toreadonly()
         turn = (turn + 1) % buffers
+
+
+def byte_ranges(size: Optional[int], range_bytes: int = RANGE_BYTES
+                ) -> List[Tuple[int, Optional[int]]]:
+    """The byte ranges ``[start, end)`` an uncompressed file of ``size`` bytes is read in
+    (``read_range_blocks``), one task each: ``range_bytes`` each from offset 0, the
+    last one open (``end`` None: to the end of the file as it is when read). One range
+    ``(0, None)``, the whole file, when ``size`` is at most ``range_bytes`` or unknown
+    (None). Every line of the file is in exactly one range (the one its first byte is
+    in), whatever the ranges' bounds."""
+    if isinstance(range_bytes, bool) or not isinstance(range_bytes, int) or range_bytes < 1:
+        raise ValueError(f"range_bytes must be an integer >= 1, got {range_bytes!r}")
+    if size is None or size <= range_bytes:
+        return [(0, None)]
+    starts = list(range(0, size, range_bytes))
+    return [(s, s + range_bytes) for s in starts[:-1]] + [(starts[-1], None)]
+
+
+def read_range_blocks(f, start: int, end: Optional[int], block_bytes: int = BLOCK_BYTES,
+                      depth: int = READ_AHEAD_BLOCKS,
+                      buffers: Optional[List[Optional[bytearray]]] = None
+                      ) -> Tuple[int, Iterator[memoryview]]:
+    """The lines of the byte range ``[start, end)`` of an uncompressed file ``f`` (open
+    at its first byte, binary), as ``read_blocks``' blocks: ``(offset, blocks)``, the
+    offset in the file's text (the file less a byte-order mark at its start, the
+    offsets of ``iter_raw_blocks``' whole-file read) of the first block's first byte.
+
+    The range holds exactly the lines whose first byte is in ``[start, end)`` (``end``
+    None: to the end of the file): for ``start`` > 0 the line that holds byte
+    ``start - 1`` is left to the range before (read up to its line end), and the
+    range's last line is the one that holds byte ``end - 1``, read to its line end
+    past ``end``. So ranges that tile the file (``byte_ranges``) give each line once,
+    with the bytes, blocks' line splits and text offsets of the whole-file read; a
+    byte-order mark is removed only at offset 0. ``f`` is moved with ``seek`` (read
+    through where it cannot seek). Close ``blocks`` before the file (``read_blocks``)."""
+    if start < 0 or (end is not None and end <= start):
+        raise ValueError(f"a byte range needs 0 <= start < end; got [{start}, {end})")
+    if start == 0:
+        stream = f if end is None else _RangeStream(f, b"", 0, end)
+        return 0, read_blocks(stream, block_bytes, depth, buffers)
+    head = _read_up_to(f, len(UTF8_BOM))
+    mark = len(UTF8_BOM) if head == UTF8_BOM else 0
+    if start - 1 < len(head):
+        pending = head[start - 1:]
+    else:
+        _skip_to(f, start - 1, len(head))
+        pending = b""
+    at = start - 1  # the file offset of pending's first byte
+    while True:  # to the end of the line that holds byte start - 1
+        cut = pending.find(b"\n")
+        if cut >= 0:
+            break
+        at += len(pending)
+        pending = f.read(READ_CHUNK)
+        if not pending:  # no line starts in the range: nothing
+            return 0, _no_blocks()
+    first = at + cut + 1  # the first line that starts at or after start
+    if end is not None and first >= end:
+        return 0, _no_blocks()
+    stream = _RangeStream(f, pending[cut + 1:], first, end)
+    return first - mark, read_blocks(stream, block_bytes, depth, buffers, at_start=False)
+
+
+def _no_blocks() -> Iterator[memoryview]:
+    """No block (a generator, closed as ``read_blocks``' are)."""
+    return
+    yield
+
+
+def _read_up_to(f, n: int) -> bytes:
+    """Up to ``n`` bytes of ``f`` (fewer only at its end)."""
+    data = b""
+    while len(data) < n:
+        more = f.read(n - len(data))
+        if not more:
+            break
+        data += more
+    return data
+
+
+def _skip_to(f, offset: int, here: int) -> None:
+    """Moves ``f`` (at offset ``here``) to ``offset``: a seek, or reads where it has none."""
+    try:
+        if f.seekable():
+            f.seek(offset)
+            return
+    except (AttributeError, OSError, io.UnsupportedOperation):
+        pass
+    left = offset - here
+    while left > 0:
+        got = len(f.read(min(left, READ_CHUNK)))
+        if not got:
+            return
+        left -= got
+
+
+class _RangeStream:
+    """A binary stream of a file from ``pos`` (its bytes read from ``f``, after the
+    already read ``prefix``) up to the end of the line that holds byte ``end - 1``
+    (``end`` None: to the end of the file): ``readinto`` and ``read`` for
+    ``_read_into``."""
+
+    def __init__(self, f, prefix: bytes, pos: int, end: Optional[int]):
+        self._f, self._prefix, self._pos, self._end = f, prefix, pos, end
+        self._done = False
+
+    def readinto(self, view) -> int:
+        view = memoryview(view).cast("B")
+        if self._done or not len(view):
+            return 0
+        n = len(view)
+        before = self._end is not None and self._pos < self._end
+        if before:
+            n = min(n, self._end - self._pos)
+        got = self._fill(view[:n])
+        if not got:
+            self._done = True
+            return 0
+        if self._end is not None:
+            if not before:  # past end: up to the first line end
+                cut = bytes(view[:got]).find(b"\n")
+                if cut >= 0:
+                    got, self._done = cut + 1, True
+            elif self._pos + got == self._end and view[got - 1] == 0x0A:
+                self._done = True  # byte end - 1 ends the range's last line
+        self._pos += got
+        return got
+
+    def read(self, n: int = -1) -> bytes:
+        buf = bytearray(READ_CHUNK if n is None or n < 0 else n)
+        got = self.readinto(buf)
+        return bytes(buf[:got])
+
+    def _fill(self, view) -> int:
+        if self._prefix:
+            k = min(len(view), len(self._prefix))
+            view[:k] = self._prefix[:k]
+            self._prefix = self._prefix[k:]
+            return k
+        return _read_into(self._f, view)
 
 
 def parse_line(line: bytes) -> Optional[Tuple[str, str]]:
