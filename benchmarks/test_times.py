@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m pytest -q -n 3 --dist loadgroup tests --junitxml=/tmp/junit.xml
+    python -m pytest -q -n 2 --dist loadgroup tests --junitxml=/tmp/junit.xml
     python benchmarks/test_times.py /tmp/junit.xml [--most 25]
 
 Each row: a test file, its tests, and the seconds they took (setup, call and teardown,
