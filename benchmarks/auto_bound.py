@@ -29,8 +29,8 @@ left-out figures (``benchmarks/RESULTS.md``):
 
 Options of ``evaluate`` for the search of other rules: ``--empty-below F`` reads the
 estimates (for the choice and the runs) with a bucket below F noise scales as empty;
-``--candidates fine`` and ``--criterion bar`` choose among more (q, c) and on the issue's
-bar (min(auto / (0.95 × oracle), auto / default)) instead of auto / oracle.
+``--candidates fine`` and ``--criterion bar`` choose among more (q, c) and on the
+bar for the default (min(auto / (0.95 × oracle), auto / default)) instead of auto / oracle.
 
 ``evaluate --paired-floor 1`` reads each left-out cell's rule at the library's floor (or
 ``--empty-below``'s) and at 1 noise scale under the same keys (the floor's effect alone,
@@ -56,7 +56,7 @@ import numpy as np
 DATASETS = ["commits-ansible", "commits-rails", "movielens-small", "paths-ansible",
             "reddit-titles"]
 MECHANISMS = ["weighted-gaussian", "policy-gaussian", "sips", "adaptive-2r"]
-#: Beyond the issue's grid: the count family's own rule (``--mechanisms``).
+#: Beyond the grid of the four mechanisms above: the count family's own rule (``--mechanisms``).
 EXTRA_MECHANISMS = ["count-gaussian"]
 EPSILONS = [1.0, 3.0]
 DELTA = 1e-5
@@ -376,7 +376,7 @@ def main():
     p.add_argument("--candidates", choices=["coarse", "fine"], default="coarse",
                    help="evaluate: QUANTILES × FACTORS, or the FINE_ ones")
     p.add_argument("--criterion", choices=["oracle", "bar"], default="oracle",
-                   help="evaluate: choose on prediction / oracle, or on the issue's bar "
+                   help="evaluate: choose on prediction / oracle, or on the bar for the default "
                         "(min of prediction / (0.95 × oracle) and prediction / default)")
     p.add_argument("--paired-floor", type=float, default=None,
                    help="evaluate: the rules chosen (at --empty-below), read at it and at "
