@@ -37,8 +37,8 @@ bar for the default (min(auto / (0.95 × oracle), auto / default)) instead of au
 paired).
 
 ``cost`` measures what the estimate's share of ε costs the release by itself (Δ0 = 100
-at the rest of ε against the full ε, same keys): a ceiling on auto / default that no
-rule can pass.
+with the budget auto's release keeps against the full ε, same keys): a ceiling on
+auto / default that no rule can pass.
 
 Runs are seeded (``RunKey.from_test_seed``): reproducible, NOT private; for measurement
 only.
@@ -327,28 +327,26 @@ def paired(cache, results, floor, other):
 
 def cost(args):
     """What the estimate's share costs the release alone: each cell's released count at
-    Δ0 = ``DEFAULT`` with ε₂ = (1 − share)·ε (and δ₂, as ``auto`` releases) against the
-    sweep's at the full ε, under the same keys (the sweep's trials), so the two runs
-    differ only by the budget. Where the default is within this cost of the oracle, no
-    rule can beat the default: even the oracle's Δ0 at ε₂ releases less."""
-    from beam_dpsu.dp.mechanisms.activity import estimate_delta_room
+    Δ0 = ``DEFAULT`` with the budget ``auto``'s release keeps (``AutoBound.release_at``:
+    ε − ε₁, or more where the composition is tight) against the sweep's at the full ε,
+    under the same keys (the sweep's trials), so the two runs differ only by the budget.
+    Where the default is within this cost of the oracle, no rule can beat the default:
+    even the oracle's Δ0 with that budget releases less."""
     from beam_dpsu.dp.mechanisms.registry import make_mechanism
-    from beam_dpsu.dp.privacy import calibration as cal
     from beam_dpsu.transforms.run_key import RunKey
     cache = load_cache()
-    print(f"share {args.share}: released at Δ0 = {DEFAULT} with (1 − share)·ε against the "
-          f"full ε, same keys")
-    print("| mechanism | dataset | ε | Δ0 = 100 / oracle (full ε) | (1 − share)·ε / full ε | "
+    print(f"share {args.share}: released at Δ0 = {DEFAULT} with what auto's release keeps "
+          f"against the full ε, same keys")
+    print("| mechanism | dataset | ε | Δ0 = 100 / oracle (full ε) | auto's release / full ε | "
           "ceiling of auto / default |")
     print("|---|---|---|---|---|---|")
     short = 0
     for mech in args.mechanisms:
         for n in DATASETS:
             for e in EPSILONS:
-                e1, e2 = cal.split_epsilon(e, args.share)
-                d2 = estimate_delta_room(DELTA, e1)
-                part = [len(make_mechanism(mech, epsilon=e2, delta=d2, max_items=DEFAULT)
-                            .run_local(per_user(args.data_dir, n),
+                release = make_mechanism(mech, epsilon=e, delta=DELTA, max_items="auto",
+                                         auto_share=args.share).release_at(DEFAULT)
+                part = [len(release.run_local(per_user(args.data_dir, n),
                                        RunKey.from_test_seed(SEED + t)))
                         for t in range(trials(n))]
                 full = [cache[key(n, mech, e, DEFAULT, t)] for t in range(trials(n))]

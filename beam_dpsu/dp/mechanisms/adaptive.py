@@ -136,6 +136,13 @@ class Adaptive(Mechanism):
 
     _policy_weights = True  # a user's weights are not 1/√k each (units' wording)
 
+    composition = "gaussian"
+
+    @staticmethod
+    def gaussian_epsilon_of(epsilon: float, delta: float) -> float:
+        """ε_G = ε + log(1 − δ/2), one step below: the Gaussian stages' ε (section 11.2)."""
+        return math.nextafter(epsilon + math.log1p(-delta / 2.0), 0.0)
+
     def __init__(self, epsilon: float, delta: float, max_items: int = DEFAULT_MAX_ITEMS,
                  release_rounds: int = 1, estimate_share: Optional[float] = None,
                  alpha: float = DEFAULT_ALPHA):
@@ -165,7 +172,7 @@ class Adaptive(Mechanism):
         # The Gaussian stages: precisions s/σ² and (1 − s)/σ², σ = AGM(ε_G, δ/2, 1) with
         # ε_G = ε + log(1 − δ/2) (slightly below ε): the new items' release event, which
         # has probability at most δ/2, then costs no δ in either direction (section 11.2).
-        self.gaussian_epsilon = math.nextafter(epsilon + math.log1p(-delta / 2.0), 0.0)
+        self.gaussian_epsilon = self.gaussian_epsilon_of(epsilon, delta)
         if self.gaussian_epsilon <= 0:
             raise ValueError(f"epsilon = {epsilon:g} is too small for delta = {delta:g}: "
                              f"adaptive weighting needs epsilon > -log(1 - delta/2) = "

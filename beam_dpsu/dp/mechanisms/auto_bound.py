@@ -20,7 +20,8 @@ from fractions import Fraction
 from typing import Any, Callable, Dict, Mapping, Optional
 
 from beam_dpsu.dp.privacy import calibration as cal
-from beam_dpsu.dp.privacy.accounting import PrivacyGuarantee, zcdp_guarantee
+from beam_dpsu.dp.privacy.accounting import (PrivacyGuarantee, dp_to_zcdp_rho, float_down,
+                                             float_up, zcdp_guarantee)
 from beam_dpsu.dp.privacy.params import (ACTIVITY_EMPTY_BELOW, AUTO, AUTO_BUCKET_BASE,
                                          AUTO_BUCKETS, AUTO_EMPTY_BELOW, AUTO_FAMILIES,
                                          AUTO_MAX_ITEMS, AUTO_RULES, DEFAULT_AUTO_SHARE,
@@ -129,17 +130,20 @@ class AutoBound:
       epsilon, delta: the whole (ε, δ) stated; or, with ``rho``, epsilon None and delta
         the approximate-zCDP δ.
       share: the share s in (0, 1) of ε (of ρ) spent on the estimate (default
-        ``params.DEFAULT_AUTO_SHARE``). Privacy: the estimate is s·ε-DP, the release
-        runs at ε − s·ε; the stated ε is their sum (basic composition). With ρ: the
-        estimate is ε₁-DP with ε₁²/2 ≤ s·ρ, so s·ρ-zCDP; the release runs at ρ − s·ρ;
-        zCDP composes by adding ρ.
+        ``params.DEFAULT_AUTO_SHARE``). Privacy: the estimate is ε₁ = s·ε-DP; the
+        release gets what the composition leaves (``composition``): ε − ε₁ (basic); a
+        Gaussian release the largest ε′ whose Gaussian after the estimate is still within
+        (ε, δ), about ε − ε₁²-order (tight, section 12 of docs/mechanisms.md); a zCDP
+        release (``sips``) ρ − ε₁²/2. With ρ: the estimate is ε₁-DP with ε₁²/2 ≤ s·ρ, so
+        s·ρ-zCDP; the release runs at ρ − s·ρ; zCDP composes by adding ρ.
       rho: ρ of a zCDP-calibrated mechanism (``weighted-gaussian``, ``sips``), or None.
 
     ``calibrated(estimate)`` gives the mechanism to run (Beam or ``run_local``):
     the release at (ε₂, δ₂) with the rule's Δ0, its guarantee restated as the whole (ε,
     δ), its ``describe()`` stating the share, the rule and Δ0, never the estimate.
-    ``run_local`` estimates first. In a Beam pipeline, ``transforms.select.
-    SelectPartitions`` runs both stages (the estimate reaches the release as a side input).
+    ``run_local`` estimates first. In a Beam pipeline, ``transforms.activity.calibrate``
+    releases the estimate (a small pipeline of its own, on your input) and returns the
+    calibrated mechanism to give ``SelectPartitions``.
     """
 
     needs_calibration = True
@@ -153,33 +157,22 @@ class AutoBound:
         share = DEFAULT_AUTO_SHARE if share is None else share
         self.calibration_share = float(share)
         self._build = build
-        self._rho = self.calibration_rho = None
+        self._rho = self.calibration_rho = self._release_epsilon = None
         if rho is not None:
             if epsilon is not None:
                 raise ValueError("give epsilon or rho, not both")
-            rho_estimate, self._rho = cal.split_epsilon(cal.check_epsilon(rho, "rho"), share)
-            self.calibration_rho = rho_estimate
-            self.calibration_epsilon = zcdp_estimate_epsilon(rho_estimate)
-            self._release_epsilon = None
+            self._zcdp(cal.check_epsilon(rho, "rho"), delta, share)
         else:
-            self.calibration_epsilon, self._release_epsilon = cal.split_epsilon(
-                cal.check_epsilon(epsilon), share)
-        check_estimate_epsilon(self.calibration_epsilon)
-        self._release_delta = estimate_delta_room(delta, self.calibration_epsilon)
-        if rho is not None:
-            self.guarantee = zcdp_guarantee(
-                rho, delta, note=f"{delta:g}-approximate {rho:g}-zCDP: the activity "
-                f"estimate's {self.calibration_epsilon:.6g}-DP (so "
-                f"{rho_estimate:.6g}-zCDP; its samplers' tail within δ) and the "
-                f"release's {self._rho:.6g}-zCDP at the Δ0 it chose, composed; converted "
-                f"to (ε, δ)-DP at δ = 2·{delta:g} (DP-SIPS Corollary 9)")
-        else:
-            self.guarantee = PrivacyGuarantee(
-                cal.check_epsilon(epsilon), delta,
-                note=f"(ε, δ)-DP: basic composition of the activity estimate's "
-                     f"{self.calibration_epsilon:.6g}-DP (up to its samplers' tail, "
-                     f"within δ) and the release's ({self._release_epsilon:.6g}, "
-                     f"{self._release_delta:g})-DP at the Δ0 it chose")
+            epsilon = cal.check_epsilon(epsilon)
+            self.calibration_epsilon, basic = cal.split_epsilon(epsilon, share)
+            check_estimate_epsilon(self.calibration_epsilon)
+            self._release_delta = estimate_delta_room(delta, self.calibration_epsilon)
+            self._release_epsilon = basic
+            kind = self._release(DEFAULT_MAX_ITEMS).composition
+            if not (kind == "zcdp" and self._zcdp_from_dp(epsilon, delta)):
+                if kind == "gaussian":
+                    self._gaussian(epsilon, basic)
+                self.guarantee = PrivacyGuarantee(epsilon, delta, note=self._note())
         self.rule = auto_rule(name, self.guarantee.epsilon)
         # Built now at the largest Δ0 the rule can give (what a Δ0 limits, e.g. δ's
         # resolution over Δ0 items, holds for every smaller one) and at the fallback:
@@ -190,9 +183,90 @@ class AutoBound:
         self.proven = getattr(self._probe, "proven", True)
         self.needs_record_order = getattr(self._probe, "needs_record_order", False)
 
+    def _zcdp(self, rho: float, delta: float, share: float) -> None:
+        """``--rho``: the share is of ρ; the estimate's ε₁ is the largest with ε₁²/2 ≤ s·ρ."""
+        rho_estimate, self._rho = cal.split_epsilon(rho, share)
+        self.calibration_rho = rho_estimate
+        self.calibration_epsilon = zcdp_estimate_epsilon(rho_estimate)
+        check_estimate_epsilon(self.calibration_epsilon)
+        self._release_delta = estimate_delta_room(delta, self.calibration_epsilon)
+        self.guarantee = zcdp_guarantee(
+            rho, delta, note=f"{delta:g}-approximate {rho:g}-zCDP: the activity "
+            f"estimate's {self.calibration_epsilon:.6g}-DP (so {rho_estimate:.6g}-zCDP; its "
+            f"samplers' tail within δ) and the release's {self._rho:.6g}-zCDP at the Δ0 it "
+            f"chose, composed; converted to (ε, δ)-DP at δ = 2·{delta:g} (DP-SIPS Corollary 9)")
+
+    def _zcdp_from_dp(self, epsilon: float, delta: float) -> bool:
+        """A zCDP release stated in (ε, δ) (``Sips.from_dp``): ρ = dp_to_zcdp_rho(ε, δ, δ/2);
+        the estimate takes ρ₁ ≥ ε₁²/2 of it (ε₁ = s·ε) and its tail of the zCDP δ/2. False
+        (nothing set) where the release at ε − ε₁ has the larger ρ."""
+        e1 = self.calibration_epsilon
+        rho = dp_to_zcdp_rho(epsilon, delta, delta / 2.0)
+        rho_estimate = float_up(Fraction(e1) ** 2 / 2)
+        release_rho = float_down(Fraction(rho) - Fraction(rho_estimate))
+        if not release_rho > self._release(DEFAULT_MAX_ITEMS).rho:
+            return False   # a large share: ε − ε₁ (basic composition) leaves more
+        self.calibration_rho, self._rho, self._release_epsilon = rho_estimate, release_rho, None
+        self._release_delta = estimate_delta_room(delta / 2.0, e1)
+        self.guarantee = PrivacyGuarantee(
+            epsilon, delta, rho=rho, zcdp_delta=delta / 2.0,
+            note=f"{delta / 2:g}-approximate {rho:.6g}-zCDP (the largest ρ whose conversion, "
+                 f"DP-SIPS Corollary 9, gives ({epsilon:g}, {delta:g})-DP): the activity "
+                 f"estimate's {e1:.6g}-DP, so {rho_estimate:.6g}-zCDP (its samplers' tail "
+                 f"within δ/2), and the release's {release_rho:.6g}-zCDP at the Δ0 it chose")
+        return True
+
+    def _gaussian(self, epsilon: float, basic: float) -> None:
+        """A release whose noise is one Gaussian (``Mechanism.composition``): built at the
+        largest ε′ whose Gaussian, after the estimate, is (ε_G, δ₂/2)-DP at the whole ε's
+        ε_G (``calibration.gaussian_epsilon_after_estimate``); never below ε − ε₁."""
+        e1, half = self.calibration_epsilon, self._release_delta / 2.0
+        of = type(self._release(DEFAULT_MAX_ITEMS)).gaussian_epsilon_of
+        target = of(epsilon, self._release_delta)
+        if not e1 < target:
+            return
+        tight = cal.gaussian_epsilon_after_estimate(target, half, e1)
+        release = tight + (epsilon - target)
+        while release > 0 and of(release, self._release_delta) > tight:
+            release = math.nextafter(release, 0.0)
+        if release > basic:
+            self._release_epsilon = release
+            self._gaussian_epsilons = (target, tight)
+
+    _gaussian_epsilons = None
+
+    def _note(self) -> str:
+        e1, e2, d2 = self.calibration_epsilon, self._release_epsilon, self._release_delta
+        if self._gaussian_epsilons is None:
+            return (f"(ε, δ)-DP: basic composition of the activity estimate's {e1:.6g}-DP (up "
+                    f"to its samplers' tail, within δ) and the release's ({e2:.6g}, "
+                    f"{d2:g})-DP at the Δ0 it chose")
+        target, tight = self._gaussian_epsilons
+        return (f"(ε, δ)-DP: the activity estimate's {e1:.6g}-DP (up to its samplers' tail, "
+                f"within δ), then the release at ({e2:.6g}, {d2:g}) at the Δ0 it chose, "
+                f"whose noise is one Gaussian of σ = AGM({tight:.6g}, {d2 / 2:g}, Δ2): an "
+                f"ε₁-DP stage is dominated by randomized response, and the pair's δ at "
+                f"{target:.6g} is p·δ_σ(ε − ε₁) + (1 − p)·δ_σ(ε + ε₁) ≤ {d2 / 2:g}; the "
+                f"other {d2 / 2:g} bounds an added user's new items")
+
+    @property
+    def composition(self) -> str:
+        """How the estimate and the release compose (``Mechanism.composition``):
+        ``'basic'``, ``'gaussian'`` (tight, on the release's Gaussian) or ``'zcdp'``."""
+        if self._rho is not None:
+            return "zcdp"
+        return "basic" if self._gaussian_epsilons is None else "gaussian"
+
     def _release(self, max_items: int) -> Mechanism:
         """The release stage at ``max_items``: the rest of the budget."""
         return self._build(max_items, self._release_epsilon, self._release_delta, self._rho)
+
+    def release_at(self, max_items: int) -> Mechanism:
+        """The mechanism ``calibrated`` runs when the rule gives Δ0 = ``max_items``: the
+        release at the rest of the budget, its guarantee the whole (ε, δ)."""
+        mechanism = copy.copy(self._release(cal.check_max_items(max_items)))
+        mechanism.guarantee = self.guarantee
+        return mechanism
 
     @property
     def max_items(self) -> str:
@@ -206,8 +280,7 @@ class AutoBound:
             raise ValueError(f"the estimate must be a ScaleEstimate of {self.layout} released "
                              f"with at most ε = {self.calibration_epsilon:.6g}, got {estimate!r}")
         max_items = self.rule.max_items(estimate, self.guarantee.epsilon)
-        mechanism = copy.copy(self._release(max_items))
-        mechanism.guarantee = self.guarantee
+        mechanism = self.release_at(max_items)
         mechanism.max_items_choice = self._choice(max_items, self.rule.informative(estimate))
         return mechanism
 
@@ -229,6 +302,7 @@ class AutoBound:
 
     def _choice(self, max_items, informative: bool) -> Dict[str, Any]:
         return {"share": self.calibration_share, "epsilon": self.calibration_epsilon,
+                "composition": self.composition,
                 "rule": self.rule.text() if informative else
                 f"the estimate held too few users for its noise: the fallback Δ0 "
                 f"{self.rule.fallback}",
@@ -244,6 +318,7 @@ class AutoBound:
                   "max_items_per_user": AUTO,
                   "max_items_choice": {"share": self.calibration_share,
                                        "epsilon": self.calibration_epsilon,
+                                       "composition": self.composition,
                                        "rule": self.rule.text(), "max_items_per_user": None}})
         return d
 

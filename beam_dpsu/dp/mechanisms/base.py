@@ -99,6 +99,20 @@ class Mechanism:
     #: the activity estimate spent, its ε, the rule and the Δ0 it chose (never the
     #: estimate itself); else None.
     max_items_choice: Optional[Dict[str, Any]] = None
+    #: How the release composes after ``--max-items-per-user auto``'s ε₁-DP estimate
+    #: (``dp.mechanisms.auto_bound``, docs/mechanisms.md section 12): ``'basic'`` (built at
+    #: ε − ε₁); ``'gaussian'``: all its noise is one Gaussian mechanism (every stage
+    #: together) of σ = AGM(``gaussian_epsilon_of(ε, δ)``, δ/2, Δ2), which its proof uses
+    #: only as "the common items' part is (ε_G, δ/2)-DP", the other δ/2 bounding an added
+    #: user's new items (built at the ε′ of ``calibration.gaussian_epsilon_after_estimate``);
+    #: ``'zcdp'``: δ/2-approximate ρ-zCDP at ρ = ``dp_to_zcdp_rho(ε, δ, δ/2)`` (``Sips.
+    #: from_dp``; the estimate takes ε₁²/2 of ρ).
+    composition: str = "basic"
+
+    @staticmethod
+    def gaussian_epsilon_of(epsilon: float, delta: float) -> float:
+        """ε_G of the Gaussian part of a ``'gaussian'`` mechanism built at (ε, δ)."""
+        return epsilon
 
     @property
     def calibration(self) -> RoundCalibration:

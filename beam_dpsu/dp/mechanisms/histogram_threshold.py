@@ -182,6 +182,7 @@ class CountGaussian(_EpsilonDeltaHistogram):
     (``docs/mechanisms.md`` section 3).
     """ + _EPS_DELTA_ARGS
     _name, _noise, _weighting = "count-gaussian", "gaussian", "count"
+    composition = "gaussian"
     _scale = staticmethod(cal.count_gaussian_sigma)
     _threshold = staticmethod(cal.count_gaussian_threshold)
 
@@ -204,6 +205,7 @@ class WeightedGaussian(_EpsilonDeltaHistogram):
     (``docs/mechanisms.md`` section 3).
     """ + _EPS_DELTA_ARGS
     _name, _noise, _weighting = "weighted-gaussian", "gaussian", "l2"
+    composition = "gaussian"
     _scale = staticmethod(lambda e, d, m: cal.weighted_gaussian_sigma(e, d))
     _threshold = staticmethod(cal.weighted_gaussian_threshold)
 

@@ -168,6 +168,7 @@ class PolicyGaussian(_DescentMechanism):
     """
 
     _name, policy_name = "policy-gaussian", "l2-descent"
+    composition = "gaussian"
     _calibrated_as, _policy_class = WeightedGaussian, policies.L2DescentPolicy
 
 

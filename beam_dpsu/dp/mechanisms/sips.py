@@ -85,6 +85,8 @@ class Sips(Mechanism):
         self.guarantee = zcdp_guarantee(rho, delta)
         self.rho, self.delta = rho, delta
 
+    composition = "zcdp"
+
     @classmethod
     def from_dp(cls, epsilon: float, delta: float, max_items: int = DEFAULT_MAX_ITEMS,
                 rounds: int = DEFAULT_ROUNDS, ratio: float = DEFAULT_RATIO,

@@ -164,8 +164,8 @@ DEFAULT_AUTO_SHARE = 0.02
 #: (chosen by leave-one-dataset-out against the best fixed Δ0, benchmarks/RESULTS.md
 #: section 15), the quantile read from the buckets kept at ``AUTO_EMPTY_BELOW``. ``gw``
 #: uses GW-KT's median rule (``max_items_from_estimate``) at GW-KT's floor.
-AUTO_RULES = {"weighted": (0.9, 2.8), "policy": (0.5, 4.0), "sips": (0.95, 1.0),
-              "adaptive": (0.95, 4.0), "count": (0.5, 0.7)}
+AUTO_RULES = {"weighted": (0.8, 4.0), "policy": (0.95, 4.0), "sips": (0.75, 4.0),
+              "adaptive": (0.95, 4.0), "count": (0.5, 1.0)}
 #: The rules read the estimate with a noisy bucket below this many noise scales as empty
 #: (the same as GW-KT's ``ACTIVITY_EMPTY_BELOW``). At 1, the top buckets of a small
 #: dataset count too (better on movielens-small at ε = 1) but so does more noise in a
@@ -306,8 +306,9 @@ MECHANISM_PARAMS: Dict[str, Param] = {p.name: p for p in [
           f"{DEFAULT_GWKT_FRONT_EXTRA_ITEMS} ({gwkt_default_max_items(3.0)} at ε = 3; "
           f"{DEFAULT_GWKT_MAX_ITEMS['prefix']} with --kt-selection prefix)",
           "none: the calibration accounts for Δ0 (a larger Δ0 raises the threshold); "
-          "'auto' spends --auto-share of ε on the estimate, and the release runs at the "
-          "rest (the stated ε is their sum)",
+          "'auto' spends --auto-share of ε on the estimate; the release keeps what the "
+          "composition leaves (nearly all of ε for the Gaussian mechanisms, the rest for "
+          "the Laplace ones; the stated ε is the whole)",
           flag="--max-items-per-user",
           # PipelineDP calls it max_partitions_contributed
           aliases=("max_items_per_user", "max_partitions_contributed")),
@@ -316,8 +317,9 @@ MECHANISM_PARAMS: Dict[str, Param] = {p.name: p for p in [
           "follows",
           f"{DEFAULT_AUTO_SHARE:g} (gw-kt: its --calibration-share, "
           f"{DEFAULT_GWKT_CALIBRATION_SHARE:g})",
-          "part of the stated ε: basic composition of the estimate (share·ε) and the "
-          "release (the rest)"),
+          "part of the stated ε: the estimate is share·ε-DP, composed with the release "
+          "within the stated (ε, δ) (tight for the Gaussian mechanisms, zCDP for sips, "
+          "basic for the rest)"),
     Param("alpha", float, "cutoff multiplier α >= 0 of the sequential policies "
           "(Γ = T + α·noise scale) and of adaptive weighting (heavy above 2Γ + 2σ_E)", _text(DEFAULT_ALPHA), _NO_EFFECT),
     Param("rounds", int, "number of DP-SIPS rounds I (integer >= 1)", _text(DEFAULT_ROUNDS),
