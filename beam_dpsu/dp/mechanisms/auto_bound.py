@@ -226,6 +226,8 @@ class AutoBound:
         if not e1 < target:
             return
         tight = cal.gaussian_epsilon_after_estimate(target, half, e1)
+        if tight is None:
+            return
         release = tight + (epsilon - target)
         while release > 0 and of(release, self._release_delta) > tight:
             release = math.nextafter(release, 0.0)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import statistics
 from fractions import Fraction
-from typing import Callable
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -273,20 +273,28 @@ def log_ndtr(x: float) -> float:
     return -0.5 * x * x - math.log(-x) - _LOG_SQRT_2PI + math.log(total)
 
 
+def _gaussian_log_delta_and_error(sigma: float, epsilon: float):
+    """``gaussian_log_delta`` and a bound on its relative error: ε + log Φ(b) − log Φ(a)
+    cancels (to about −1/(εσ²) when εσ² is large), so the float terms' errors, about
+    10^-15 of their sizes, are divided by what is left (inf where nothing is left)."""
+    a = 1.0 / (2.0 * sigma) - epsilon * sigma
+    b = -1.0 / (2.0 * sigma) - epsilon * sigma
+    # Φ(a) − e^ε Φ(b) written as Φ(a)·(1 − exp(ε + logΦ(b) − logΦ(a))).
+    log_pa, log_pb = log_ndtr(a), log_ndtr(b)
+    diff_log = epsilon + log_pb - log_pa  # always < 0 for a Gaussian
+    if diff_log >= 0:
+        return -math.inf, math.inf
+    error = 1e-15 * (abs(log_pa) + abs(log_pb) + abs(epsilon) + 1.0) / min(1.0, -diff_log)
+    return log_pa + math.log(-math.expm1(diff_log)), error
+
+
 def gaussian_log_delta(sigma: float, epsilon: float) -> float:
     """log δ(ε) of the Gaussian mechanism of noise σ at ℓ2-sensitivity 1, for any real ε:
     δ(ε) = Φ(1/(2σ) − εσ) − e^ε·Φ(−1/(2σ) − εσ) (Balle and Wang 2018, Theorem 8), the
     smallest δ for which it is (ε, δ)-DP; −inf where that underflows to 0. σ in units of
     the sensitivity (σ/Δ2 for sensitivity Δ2).
     """
-    a = 1.0 / (2.0 * sigma) - epsilon * sigma
-    b = -1.0 / (2.0 * sigma) - epsilon * sigma
-    # Φ(a) − e^ε Φ(b) written as Φ(a)·(1 − exp(ε + logΦ(b) − logΦ(a))).
-    log_pa = log_ndtr(a)
-    diff_log = epsilon + log_ndtr(b) - log_pa  # always < 0 for a Gaussian
-    if diff_log >= 0:
-        return -math.inf
-    return log_pa + math.log(-math.expm1(diff_log))
+    return _gaussian_log_delta_and_error(sigma, epsilon)[0]
 
 
 def _agm_excess_log(sigma: float, epsilon: float, delta: float, sensitivity: float) -> float:
@@ -353,24 +361,33 @@ def estimate_then_gaussian_log_delta(sigma: float, epsilon: float,
     Viswanath 2015, Theorem 2.1), whose privacy loss is +ε₁ with probability p and −ε₁
     otherwise; the δ of a composition of dominating pairs at ε is the expectation over the
     first's privacy loss L₁ of the second's δ at ε − L₁ (docs/mechanisms.md section 12).
+
+    Returns +inf (no bound) where the float evaluation cannot be trusted to a relative
+    10^-8 (a tiny ε with a huge σ, where the terms of δ_σ cancel), so a calibration that
+    requires a small value never accepts it there.
     """
     e1 = float(estimate_epsilon)
     log_p, log_q = -math.log1p(math.exp(-e1)), -math.log1p(math.exp(e1))
-    first = log_p + gaussian_log_delta(sigma, epsilon - e1)
-    second = log_q + gaussian_log_delta(sigma, epsilon + e1)
-    return float(np.logaddexp(first, second))
+    first, first_error = _gaussian_log_delta_and_error(sigma, epsilon - e1)
+    second, second_error = _gaussian_log_delta_and_error(sigma, epsilon + e1)
+    if max(first_error, second_error) > _COMPOSED_TRUST:
+        return math.inf
+    return float(np.logaddexp(log_p + first, log_q + second))
 
 
-#: ``gaussian_epsilon_after_estimate``'s relative margin on δ: the float evaluation of
-#: the composed δ errs by far less (tests/test_calibration.py checks it in 50 digits).
+#: ``gaussian_epsilon_after_estimate``'s relative margin on δ, far above the largest
+#: relative error ``estimate_then_gaussian_log_delta`` accepts (``_COMPOSED_TRUST``);
+#: tests/test_auto_bound.py checks the built releases in 50 and 80 digits.
 _COMPOSED_MARGIN = 1e-6
+_COMPOSED_TRUST = 1e-8
 
 
 def gaussian_epsilon_after_estimate(epsilon: float, delta: float,
-                                    estimate_epsilon: float) -> float:
+                                    estimate_epsilon: float) -> Optional[float]:
     """The largest ε′ (to a relative 1e-12, on the safe side) such that an
     ``estimate_epsilon``-DP estimate followed by the Gaussian mechanism of σ = AGM(ε′, δ, 1)
-    is (ε, δ)-DP together (``estimate_then_gaussian_log_delta`` ≤ δ·(1 − 10^-6)).
+    is (ε, δ)-DP together (``estimate_then_gaussian_log_delta`` ≤ δ·(1 − 10^-6)); None
+    where even ε′ = ε − ε₁ does not pass that check (basic composition is then the route).
 
     A mechanism whose noise is one Gaussian of σ = AGM(ε, δ, Δ2), built at ε′ instead of
     ε, then pays for the estimate about ε₁²-order instead of ε₁ (basic composition):
@@ -392,11 +409,9 @@ def gaussian_epsilon_after_estimate(epsilon: float, delta: float,
             analytic_gaussian_sigma(e2, delta), epsilon, e1) <= limit
 
     lo = epsilon - e1  # basic composition leaves (1 − p)·(δ − δ_σ(ε + ε₁)) of room
-    while not ok(lo):
-        lo *= 0.5
-        if lo < 1e-300:
-            raise ValueError("no Gaussian after the estimate fits (ε, δ)")
-    lo, _ = bisect(ok, lo, epsilon, rel_tol=1e-12)
+    if not ok(lo):
+        return None
+    lo, _ = bisect(ok, lo, epsilon, rel_tol=1e-12)  # lo: the start or a point that passed
     return lo
 
 
