@@ -375,3 +375,42 @@ def test_check_flag_takes_only_booleans():
     for bad in ("no", "", 0, 1, 1.0, None, [True]):
         with pytest.raises(ValueError, match="f must be True or False"):
             cal.check_flag(bad, "f")
+
+
+@pytest.mark.parametrize("epsilon", [1e-3, 1e-5, 1e-7, 1e-10, 1e-12])
+@pytest.mark.parametrize("delta", [1e-300, 1e-100, 1e-20, 1e-5])
+def test_analytic_gaussian_sigma_holds_where_its_condition_cancels_in_floats(epsilon, delta):
+    # A tiny ε with a tiny δ: the two terms of Balle and Wang's condition cancel to about
+    # 1/(εσ²) of each, beyond what the 3e-9 margin absorbs (the float root's condition
+    # measured 3e-5 above δ at ε = 1e-6, δ = 1e-100). σ then comes from
+    # gaussian_log_delta_bound: the exact condition holds in 80 digits, and σ is within
+    # 1% of the smallest that meets it.
+    import mpmath
+    with mpmath.workdps(80):
+        def lhs(sigma):
+            s, e = mpmath.mpf(sigma), mpmath.mpf(epsilon)
+            return mpmath.ncdf(1 / (2 * s) - e * s) - mpmath.exp(e) * mpmath.ncdf(-1 / (2 * s) - e * s)
+        sigma = cal.analytic_gaussian_sigma(epsilon, delta)
+        assert lhs(sigma) <= mpmath.mpf(delta)
+        assert lhs(sigma * 0.99) > mpmath.mpf(delta)
+        assert lhs(cal.analytic_gaussian_sigma(epsilon, delta, 3.0) / 3) <= mpmath.mpf(delta)
+
+
+def test_the_gaussian_delta_bound_is_above_the_exact_delta_in_60_digits():
+    # gaussian_log_delta_bound (Birnbaum's bound on Mills' ratio, no subtraction) is at
+    # least the exact δ everywhere, and within a relative 1.5/(εσ)² of it where εσ² is
+    # large and εσ above 3 (Birnbaum's bound errs by about 1/u³ on u + 1/u; at u ≈ 0 the
+    # bound is 20% high)
+    import mpmath
+    rng = np.random.default_rng(5)
+    points = [(10 ** rng.uniform(-1, 13), 10 ** rng.uniform(-12, 1)) for _ in range(300)]
+    with mpmath.workdps(60):
+        for sigma, epsilon in points:
+            s, e = mpmath.mpf(sigma), mpmath.mpf(epsilon)
+            exact = mpmath.ncdf(1 / (2 * s) - e * s) - mpmath.exp(e) * mpmath.ncdf(-1 / (2 * s) - e * s)
+            if not exact > mpmath.mpf(1e-320):   # far below any δ a mechanism accepts
+                continue
+            excess = cal.gaussian_log_delta_bound(sigma, epsilon) - float(mpmath.log(exact))
+            assert excess >= 0, (sigma, epsilon)
+            if epsilon * sigma ** 2 > 1e6 and epsilon * sigma > 3:   # in the tail
+                assert excess < 1.5 / (epsilon * sigma) ** 2, (sigma, epsilon)

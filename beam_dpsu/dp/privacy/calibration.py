@@ -22,7 +22,8 @@ from beam_dpsu.dp.privacy.params import (MAX_MAX_ITEMS, MIN_ETA, MIN_PER_ITEM_DE
 
 __all__ = ["check_epsilon", "check_delta", "check_rho", "check_max_items", "check_eta", "check_flag",
            "guarantee_warnings", "check_sensitivity", "check_resolvable_delta", "bisect", "per_item_delta", "normal_isf", "log_ndtr",
-           "analytic_gaussian_sigma", "gaussian_log_delta", "estimate_then_gaussian_log_delta",
+           "analytic_gaussian_sigma", "gaussian_log_delta", "gaussian_log_delta_bound",
+           "estimate_then_gaussian_log_delta",
            "gaussian_epsilon_after_estimate", "zcdp_gaussian_sigma", "count_laplace_scale",
            "count_laplace_threshold", "count_gaussian_sigma", "count_gaussian_threshold",
            "weighted_laplace_scale", "weighted_laplace_threshold", "weighted_gaussian_sigma",
@@ -288,6 +289,17 @@ def _gaussian_log_delta_and_error(sigma: float, epsilon: float):
     return log_pa + math.log(-math.expm1(diff_log)), error
 
 
+def gaussian_log_delta_bound(sigma: float, epsilon: float) -> float:
+    """An upper bound on ``gaussian_log_delta`` for ε ≥ 0 with no cancelling subtraction:
+    δ = Φ(a)·(1 − e^−y), y = log Φ(a) − log Φ(b) − ε ≤ (a − b)·(φ/Φ)(b) − ε (φ/Φ falls),
+    and (φ/Φ)(−u) < (u + √(u² + 4))/2 (Birnbaum's bound on Mills' ratio), u = −b; so
+    δ ≤ Φ(a)·(1/(2σ²) + 2/(σ(u + √(u² + 4)))). Tight to a relative 1/(εσ²) where εσ² is
+    large, the regime where ``gaussian_log_delta``'s two terms cancel."""
+    a = 1.0 / (2.0 * sigma) - epsilon * sigma
+    u = epsilon * sigma + 1.0 / (2.0 * sigma)
+    return log_ndtr(a) + math.log(0.5 / (sigma * sigma) + 2.0 / (sigma * (u + math.hypot(u, 2.0))))
+
+
 def gaussian_log_delta(sigma: float, epsilon: float) -> float:
     """log δ(ε) of the Gaussian mechanism of noise σ at ℓ2-sensitivity 1, for any real ε:
     δ(ε) = Φ(1/(2σ) − εσ) − e^ε·Φ(−1/(2σ) − εσ) (Balle and Wang 2018, Theorem 8), the
@@ -324,7 +336,10 @@ def analytic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1
     by up to about 3e-11 (relative, at ε = 0.01 and δ around 1e-250; about 1e-13
     for ε ≥ 0.1): the returned σ is that end raised by ``_AGM_MARGIN`` (3e-9
     relative), so it is never below the exact minimum (the tests check it against a
-    90-digit computation). See docs/mechanisms.md.
+    90-digit computation). Where the float condition's own error bound is above a tenth
+    of what that margin absorbs (ε below about 10^-3 with δ below about 10^-20), σ is
+    instead the smallest whose ``gaussian_log_delta_bound`` is at most δ (a bound of the
+    left side without its cancelling subtraction). See docs/mechanisms.md.
 
     Args:
       epsilon: ε > 0.
@@ -348,6 +363,23 @@ def analytic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1
         if hi > 700:
             raise ValueError("analytic Gaussian calibration failed: σ would exceed 1e300")
     _, hi = bisect(lambda x: not ok(x), lo, hi)
+    unit = math.exp(hi)
+    log_delta, error = _gaussian_log_delta_and_error(unit, epsilon)
+    # how much δ falls when σ rises by the margin: d log δ / d log σ, measured
+    elasticity = (log_delta - gaussian_log_delta(unit * 1.001, epsilon)) / math.log(1.001)
+    if not error <= _AGM_MARGIN * elasticity / 10.0:
+        # A tiny ε with a tiny δ: the two terms of the condition cancel beyond what the
+        # margin absorbs (δ(σ) measured 3e-5 above δ at ε = 1e-6, δ = 1e-100): the
+        # smallest σ whose bound without the subtraction is at most δ.
+        def tail_ok(log_sigma: float) -> bool:
+            return gaussian_log_delta_bound(math.exp(log_sigma), epsilon) <= math.log(delta)
+
+        lo = hi
+        while not tail_ok(hi):
+            hi += 1.0
+            if hi > 700:
+                raise ValueError("analytic Gaussian calibration failed: σ would exceed 1e300")
+        _, hi = bisect(lambda x: not tail_ok(x), lo, hi)
     return math.exp(hi) * sensitivity * (1.0 + _AGM_MARGIN)
 
 
@@ -362,17 +394,23 @@ def estimate_then_gaussian_log_delta(sigma: float, epsilon: float,
     otherwise; the δ of a composition of dominating pairs at ε is the expectation over the
     first's privacy loss L₁ of the second's δ at ε − L₁ (docs/mechanisms.md section 12).
 
-    Returns +inf (no bound) where the float evaluation cannot be trusted to a relative
-    10^-8 (a tiny ε with a huge σ, where the terms of δ_σ cancel), so a calibration that
-    requires a small value never accepts it there.
+    Where the float evaluation of a term cannot be trusted to a relative 10^-8 (a tiny ε
+    with a huge σ, where the terms of δ_σ cancel), that term is ``gaussian_log_delta_bound``
+    (an upper bound without the subtraction; +inf where ε ± ε₁ < 0).
     """
     e1 = float(estimate_epsilon)
     log_p, log_q = -math.log1p(math.exp(-e1)), -math.log1p(math.exp(e1))
-    first, first_error = _gaussian_log_delta_and_error(sigma, epsilon - e1)
-    second, second_error = _gaussian_log_delta_and_error(sigma, epsilon + e1)
-    if max(first_error, second_error) > _COMPOSED_TRUST:
-        return math.inf
+    first, second = (_trusted_log_delta(sigma, x) for x in (epsilon - e1, epsilon + e1))
     return float(np.logaddexp(log_p + first, log_q + second))
+
+
+def _trusted_log_delta(sigma: float, epsilon: float) -> float:
+    """``gaussian_log_delta`` where its float error is at most ``_COMPOSED_TRUST``, else
+    ``gaussian_log_delta_bound`` (+inf for ε < 0, where no bound is derived)."""
+    value, error = _gaussian_log_delta_and_error(sigma, epsilon)
+    if error <= _COMPOSED_TRUST:
+        return value
+    return gaussian_log_delta_bound(sigma, epsilon) if epsilon >= 0 else math.inf
 
 
 #: ``gaussian_epsilon_after_estimate``'s relative margin on δ, far above the largest
