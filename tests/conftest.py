@@ -158,14 +158,44 @@ def pytest_collection_modifyitems(config, items):
 
 
 
+#: How long a test marked ``engines`` waits for ``.ci/run``'s set-up of the engines.
+ENGINES_WAIT_SECONDS = 900
+
+
+def _wait_for_engines() -> None:
+    """``.ci/run`` sets the engines up beside the tests and names, in
+    ``BEAM_DPSU_ENGINES_PENDING``, the file it writes when done ("STATUS SECONDS"): wait
+    for it; a failed set-up fails the test with the logs' place."""
+    import time
+    pending = os.environ.get("BEAM_DPSU_ENGINES_PENDING")
+    if not pending:
+        return
+    path = pathlib.Path(pending)
+    deadline = time.monotonic() + ENGINES_WAIT_SECONDS
+    while not path.exists():
+        if time.monotonic() > deadline:
+            pytest.fail(f"the engines' set-up did not finish in {ENGINES_WAIT_SECONDS} s "
+                        f"({path} is missing)", pytrace=False)
+        time.sleep(1.0)
+    if path.read_text().split()[0] != "0":
+        pytest.fail(f"the engines' set-up failed: see {path.parent}/prism-setup.log and "
+                    f"jvm-setup.log", pytrace=False)
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
-    """A test of an ``xdist_group`` must run on its group's worker (one job server, one
+    """A test marked ``engines`` first waits for ``.ci/run``'s set-up of the engines
+    (``_wait_for_engines``).
+
+    A test of an ``xdist_group`` must run on its group's worker (one job server, one
     Flink cluster per engine); pytest 9.2's node ids broke that grouping in pytest-xdist
     3.8 with no error (pytest-dev/pytest-xdist#1386: every engine then started twice).
     The first worker to run a test of a group owns the group (a file in the session's
     folder, under a lock); a test of it on another worker fails here."""
     import fcntl
     import json
+    if item.get_closest_marker("engines") is not None:
+        _wait_for_engines()
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     groups = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
                      for m in item.iter_markers("xdist_group")})

@@ -47,7 +47,8 @@ CONF = {"env.java.opts.all": " ".join(SUITE_JVM),
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    if not _set_up("flink") and not os.environ.get("CI"):
+    if not _set_up("flink") and not (os.environ.get("CI")
+                                     or os.environ.get("BEAM_DPSU_ENGINES_PENDING")):
         pytest.skip("flink is not set up (beam-dpsu setup-engines flink)")
     folder = tmp_path_factory.mktemp("flink-cluster")
     state = flink_cluster.start(str(folder / "cluster"), taskmanagers=2, slots=1,
