@@ -128,6 +128,16 @@ SLOW = {
 }
 
 
+def pytest_configure(config):
+    """While ``.ci/run`` sets the engines up beside the tests (``BEAM_DPSU_ENGINES_PENDING``),
+    pytest-xdist keeps the collection's order (``pytest_collection_modifyitems``) instead of
+    sending the largest groups, the engines', first: both workers would wait for the
+    set-up."""
+    if os.environ.get("BEAM_DPSU_ENGINES_PENDING") and hasattr(config.option,
+                                                               "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
 def pytest_collection_modifyitems(config, items):
     """Marks each test by what it starts: ``dask`` (a local Dask cluster: test_dask.py),
     ``subprocess`` (the command line or another Python process) and ``slow`` (``SLOW``),
@@ -155,6 +165,14 @@ def pytest_collection_modifyitems(config, items):
             config.hook.pytest_deselected(
                 items=[item for item in items if item.get_closest_marker("exhaustive")])
             items[:] = kept
+    # While .ci/run sets the engines up beside the tests (BEAM_DPSU_ENGINES_PENDING), the
+    # tests that need none come first: the engines' tests after a third of the others,
+    # about when the set-up is done, so that no worker waits for it with little to do.
+    if os.environ.get("BEAM_DPSU_ENGINES_PENDING"):
+        engines = [item for item in items if item.get_closest_marker("engines")]
+        others = [item for item in items if not item.get_closest_marker("engines")]
+        cut = len(others) // 3
+        items[:] = others[:cut] + engines + others[cut:]
 
 
 
