@@ -8,7 +8,7 @@ command line; Flink and Spark one of each family (``FAMILIES``: their runs cost 
 start each), and all of them in one embedded pipeline. One job server per Java engine
 serves the session (``job_endpoints``); one run per engine starts its own, as a user's
 command does. On CI (``CI`` set) an engine that is not set up is a failure, not a skip:
-``.ci/run`` sets them up first.
+``.ci/run`` sets them up beside the tests, which wait for it (``tests/conftest.py``).
 """
 import glob
 import json
