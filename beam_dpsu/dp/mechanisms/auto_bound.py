@@ -148,6 +148,8 @@ class AutoBound:
 
     needs_calibration = True
     ranked = False
+    #: (ε_G of the whole ε, ε′_G of the release) on the tight Gaussian route, else None.
+    _gaussian_epsilons = None
 
     def __init__(self, name: str, build: Callable[..., Mechanism],
                  epsilon: Optional[float], delta: float, share: Optional[float] = None,
@@ -168,10 +170,11 @@ class AutoBound:
             check_estimate_epsilon(self.calibration_epsilon)
             self._release_delta = estimate_delta_room(delta, self.calibration_epsilon)
             self._release_epsilon = basic
-            kind = self._release(DEFAULT_MAX_ITEMS).composition
-            if not (kind == "zcdp" and self._zcdp_from_dp(epsilon, delta)):
+            at_basic = self._release(DEFAULT_MAX_ITEMS)  # the release at ε − ε₁
+            kind = at_basic.composition
+            if not (kind == "zcdp" and self._zcdp_from_dp(epsilon, delta, at_basic.rho)):
                 if kind == "gaussian":
-                    self._gaussian(epsilon, basic)
+                    self._gaussian(epsilon, basic, type(at_basic).gaussian_epsilon_of)
                 self.guarantee = PrivacyGuarantee(epsilon, delta, note=self._note())
         self.rule = auto_rule(name, self.guarantee.epsilon)
         # Built now at the largest Δ0 the rule can give (what a Δ0 limits, e.g. δ's
@@ -196,15 +199,15 @@ class AutoBound:
             f"samplers' tail within δ) and the release's {self._rho:.6g}-zCDP at the Δ0 it "
             f"chose, composed; converted to (ε, δ)-DP at δ = 2·{delta:g} (DP-SIPS Corollary 9)")
 
-    def _zcdp_from_dp(self, epsilon: float, delta: float) -> bool:
+    def _zcdp_from_dp(self, epsilon: float, delta: float, basic_rho: float) -> bool:
         """A zCDP release stated in (ε, δ) (``Sips.from_dp``): ρ = dp_to_zcdp_rho(ε, δ, δ/2);
         the estimate takes ρ₁ ≥ ε₁²/2 of it (ε₁ = s·ε) and its tail of the zCDP δ/2. False
-        (nothing set) where the release at ε − ε₁ has the larger ρ."""
+        (nothing set) where the release at ε − ε₁ has the larger ρ (``basic_rho``)."""
         e1 = self.calibration_epsilon
         rho = dp_to_zcdp_rho(epsilon, delta, delta / 2.0)
         rho_estimate = float_up(Fraction(e1) ** 2 / 2)
         release_rho = float_down(Fraction(rho) - Fraction(rho_estimate))
-        if not release_rho > self._release(DEFAULT_MAX_ITEMS).rho:
+        if not release_rho > basic_rho:
             return False   # a large share: ε − ε₁ (basic composition) leaves more
         self.calibration_rho, self._rho, self._release_epsilon = rho_estimate, release_rho, None
         self._release_delta = estimate_delta_room(delta / 2.0, e1)
@@ -216,12 +219,13 @@ class AutoBound:
                  f"within δ/2), and the release's {release_rho:.6g}-zCDP at the Δ0 it chose")
         return True
 
-    def _gaussian(self, epsilon: float, basic: float) -> None:
+    def _gaussian(self, epsilon: float, basic: float,
+                  of: Callable[[float, float], float]) -> None:
         """A release whose noise is one Gaussian (``Mechanism.composition``): built at the
         largest ε′ whose Gaussian, after the estimate, is (ε_G, δ₂/2)-DP at the whole ε's
-        ε_G (``calibration.gaussian_epsilon_after_estimate``); never below ε − ε₁."""
+        ε_G (``calibration.gaussian_epsilon_after_estimate``; ``of``: the release's
+        ``gaussian_epsilon_of``); never below ε − ε₁ (``basic``)."""
         e1, half = self.calibration_epsilon, self._release_delta / 2.0
-        of = type(self._release(DEFAULT_MAX_ITEMS)).gaussian_epsilon_of
         target = of(epsilon, self._release_delta)
         if not e1 < target:
             return
@@ -234,8 +238,6 @@ class AutoBound:
         if release > basic:
             self._release_epsilon = release
             self._gaussian_epsilons = (target, tight)
-
-    _gaussian_epsilons = None
 
     def _note(self) -> str:
         e1, e2, d2 = self.calibration_epsilon, self._release_epsilon, self._release_delta
